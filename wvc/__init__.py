@@ -1,0 +1,16 @@
+"""wvc: a Git-style, lossless version store for neural-network weights.
+
+    import wvc
+    repo = wvc.Repo.init("my-model")         # or wvc.Repo.open(".")
+    repo.commit("step 100", metadata={"step": 100})
+    repo.checkout("HEAD~1")
+    weights = repo.load_state_dict("main", device="cuda")
+
+Importing wvc does not import torch.
+"""
+
+from .errors import WvcError
+from .repo import Repo
+
+__all__ = ["Repo", "WvcError", "__version__"]
+__version__ = "0.1.0"

@@ -1,0 +1,366 @@
+"""The command line: argument parsing and formatting only; every verb calls wvc.Repo.
+
+Errors a user can cause print one line on stderr and exit 1; anything else prints one
+line naming it as an internal error (set WVC_DEBUG=1 for the traceback). Nothing here
+imports torch: ``--help``, ``log`` and ``status`` stay fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import click
+
+from .errors import WvcError
+from .progress import Progress
+
+
+def human(n: int | float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return str(n)
+
+
+def emit_json(obj) -> None:
+    click.echo(json.dumps(obj, indent=2, sort_keys=True))
+
+
+class BarProgress(Progress):
+    """A click progress bar on stderr when it is a terminal; silent otherwise."""
+
+    def __init__(self):
+        self.bar = None
+        self.enabled = sys.stderr.isatty()
+
+    def start(self, total, label):
+        self.close()
+        if self.enabled and total:
+            self.bar = click.progressbar(length=total, label=label, file=sys.stderr, show_pos=False,
+                                         show_percent=True, show_eta=True)
+            self.bar.__enter__()
+
+    def advance(self, n):
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+            self.bar = None
+
+
+class WvcGroup(click.Group):
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except WvcError as exc:
+            click.echo(f"wvc: error: {exc}", err=True)
+            sys.exit(exc.exit_code)
+        except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
+            raise
+        except KeyboardInterrupt:
+            click.echo("wvc: interrupted", err=True)
+            sys.exit(130)
+        except OSError as exc:
+            click.echo(f"wvc: error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), err=True)
+            sys.exit(1)
+        except Exception as exc:  # noqa: BLE001 - last line of defence: no tracebacks for users
+            if os.environ.get("WVC_DEBUG"):
+                raise
+            click.echo(f"wvc: internal error: {type(exc).__name__}: {exc} (WVC_DEBUG=1 shows the traceback)", err=True)
+            sys.exit(3)
+
+
+def open_repo():
+    from .repo import Repo
+
+    return Repo.open(os.environ.get("WVC_DIR", "."))
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+
+
+@click.group(cls=WvcGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="wvc")
+def main():
+    """wvc: a Git-style, lossless version store for neural-network weights."""
+
+
+@main.command()
+@click.argument("path", default=".", type=click.Path(file_okay=False))
+@click.option("--branch", "-b", default="main", show_default=True, help="Name of the first branch.")
+@click.option("--chunk-size", default=4 << 20, show_default=True, help="Chunk size in bytes.")
+@json_option
+def init(path, branch, chunk_size, as_json):
+    """Create an empty repository (.wvc/) in PATH."""
+    from .repo import Repo
+
+    repo = Repo.init(path, chunk_bytes=chunk_size, branch=branch)
+    if as_json:
+        emit_json({"path": str(repo.root), "branch": branch})
+    else:
+        click.echo(f"Initialized empty wvc repository in {repo.wvc_dir}")
+
+
+@main.command()
+@json_option
+def status(as_json):
+    """Show which files differ from HEAD."""
+    st = open_repo().status()
+    if as_json:
+        return emit_json(st.to_json())
+    click.echo(f"On branch {st.branch}" if st.branch else f"HEAD detached at {(st.head or '')[:12]}")
+    if st.head is None:
+        click.echo("No commits yet")
+    for label, paths in (("modified", st.modified), ("deleted", st.deleted), ("new file", st.added)):
+        for p in paths:
+            click.echo(f"  {label}: {p}")
+    for p in st.skipped_symlinks:
+        click.echo(f"  skipped symlink: {p}")
+    if st.clean:
+        click.echo("nothing to commit, working tree clean")
+
+
+@main.command()
+@click.option("-m", "--message", required=True, help="Commit message.")
+@click.option("--author", default=None, help="Author (default: $WVC_AUTHOR or user@host).")
+@click.option("--allow-empty", is_flag=True, help="Commit even if nothing changed.")
+@click.option("--meta", multiple=True, metavar="KEY=VALUE", help="Metadata (value parsed as JSON if it can be).")
+@click.option("--device", default="auto", show_default=True, help="Where deltas are computed: auto, cpu or cuda.")
+@json_option
+def commit(message, author, allow_empty, meta, device, as_json):
+    """Record the working tree as a new commit."""
+    metadata = {}
+    for item in meta:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--meta")
+        try:
+            metadata[key] = json.loads(value)
+        except ValueError:
+            metadata[key] = value
+    repo = open_repo()
+    t0 = time.perf_counter()
+    res = repo.commit(message, author=author, metadata=metadata, allow_empty=allow_empty, device=device,
+                      progress=BarProgress())
+    if as_json:
+        return emit_json({**res.to_json(), "seconds": round(time.perf_counter() - t0, 3)})
+    ratio = f" ({res.logical_bytes / res.stored_bytes:.1f}x smaller)" if res.stored_bytes else ""
+    click.echo(f"[{repo.refs.head_branch() or 'detached'} {res.commit[:12]}] {message.splitlines()[0] if message else ''}")
+    click.echo(f"  {human(res.logical_bytes)} of files, {human(res.stored_bytes)} stored{ratio}")
+
+
+@main.command()
+@click.argument("rev", default="HEAD")
+@click.option("--oneline", is_flag=True, help="One line per commit.")
+@click.option("--graph", is_flag=True, help="Draw the history as a graph.")
+@click.option("--all", "all_refs", is_flag=True, help="Start from every branch and tag.")
+@click.option("-n", "max_count", type=int, default=None, help="Show at most N commits.")
+@json_option
+def log(rev, oneline, graph, all_refs, max_count, as_json):
+    """Show the commit history."""
+    from .ops.history import graph_lines
+
+    entries = open_repo().log(rev, max_count, all_refs=all_refs)
+    if as_json:
+        return emit_json({"commits": [e.to_json() for e in entries]})
+    rows = graph_lines(entries) if graph else [("", e) for e in entries]
+    for prefix, e in rows:
+        pad = prefix + " " if prefix else ""
+        if e is None:
+            click.echo(prefix)
+            continue
+        refs = f" ({', '.join(e.refs)})" if e.refs else ""
+        summary = e.message.splitlines()[0] if e.message else ""
+        if oneline:
+            click.echo(f"{pad}{click.style(e.id[:12], fg='yellow')}{refs} {summary}")
+            continue
+        cont = "".join("|" if c in "*|" else " " for c in prefix) + " " if prefix else ""
+        click.echo(f"{pad}{click.style('commit ' + e.id, fg='yellow')}{refs}")
+        click.echo(f"{cont}Author: {e.author}")
+        click.echo(f"{cont}Date:   {time.strftime('%Y-%m-%d %H:%M:%S %z', time.localtime(e.timestamp))}")
+        if e.stored_bytes is not None:
+            click.echo(f"{cont}Stored: {human(e.stored_bytes)}")
+        if e.metadata:
+            click.echo(f"{cont}Meta:   {json.dumps(e.metadata, sort_keys=True)}")
+        click.echo(cont)
+        for line in e.message.splitlines() or [""]:
+            click.echo(f"{cont}    {line}")
+        click.echo(cont)
+
+
+@main.command()
+@click.argument("rev", default="HEAD")
+@json_option
+def show(rev, as_json):
+    """Show one commit: message, metadata and files."""
+    info = open_repo().show(rev)
+    if as_json:
+        return emit_json(info)
+    click.echo(f"commit {info['commit']}")
+    click.echo(f"Tree:   {info['tree']}")
+    for p in info["parents"]:
+        click.echo(f"Parent: {p}")
+    click.echo(f"Author: {info['author']}")
+    click.echo(f"Date:   {time.strftime('%Y-%m-%d %H:%M:%S %z', time.localtime(info['timestamp']))}")
+    if info["metadata"]:
+        click.echo(f"Meta:   {json.dumps(info['metadata'], sort_keys=True)}")
+    click.echo(f"Size:   {human(info['logical_bytes'])} of files, {human(info['stored_bytes'])} stored by this commit")
+    click.echo("")
+    for line in info["message"].splitlines():
+        click.echo(f"    {line}")
+    click.echo("")
+    for f in info["files"]:
+        extra = f" ({f['tensors']} tensors)" if f["kind"] == "safetensors" else ""
+        click.echo(f"  {f['path']}  {human(f['size'])}{extra}")
+
+
+@main.command()
+@click.argument("rev_a", required=False)
+@click.argument("rev_b", required=False)
+@click.option("--stat", is_flag=True, help="Per-file summary only (no tensor decoding).")
+@json_option
+def diff(rev_a, rev_b, stat, as_json):
+    """Per-tensor changes between REV_A (default HEAD) and REV_B (default: the working tree)."""
+    result = open_repo().diff(rev_a, rev_b, stat=stat)
+    if as_json:
+        return emit_json(result)
+    for f in result["files"]:
+        stored = f" stored {human(f['stored_bytes'])}" if f["stored_bytes"] is not None else ""
+        click.echo(f"{f['status']:>8} {f['path']}  {human(f['size_a'])} -> {human(f['size_b'])}{stored}")
+    if stat or not result["tensors"]:
+        return
+    click.echo("")
+    click.echo(f"{'tensor':<48} {'changed':>16} {'max|d|':>10} {'rel L2':>10} {'stored':>10}")
+    for t in result["tensors"]:
+        if t["status"] != "modified":
+            click.echo(f"{t['name'][:48]:<48} {t['status']:>16}")
+            continue
+        pct = 100 * t["changed"] / t["numel"] if t["numel"] else 0
+        rel = f"{t['rel_l2']:.2e}" if t["rel_l2"] is not None else "inf"
+        click.echo(
+            f"{t['name'][:48]:<48} {t['changed']:>9} ({pct:4.1f}%) {t['max_abs_delta']:>10.3g} {rel:>10} {human(t['stored_bytes']):>10}"
+        )
+
+
+@main.command()
+@click.argument("rev")
+@click.option("--force", "-f", is_flag=True, help="Overwrite uncommitted changes.")
+@click.option("--output", "-o", type=click.Path(file_okay=False), default=None, help="Write the version into DIR instead.")
+@json_option
+def checkout(rev, force, output, as_json):
+    """Make the working tree (or --output DIR) hold version REV."""
+    res = open_repo().checkout(rev, force=force, output=output, progress=BarProgress())
+    if as_json:
+        return emit_json(res.to_json())
+    where = res.output or (f"branch {res.branch}" if res.branch else f"detached HEAD {res.commit[:12]}")
+    click.echo(f"Checked out {res.commit[:12]} to {where}: {res.written} files written, {res.removed} removed")
+
+
+def _ref_command(kind: str):
+    plural = {"branch": "branches", "tag": "tags"}[kind]
+
+    @click.argument("name", required=False)
+    @click.argument("start", required=False)
+    @click.option("-d", "--delete", "delete", default=None, metavar="NAME", help=f"Delete {kind} NAME.")
+    @json_option
+    def command(name, start, delete, as_json):
+        repo = open_repo()
+        if delete:
+            target = getattr(repo, f"delete_{kind}")(delete)
+            return emit_json({"deleted": delete, "was": target}) if as_json else click.echo(
+                f"Deleted {kind} {delete} (was {target[:12]})"
+            )
+        if name:
+            target = getattr(repo, f"create_{kind}")(name, start or "HEAD")
+            return emit_json({"created": name, "commit": target}) if as_json else click.echo(
+                f"Created {kind} {name} at {target[:12]}"
+            )
+        refs = getattr(repo, plural)()
+        current = repo.refs.head_branch() if kind == "branch" else None
+        if as_json:
+            return emit_json({plural: refs, "current": current})
+        for ref, target in refs.items():
+            mark = "*" if ref == current else " "
+            click.echo(f"{mark} {ref:<30} {target[:12]}")
+
+    return command
+
+
+main.command(name="branch", help="List branches, create NAME at START (default HEAD), or -d NAME.")(_ref_command("branch"))
+main.command(name="tag", help="List tags, create NAME at START (default HEAD), or -d NAME.")(_ref_command("tag"))
+
+
+@main.command()
+@click.option("--grace", default=3600, show_default=True, help="Keep unreferenced files younger than this (seconds).")
+@json_option
+def gc(grace, as_json):
+    """Remove unreachable commits and objects, repack, and clear leftovers of crashes."""
+    res = open_repo().gc(grace_seconds=grace)
+    if as_json:
+        return emit_json(res.to_json())
+    click.echo(
+        f"Removed {res.commits_removed} commits, {res.objects_removed} objects, {res.files_removed} leftover files; "
+        f"packs {human(res.bytes_before)} -> {human(res.bytes_after)}"
+    )
+
+
+@main.command()
+@json_option
+def fsck(as_json):
+    """Verify every pack, object, tree, commit and ref."""
+    res = open_repo().fsck()
+    if as_json:
+        emit_json(res.to_json())
+    else:
+        for err in res.errors:
+            click.echo(f"error: {err}")
+        for name in res.leftovers:
+            click.echo(f"leftover (gc removes it): {name}")
+        click.echo(f"checked {res.packs} packs, {res.objects} objects, {res.commits} commits: "
+                   + ("ok" if res.ok else f"{len(res.errors)} problems"))
+    if not res.ok:
+        sys.exit(1)
+
+
+@main.command()
+@json_option
+def stats(as_json):
+    """Storage statistics: logical bytes versus bytes stored."""
+    s = open_repo().stats()
+    if as_json:
+        return emit_json(s)
+    click.echo(f"commits {s['commits']}, branches {s['branches']}, tags {s['tags']}, objects {s['objects']}, packs {s['packs']}")
+    click.echo(f"HEAD version:         {human(s['head_logical_bytes'])}")
+    click.echo(f"all versions (files): {human(s['logical_bytes'])}")
+    ratio = f" ({s['ratio']:.1f}x smaller)" if s["ratio"] else ""
+    click.echo(f"stored:               {human(s['stored_bytes'])}{ratio}")
+    for method, v in sorted(s["objects_by_method"].items()):
+        click.echo(f"  {method:<8} {v['objects']:>8} objects {human(v['bytes']):>10}")
+
+
+@main.command()
+@click.option("--dir", "directory", type=click.Path(file_okay=False), default=None,
+              help="Where to build the demo model (default: a temporary directory).")
+@click.option("--steps", default=4, show_default=True, help="Simulated fine-tuning steps to commit.")
+@json_option
+def demo(directory, steps, as_json):
+    """Version a small bf16 model end to end and verify every checkout byte for byte."""
+    from .demo import run_demo
+
+    report = run_demo(directory, steps=steps, echo=(lambda *_: None) if as_json else click.echo)
+    if as_json:
+        emit_json(report)
+    if not report["verified"]:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+"""The chunk codec: how one chunk's raw bytes become stored bytes and back.
+
+Only :mod:`wvc.codec.transforms` imports torch, and only when a chunk is encoded or
+decoded, so commands that never touch weights (``log``, ``status``) stay fast.
+
+The interface is two functions over bytes; every payload starts with a version byte, so a
+later codec can be added beside this one and old payloads still decode.
+"""
+
+from __future__ import annotations
+
+from .container import CODEC_VERSION, Method, PayloadInfo, peek
+
+__all__ = ["CODEC_VERSION", "Method", "PayloadInfo", "peek", "encode", "decode", "Encoded"]
+
+
+def encode(raw, dtype, base=None, *, device: str = "cpu", level: int = 1, method=None):
+    """Encode ``raw`` (bytes-like) of ``dtype`` (a :class:`~wvc.formats.dtypes.DType`).
+
+    With ``base`` (the raw bytes of the same chunk in the parent version) delta encodings
+    compete with the full one; the smallest wins. Returns an :class:`Encoded`.
+    """
+    from .transforms import encode_chunk
+
+    return encode_chunk(raw, dtype, base, device=device, level=level, method=method)
+
+
+def decode(payload, raw_size: int, base=None) -> bytes:
+    """Decode a payload to exactly ``raw_size`` bytes (bounded: never allocates more)."""
+    from .transforms import decode_chunk
+
+    return decode_chunk(payload, raw_size, base)
+
+
+def __getattr__(name):
+    if name == "Encoded":
+        from .transforms import Encoded
+
+        return Encoded
+    raise AttributeError(name)

@@ -1,0 +1,67 @@
+"""Error hierarchy.
+
+Every failure a user can cause (bad input, unknown revision, refused operation) is a
+:class:`WvcError`; the CLI prints its message as one line and exits non-zero. Classes are
+rooted in stdlib types where one fits, so callers can catch what they understand
+(``RevisionNotFound`` is also a ``LookupError``).
+"""
+
+from __future__ import annotations
+
+
+class WvcError(Exception):
+    """Base of every error wvc raises on purpose."""
+
+    exit_code = 1
+
+
+class NotARepository(WvcError, FileNotFoundError):
+    """No ``.wvc`` directory at or above the given path."""
+
+
+class RepositoryExists(WvcError, FileExistsError):
+    """``init`` on a directory that already holds a repository."""
+
+
+class FormatError(WvcError, ValueError):
+    """Untrusted bytes (a file, an object, a manifest) failed validation."""
+
+
+class SafetensorsFormatError(FormatError):
+    """A ``.safetensors`` file is malformed; the message names the file and the defect."""
+
+
+class CorruptObject(FormatError):
+    """A stored object does not decode, or decodes to bytes whose hash is not its id."""
+
+
+class MissingObject(WvcError, LookupError):
+    """An object referenced by a tree or a delta is not in the store."""
+
+
+class RevisionNotFound(WvcError, LookupError):
+    """A REV does not name a commit."""
+
+
+class InvalidRefName(WvcError, ValueError):
+    """A branch or tag name is not allowed."""
+
+
+class RefExists(WvcError, FileExistsError):
+    """Creating a branch or tag that exists already."""
+
+
+class UncommittedChanges(WvcError):
+    """An operation would overwrite work that is not committed."""
+
+
+class ConcurrentUpdate(WvcError):
+    """A ref moved between reading it and updating it (another writer won)."""
+
+
+class UnsafePath(FormatError):
+    """A path from a manifest or the working tree would escape the repository."""
+
+
+class NothingToCommit(WvcError):
+    """The working tree equals HEAD and ``--allow-empty`` was not given."""

@@ -1,0 +1,1 @@
+"""File formats wvc understands (pure parsing, no torch)."""

@@ -1,0 +1,56 @@
+"""The safetensors dtype table: element width, numeric kind and torch name per dtype.
+
+``kind`` picks the delta transform: ``float`` values are sign-magnitude bit patterns (the
+ULP distance maps them to ordered integers first), ``int`` values subtract directly,
+``bits`` (bool, packed sub-byte formats) are only XORed.
+``rank`` is the position in safetensors' Rust ``Dtype`` enum, which orders tensors in a
+file it writes (by rank descending, then by name); we need it to rebuild the exact bytes
+``safetensors.torch.save`` would write for a state dict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DType:
+    name: str
+    width: int  # bytes per element
+    kind: str  # "float" | "int" | "bits"
+    torch_name: str | None
+    rank: int
+
+
+_TABLE = [
+    # name, width, kind, torch dtype attribute, rank in safetensors' enum
+    ("BOOL", 1, "bits", "bool", 0),
+    ("U8", 1, "int", "uint8", 4),
+    ("I8", 1, "int", "int8", 5),
+    ("F8_E5M2", 1, "float", "float8_e5m2", 6),
+    ("F8_E4M3", 1, "float", "float8_e4m3fn", 7),
+    ("F8_E8M0", 1, "bits", "float8_e8m0fnu", 8),
+    ("I16", 2, "int", "int16", 9),
+    ("U16", 2, "int", "uint16", 10),
+    ("F16", 2, "float", "float16", 11),
+    ("BF16", 2, "float", "bfloat16", 12),
+    ("I32", 4, "int", "int32", 13),
+    ("U32", 4, "int", "uint32", 14),
+    ("F32", 4, "float", "float32", 15),
+    ("F64", 8, "float", "float64", 17),
+    ("I64", 8, "int", "int64", 18),
+    ("U64", 8, "int", "uint64", 19),
+]
+
+DTYPES: dict[str, DType] = {row[0]: DType(*row) for row in _TABLE}
+
+# Blobs and safetensors headers are plain bytes: width 1, XOR/subtract only.
+BYTES = DType("BYTES", 1, "bits", "uint8", -1)
+
+
+def by_torch_dtype(torch_dtype) -> DType:
+    name = str(torch_dtype).removeprefix("torch.")
+    for dt in DTYPES.values():
+        if dt.torch_name == name:
+            return dt
+    raise KeyError(f"torch dtype {torch_dtype} has no safetensors equivalent")

@@ -1,0 +1,268 @@
+"""Pure object model: trees and commits, their canonical bytes, and validation.
+
+No I/O here. ``to_bytes`` is canonical (sorted keys, compact, ASCII) so ids are stable
+across machines; ``from_bytes`` treats its input as untrusted and checks every field, so a
+tree fetched from a remote cannot name an unsafe path or a malformed id.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+from . import ids
+from .errors import FormatError
+from .formats.dtypes import DTYPES
+from .fsutil import validate_relpath
+
+FORMAT = 1
+MAX_OBJECT_BYTES = 1 << 30
+MAX_METADATA_BYTES = 1 << 20
+
+
+def canonical_json(value) -> bytes:
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+    ).encode("ascii")
+
+
+def chunk_spans(nbytes: int, width: int, chunk_bytes: int) -> list[tuple[int, int]]:
+    """Element-aligned ``[begin, end)`` byte spans of a tensor or blob of ``nbytes``.
+
+    Chunk *i* of a tensor always covers the same elements, so it lines up with chunk *i*
+    of the same tensor in the parent commit: that is what makes per-chunk deltas work.
+    """
+    step = max(width, chunk_bytes - chunk_bytes % width)
+    return [(b, min(b + step, nbytes)) for b in range(0, nbytes, step)]
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    chunks: tuple[str, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * DTYPES[self.dtype].width
+
+    def to_json(self):
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), "chunks": list(self.chunks)}
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    path: str
+    kind: str  # "blob" | "safetensors"
+    size: int
+    hash: str  # ids.FILE digest of the whole file: lets status and checkout verify files
+    chunks: tuple[str, ...] = ()  # blob chunks
+    header: str | None = None  # safetensors: chunk id of the exact header bytes
+    tensors: tuple[TensorEntry, ...] = ()  # safetensors: in data-offset order
+
+    def to_json(self):
+        out = {"path": self.path, "kind": self.kind, "size": self.size, "hash": self.hash}
+        if self.kind == "blob":
+            out["chunks"] = list(self.chunks)
+        else:
+            out["header"] = self.header
+            out["tensors"] = [t.to_json() for t in self.tensors]
+        return out
+
+    def chunk_ids(self):
+        if self.header:
+            yield self.header
+        yield from self.chunks
+        for t in self.tensors:
+            yield from t.chunks
+
+
+@dataclass(frozen=True)
+class Tree:
+    files: tuple[FileEntry, ...]
+    chunk_bytes: int
+
+    def to_bytes(self) -> bytes:
+        return canonical_json(
+            {"format": FORMAT, "chunk_bytes": self.chunk_bytes, "files": [f.to_json() for f in self.files]}
+        )
+
+    @property
+    def id(self) -> str:
+        return ids.digest(ids.TREE, self.to_bytes())
+
+    def by_path(self) -> dict[str, FileEntry]:
+        return {f.path: f for f in self.files}
+
+    @property
+    def logical_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def chunk_ids(self) -> set[str]:
+        return {c for f in self.files for c in f.chunk_ids()}
+
+    @classmethod
+    def from_bytes(cls, data: bytes, expected_id: str | None = None) -> "Tree":
+        if expected_id is not None and ids.digest(ids.TREE, data) != expected_id:
+            raise FormatError(f"tree {ids.short(expected_id)} does not match its id")
+        raw = _load(data, "tree")
+        _expect(raw, {"format", "chunk_bytes", "files"}, "tree")
+        if raw["format"] != FORMAT:
+            raise FormatError(f"tree format {raw['format']!r} is not supported")
+        chunk_bytes = raw["chunk_bytes"]
+        if type(chunk_bytes) is not int or not 8 <= chunk_bytes <= 1 << 30:
+            raise FormatError("tree chunk_bytes out of range")
+        if not isinstance(raw["files"], list):
+            raise FormatError("tree files must be a list")
+        files = tuple(_parse_file(f, chunk_bytes) for f in raw["files"])
+        paths = [f.path for f in files]
+        if paths != sorted(paths) or len(set(paths)) != len(paths):
+            raise FormatError("tree paths must be unique and sorted")
+        _check_no_file_dir_clash(paths)
+        return cls(files, chunk_bytes)
+
+
+@dataclass(frozen=True)
+class Commit:
+    tree: str
+    parents: tuple[str, ...]
+    author: str
+    timestamp: int
+    message: str
+    metadata: dict = field(default_factory=dict)
+
+    def to_bytes(self) -> bytes:
+        return canonical_json(
+            {
+                "format": FORMAT,
+                "tree": self.tree,
+                "parents": list(self.parents),
+                "author": self.author,
+                "timestamp": self.timestamp,
+                "message": self.message,
+                "metadata": self.metadata,
+            }
+        )
+
+    @property
+    def id(self) -> str:
+        return ids.digest(ids.COMMIT, self.to_bytes())
+
+    @property
+    def summary(self) -> str:
+        return self.message.splitlines()[0] if self.message else ""
+
+    @classmethod
+    def from_bytes(cls, data: bytes, expected_id: str | None = None) -> "Commit":
+        if expected_id is not None and ids.digest(ids.COMMIT, data) != expected_id:
+            raise FormatError(f"commit {ids.short(expected_id)} does not match its id")
+        raw = _load(data, "commit")
+        _expect(raw, {"format", "tree", "parents", "author", "timestamp", "message", "metadata"}, "commit")
+        if raw["format"] != FORMAT:
+            raise FormatError(f"commit format {raw['format']!r} is not supported")
+        if not ids.is_object_id(raw["tree"]):
+            raise FormatError("commit tree is not an object id")
+        parents = raw["parents"]
+        if not isinstance(parents, list) or len(parents) > 16 or not all(map(ids.is_object_id, parents)):
+            raise FormatError("commit parents must be a list of object ids")
+        if not isinstance(raw["author"], str) or not isinstance(raw["message"], str):
+            raise FormatError("commit author and message must be strings")
+        if type(raw["timestamp"]) is not int or not 0 <= raw["timestamp"] < 2**40:
+            raise FormatError("commit timestamp out of range")
+        if not isinstance(raw["metadata"], dict):
+            raise FormatError("commit metadata must be an object")
+        return cls(raw["tree"], tuple(parents), raw["author"], raw["timestamp"], raw["message"], raw["metadata"])
+
+
+def check_metadata(metadata: dict) -> dict:
+    """Commit metadata must be JSON (no NaN) and small; returns a normalised copy."""
+    try:
+        data = canonical_json(metadata)
+    except (TypeError, ValueError) as exc:
+        raise FormatError(f"commit metadata is not plain JSON: {exc}") from None
+    if len(data) > MAX_METADATA_BYTES:
+        raise FormatError("commit metadata is larger than 1 MiB")
+    return json.loads(data)
+
+
+def _load(data: bytes, what: str):
+    if len(data) > MAX_OBJECT_BYTES:
+        raise FormatError(f"{what} object is too large")
+    try:
+        raw = json.loads(data.decode("ascii"), parse_constant=_reject)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise FormatError(f"{what} object is not canonical JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise FormatError(f"{what} object is not a JSON object")
+    return raw
+
+
+def _reject(name):
+    raise ValueError(f"constant {name} not allowed")
+
+
+def _expect(raw: dict, keys: set, what: str) -> None:
+    if set(raw) != keys:
+        raise FormatError(f"{what} has fields {sorted(raw)}, expected {sorted(keys)}")
+
+
+def _ids(value, what) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(map(ids.is_object_id, value)):
+        raise FormatError(f"{what} must be a list of object ids")
+    return tuple(value)
+
+
+def _parse_file(raw, chunk_bytes: int) -> FileEntry:
+    if not isinstance(raw, dict):
+        raise FormatError("tree file entry is not an object")
+    kind = raw.get("kind")
+    if kind == "blob":
+        _expect(raw, {"path", "kind", "size", "hash", "chunks"}, "blob entry")
+    elif kind == "safetensors":
+        _expect(raw, {"path", "kind", "size", "hash", "header", "tensors"}, "safetensors entry")
+    else:
+        raise FormatError(f"unknown file kind {kind!r}")
+    path = validate_relpath(raw["path"])
+    size = raw["size"]
+    if type(size) is not int or not 0 <= size < 2**53:
+        raise FormatError(f"{path}: size out of range")
+    if not ids.is_object_id(raw["hash"]):
+        raise FormatError(f"{path}: hash is not an object id")
+    if kind == "blob":
+        chunks = _ids(raw["chunks"], f"{path}: chunks")
+        if len(chunks) != len(chunk_spans(size, 1, chunk_bytes)):
+            raise FormatError(f"{path}: chunk count does not match its size")
+        return FileEntry(path, kind, size, raw["hash"], chunks=chunks)
+    if not ids.is_object_id(raw["header"]):
+        raise FormatError(f"{path}: header is not an object id")
+    if not isinstance(raw["tensors"], list):
+        raise FormatError(f"{path}: tensors must be a list")
+    tensors = tuple(_parse_tensor(t, path, chunk_bytes) for t in raw["tensors"])
+    return FileEntry(path, kind, size, raw["hash"], header=raw["header"], tensors=tensors)
+
+
+def _parse_tensor(raw, path: str, chunk_bytes: int) -> TensorEntry:
+    if not isinstance(raw, dict):
+        raise FormatError(f"{path}: tensor entry is not an object")
+    _expect(raw, {"name", "dtype", "shape", "chunks"}, f"{path}: tensor entry")
+    if not isinstance(raw["name"], str) or raw["dtype"] not in DTYPES:
+        raise FormatError(f"{path}: tensor has a bad name or dtype")
+    shape = raw["shape"]
+    if not isinstance(shape, list) or len(shape) > 64 or not all(type(d) is int and 0 <= d < 2**63 for d in shape):
+        raise FormatError(f"{path}: tensor {raw['name']!r} has a bad shape")
+    entry = TensorEntry(raw["name"], raw["dtype"], tuple(shape), _ids(raw["chunks"], f"{path}: chunks"))
+    if entry.nbytes >= 2**53 or len(entry.chunks) != len(chunk_spans(entry.nbytes, DTYPES[entry.dtype].width, chunk_bytes)):
+        raise FormatError(f"{path}: tensor {entry.name!r} chunk count does not match its shape")
+    return entry
+
+
+def _check_no_file_dir_clash(paths: list[str]) -> None:
+    """``a`` and ``a/b`` cannot both be files; checkout would have to fail halfway."""
+    names = set(paths)
+    for p in paths:
+        parts = p.split("/")
+        for i in range(1, len(parts)):
+            if "/".join(parts[:i]) in names:
+                raise FormatError(f"tree has both a file and a directory named {'/'.join(parts[:i])!r}")

@@ -1,0 +1,1 @@
+"""Operations: the verbs, each composed from the store, refs and object model."""

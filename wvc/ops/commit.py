@@ -1,0 +1,122 @@
+"""Commit: snapshot, make the pack durable, then record everything in one transaction.
+
+Write order (docs/design.md, "Write ordering"): pack bytes fsynced and renamed first; then
+object rows, tree, commit and the branch move commit together or not at all. The branch
+moves by compare-and-swap against the parent we snapshotted against, so a concurrent
+commit to the same branch is refused instead of silently dropped.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import socket
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import MissingObject, NothingToCommit
+from ..objects import Commit, Tree, check_metadata
+from ..progress import NULL, Progress
+from ..store.refs import HEADS
+from ..worktree import StatCache, scan
+from .snapshot import STATE_DICT_PATH, Snapshotter
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    commit: str
+    tree: str
+    parents: tuple[str, ...]
+    logical_bytes: int
+    stored_bytes: int
+    new_objects: int
+
+    def to_json(self):
+        return {
+            "commit": self.commit,
+            "tree": self.tree,
+            "parents": list(self.parents),
+            "logical_bytes": self.logical_bytes,
+            "stored_bytes": self.stored_bytes,
+            "new_objects": self.new_objects,
+        }
+
+
+def default_author() -> str:
+    if author := os.environ.get("WVC_AUTHOR"):
+        return author
+    try:
+        return f"{getpass.getuser()}@{socket.gethostname()}"
+    except Exception:
+        return "unknown"
+
+
+def commit(
+    repo,
+    message: str,
+    source=None,
+    *,
+    author: str | None = None,
+    metadata: dict | None = None,
+    allow_empty: bool = False,
+    device: str = "auto",
+    state_dict_path: str = STATE_DICT_PATH,
+    progress: Progress = NULL,
+) -> CommitResult:
+    metadata = check_metadata(metadata or {})
+    parent_id = repo.refs.head_commit()
+    head_before = repo.refs.head()
+    parent_tree = repo.read_tree(repo.read_commit(parent_id).tree) if parent_id else None
+    chunk_bytes = parent_tree.chunk_bytes if parent_tree else repo.chunk_bytes
+    root = repo.root if source is None or isinstance(source, (str, os.PathLike)) else None
+    if root is not None and source is not None:
+        root = Path(source).resolve()
+    stat_cache = StatCache(repo.db, root) if root == repo.root else None
+
+    with repo.store.writer(device=repo.resolve_device(device), max_chain=repo.max_chain) as writer:
+        snap = Snapshotter(writer, parent_tree, chunk_bytes, progress)
+        if isinstance(source, Mapping):
+            entry = snap.state_dict_file(source, state_dict_path)
+            files = {f.path: f for f in (parent_tree.files if parent_tree else ())}
+            files[entry.path] = entry
+            tree = Tree(tuple(files[p] for p in sorted(files)), chunk_bytes)
+        else:
+            tree = snap.directory(root, scan(root).files, stat_cache or StatCache(repo.db, root))
+        if parent_tree is not None and tree.id == parent_tree.id and not allow_empty:
+            raise NothingToCommit("nothing to commit: the working tree matches HEAD (use --allow-empty)")
+        pack, rows = writer.finish()
+
+    parents = (parent_id,) if parent_id else ()
+    new = Commit(tree.id, parents, author or default_author(), int(time.time()), message, metadata)
+    with repo.db.write():
+        repo.store.insert_rows(pack, rows)
+        _check_objects_present(repo, tree)
+        repo.db.conn.execute("INSERT OR IGNORE INTO trees VALUES (?, ?)", (tree.id, tree.to_bytes()))
+        repo.db.conn.execute(
+            "INSERT OR IGNORE INTO commits VALUES (?, ?, ?, ?, ?)",
+            (new.id, tree.id, new.timestamp, writer.stored_bytes, new.to_bytes()),
+        )
+        repo.db.conn.executemany(
+            "INSERT OR IGNORE INTO commit_parents VALUES (?, ?, ?)", [(new.id, i, p) for i, p in enumerate(parents)]
+        )
+        branch = repo.refs.head_branch()
+        if repo.refs.head() != head_before:
+            from ..errors import ConcurrentUpdate
+
+            raise ConcurrentUpdate("HEAD moved while committing; retry")
+        if branch is not None:
+            repo.refs.set(HEADS + branch, new.id, parent_id, f"commit: {new.summary}")
+        else:
+            repo.refs.set_head(new.id, f"commit (detached): {new.summary}")
+        if stat_cache is not None:
+            stat_cache.flush(in_transaction=True)
+    return CommitResult(new.id, tree.id, parents, tree.logical_bytes, writer.stored_bytes, len(rows))
+
+
+def _check_objects_present(repo, tree: Tree) -> None:
+    """Guard against gc having removed an object we deduplicated against meanwhile."""
+    missing = [c for c in tree.chunk_ids() if not repo.store.has(c)]
+    if missing:
+        raise MissingObject(f"{len(missing)} objects vanished during the commit (concurrent gc?); retry")

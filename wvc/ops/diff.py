@@ -1,0 +1,170 @@
+"""Diff: per-tensor change statistics between two versions (or a version and the working tree).
+
+Statistics are streamed chunk by chunk; chunks with equal ids are skipped without decoding
+(equal id means equal bytes). ``changed`` counts elements whose bit patterns differ, so a
+NaN that stays the same NaN is unchanged and -0.0 vs 0.0 is a change.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+from ..formats import safetensors as st
+from ..formats.dtypes import DTYPES
+from ..objects import FileEntry, chunk_spans
+from ..worktree import scan
+from .status import working_hashes
+
+
+@dataclass
+class TensorDiff:
+    file: str
+    name: str
+    status: str  # "modified" | "added" | "removed" | "reshaped"
+    dtype: str
+    shape: list[int]
+    numel: int
+    changed: int | None = None
+    max_abs_delta: float | None = None
+    rel_l2: float | None = None
+    stored_bytes: int | None = None
+
+    def to_json(self):
+        return dict(self.__dict__)
+
+
+@dataclass
+class FileDiff:
+    path: str
+    status: str  # "modified" | "added" | "removed"
+    size_a: int | None
+    size_b: int | None
+    stored_bytes: int | None
+
+    def to_json(self):
+        return dict(self.__dict__)
+
+
+class _TreeSide:
+    """Chunks of a committed version."""
+
+    def __init__(self, repo, tree):
+        self.repo = repo
+        self.files = tree.by_path()
+
+    def chunks(self, path, tensor):
+        return list(tensor.chunks)
+
+    def chunk(self, path, tensor, i, cid):
+        return self.repo.store.get(cid)
+
+
+class _WorkSide:
+    """Tensors of the working tree, read from the files themselves (nothing is stored)."""
+
+    def __init__(self, repo):
+        self.repo = repo
+        self.files = {}
+        self.headers = {}
+        files = scan(repo.root).files
+        hashes = working_hashes(repo, files)
+        for path in files:
+            full = repo.root / path
+            entry = FileEntry(path, "blob", os.path.getsize(full), hashes[path])
+            if path.endswith(".safetensors"):
+                with open(full, "rb") as fh:
+                    header = st.read_header(fh, os.fstat(fh.fileno()).st_size, path)
+                self.headers[path] = header
+                from ..objects import TensorEntry
+
+                entry = FileEntry(
+                    path, "safetensors", entry.size, entry.hash, header="",
+                    tensors=tuple(TensorEntry(t.name, t.dtype.name, t.shape, ()) for t in header.tensors),
+                )
+            self.files[path] = entry
+
+    def chunks(self, path, tensor):
+        info = next(t for t in self.headers[path].tensors if t.name == tensor.name)
+        return [None] * len(chunk_spans(info.nbytes, info.dtype.width, self.repo.chunk_bytes))
+
+    def chunk(self, path, tensor, i, cid):
+        header = self.headers[path]
+        info = next(t for t in header.tensors if t.name == tensor.name)
+        begin, end = chunk_spans(info.nbytes, info.dtype.width, self.repo.chunk_bytes)[i]
+        with open(self.repo.root / path, "rb") as fh:
+            fh.seek(header.data_start + info.begin + begin)
+            return fh.read(end - begin)
+
+
+def diff(repo, rev_a=None, rev_b=None, *, stat: bool = False) -> dict:
+    a = _TreeSide(repo, repo.tree_of(rev_a or "HEAD"))
+    b = _TreeSide(repo, repo.tree_of(rev_b)) if rev_b else _WorkSide(repo)
+    known_a = {c for f in a.files.values() for c in f.chunk_ids()}
+    files, tensors = [], []
+    for path in sorted(set(a.files) | set(b.files)):
+        fa, fb = a.files.get(path), b.files.get(path)
+        if fa is not None and fb is not None and fa.hash == fb.hash:
+            continue
+        status = "added" if fa is None else "removed" if fb is None else "modified"
+        stored = _stored_bytes(repo, fb, known_a) if isinstance(b, _TreeSide) and fb else None
+        files.append(FileDiff(path, status, fa.size if fa else None, fb.size if fb else None, stored))
+        if stat:
+            continue
+        ta = {t.name: t for t in fa.tensors} if fa else {}
+        tb = {t.name: t for t in fb.tensors} if fb else {}
+        for name in list(ta) + [n for n in tb if n not in ta]:
+            tensors.append(_tensor_diff(repo, a, b, path, ta.get(name), tb.get(name), known_a))
+    tensors = [t for t in tensors if t is not None]
+    return {"files": [f.to_json() for f in files], "tensors": [t.to_json() for t in tensors]}
+
+
+def _stored_bytes(repo, entry, known: set) -> int:
+    total = 0
+    for cid in set(entry.chunk_ids()) - known:
+        row = repo.store.row(cid)
+        total += row.length if row else 0
+    return total
+
+
+def _tensor_diff(repo, a, b, path, ta, tb, known_a):
+    import torch
+
+    t = tb or ta
+    base = TensorDiff(path, t.name, "", t.dtype, list(t.shape), math.prod(t.shape))
+    if ta is None or tb is None:
+        base.status = "added" if ta is None else "removed"
+        return base
+    if ta.dtype != tb.dtype or ta.shape != tb.shape:
+        base.status = "reshaped"
+        return base
+    chunks_a = a.chunks(path, ta)
+    chunks_b = b.chunks(path, tb)
+    if chunks_a == chunks_b:
+        return None
+    dtype = getattr(torch, DTYPES[t.dtype].torch_name)
+    changed, max_abs, sq_delta, sq_a = 0, 0.0, 0.0, 0.0
+    for i, (ca, cb) in enumerate(zip(chunks_a, chunks_b)):
+        raw_a = a.chunk(path, ta, i, ca)
+        ua = torch.frombuffer(bytearray(raw_a), dtype=torch.uint8)
+        va = ua.view(dtype).double()
+        sq_a += float(torch.nansum(va * va))
+        if ca is not None and ca == cb:
+            continue
+        ub = torch.frombuffer(bytearray(b.chunk(path, tb, i, cb)), dtype=torch.uint8)
+        width = DTYPES[t.dtype].width
+        changed += int((ua.view(-1, width) != ub.view(-1, width)).any(dim=1).sum())
+        vb = ub.view(dtype).double()
+        d = vb - va
+        finite = torch.isfinite(d)
+        if finite.any():
+            max_abs = max(max_abs, float(d[finite].abs().max()))
+        sq_delta += float(torch.nansum(torch.where(finite, d * d, torch.zeros_like(d))))
+    base.status = "modified"
+    base.changed = changed
+    base.max_abs_delta = max_abs
+    base.rel_l2 = math.sqrt(sq_delta / sq_a) if sq_a > 0 else (0.0 if sq_delta == 0 else None)
+    if isinstance(b, _TreeSide):
+        base.stored_bytes = sum(repo.store.row(c).length for c in set(chunks_b) - known_a if repo.store.row(c))
+    return base

@@ -1,0 +1,211 @@
+"""Maintenance: gc (drop unreachable objects, repack, remove leftovers), fsck, stats.
+
+gc order: new pack durable -> one transaction switches object rows to it and deletes
+unreachable rows -> old pack files unlinked. A crash before the transaction leaves an
+orphan new pack; after it, orphan old packs. Both are leftovers a later gc removes. Files
+younger than the grace period are kept: they may belong to a commit still running.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+from .. import ids
+from ..errors import WvcError
+from ..fsutil import TEMP_PREFIX
+from ..objects import Commit, Tree
+from ..store.packs import PackWriter, pack_filename, read_pack_index
+from ..store.refs import HEADS, TAGS
+
+
+def reachable(repo) -> tuple[set[str], set[str], set[str]]:
+    """(commits, trees, objects) reachable from every ref and HEAD; objects include delta bases."""
+    starts = set(repo.refs.list("refs/").values())
+    if head := repo.refs.head_commit():
+        starts.add(head)
+    commits, stack = set(), list(starts)
+    while stack:
+        cid = stack.pop()
+        if cid in commits or repo.db.one("SELECT 1 FROM commits WHERE id = ?", (cid,)) is None:
+            continue
+        commits.add(cid)
+        stack.extend(repo.read_commit(cid).parents)
+    trees = {repo.read_commit(c).tree for c in commits}
+    objects = set()
+    for t in trees:
+        objects |= repo.read_tree(t).chunk_ids()
+    frontier = list(objects)
+    while frontier:  # close over delta bases
+        row = repo.store.row(frontier.pop())
+        if row and row.base and row.base not in objects:
+            objects.add(row.base)
+            frontier.append(row.base)
+    return commits, trees, objects
+
+
+@dataclass
+class GcResult:
+    commits_removed: int = 0
+    objects_removed: int = 0
+    packs_rewritten: int = 0
+    files_removed: int = 0
+    bytes_before: int = 0
+    bytes_after: int = 0
+
+    def to_json(self):
+        return dict(self.__dict__)
+
+
+def _pack_bytes(repo) -> int:
+    return sum(p.stat().st_size for p in repo.store.packs_dir.glob("pack-*.pack"))
+
+
+def gc(repo, *, grace_seconds: int = 3600) -> GcResult:
+    result = GcResult(bytes_before=_pack_bytes(repo))
+    now = time.time()
+    commits, trees, live = reachable(repo)
+    packs = {name: created for name, created in repo.db.query("SELECT name, created_at FROM packs")}
+    old_packs = {n for n, created in packs.items() if now - created >= grace_seconds}
+    rows = repo.db.query("SELECT id, pack, length FROM objects")
+    dead = [(oid, pack) for oid, pack, _ in rows if oid not in live and pack in old_packs]
+    dead_packs = {pack for _, pack in dead}
+    dead_ids = {oid for oid, _ in dead}
+
+    new_pack, moved = None, []
+    if dead_packs:
+        with repo.store.writer() as writer:
+            for oid, pack, offset, length, raw_size, method, base in repo.db.query(
+                "SELECT id, pack, offset, length, raw_size, method, base FROM objects "
+                f"WHERE pack IN ({','.join('?' * len(dead_packs))}) ORDER BY pack, offset",
+                tuple(dead_packs),
+            ):
+                if oid in dead_ids:
+                    continue
+                payload = repo.store.reader.read(pack, offset, length)
+                entry = writer.pack.add(oid, payload, raw_size, method, base)
+                moved.append((oid, entry.offset))
+            writer.finished = writer.pack.finish()
+            new_pack = writer.finished
+    with repo.db.write():
+        if new_pack:
+            repo.db.conn.execute("INSERT OR IGNORE INTO packs VALUES (?, ?, ?, ?)", (*new_pack, len(moved), int(now)))
+            repo.db.conn.executemany(
+                "UPDATE objects SET pack = ?, offset = ? WHERE id = ?", [(new_pack[0], off, oid) for oid, off in moved]
+            )
+        repo.db.conn.executemany("DELETE FROM objects WHERE id = ?", [(o,) for o in dead_ids])
+        repo.db.conn.executemany("DELETE FROM packs WHERE name = ?", [(p,) for p in dead_packs])
+        dead_commits = [c for (c,) in repo.db.query("SELECT id FROM commits") if c not in commits]
+        repo.db.conn.executemany("DELETE FROM commits WHERE id = ?", [(c,) for c in dead_commits])
+        repo.db.conn.executemany("DELETE FROM commit_parents WHERE commit_id = ?", [(c,) for c in dead_commits])
+        repo.db.conn.execute("DELETE FROM trees WHERE id NOT IN (SELECT tree FROM commits)")
+    repo.store.reader.close()
+    result.commits_removed = len(dead_commits)
+    result.objects_removed = len(dead_ids)
+    result.packs_rewritten = len(dead_packs)
+    result.files_removed = _remove_leftovers(repo, now, grace_seconds)
+    result.bytes_after = _pack_bytes(repo)
+    return result
+
+
+def _remove_leftovers(repo, now: float, grace_seconds: int) -> int:
+    known = {pack_filename(n) for (n,) in repo.db.query("SELECT name FROM packs")}
+    removed = 0
+    for path in leftovers(repo, known):
+        if now - path.stat().st_mtime >= grace_seconds:
+            path.unlink(missing_ok=True)
+            removed += 1
+    return removed
+
+
+def leftovers(repo, known: set[str] | None = None):
+    """Pack files the database does not know, and temp files from interrupted writes."""
+    if known is None:
+        known = {pack_filename(n) for (n,) in repo.db.query("SELECT name FROM packs")}
+    for path in sorted(repo.store.packs_dir.iterdir()):
+        if path.name.startswith(TEMP_PREFIX) or (path.name.startswith("pack-") and path.name not in known):
+            yield path
+
+
+@dataclass
+class FsckResult:
+    errors: list[str] = field(default_factory=list)
+    leftovers: list[str] = field(default_factory=list)
+    commits: int = 0
+    objects: int = 0
+    packs: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def to_json(self):
+        return {"ok": self.ok, **self.__dict__}
+
+
+def fsck(repo) -> FsckResult:
+    res = FsckResult()
+    integrity = repo.db.one("PRAGMA integrity_check")
+    if integrity != "ok":
+        res.errors.append(f"database: {integrity}")
+    for (name,) in repo.db.query("SELECT name FROM packs"):
+        res.packs += 1
+        path = repo.store.packs_dir / pack_filename(name)
+        try:
+            checksum, _ = read_pack_index(path)
+            if checksum != name:
+                res.errors.append(f"pack {name[:12]}: name does not match its checksum")
+        except (WvcError, OSError) as exc:
+            res.errors.append(f"pack {name[:12]}: {exc}")
+    for (oid,) in repo.db.query("SELECT id FROM objects"):
+        res.objects += 1
+        try:
+            repo.store.get(oid)
+        except WvcError as exc:
+            res.errors.append(str(exc))
+    for cid, data in repo.db.query("SELECT id, data FROM commits"):
+        res.commits += 1
+        try:
+            c = Commit.from_bytes(data, expected_id=cid)
+            tree_data = repo.db.one("SELECT data FROM trees WHERE id = ?", (c.tree,))
+            if tree_data is None:
+                res.errors.append(f"commit {ids.short(cid)}: tree {ids.short(c.tree)} missing")
+                continue
+            tree = Tree.from_bytes(tree_data, expected_id=c.tree)
+            missing = [o for o in tree.chunk_ids() if not repo.store.has(o)]
+            if missing:
+                res.errors.append(f"commit {ids.short(cid)}: {len(missing)} objects missing, e.g. {ids.short(missing[0])}")
+        except WvcError as exc:
+            res.errors.append(f"commit {ids.short(cid)}: {exc}")
+    for name, target in repo.refs.list("refs/").items():
+        if repo.db.one("SELECT 1 FROM commits WHERE id = ?", (target,)) is None:
+            res.errors.append(f"ref {name} points to missing commit {ids.short(target)}")
+    res.leftovers = [p.name for p in leftovers(repo)]
+    return res
+
+
+def stats(repo) -> dict:
+    commits = repo.db.one("SELECT COUNT(*) FROM commits")
+    logical_total = 0
+    for (data,) in repo.db.query("SELECT t.data FROM commits c JOIN trees t ON t.id = c.tree"):
+        logical_total += Tree.from_bytes(data).logical_bytes
+    stored = _pack_bytes(repo)
+    head = repo.refs.head_commit()
+    by_method = {
+        m: (n, b) for m, n, b in repo.db.query("SELECT method, COUNT(*), SUM(length) FROM objects GROUP BY method")
+    }
+    from ..codec.container import Method
+
+    return {
+        "commits": commits,
+        "branches": len(repo.refs.list(HEADS)),
+        "tags": len(repo.refs.list(TAGS)),
+        "objects": repo.db.one("SELECT COUNT(*) FROM objects"),
+        "packs": repo.db.one("SELECT COUNT(*) FROM packs"),
+        "head_logical_bytes": repo.tree_of("HEAD").logical_bytes if head else 0,
+        "logical_bytes": logical_total,
+        "stored_bytes": stored,
+        "ratio": (logical_total / stored) if stored else None,
+        "objects_by_method": {Method(m).name.lower(): {"objects": n, "bytes": b} for m, (n, b) in by_method.items()},
+    }

@@ -1,0 +1,69 @@
+"""Materialize: rebuild a file of a tree from the store, verified as it is written.
+
+The tree may come from a remote, so it is checked against the stored header: the tensor
+names, dtypes, shapes and order that the header declares must be those the tree lists.
+Every chunk is hash-verified by the store; the whole file is verified against the tree's
+file hash before it is renamed into place, so a checkout never leaves a wrong file.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterator
+
+from .. import ids
+from ..errors import CorruptObject
+from ..formats import safetensors as st
+from ..fsutil import atomic_writer
+from ..objects import FileEntry
+from ..progress import NULL, Progress
+from ..store.objects import ObjectStore
+
+
+def check_header(entry: FileEntry, header_bytes: bytes) -> st.SafetensorsHeader:
+    data_size = entry.size - 8 - len(header_bytes)
+    header = st.parse_header(header_bytes, data_size, entry.path)
+    listed = [(t.name, t.dtype, t.shape) for t in entry.tensors]
+    declared = [(t.name, t.dtype.name, t.shape) for t in header.tensors]
+    if listed != declared:
+        raise CorruptObject(f"{entry.path}: tree and stored header disagree about its tensors")
+    return header
+
+
+def file_blocks(store: ObjectStore, entry: FileEntry) -> Iterator[bytes]:
+    """The bytes of ``entry``, chunk by chunk."""
+    if entry.kind == "blob":
+        for chunk in entry.chunks:
+            yield store.get(chunk)
+        return
+    header_bytes = store.get(entry.header)
+    check_header(entry, header_bytes)
+    yield len(header_bytes).to_bytes(8, "little")
+    yield header_bytes
+    for tensor in entry.tensors:
+        for chunk in tensor.chunks:
+            yield store.get(chunk)
+
+
+def write_file(store: ObjectStore, entry: FileEntry, target: Path, progress: Progress = NULL) -> os.stat_result:
+    """Atomically replace ``target`` with the file ``entry`` describes; returns its stat."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    h = ids.hasher(ids.FILE)
+    size = 0
+    with atomic_writer(target) as fh:
+        for block in file_blocks(store, entry):
+            fh.write(block)
+            h.update(block)
+            size += len(block)
+            progress.advance(len(block))
+        if size != entry.size or h.hexdigest() != entry.hash:
+            raise CorruptObject(f"{entry.path}: rebuilt file does not match the recorded hash")
+    return os.stat(target)
+
+
+def tensor_bytes(store: ObjectStore, chunks) -> bytearray:
+    out = bytearray()
+    for chunk in chunks:
+        out += store.get(chunk)
+    return out

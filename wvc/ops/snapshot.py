@@ -1,0 +1,175 @@
+"""Snapshot: turn a working tree (or an in-memory state dict) into a Tree of chunks.
+
+Streaming: one chunk is in memory at a time (plus its base), whatever the model size.
+Each tensor chunk is offered to the store with the id of the same chunk of the same
+tensor in the parent tree as its delta base. A file whose cached hash equals the parent's
+is not read at all: its entry is reused.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import ids
+from ..errors import SafetensorsFormatError, WvcError
+from ..formats import safetensors as st
+from ..formats.dtypes import BYTES, by_torch_dtype
+from ..objects import FileEntry, TensorEntry, Tree, chunk_spans
+from ..progress import Progress
+from ..store.objects import ChunkWriter
+from ..worktree import StatCache
+
+STATE_DICT_PATH = "model.safetensors"
+
+
+@dataclass
+class ParentIndex:
+    """Finds the parent chunk to delta against: same path and tensor, else same tensor name."""
+
+    by_path: dict[str, FileEntry] = field(default_factory=dict)
+    by_tensor: dict[str, TensorEntry] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, tree: Tree | None) -> "ParentIndex":
+        index = cls()
+        if tree is not None:
+            index.by_path = tree.by_path()
+            for f in tree.files:
+                for t in f.tensors:
+                    index.by_tensor.setdefault(t.name, t)
+        return index
+
+    def tensor(self, path: str, name: str) -> TensorEntry | None:
+        entry = self.by_path.get(path)
+        for t in entry.tensors if entry else ():
+            if t.name == name:
+                return t
+        return self.by_tensor.get(name)
+
+
+def _base(chunks: tuple[str, ...] | None, i: int) -> str | None:
+    return chunks[i] if chunks and i < len(chunks) else None
+
+
+class Snapshotter:
+    def __init__(self, writer: ChunkWriter, parent: Tree | None, chunk_bytes: int, progress: Progress):
+        self.writer = writer
+        self.parent = ParentIndex.of(parent)
+        self.chunk_bytes = chunk_bytes
+        self.progress = progress
+
+    # -- working tree --------------------------------------------------------------------
+    def directory(self, root: Path, paths: list[str], stat_cache: StatCache) -> Tree:
+        headers = {}
+        for path in paths:  # validate every header before writing anything
+            if path.endswith(".safetensors"):
+                full = root / path
+                with open(full, "rb") as fh:
+                    headers[path] = st.read_header(fh, os.fstat(fh.fileno()).st_size, path)
+        self.progress.start(sum(os.stat(root / p).st_size for p in paths), "commit")
+        files = []
+        for path in paths:
+            full = root / path
+            before = os.stat(full)
+            parent_entry = self.parent.by_path.get(path)
+            cached = stat_cache.cached_hash(path, before)
+            if parent_entry is not None and cached == parent_entry.hash:
+                files.append(parent_entry)
+                self.progress.advance(before.st_size)
+                continue
+            with open(full, "rb") as fh:
+                if path in headers:
+                    entry = self._safetensors_file(path, fh, headers[path])
+                else:
+                    entry = self._blob_file(path, fh, before.st_size)
+            after = os.stat(full)
+            if StatCache.signature(after) != StatCache.signature(before) or entry.size != after.st_size:
+                raise WvcError(f"{path} changed while it was being committed; commit again when it is written")
+            stat_cache.remember(path, after, entry.hash)
+            files.append(entry)
+        self.progress.close()
+        return Tree(tuple(files), self.chunk_bytes)
+
+    def _blob_file(self, path: str, fh, size: int) -> FileEntry:
+        parent = self.parent.by_path.get(path)
+        parent_chunks = parent.chunks if parent is not None and parent.kind == "blob" else None
+        file_hash = ids.hasher(ids.FILE)
+        chunks = []
+        for i, (begin, end) in enumerate(chunk_spans(size, 1, self.chunk_bytes)):
+            raw = fh.read(end - begin)
+            if len(raw) != end - begin:
+                raise WvcError(f"{path} was truncated while it was being committed")
+            file_hash.update(raw)
+            chunks.append(self.writer.put(raw, BYTES, _base(parent_chunks, i))[0])
+            self.progress.advance(len(raw))
+        return FileEntry(path, "blob", size, file_hash.hexdigest(), chunks=tuple(chunks))
+
+    def _safetensors_file(self, path: str, fh, header: st.SafetensorsHeader) -> FileEntry:
+        file_hash = ids.hasher(ids.FILE)
+        prefix = len(header.header_bytes).to_bytes(8, "little")
+        file_hash.update(prefix)
+        file_hash.update(header.header_bytes)
+        parent = self.parent.by_path.get(path)
+        header_id, _ = self.writer.put(header.header_bytes, BYTES, parent.header if parent and parent.header else None)
+        self.progress.advance(header.data_start)
+        fh.seek(header.data_start)
+        tensors = []
+        for info in header.tensors:
+            def read(n, info=info):
+                raw = fh.read(n)
+                if len(raw) != n:
+                    raise SafetensorsFormatError(f"{path}: truncated inside tensor {info.name!r}")
+                return raw
+
+            tensors.append(self._tensor(path, info.name, info.dtype, info.shape, info.nbytes, read, file_hash))
+        return FileEntry(path, "safetensors", header.file_size, file_hash.hexdigest(), header=header_id, tensors=tuple(tensors))
+
+    def _tensor(self, path, name, dtype, shape, nbytes, read, file_hash) -> TensorEntry:
+        parent = self.parent.tensor(path, name)
+        parent_chunks = parent.chunks if parent is not None and parent.dtype == dtype.name else None
+        chunks = []
+        for i, (begin, end) in enumerate(chunk_spans(nbytes, dtype.width, self.chunk_bytes)):
+            raw = read(end - begin)
+            file_hash.update(raw)
+            chunks.append(self.writer.put(raw, dtype, _base(parent_chunks, i))[0])
+            self.progress.advance(len(raw))
+        return TensorEntry(name, dtype.name, tuple(shape), tuple(chunks))
+
+    # -- state dict ----------------------------------------------------------------------
+    def state_dict_file(self, state_dict, path: str = STATE_DICT_PATH, metadata: dict | None = None) -> FileEntry:
+        """The entry ``safetensors.torch.save_file(state_dict, path, metadata)`` would give.
+
+        Tensors are read straight from memory (moved to the CPU one chunk at a time for
+        hashing); no file is written.
+        """
+        import torch
+
+        specs, tensors = [], {}
+        for name, tensor in state_dict.items():
+            if not isinstance(tensor, torch.Tensor):
+                raise WvcError(f"state dict entry {name!r} is not a tensor")
+            specs.append((name, by_torch_dtype(tensor.dtype), tuple(tensor.shape)))
+            tensors[name] = tensor.detach()
+        header_bytes, layout = st.build_header(specs, metadata)
+        header = st.parse_header(header_bytes, layout[-1].end if layout else 0, path)
+        file_hash = ids.hasher(ids.FILE)
+        file_hash.update(len(header_bytes).to_bytes(8, "little"))
+        file_hash.update(header_bytes)
+        parent = self.parent.by_path.get(path)
+        header_id, _ = self.writer.put(header_bytes, BYTES, parent.header if parent and parent.header else None)
+        self.progress.start(header.file_size, "commit")
+        entries = []
+        for info in header.tensors:
+            flat = tensors[info.name].contiguous().reshape(-1).view(torch.uint8)
+            cursor = [0]
+
+            def read(n, flat=flat, cursor=cursor):
+                part = flat[cursor[0] : cursor[0] + n].cpu().numpy()
+                cursor[0] += n
+                return part
+
+            entries.append(self._tensor(path, info.name, info.dtype, info.shape, info.nbytes, read, file_hash))
+        self.progress.close()
+        return FileEntry(path, "safetensors", header.file_size, file_hash.hexdigest(), header=header_id, tensors=tuple(entries))

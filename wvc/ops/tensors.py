@@ -1,0 +1,47 @@
+"""Tensors out of a version: ``load_state_dict``, eager or lazy (decoded on access)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ..formats.dtypes import DTYPES
+from .materialize import tensor_bytes
+
+
+def _tensor(repo, entry, device: str):
+    import torch
+
+    dtype = getattr(torch, DTYPES[entry.dtype].torch_name)
+    raw = tensor_bytes(repo.store, entry.chunks)
+    if not raw:
+        return torch.empty(entry.shape, dtype=dtype, device=device)
+    t = torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(entry.shape)
+    return t.to(device) if device != "cpu" else t
+
+
+class LazyStateDict(Mapping):
+    """A read-only mapping that decodes a tensor only when it is looked up."""
+
+    def __init__(self, repo, entries: dict, device: str):
+        self._repo, self._entries, self._device = repo, entries, device
+
+    def __getitem__(self, name):
+        return _tensor(self._repo, self._entries[name], self._device)
+
+    def __iter__(self):
+        return iter(self._entries)
+
+    def __len__(self):
+        return len(self._entries)
+
+
+def load_state_dict(repo, rev: str = "HEAD", *, device: str = "cpu", lazy: bool = False):
+    """Every tensor of every safetensors file of ``rev`` (shards merged), by name."""
+    tree = repo.tree_of(rev)
+    entries = {}
+    for f in tree.files:
+        for t in f.tensors:
+            entries.setdefault(t.name, t)
+    if lazy:
+        return LazyStateDict(repo, entries, device)
+    return {name: _tensor(repo, e, device) for name, e in entries.items()}

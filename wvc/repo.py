@@ -1,0 +1,208 @@
+"""The repository: opens ``.wvc/`` and composes the database, object store and refs.
+
+Every verb of the CLI is a method here with the same name; the heavy lifting lives in
+:mod:`wvc.ops`. Importing this module does not import torch: only operations that touch
+tensor bytes (commit, checkout, diff, load_state_dict) pull it in.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from . import ids
+from .errors import FormatError, NotARepository, RepositoryExists, RevisionNotFound
+from .objects import Commit, Tree
+from .progress import NULL, Progress
+from .store.database import Database
+from .store.objects import DEFAULT_MAX_CHAIN, ObjectStore
+from .store.refs import HEADS, Refs
+
+WVC_DIR = ".wvc"
+DEFAULT_CHUNK_BYTES = 4 << 20
+FORMAT_VERSION = "1"
+
+
+class Repo:
+    def __init__(self, root: Path):
+        self.root = Path(root).resolve()
+        self.wvc_dir = self.root / WVC_DIR
+        self.db = Database(self.wvc_dir / "wvc.db")
+        self.db.migrate()
+        self.store = ObjectStore(self.db, self.wvc_dir / "packs")
+        self.refs = Refs(self.db)
+
+    # -- opening ---------------------------------------------------------------------------
+    @classmethod
+    def init(cls, path=".", *, chunk_bytes: int = DEFAULT_CHUNK_BYTES, max_chain: int = DEFAULT_MAX_CHAIN, branch: str = "main") -> "Repo":
+        from .store.refs import check_ref_name
+
+        root = Path(path).resolve()
+        check_ref_name(branch)
+        if (root / WVC_DIR).exists():
+            raise RepositoryExists(f"{root} already holds a wvc repository")
+        root.mkdir(parents=True, exist_ok=True)
+        (root / WVC_DIR / "packs").mkdir(parents=True)
+        repo = cls(root)
+        with repo.db.write():
+            repo.db.set_config("format", FORMAT_VERSION)
+            repo.db.set_config("chunk_bytes", str(chunk_bytes))
+            repo.db.set_config("max_chain", str(max_chain))
+            repo.db.set_config("HEAD", "ref: " + HEADS + branch)
+        return repo
+
+    @classmethod
+    def open(cls, path=".") -> "Repo":
+        """The repository at ``path`` or the nearest directory above it."""
+        start = Path(path).resolve()
+        for candidate in (start, *start.parents):
+            if (candidate / WVC_DIR / "wvc.db").is_file():
+                repo = cls(candidate)
+                fmt = repo.db.get_config("format")
+                if fmt != FORMAT_VERSION:
+                    raise FormatError(f"repository format {fmt!r} is not supported by this wvc")
+                return repo
+        raise NotARepository(f"not a wvc repository (or any parent up to /): {start}")
+
+    def close(self) -> None:
+        self.store.reader.close()
+        self.db.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_):
+        self.close()
+
+    # -- settings --------------------------------------------------------------------------
+    @property
+    def chunk_bytes(self) -> int:
+        return int(self.db.get_config("chunk_bytes", str(DEFAULT_CHUNK_BYTES)))
+
+    @property
+    def max_chain(self) -> int:
+        return int(self.db.get_config("max_chain", str(DEFAULT_MAX_CHAIN)))
+
+    @staticmethod
+    def resolve_device(device: str) -> str:
+        if device not in ("auto", "cpu", "cuda") and not device.startswith("cuda:"):
+            raise ValueError(f"device must be auto, cpu or cuda, not {device!r}")
+        if device != "auto":
+            return device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    # -- reading objects -------------------------------------------------------------------
+    def resolve(self, rev: str) -> str:
+        from .ops.revparse import resolve
+
+        return resolve(self, rev)
+
+    def read_commit(self, commit_id: str) -> Commit:
+        data = self.db.one("SELECT data FROM commits WHERE id = ?", (commit_id,))
+        if data is None:
+            raise RevisionNotFound(f"commit {ids.short(commit_id)} is not in this repository")
+        return Commit.from_bytes(data)
+
+    def read_tree(self, tree_id: str) -> Tree:
+        data = self.db.one("SELECT data FROM trees WHERE id = ?", (tree_id,))
+        if data is None:
+            raise RevisionNotFound(f"tree {ids.short(tree_id)} is not in this repository")
+        return Tree.from_bytes(data)
+
+    def tree_of(self, rev: str) -> Tree:
+        return self.read_tree(self.read_commit(self.resolve(rev)).tree)
+
+    # -- verbs -----------------------------------------------------------------------------
+    def status(self):
+        from .ops.status import status
+
+        return status(self)
+
+    def commit(self, message: str, source=None, **kwargs):
+        """Commit the working tree, another directory, or a state dict (``source``)."""
+        from .ops.commit import commit
+
+        return commit(self, message, source, **kwargs)
+
+    def checkout(self, rev: str, *, force: bool = False, output=None, progress: Progress = NULL):
+        from .ops.checkout import checkout
+
+        return checkout(self, rev, force=force, output=output, progress=progress)
+
+    def log(self, rev: str = "HEAD", n: int | None = None, all_refs: bool = False):
+        from .ops.history import log
+
+        return log(self, rev, n, all_refs)
+
+    def show(self, rev: str = "HEAD"):
+        from .ops.history import show
+
+        return show(self, rev)
+
+    def diff(self, rev_a: str | None = None, rev_b: str | None = None, *, stat: bool = False):
+        from .ops.diff import diff
+
+        return diff(self, rev_a, rev_b, stat=stat)
+
+    def load_state_dict(self, rev: str = "HEAD", *, device: str = "cpu", lazy: bool = False):
+        from .ops.tensors import load_state_dict
+
+        return load_state_dict(self, rev, device=device, lazy=lazy)
+
+    def branches(self) -> dict[str, str]:
+        return self.refs.list(HEADS)
+
+    def create_branch(self, name: str, start: str = "HEAD") -> str:
+        from .ops.branches import create_ref
+
+        return create_ref(self, HEADS, name, start, "branch")
+
+    def delete_branch(self, name: str) -> str:
+        from .ops.branches import delete_branch
+
+        return delete_branch(self, name)
+
+    def tags(self) -> dict[str, str]:
+        from .store.refs import TAGS
+
+        return self.refs.list(TAGS)
+
+    def create_tag(self, name: str, rev: str = "HEAD") -> str:
+        from .ops.branches import create_ref
+        from .store.refs import TAGS
+
+        return create_ref(self, TAGS, name, rev, "tag")
+
+    def delete_tag(self, name: str) -> str:
+        from .ops.branches import delete_tag
+
+        return delete_tag(self, name)
+
+    def gc(self, *, grace_seconds: int = 3600):
+        from .ops.maintenance import gc
+
+        return gc(self, grace_seconds=grace_seconds)
+
+    def fsck(self):
+        from .ops.maintenance import fsck
+
+        return fsck(self)
+
+    def stats(self):
+        from .ops.maintenance import stats
+
+        return stats(self)
+
+
+def init(path=".", **kwargs) -> Repo:
+    return Repo.init(path, **kwargs)
+
+
+def open_repo(path=".") -> Repo:
+    return Repo.open(path)
+
+
+def relpath_from_cwd(repo: Repo, path: str) -> str:
+    return os.path.relpath(path, repo.root)

@@ -1,0 +1,1 @@
+"""Storage: the SQLite database, pack files, the object store and refs."""

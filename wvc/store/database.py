@@ -1,0 +1,116 @@
+"""The SQLite database: connection settings, transactions and recorded migrations.
+
+WAL lets readers (``log``, ``status``) run beside a writer; writers take the lock up front
+with ``BEGIN IMMEDIATE`` so two committers serialise instead of failing mid-transaction;
+``synchronous=FULL`` makes a committed ref move survive power loss.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import time
+from pathlib import Path
+
+import sqlite_utils
+
+from ..errors import WvcError
+
+BUSY_TIMEOUT_MS = 30_000
+
+
+def _m0001_initial(db: sqlite_utils.Database) -> None:
+    db["config"].create({"key": str, "value": str}, pk="key")
+    db["packs"].create({"name": str, "size": int, "objects": int, "created_at": int}, pk="name")
+    db["objects"].create(
+        {
+            "id": str,
+            "pack": str,
+            "offset": int,
+            "length": int,
+            "raw_size": int,
+            "method": int,
+            "base": str,
+            "depth": int,
+        },
+        pk="id",
+        not_null={"pack", "offset", "length", "raw_size", "method", "depth"},
+    )
+    db["objects"].create_index(["pack"])
+    db["objects"].create_index(["base"])
+    db["trees"].create({"id": str, "data": bytes}, pk="id", not_null={"data"})
+    db["commits"].create(
+        {"id": str, "tree": str, "timestamp": int, "stored_bytes": int, "data": bytes},
+        pk="id",
+        not_null={"tree", "timestamp", "data"},
+    )
+    db["commit_parents"].create({"commit_id": str, "position": int, "parent": str}, pk=("commit_id", "position"))
+    db["commit_parents"].create_index(["parent"])
+    db["refs"].create({"name": str, "target": str}, pk="name", not_null={"target"})
+    db["reflog"].create(
+        {"seq": int, "ref": str, "old": str, "new": str, "time": int, "message": str}, pk="seq"
+    )
+    db["stat_cache"].create(
+        {"path": str, "size": int, "mtime_ns": int, "ctime_ns": int, "ino": int, "hash": str, "recorded_ns": int},
+        pk="path",
+    )
+
+
+MIGRATIONS = [("0001_initial", _m0001_initial)]
+
+
+class Database:
+    def __init__(self, path: Path):
+        self.path = path
+        self.conn = sqlite3.connect(path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False)
+        self.conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("PRAGMA synchronous=FULL")
+        self.db = sqlite_utils.Database(self.conn)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    @contextlib.contextmanager
+    def write(self):
+        """One write transaction, taken up front (BEGIN IMMEDIATE); rolled back on error."""
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            raise WvcError(f"repository is locked by another wvc process ({exc})") from None
+        try:
+            yield self.conn
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        else:
+            self.conn.execute("COMMIT")
+
+    def query(self, sql: str, params=()) -> list[tuple]:
+        return self.conn.execute(sql, params).fetchall()
+
+    def one(self, sql: str, params=()):
+        row = self.conn.execute(sql, params).fetchone()
+        return row[0] if row else None
+
+    def migrate(self) -> list[str]:
+        """Apply pending migrations, each in its own transaction, recording its name."""
+        with self.write():
+            self.conn.execute("CREATE TABLE IF NOT EXISTS migrations (name TEXT PRIMARY KEY, applied_at INTEGER)")
+        done = {r[0] for r in self.query("SELECT name FROM migrations")}
+        applied = []
+        for name, step in MIGRATIONS:
+            if name in done:
+                continue
+            with self.write():
+                step(self.db)
+                self.conn.execute("INSERT INTO migrations VALUES (?, ?)", (name, int(time.time())))
+            applied.append(name)
+        return applied
+
+    def get_config(self, key: str, default: str | None = None) -> str | None:
+        value = self.one("SELECT value FROM config WHERE key = ?", (key,))
+        return default if value is None else value
+
+    def set_config(self, key: str, value: str) -> None:
+        self.conn.execute("INSERT OR REPLACE INTO config VALUES (?, ?)", (key, value))

@@ -1,0 +1,175 @@
+"""Pack files: immutable, self-describing files of encoded objects.
+
+Layout::
+
+    b"WVCPACK\\x01"
+    payloads, back to back
+    index: canonical JSON list of {id, offset, length, raw_size, method, base}
+    trailer: u64 index offset, u64 index length, 32-byte blake3 (PACK context) of every
+             byte before the trailer, b"WVCPEND\\x01"
+
+A pack is named by that checksum (``pack-<hex>.pack``), so a pack is write-once and a
+damaged pack is detectable on its own, without the database. A pack becomes visible only
+by rename after fsync; until its rows are committed to the database it is garbage that
+``gc`` may remove after a grace period.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import ids
+from ..errors import CorruptObject
+from ..fsutil import TEMP_PREFIX, fsync_dir
+from ..objects import canonical_json
+
+MAGIC = b"WVCPACK\x01"
+END = b"WVCPEND\x01"
+_TRAILER = struct.Struct("<QQ32s8s")
+MAX_INDEX_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class PackEntry:
+    id: str
+    offset: int
+    length: int
+    raw_size: int
+    method: int
+    base: str | None
+
+    def to_json(self):
+        return {
+            "id": self.id,
+            "offset": self.offset,
+            "length": self.length,
+            "raw_size": self.raw_size,
+            "method": self.method,
+            "base": self.base,
+        }
+
+
+def pack_filename(name: str) -> str:
+    return f"pack-{name}.pack"
+
+
+class PackWriter:
+    """Appends payloads to a temp file; ``finish`` makes it a durable, named pack."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        fd, self.tmp_path = tempfile.mkstemp(prefix=TEMP_PREFIX, suffix=".pack", dir=directory)
+        self.fh = os.fdopen(fd, "wb")
+        self.hasher = ids.hasher(ids.PACK)
+        self.entries: list[PackEntry] = []
+        self._write(MAGIC)
+
+    def _write(self, data) -> None:
+        self.fh.write(data)
+        self.hasher.update(data)
+
+    @property
+    def offset(self) -> int:
+        return self.fh.tell()
+
+    def add(self, object_id: str, payload: bytes, raw_size: int, method: int, base: str | None) -> PackEntry:
+        entry = PackEntry(object_id, self.offset, len(payload), raw_size, method, base)
+        self._write(payload)
+        self.entries.append(entry)
+        return entry
+
+    def finish(self) -> tuple[str, int] | None:
+        """Seal, fsync and rename; returns (pack name, size) or None when empty."""
+        if not self.entries:
+            self.abort()
+            return None
+        index = canonical_json([e.to_json() for e in self.entries])
+        index_offset = self.offset
+        self._write(index)
+        checksum = self.hasher.digest()
+        self.fh.write(_TRAILER.pack(index_offset, len(index), checksum, END))
+        self.fh.flush()
+        os.fsync(self.fh.fileno())
+        size = self.fh.tell()
+        self.fh.close()
+        name = checksum.hex()
+        os.replace(self.tmp_path, self.directory / pack_filename(name))
+        fsync_dir(self.directory)
+        return name, size
+
+    def abort(self) -> None:
+        if not self.fh.closed:
+            self.fh.close()
+        try:
+            os.unlink(self.tmp_path)
+        except FileNotFoundError:
+            pass
+
+
+def read_pack_index(path: Path, verify: bool = True) -> tuple[str, list[PackEntry]]:
+    """Parse a pack's trailer and index (and, with ``verify``, its whole checksum)."""
+    size = path.stat().st_size
+    if size < len(MAGIC) + _TRAILER.size:
+        raise CorruptObject(f"{path.name}: too short to be a pack")
+    with open(path, "rb") as fh:
+        if fh.read(len(MAGIC)) != MAGIC:
+            raise CorruptObject(f"{path.name}: not a wvc pack")
+        fh.seek(size - _TRAILER.size)
+        index_offset, index_len, checksum, end = _TRAILER.unpack(fh.read(_TRAILER.size))
+        if end != END or index_len > MAX_INDEX_BYTES or index_offset + index_len != size - _TRAILER.size:
+            raise CorruptObject(f"{path.name}: bad pack trailer")
+        if verify:
+            fh.seek(0)
+            h = ids.hasher(ids.PACK)
+            remaining = index_offset + index_len
+            while remaining:
+                block = fh.read(min(remaining, 1 << 22))
+                if not block:
+                    raise CorruptObject(f"{path.name}: truncated")
+                h.update(block)
+                remaining -= len(block)
+            if h.digest() != checksum:
+                raise CorruptObject(f"{path.name}: checksum mismatch (the pack is damaged)")
+        fh.seek(index_offset)
+        try:
+            raw = json.loads(fh.read(index_len))
+            entries = [PackEntry(**e) for e in raw]
+        except (ValueError, TypeError) as exc:
+            raise CorruptObject(f"{path.name}: bad pack index ({exc})") from None
+    for e in entries:
+        if not ids.is_object_id(e.id) or e.offset < len(MAGIC) or e.offset + e.length > index_offset:
+            raise CorruptObject(f"{path.name}: index entry out of bounds")
+    return checksum.hex(), entries
+
+
+class PackReader:
+    """Positional reads from pack files, keeping a few descriptors open."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self._fds: dict[str, int] = {}
+
+    def read(self, pack: str, offset: int, length: int) -> bytes:
+        fd = self._fds.get(pack)
+        if fd is None:
+            if len(self._fds) >= 64:
+                self.close()
+            try:
+                fd = os.open(self.directory / pack_filename(pack), os.O_RDONLY)
+            except FileNotFoundError:
+                raise CorruptObject(f"pack {pack[:12]} is missing") from None
+            self._fds[pack] = fd
+        data = os.pread(fd, length, offset)
+        if len(data) != length:
+            raise CorruptObject(f"pack {pack[:12]} is truncated")
+        return data
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
