@@ -65,6 +65,9 @@ class WvcGroup(click.Group):
             sys.exit(exc.exit_code)
         except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
             raise
+        except BrokenPipeError:  # `wvc log | head`: the reader left; not an error
+            sys.stderr.close()
+            os._exit(0)
         except KeyboardInterrupt:
             click.echo("wvc: interrupted", err=True)
             sys.exit(130)

@@ -52,7 +52,7 @@ def _unplanes(planes: list, width: int) -> torch.Tensor:
     if width == 1:
         return _as_int(planes[0], 1, "cpu")
     stacked = torch.stack([_as_int(p, 1, "cpu").view(torch.uint8) for p in planes])
-    return stacked.T.contiguous().view(_INT[width]).reshape(-1)
+    return stacked.T.contiguous().reshape(-1).view(_INT[width])
 
 
 def _ordered(x: torch.Tensor, bits: int) -> torch.Tensor:

@@ -94,12 +94,12 @@ def graph_lines(entries: list[LogEntry]) -> list[tuple[str, LogEntry | None]]:
         if e.id not in lanes:
             lanes.append(e.id)
         col = lanes.index(e.id)
-        out.append((" ".join("*" if i == col else "|" for i in range(len(lanes))), e))
         closing = [i for i, lane in enumerate(lanes) if lane == e.id and i != col]
         if closing:
             out.append((" ".join("/" if i in closing else "|" for i in range(len(lanes))).replace(" /", "/"), None))
             for i in reversed(closing):
                 del lanes[i]
+        out.append((" ".join("*" if i == col else "|" for i in range(len(lanes))), e))
         if e.parents:
             lanes[col] = e.parents[0]
             lanes.extend(p for p in e.parents[1:] if p not in lanes)

@@ -1,0 +1,100 @@
+"""Every codec method round-trips bit-exactly, and decoding is bounded and checked."""
+
+import struct
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as hs
+
+from wvc import codec
+from wvc.codec.container import Method, peek
+from wvc.codec.transforms import candidate_methods
+from wvc.errors import CorruptObject
+from wvc.formats.dtypes import BYTES, DTYPES
+
+SPECIAL_BF16 = [0x7FC0, 0x7FC1, 0xFFFF, 0x8000, 0x0000, 0x7F80, 0xFF80, 0x0001, 0x8001, 0x7F7F]
+
+
+def methods_for(dtype):
+    return sorted(set(candidate_methods(dtype, True)) | {Method.RAW if dtype.width == 1 else Method.PLANES})
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    dtype_name=hs.sampled_from(sorted(DTYPES)),
+    data=hs.data(),
+)
+def test_every_method_round_trips_random_bit_patterns(dtype_name, data):
+    dtype = DTYPES[dtype_name]
+    n = data.draw(hs.integers(0, 300))
+    raw = data.draw(hs.binary(min_size=n * dtype.width, max_size=n * dtype.width))
+    base = data.draw(hs.binary(min_size=n * dtype.width, max_size=n * dtype.width))
+    for method in methods_for(dtype):
+        enc = codec.encode(raw, dtype, base if method.uses_base else None, method=method)
+        assert enc.method == method
+        assert codec.decode(enc.payload, len(raw), base if method.uses_base else None) == raw
+
+
+def test_special_values_round_trip_through_ulp_delta():
+    """NaN payloads, -0.0, inf and subnormals, as value and as base, survive exactly."""
+    vals = torch.tensor(SPECIAL_BF16 * 10, dtype=torch.int32).to(torch.int16)
+    raw = vals.numpy().tobytes()
+    base = vals.flip(0).numpy().tobytes()
+    for method in (Method.ULP, Method.XOR, Method.PLANES):
+        enc = codec.encode(raw, DTYPES["BF16"], base if method.uses_base else None, method=method)
+        assert codec.decode(enc.payload, len(raw), base if method.uses_base else None) == raw
+
+
+def test_delta_beats_full_on_a_small_update():
+    w = torch.randn(1 << 16) * 0.02
+    a = w.to(torch.bfloat16).view(torch.uint8).numpy().tobytes()
+    b = (w + torch.randn(1 << 16) * 1e-4).to(torch.bfloat16).view(torch.uint8).numpy().tobytes()
+    full = codec.encode(b, DTYPES["BF16"])
+    delta = codec.encode(b, DTYPES["BF16"], a)
+    assert delta.uses_base
+    assert len(delta.payload) < len(full.payload) / 2
+
+
+def test_large_chunk_sampled_selection_still_round_trips():
+    w = torch.randn(1 << 20) * 0.02
+    a = w.to(torch.bfloat16).view(torch.uint8).numpy().tobytes()
+    b = (w + torch.randn(1 << 20) * 1e-4).to(torch.bfloat16).view(torch.uint8).numpy().tobytes()
+    enc = codec.encode(b, DTYPES["BF16"], a)
+    assert codec.decode(enc.payload, len(b), a if enc.uses_base else None) == b
+
+
+def test_decode_checks_recorded_size_and_base():
+    raw = bytes(range(256)) * 4
+    enc = codec.encode(raw, BYTES)
+    with pytest.raises(CorruptObject):
+        codec.decode(enc.payload, len(raw) + 1)
+    delta = codec.encode(raw, BYTES, bytes(len(raw)), method=Method.XOR)
+    with pytest.raises(CorruptObject, match="base"):
+        codec.decode(delta.payload, len(raw), None)
+
+
+def test_decompression_bomb_is_refused():
+    """A zstd plane that expands past the recorded size is rejected, not allocated."""
+    import zstandard
+
+    bomb = zstandard.ZstdCompressor(write_content_size=False).compress(bytes(50_000_000))
+    payload = struct.pack("<BBBBQ", 1, int(Method.RAW), 1, 0, 1000) + struct.pack("<BQ", 1, len(bomb)) + bomb
+    with pytest.raises(CorruptObject, match="wrong length"):
+        codec.decode(payload, 1000)
+
+
+@settings(max_examples=200, deadline=None)
+@given(hs.binary(max_size=200))
+def test_fuzz_payloads_fail_cleanly(payload):
+    try:
+        codec.decode(payload, 64, bytes(64))
+    except CorruptObject:
+        pass
+
+
+def test_peek_rejects_trailing_garbage():
+    enc = codec.encode(b"x" * 100, BYTES)
+    peek(enc.payload)
+    with pytest.raises(CorruptObject):
+        peek(enc.payload + b"!")
