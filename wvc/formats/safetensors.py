@@ -168,7 +168,8 @@ def build_header(tensors: list[tuple[str, DType, tuple[int, ...]]], metadata: di
     """The header ``safetensors.torch.save`` writes for these tensors, and their layout.
 
     Tensors go in (dtype rank descending, name) order; the JSON is compact and padded with
-    spaces to a multiple of 8 bytes. Keeping this identical to the library means a commit
+    spaces to a multiple of 8 bytes. With two or more ``metadata`` keys the library's own
+    order is a Rust HashMap's (random per process), so only 0 or 1 keys can match it. Keeping this identical to the library means a commit
     from a state dict has the same tree id as a commit of the saved file.
     """
     ordered = sorted(tensors, key=lambda t: (-t[1].rank, t[0]))
