@@ -41,9 +41,25 @@ def test_special_values_round_trip_through_ulp_delta():
     vals = torch.tensor(SPECIAL_BF16 * 10, dtype=torch.int32).to(torch.int16)
     raw = vals.numpy().tobytes()
     base = vals.flip(0).numpy().tobytes()
-    for method in (Method.ULP, Method.XOR, Method.PLANES):
+    for method in (Method.ULP, Method.ULP_EXP, Method.XOR, Method.PLANES):
         enc = codec.encode(raw, DTYPES["BF16"], base if method.uses_base else None, method=method)
         assert codec.decode(enc.payload, len(raw), base if method.uses_base else None) == raw
+
+
+@pytest.mark.parametrize("name", ["BF16", "F16", "F32", "F64", "F8_E4M3", "F8_E5M2"])
+def test_exponent_grouped_delta_round_trips_across_many_groups(name):
+    """Weights spanning many exponents split into several groups; decode restores the order."""
+    dtype = DTYPES[name]
+    torch_dtype = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64,
+                   "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}[name]
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(200_000, generator=g, dtype=torch.float64) * torch.logspace(-6, 1, 200_000, dtype=torch.float64)
+    a = w.to(torch_dtype)
+    b = (w + torch.randn(200_000, generator=g, dtype=torch.float64) * 1e-4).to(torch_dtype)
+    ra, rb = a.view(torch.uint8).numpy().tobytes(), b.view(torch.uint8).numpy().tobytes()
+    enc = codec.encode(rb, dtype, ra, method=Method.ULP_EXP)
+    assert len(peek(enc.payload).streams) > dtype.width  # more than one group
+    assert codec.decode(enc.payload, len(rb), ra) == rb
 
 
 def test_delta_beats_full_on_a_small_update():
@@ -79,7 +95,7 @@ def test_decompression_bomb_is_refused():
     import zstandard
 
     bomb = zstandard.ZstdCompressor(write_content_size=False).compress(bytes(50_000_000))
-    payload = struct.pack("<BBBBQ", 1, int(Method.RAW), 1, 0, 1000) + struct.pack("<BQ", 1, len(bomb)) + bomb
+    payload = struct.pack("<BBBBQI", 1, int(Method.RAW), 1, 0, 1000, 1) + struct.pack("<BQQ", 1, 1000, len(bomb)) + bomb
     with pytest.raises(CorruptObject, match="wrong length"):
         codec.decode(payload, 1000)
 

@@ -9,11 +9,12 @@ from wvc.errors import CorruptObject
 from .conftest import tree_digests
 
 
-def commit_steps(repo, n, size=4096):
-    w = torch.randn(size) * 0.02
+def commit_steps(repo, n, size=4096, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(size, generator=g) * 0.02
     commits = {}
     for i in range(n):
-        w += torch.randn(size) * 1e-3
+        w += torch.randn(size, generator=g) * 1e-3
         save_file({"w": w.to(torch.bfloat16)}, str(repo.root / "model.safetensors"))
         commits[repo.commit(f"step {i}").commit] = tree_digests(repo.root)
     return commits

@@ -1,18 +1,21 @@
-"""The payload container (no torch): header, plane table, bounded zstd.
+"""The payload container (no torch): header, stream table, bounded zstd.
 
 Layout of a payload (all integers little-endian)::
 
     u8  codec version (1)
     u8  method (Method)
-    u8  element width in bytes (the plane count)
-    u8  reserved (0)
+    u8  element width in bytes
+    u8  parameter (ULP_EXP: the exponent field's bit shift; else 0)
     u64 raw size
-    per plane: u8 coder (0 stored, 1 zstd), u64 stored length
-    plane bytes, in order
+    u32 stream count
+    per stream: u8 coder (0 stored, 1 zstd), u64 raw length, u64 stored length
+    stream bytes, in order
 
-Each plane holds byte *k* of every element (of the value, or of its delta against the
-base chunk). Splitting bytes by significance puts the low-entropy bytes (sign/exponent, or
-the mostly-zero high bytes of a small delta) together, where zstd finds them.
+A stream is one byte plane (byte *k* of every element, of the value or of its delta), or
+for grouped methods one plane of one group. Splitting bytes by significance puts the
+low-entropy bytes (sign/exponent, or the mostly-zero high bytes of a small delta)
+together, where zstd finds them. Raw lengths are in the table so that a payload can be
+bounds-checked before anything is decompressed: they must add up to the raw size.
 """
 
 from __future__ import annotations
@@ -26,10 +29,11 @@ import zstandard
 from ..errors import CorruptObject
 
 CODEC_VERSION = 1
-_HEAD = struct.Struct("<BBBBQ")
-_PLANE = struct.Struct("<BQ")
+_HEAD = struct.Struct("<BBBBQI")
+_STREAM = struct.Struct("<BQQ")
 CODER_STORED = 0
 CODER_ZSTD = 1
+MAX_STREAMS = 1 << 16
 
 
 class Method(enum.IntEnum):
@@ -38,24 +42,27 @@ class Method(enum.IntEnum):
     XOR = 2  # byte planes of value XOR base
     ULP = 3  # byte planes of zigzag(ordered(value) - ordered(base)), floats
     SUB = 4  # byte planes of zigzag(value - base), integers
+    ULP_EXP = 5  # ULP deltas grouped by the base value's exponent, planes per group
 
     @property
     def uses_base(self) -> bool:
-        return self in (Method.XOR, Method.ULP, Method.SUB)
+        return self in (Method.XOR, Method.ULP, Method.SUB, Method.ULP_EXP)
 
 
 @dataclass(frozen=True)
 class PayloadInfo:
     method: Method
     width: int
+    param: int
     raw_size: int
-    planes: tuple[tuple[int, int, int], ...]  # (coder, offset, length) per plane
+    streams: tuple[tuple[int, int, int, int], ...]  # (coder, raw length, offset, stored length)
 
 
-def pack(method: Method, width: int, raw_size: int, planes: list[tuple[int, bytes]]) -> bytes:
-    parts = [_HEAD.pack(CODEC_VERSION, int(method), width, 0, raw_size)]
-    parts += [_PLANE.pack(coder, len(data)) for coder, data in planes]
-    parts += [data for _, data in planes]
+def pack(method: Method, width: int, param: int, raw_size: int, streams: list[tuple[int, int, bytes]]) -> bytes:
+    """``streams``: (coder, raw length, stored bytes) in decoding order."""
+    parts = [_HEAD.pack(CODEC_VERSION, int(method), width, param, raw_size, len(streams))]
+    parts += [_STREAM.pack(coder, raw_len, len(data)) for coder, raw_len, data in streams]
+    parts += [data for _, _, data in streams]
     return b"".join(parts)
 
 
@@ -64,7 +71,7 @@ def peek(payload) -> PayloadInfo:
     payload = memoryview(payload)
     if len(payload) < _HEAD.size:
         raise CorruptObject("payload shorter than its header")
-    version, method, width, _, raw_size = _HEAD.unpack_from(payload)
+    version, method, width, param, raw_size, count = _HEAD.unpack_from(payload)
     if version != CODEC_VERSION:
         raise CorruptObject(f"unknown codec version {version}")
     try:
@@ -73,39 +80,46 @@ def peek(payload) -> PayloadInfo:
         raise CorruptObject(f"unknown codec method {method}") from None
     if width not in (1, 2, 4, 8) or raw_size % width:
         raise CorruptObject(f"bad element width {width} for {raw_size} bytes")
-    offset = _HEAD.size + width * _PLANE.size
+    if param >= width * 8 - 1 or (param and method != Method.ULP_EXP):
+        raise CorruptObject(f"bad codec parameter {param}")
+    if count > MAX_STREAMS:
+        raise CorruptObject("too many streams")
+    offset = _HEAD.size + count * _STREAM.size
     if len(payload) < offset:
-        raise CorruptObject("payload plane table truncated")
-    planes = []
-    for k in range(width):
-        coder, length = _PLANE.unpack_from(payload, _HEAD.size + k * _PLANE.size)
+        raise CorruptObject("payload stream table truncated")
+    streams, total = [], 0
+    for k in range(count):
+        coder, raw_len, length = _STREAM.unpack_from(payload, _HEAD.size + k * _STREAM.size)
         if coder not in (CODER_STORED, CODER_ZSTD):
-            raise CorruptObject(f"unknown plane coder {coder}")
-        planes.append((coder, offset, length))
+            raise CorruptObject(f"unknown stream coder {coder}")
+        if coder == CODER_STORED and raw_len != length:
+            raise CorruptObject("stored stream has the wrong length")
+        streams.append((coder, raw_len, offset, length))
         offset += length
+        total += raw_len
     if offset != len(payload):
-        raise CorruptObject("payload length does not match its plane table")
-    return PayloadInfo(method, width, raw_size, tuple(planes))
+        raise CorruptObject("payload length does not match its stream table")
+    if total != raw_size:
+        raise CorruptObject("stream lengths do not add up to the raw size")
+    return PayloadInfo(method, width, param, raw_size, tuple(streams))
 
 
-def compress_plane(data, level: int) -> tuple[int, bytes]:
-    """zstd the plane unless that does not pay; incompressible planes are stored as is."""
-    if len(data) < 64:
-        return CODER_STORED, bytes(data)
+def compress_stream(data, level: int) -> tuple[int, int, bytes]:
+    """zstd the stream unless that does not pay; incompressible streams are stored as is."""
+    n = len(data)
+    if n < 64:
+        return CODER_STORED, n, bytes(data)
     compressed = zstandard.ZstdCompressor(level=level).compress(data)
-    if len(compressed) >= len(data) - len(data) // 64:
-        return CODER_STORED, bytes(data)
-    return CODER_ZSTD, compressed
+    if len(compressed) >= n - n // 64:
+        return CODER_STORED, n, bytes(data)
+    return CODER_ZSTD, n, compressed
 
 
-def plane_bytes(payload, info: PayloadInfo, k: int) -> bytes:
-    """Plane ``k`` decompressed to exactly ``raw_size / width`` bytes, or CorruptObject."""
-    coder, offset, length = info.planes[k]
-    expected = info.raw_size // info.width
+def stream_bytes(payload, info: PayloadInfo, k: int):
+    """Stream ``k`` decompressed to exactly its recorded raw length, or CorruptObject."""
+    coder, expected, offset, length = info.streams[k]
     data = memoryview(payload)[offset : offset + length]
     if coder == CODER_STORED:
-        if length != expected:
-            raise CorruptObject("stored plane has the wrong length")
         return data
     declared = zstandard.frame_content_size(data) if length >= 4 else -2
     if declared not in (expected, -1):  # -1: size not in the frame header
@@ -116,5 +130,5 @@ def plane_bytes(payload, info: PayloadInfo, k: int) -> bytes:
     except zstandard.ZstdError as exc:
         raise CorruptObject(f"zstd: {exc}") from None
     if len(out) != expected:
-        raise CorruptObject("zstd plane decoded to the wrong length")
+        raise CorruptObject("zstd stream decoded to the wrong length")
     return out

@@ -1,8 +1,15 @@
-"""Chunk transforms with torch: byte planes, XOR and ULP-distance deltas.
+"""Chunk transforms with torch: byte planes, XOR, ULP-distance and exponent-grouped deltas.
 
 Every transform works on the integer view of the bytes, so it is lossless for any bit
 pattern (NaN payloads, -0.0, subnormals) and any dtype; integer arithmetic wraps, and
 wrapping subtraction is exactly invertible by wrapping addition.
+
+ULP_EXP groups the ULP deltas by the *base* value's exponent before the plane split. An
+optimizer step moves a weight by about the learning rate in value, which is many units in
+the last place for a small weight and few for a large one: the exponent, which the
+decoder knows from the base, predicts the delta's magnitude, and zstd codes each group
+with its own statistics. The decoder rebuilds the grouping from the base, so it costs
+nothing to transmit.
 """
 
 from __future__ import annotations
@@ -14,12 +21,14 @@ import torch
 
 from ..errors import CorruptObject
 from ..formats.dtypes import DType
-from .container import Method, compress_plane, pack, peek, plane_bytes
+from .container import Method, compress_stream, pack, peek, stream_bytes
 
 _INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
-# Sampling: for big chunks, pick the method on a slice and encode only the winner.
+# Sampling: for big chunks, pick the method on slices and encode only the winner.
 SAMPLE_BYTES = 256 * 1024
+# Exponent groups smaller than this are merged with their neighbours (per-stream overhead).
+MIN_GROUP = 16384
 
 
 @dataclass(frozen=True)
@@ -32,13 +41,13 @@ class Encoded:
         return self.method.uses_base
 
 
-def _as_int(buf, width: int, device: str) -> torch.Tensor:
+def _as_int(buf, width: int, device: str = "cpu") -> torch.Tensor:
     if len(buf) == 0:
         return torch.empty(0, dtype=_INT[width], device=device)
     with warnings.catch_warnings():  # frombuffer warns about read-only buffers; we never write
         warnings.simplefilter("ignore")
         t = torch.frombuffer(buf, dtype=_INT[width])
-    return t.to(device, non_blocking=False) if device != "cpu" else t
+    return t.to(device) if device != "cpu" else t
 
 
 def _planes(x: torch.Tensor, width: int) -> list:
@@ -50,8 +59,8 @@ def _planes(x: torch.Tensor, width: int) -> list:
 
 def _unplanes(planes: list, width: int) -> torch.Tensor:
     if width == 1:
-        return _as_int(planes[0], 1, "cpu")
-    stacked = torch.stack([_as_int(p, 1, "cpu").view(torch.uint8) for p in planes])
+        return _as_int(planes[0], 1)
+    stacked = torch.stack([_as_int(p, 1).view(torch.uint8) for p in planes])
     return stacked.T.contiguous().reshape(-1).view(_INT[width])
 
 
@@ -74,7 +83,7 @@ def _transform(method: Method, x: torch.Tensor, b: torch.Tensor | None, bits: in
         return x
     if method is Method.XOR:
         return x ^ b
-    if method is Method.ULP:
+    if method in (Method.ULP, Method.ULP_EXP):
         return _zigzag(_ordered(x, bits) - _ordered(b, bits), bits)
     if method is Method.SUB:
         return _zigzag(x - b, bits)
@@ -86,25 +95,59 @@ def _inverse(method: Method, y: torch.Tensor, b: torch.Tensor | None, bits: int)
         return y
     if method is Method.XOR:
         return y ^ b
-    if method is Method.ULP:
+    if method in (Method.ULP, Method.ULP_EXP):
         return _ordered(_unzigzag(y, bits) + _ordered(b, bits), bits)
     if method is Method.SUB:
         return _unzigzag(y, bits) + b
     raise AssertionError(method)
 
 
+def exponent_groups(b: torch.Tensor, shift: int, bits: int) -> tuple[torch.Tensor, list[int]]:
+    """(permutation sorting elements by the base's exponent, sizes of the merged groups)."""
+    mask = (1 << (bits - 1 - shift)) - 1
+    key = ((b >> shift) & mask).to(torch.int32)
+    perm = torch.argsort(key, stable=True)
+    sizes, run = [], 0
+    for count in torch.bincount(key, minlength=mask + 1).tolist():
+        run += count
+        if run >= MIN_GROUP:
+            sizes.append(run)
+            run = 0
+    if run:
+        if sizes:
+            sizes[-1] += run
+        else:
+            sizes.append(run)
+    return perm, sizes
+
+
 def candidate_methods(dtype: DType, has_base: bool) -> list[Method]:
     full = Method.PLANES if dtype.width > 1 else Method.RAW
     if not has_base:
         return [full]
-    delta = {"float": Method.ULP, "int": Method.SUB}.get(dtype.kind)
-    return [full, Method.XOR] + ([delta] if delta else [])
+    if dtype.kind == "float":
+        grouped = [Method.ULP_EXP] if dtype.exponent else []
+        return [full, Method.XOR, Method.ULP, *grouped]
+    if dtype.kind == "int":
+        return [full, Method.XOR, Method.SUB]
+    return [full, Method.XOR]
 
 
-def _encode_with(method: Method, x, b, width: int, level: int) -> bytes:
-    y = _transform(method, x, b, width * 8)
-    planes = [compress_plane(p, level) for p in _planes(y, width)]
-    return pack(method, width, x.numel() * width, planes)
+def _encode_with(method: Method, x, b, dtype: DType, level: int) -> bytes:
+    width, bits = dtype.width, dtype.width * 8
+    y = _transform(method, x, b, bits)
+    param = 0
+    if method is Method.ULP_EXP:
+        param = dtype.exponent[0]
+        perm, sizes = exponent_groups(b, param, bits)
+        y = y[perm]
+    else:
+        sizes = [x.numel()]
+    streams, start = [], 0
+    for n in sizes:
+        streams += [compress_stream(p, level) for p in _planes(y[start : start + n], width)]
+        start += n
+    return pack(method, width, param, x.numel() * width, streams)
 
 
 def encode_chunk(
@@ -112,32 +155,31 @@ def encode_chunk(
 ) -> Encoded:
     """Smallest encoding of ``raw``; ``method`` forces one (tests use it to cover each)."""
     raw = memoryview(raw).cast("B")
-    width = dtype.width
-    if len(raw) % width:
+    if len(raw) % dtype.width:
         raise ValueError("chunk is not a whole number of elements")
     if base is not None and len(base) != len(raw):
         base = None  # shapes changed: no element-wise delta
-    x = _as_int(raw, width, device)
-    b = _as_int(memoryview(base).cast("B"), width, device) if base is not None else None
+    x = _as_int(raw, dtype.width, device)
+    b = _as_int(memoryview(base).cast("B"), dtype.width, device) if base is not None else None
     methods = [method] if method is not None else candidate_methods(dtype, b is not None)
     if len(methods) > 1 and len(raw) > 2 * SAMPLE_BYTES:
-        methods = [_best_on_sample(methods, x, b, width, level)]
+        methods = [_best_on_sample(methods, x, b, dtype, level)]
     best = None
-    for method in methods:
-        payload = _encode_with(method, x, b, width, level)
+    for m in methods:
+        payload = _encode_with(m, x, b, dtype, level)
         if best is None or len(payload) < len(best.payload):
-            best = Encoded(payload, method)
+            best = Encoded(payload, m)
     return best
 
 
-def _best_on_sample(methods, x, b, width, level) -> Method:
+def _best_on_sample(methods, x, b, dtype, level) -> Method:
     """Cheap model selection: encode a few spread slices with each method, keep the best."""
     n = x.numel()
-    per = SAMPLE_BYTES // width // 4
+    per = SAMPLE_BYTES // dtype.width // 4
     starts = [0, n // 3, (2 * n) // 3, max(0, n - per)]
     idx = torch.cat([torch.arange(s, min(s + per, n), device=x.device) for s in starts])
     xs, bs = x[idx], b[idx]
-    return min(methods, key=lambda m: len(_encode_with(m, xs, bs, width, level)))
+    return min(methods, key=lambda m: len(_encode_with(m, xs, bs, dtype, level)))
 
 
 def decode_chunk(payload, raw_size: int, base=None) -> bytes:
@@ -146,12 +188,29 @@ def decode_chunk(payload, raw_size: int, base=None) -> bytes:
         raise CorruptObject(f"payload holds {info.raw_size} bytes, expected {raw_size}")
     if raw_size == 0:
         return b""
-    planes = [plane_bytes(payload, info, k) for k in range(info.width)]
-    y = _unplanes(planes, info.width)
+    width, bits = info.width, info.width * 8
     b = None
     if info.method.uses_base:
         if base is None or len(base) != raw_size:
             raise CorruptObject("delta payload without a matching base chunk")
-        b = _as_int(memoryview(base).cast("B"), info.width, "cpu")
-    x = _inverse(info.method, y, b, info.width * 8)
+        b = _as_int(memoryview(base).cast("B"), width)
+    if info.method is Method.ULP_EXP:
+        perm, sizes = exponent_groups(b, info.param, bits)
+    else:
+        perm, sizes = None, [raw_size // width]
+    if len(info.streams) != len(sizes) * width:
+        raise CorruptObject("stream count does not match the chunk's groups")
+    parts, k = [], 0
+    for n in sizes:
+        planes = [stream_bytes(payload, info, k + j) for j in range(width)]
+        if any(len(p) != n for p in planes):
+            raise CorruptObject("stream length does not match its group")
+        parts.append(_unplanes(planes, width))
+        k += width
+    y = parts[0] if len(parts) == 1 else torch.cat(parts)
+    if perm is not None:
+        unsorted = torch.empty_like(y)
+        unsorted[perm] = y
+        y = unsorted
+    x = _inverse(info.method, y, b, bits)
     return x.view(torch.uint8).numpy().tobytes()

@@ -3,6 +3,8 @@
 ``kind`` picks the delta transform: ``float`` values are sign-magnitude bit patterns (the
 ULP distance maps them to ordered integers first), ``int`` values subtract directly,
 ``bits`` (bool, packed sub-byte formats) are only XORed.
+``exponent`` locates the exponent bits, the context that predicts how many units in the
+last place an optimizer step moves a weight (docs/design.md, "Codec").
 ``rank`` is the position in safetensors' Rust ``Dtype`` enum, which orders tensors in a
 file it writes (by rank descending, then by name); we need it to rebuild the exact bytes
 ``safetensors.torch.save`` would write for a state dict.
@@ -20,24 +22,25 @@ class DType:
     kind: str  # "float" | "int" | "bits"
     torch_name: str | None
     rank: int
+    exponent: tuple[int, int] | None = None  # (shift, mask) of the exponent field, floats only
 
 
 _TABLE = [
-    # name, width, kind, torch dtype attribute, rank in safetensors' enum
+    # name, width, kind, torch dtype attribute, rank in safetensors' enum, exponent field
     ("BOOL", 1, "bits", "bool", 0),
     ("U8", 1, "int", "uint8", 4),
     ("I8", 1, "int", "int8", 5),
-    ("F8_E5M2", 1, "float", "float8_e5m2", 6),
-    ("F8_E4M3", 1, "float", "float8_e4m3fn", 7),
+    ("F8_E5M2", 1, "float", "float8_e5m2", 6, (2, 0x1F)),
+    ("F8_E4M3", 1, "float", "float8_e4m3fn", 7, (3, 0xF)),
     ("F8_E8M0", 1, "bits", "float8_e8m0fnu", 8),
     ("I16", 2, "int", "int16", 9),
     ("U16", 2, "int", "uint16", 10),
-    ("F16", 2, "float", "float16", 11),
-    ("BF16", 2, "float", "bfloat16", 12),
+    ("F16", 2, "float", "float16", 11, (10, 0x1F)),
+    ("BF16", 2, "float", "bfloat16", 12, (7, 0xFF)),
     ("I32", 4, "int", "int32", 13),
     ("U32", 4, "int", "uint32", 14),
-    ("F32", 4, "float", "float32", 15),
-    ("F64", 8, "float", "float64", 17),
+    ("F32", 4, "float", "float32", 15, (23, 0xFF)),
+    ("F64", 8, "float", "float64", 17, (52, 0x7FF)),
     ("I64", 8, "int", "int64", 18),
     ("U64", 8, "int", "uint64", 19),
 ]

@@ -164,6 +164,8 @@ def fsck(repo) -> FsckResult:
             repo.store.get(oid)
         except WvcError as exc:
             res.errors.append(str(exc))
+        except Exception as exc:  # noqa: BLE001 - fsck reports damage, it must not die of it
+            res.errors.append(f"object {ids.short(oid)}: {type(exc).__name__}: {exc}")
     for cid, data in repo.db.query("SELECT id, data FROM commits"):
         res.commits += 1
         try:

@@ -1,0 +1,32 @@
+"""One wvc operation in its own process, so the parent can read its time and peak RSS.
+
+    python -m benchmarks.wvc_op commit REPO SRC_DIR [MESSAGE]
+    python -m benchmarks.wvc_op checkout REPO REV OUT_DIR
+"""
+
+import json
+import sys
+import time
+
+from wvc import Repo
+
+
+def main(argv):
+    op, repo_path = argv[0], argv[1]
+    t = time.perf_counter()
+    if op == "commit":
+        repo = Repo.open(repo_path)
+        res = repo.commit(argv[3] if len(argv) > 3 else "bench", source=argv[2], allow_empty=True)
+        out = {"commit": res.commit, "stored_bytes": res.stored_bytes, "logical_bytes": res.logical_bytes}
+    elif op == "checkout":
+        repo = Repo.open(repo_path)
+        res = repo.checkout(argv[2], output=argv[3], force=True)
+        out = {"commit": res.commit}
+    else:
+        raise SystemExit(f"unknown op {op}")
+    out["seconds"] = time.perf_counter() - t
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
