@@ -114,3 +114,22 @@ def test_peek_rejects_trailing_garbage():
     peek(enc.payload)
     with pytest.raises(CorruptObject):
         peek(enc.payload + b"!")
+
+
+@pytest.mark.parametrize("name", ["BF16", "F32", "I8", "U8", "F8_E4M3", "BOOL", "I64"])
+def test_numpy_and_torch_backends_write_identical_payloads(name):
+    """The GPU path (torch) and the CPU path (numpy) are the same codec, byte for byte."""
+    dtype = DTYPES[name]
+    g = torch.Generator().manual_seed(1)
+    n = 70_000
+    raw = torch.randint(0, 256, (n * dtype.width,), dtype=torch.uint8, generator=g)
+    base = raw.clone()
+    flip = torch.rand(n * dtype.width, generator=g) < 0.1
+    base[flip] = torch.randint(0, 256, (int(flip.sum()),), dtype=torch.uint8, generator=g)
+    raw, base = raw.numpy().tobytes(), base.numpy().tobytes()
+    for method in methods_for(dtype) + ([Method.ULP_EXP] if dtype.exponent else []):
+        b = base if method.uses_base else None
+        on_cpu = codec.encode(raw, dtype, b, method=method)
+        on_torch = codec.encode(raw, dtype, b, method=method, device="torch-cpu")
+        assert on_cpu.payload == on_torch.payload, method
+        assert codec.decode(on_cpu.payload, len(raw), b, device="torch-cpu") == raw

@@ -85,10 +85,13 @@ class Repo:
 
     @staticmethod
     def resolve_device(device: str) -> str:
-        if device not in ("auto", "cpu", "cuda") and not device.startswith("cuda:"):
+        """``auto`` is cuda when a GPU is usable, else cpu; torch is imported only to check a GPU."""
+        if device not in ("auto", "cpu", "cuda", "torch-cpu") and not device.startswith("cuda:"):
             raise ValueError(f"device must be auto, cpu or cuda, not {device!r}")
         if device != "auto":
             return device
+        if not os.path.exists("/proc/driver/nvidia/version"):  # no NVIDIA driver: no CUDA
+            return "cpu"
         import torch
 
         return "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,7 +1,7 @@
 """The chunk codec: how one chunk's raw bytes become stored bytes and back.
 
-Only :mod:`wvc.codec.transforms` imports torch, and only when a chunk is encoded or
-decoded, so commands that never touch weights (``log``, ``status``) stay fast.
+The transforms run on numpy on the CPU and on torch for a GPU device (see
+:mod:`wvc.codec.backends`); torch is imported only when a GPU device is asked for.
 
 The interface is two functions over bytes; every payload starts with a version byte, so a
 later codec can be added beside this one and old payloads still decode.
@@ -25,11 +25,11 @@ def encode(raw, dtype, base=None, *, device: str = "cpu", level: int = 1, method
     return encode_chunk(raw, dtype, base, device=device, level=level, method=method)
 
 
-def decode(payload, raw_size: int, base=None) -> bytes:
+def decode(payload, raw_size: int, base=None, *, device: str = "cpu") -> bytes:
     """Decode a payload to exactly ``raw_size`` bytes (bounded: never allocates more)."""
     from .transforms import decode_chunk
 
-    return decode_chunk(payload, raw_size, base)
+    return decode_chunk(payload, raw_size, base, device=device)
 
 
 def __getattr__(name):

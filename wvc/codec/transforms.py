@@ -1,8 +1,9 @@
-"""Chunk transforms with torch: byte planes, XOR, ULP-distance and exponent-grouped deltas.
+"""Chunk transforms: byte planes, XOR, ULP-distance and exponent-grouped deltas.
 
 Every transform works on the integer view of the bytes, so it is lossless for any bit
 pattern (NaN payloads, -0.0, subnormals) and any dtype; integer arithmetic wraps, and
-wrapping subtraction is exactly invertible by wrapping addition.
+wrapping subtraction is exactly invertible by wrapping addition. The code is written
+once against :mod:`wvc.codec.backends` (numpy on the CPU, torch on a GPU).
 
 ULP_EXP groups the ULP deltas by the *base* value's exponent before the plane split. An
 optimizer step moves a weight by about the learning rate in value, which is many units in
@@ -14,16 +15,12 @@ nothing to transmit.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
-
-import torch
 
 from ..errors import CorruptObject
 from ..formats.dtypes import DType
+from .backends import backend
 from .container import Method, compress_stream, pack, peek, stream_bytes
-
-_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 # Sampling: for big chunks, pick the method on slices and encode only the winner.
 SAMPLE_BYTES = 256 * 1024
@@ -41,44 +38,21 @@ class Encoded:
         return self.method.uses_base
 
 
-def _as_int(buf, width: int, device: str = "cpu") -> torch.Tensor:
-    if len(buf) == 0:
-        return torch.empty(0, dtype=_INT[width], device=device)
-    with warnings.catch_warnings():  # frombuffer warns about read-only buffers; we never write
-        warnings.simplefilter("ignore")
-        t = torch.frombuffer(buf, dtype=_INT[width])
-    return t.to(device) if device != "cpu" else t
-
-
-def _planes(x: torch.Tensor, width: int) -> list:
-    if width == 1:
-        return [x.view(torch.uint8).cpu().numpy()]
-    p = x.view(torch.uint8).reshape(-1, width).T.contiguous().cpu().numpy()
-    return [p[k] for k in range(width)]
-
-
-def _unplanes(planes: list, width: int) -> torch.Tensor:
-    if width == 1:
-        return _as_int(planes[0], 1)
-    stacked = torch.stack([_as_int(p, 1).view(torch.uint8) for p in planes])
-    return stacked.T.contiguous().reshape(-1).view(_INT[width])
-
-
-def _ordered(x: torch.Tensor, bits: int) -> torch.Tensor:
+def _ordered(x, bits: int):
     """Sign-magnitude float bits -> integers in value order (an involution)."""
     return x ^ ((x >> (bits - 1)) & ((1 << (bits - 1)) - 1))
 
 
-def _zigzag(d: torch.Tensor, bits: int) -> torch.Tensor:
+def _zigzag(d, bits: int):
     return (d << 1) ^ (d >> (bits - 1))
 
 
-def _unzigzag(z: torch.Tensor, bits: int) -> torch.Tensor:
+def _unzigzag(z, bits: int):
     logical = (z >> 1) & ((1 << (bits - 1)) - 1)
     return logical ^ -(z & 1)
 
 
-def _transform(method: Method, x: torch.Tensor, b: torch.Tensor | None, bits: int) -> torch.Tensor:
+def _transform(method: Method, x, b, bits: int):
     if method in (Method.RAW, Method.PLANES):
         return x
     if method is Method.XOR:
@@ -90,7 +64,7 @@ def _transform(method: Method, x: torch.Tensor, b: torch.Tensor | None, bits: in
     raise AssertionError(method)
 
 
-def _inverse(method: Method, y: torch.Tensor, b: torch.Tensor | None, bits: int) -> torch.Tensor:
+def _inverse(method: Method, y, b, bits: int):
     if method in (Method.RAW, Method.PLANES):
         return y
     if method is Method.XOR:
@@ -102,13 +76,13 @@ def _inverse(method: Method, y: torch.Tensor, b: torch.Tensor | None, bits: int)
     raise AssertionError(method)
 
 
-def exponent_groups(b: torch.Tensor, shift: int, bits: int) -> tuple[torch.Tensor, list[int]]:
+def exponent_groups(xp, b, shift: int, bits: int) -> tuple[object, list[int]]:
     """(permutation sorting elements by the base's exponent, sizes of the merged groups)."""
     mask = (1 << (bits - 1 - shift)) - 1
-    key = ((b >> shift) & mask).to(torch.int32)
-    perm = torch.argsort(key, stable=True)
+    key = xp.exponent_key(b, shift, mask)
+    perm = xp.argsort_stable(key)
     sizes, run = [], 0
-    for count in torch.bincount(key, minlength=mask + 1).tolist():
+    for count in xp.bincount(key, mask + 1):
         run += count
         if run >= MIN_GROUP:
             sizes.append(run)
@@ -133,21 +107,21 @@ def candidate_methods(dtype: DType, has_base: bool) -> list[Method]:
     return [full, Method.XOR]
 
 
-def _encode_with(method: Method, x, b, dtype: DType, level: int) -> bytes:
+def _encode_with(xp, method: Method, x, b, dtype: DType, level: int) -> bytes:
     width, bits = dtype.width, dtype.width * 8
     y = _transform(method, x, b, bits)
     param = 0
     if method is Method.ULP_EXP:
         param = dtype.exponent[0]
-        perm, sizes = exponent_groups(b, param, bits)
+        perm, sizes = exponent_groups(xp, b, param, bits)
         y = y[perm]
     else:
-        sizes = [x.numel()]
+        sizes = [len(x)]
     streams, start = [], 0
     for n in sizes:
-        streams += [compress_stream(p, level) for p in _planes(y[start : start + n], width)]
+        streams += [compress_stream(p, level) for p in xp.planes(y[start : start + n], width)]
         start += n
-    return pack(method, width, param, x.numel() * width, streams)
+    return pack(method, width, param, len(x) * width, streams)
 
 
 def encode_chunk(
@@ -159,30 +133,31 @@ def encode_chunk(
         raise ValueError("chunk is not a whole number of elements")
     if base is not None and len(base) != len(raw):
         base = None  # shapes changed: no element-wise delta
-    x = _as_int(raw, dtype.width, device)
-    b = _as_int(memoryview(base).cast("B"), dtype.width, device) if base is not None else None
+    xp = backend(device)
+    x = xp.from_bytes(raw, dtype.width)
+    b = xp.from_bytes(memoryview(base).cast("B"), dtype.width) if base is not None else None
     methods = [method] if method is not None else candidate_methods(dtype, b is not None)
     if len(methods) > 1 and len(raw) > 2 * SAMPLE_BYTES:
-        methods = [_best_on_sample(methods, x, b, dtype, level)]
+        methods = [_best_on_sample(xp, methods, x, b, dtype, level)]
     best = None
     for m in methods:
-        payload = _encode_with(m, x, b, dtype, level)
+        payload = _encode_with(xp, m, x, b, dtype, level)
         if best is None or len(payload) < len(best.payload):
             best = Encoded(payload, m)
     return best
 
 
-def _best_on_sample(methods, x, b, dtype, level) -> Method:
+def _best_on_sample(xp, methods, x, b, dtype, level) -> Method:
     """Cheap model selection: encode a few spread slices with each method, keep the best."""
-    n = x.numel()
+    n = len(x)
     per = SAMPLE_BYTES // dtype.width // 4
     starts = [0, n // 3, (2 * n) // 3, max(0, n - per)]
-    idx = torch.cat([torch.arange(s, min(s + per, n), device=x.device) for s in starts])
-    xs, bs = x[idx], b[idx]
-    return min(methods, key=lambda m: len(_encode_with(m, xs, bs, dtype, level)))
+    xs, bs = xp.sample(x, starts, per), xp.sample(b, starts, per)
+    return min(methods, key=lambda m: len(_encode_with(xp, m, xs, bs, dtype, level)))
 
 
-def decode_chunk(payload, raw_size: int, base=None) -> bytes:
+def decode_chunk(payload, raw_size: int, base=None, *, device: str = "cpu") -> bytes:
+    xp = backend(device)
     info = peek(payload)
     if info.raw_size != raw_size:
         raise CorruptObject(f"payload holds {info.raw_size} bytes, expected {raw_size}")
@@ -193,9 +168,9 @@ def decode_chunk(payload, raw_size: int, base=None) -> bytes:
     if info.method.uses_base:
         if base is None or len(base) != raw_size:
             raise CorruptObject("delta payload without a matching base chunk")
-        b = _as_int(memoryview(base).cast("B"), width)
+        b = xp.from_bytes(memoryview(base).cast("B"), width)
     if info.method is Method.ULP_EXP:
-        perm, sizes = exponent_groups(b, info.param, bits)
+        perm, sizes = exponent_groups(xp, b, info.param, bits)
     else:
         perm, sizes = None, [raw_size // width]
     if len(info.streams) != len(sizes) * width:
@@ -205,12 +180,9 @@ def decode_chunk(payload, raw_size: int, base=None) -> bytes:
         planes = [stream_bytes(payload, info, k + j) for j in range(width)]
         if any(len(p) != n for p in planes):
             raise CorruptObject("stream length does not match its group")
-        parts.append(_unplanes(planes, width))
+        parts.append(xp.unplanes(planes, width, n))
         k += width
-    y = parts[0] if len(parts) == 1 else torch.cat(parts)
+    y = parts[0] if len(parts) == 1 else xp.concat(parts)
     if perm is not None:
-        unsorted = torch.empty_like(y)
-        unsorted[perm] = y
-        y = unsorted
-    x = _inverse(info.method, y, b, bits)
-    return x.view(torch.uint8).numpy().tobytes()
+        y = xp.scatter(y, perm)
+    return xp.to_bytes(_inverse(info.method, y, b, bits))

@@ -34,16 +34,13 @@ def check_header(entry: FileEntry, header_bytes: bytes) -> st.SafetensorsHeader:
 def file_blocks(store: ObjectStore, entry: FileEntry) -> Iterator[bytes]:
     """The bytes of ``entry``, chunk by chunk."""
     if entry.kind == "blob":
-        for chunk in entry.chunks:
-            yield store.get(chunk)
+        yield from store.get_many(entry.chunks)
         return
     header_bytes = store.get(entry.header)
     check_header(entry, header_bytes)
     yield len(header_bytes).to_bytes(8, "little")
     yield header_bytes
-    for tensor in entry.tensors:
-        for chunk in tensor.chunks:
-            yield store.get(chunk)
+    yield from store.get_many(c for t in entry.tensors for c in t.chunks)
 
 
 def write_file(store: ObjectStore, entry: FileEntry, target: Path, progress: Progress = NULL) -> os.stat_result:
@@ -64,6 +61,6 @@ def write_file(store: ObjectStore, entry: FileEntry, target: Path, progress: Pro
 
 def tensor_bytes(store: ObjectStore, chunks) -> bytearray:
     out = bytearray()
-    for chunk in chunks:
-        out += store.get(chunk)
+    for raw in store.get_many(chunks):
+        out += raw
     return out

@@ -102,7 +102,7 @@ class Snapshotter:
             if len(raw) != end - begin:
                 raise WvcError(f"{path} was truncated while it was being committed")
             file_hash.update(raw)
-            chunks.append(self.writer.put(raw, BYTES, _base(parent_chunks, i))[0])
+            chunks.append(self.writer.put(raw, BYTES, _base(parent_chunks, i)))
             self.progress.advance(len(raw))
         return FileEntry(path, "blob", size, file_hash.hexdigest(), chunks=tuple(chunks))
 
@@ -112,7 +112,7 @@ class Snapshotter:
         file_hash.update(prefix)
         file_hash.update(header.header_bytes)
         parent = self.parent.by_path.get(path)
-        header_id, _ = self.writer.put(header.header_bytes, BYTES, parent.header if parent and parent.header else None)
+        header_id = self.writer.put(header.header_bytes, BYTES, parent.header if parent and parent.header else None)
         self.progress.advance(header.data_start)
         fh.seek(header.data_start)
         tensors = []
@@ -133,7 +133,7 @@ class Snapshotter:
         for i, (begin, end) in enumerate(chunk_spans(nbytes, dtype.width, self.chunk_bytes)):
             raw = read(end - begin)
             file_hash.update(raw)
-            chunks.append(self.writer.put(raw, dtype, _base(parent_chunks, i))[0])
+            chunks.append(self.writer.put(raw, dtype, _base(parent_chunks, i)))
             self.progress.advance(len(raw))
         return TensorEntry(name, dtype.name, tuple(shape), tuple(chunks))
 
@@ -158,7 +158,7 @@ class Snapshotter:
         file_hash.update(len(header_bytes).to_bytes(8, "little"))
         file_hash.update(header_bytes)
         parent = self.parent.by_path.get(path)
-        header_id, _ = self.writer.put(header_bytes, BYTES, parent.header if parent and parent.header else None)
+        header_id = self.writer.put(header_bytes, BYTES, parent.header if parent and parent.header else None)
         self.progress.start(header.file_size, "commit")
         entries = []
         for info in header.tensors:

@@ -1,17 +1,27 @@
 """The object store: chunks in, verified chunks out.
 
 Writes go through a :class:`ChunkWriter`, which dedups by id, encodes new chunks (against
-a base chunk when one is given and its delta chain is short enough) and appends them to a
-pack. It inserts no rows: the caller commits its rows together with the tree, commit and
-ref move, in one transaction, after the pack is durable (see docs/design.md).
+a base chunk when one is given) on a small thread pool and appends them to a pack in the
+order they were offered. It inserts no rows: the caller commits its rows together with
+the tree, commit and ref move, in one transaction, after the pack is durable (see
+docs/design.md).
+
+Delta chains are bounded: when the base's chain is already ``max_chain`` deep, the chunk
+is encoded against the chain's keyframe instead (re-anchoring), so no read ever decodes
+more than ``max_chain + 1`` payloads and long runs do not pay for full keyframes.
 
 Reads decode the delta chain from its keyframe down and check every decoded chunk's
-blake3 against its id, so a damaged pack can never yield wrong bytes silently.
+blake3 against its id, so a damaged pack can never yield wrong bytes silently. Database
+lookups stay on the calling thread; workers only read packs and decode.
 """
 
 from __future__ import annotations
 
+import collections
+import os
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +31,8 @@ from .database import Database
 from .packs import PackReader, PackWriter
 
 DEFAULT_MAX_CHAIN = 8
+WORKERS = max(1, min(4, os.cpu_count() or 1))
+IN_FLIGHT = 2 * WORKERS  # chunks being encoded or decoded at once: bounds memory
 
 
 @dataclass(frozen=True)
@@ -33,6 +45,19 @@ class ObjectRow:
     method: int
     base: str | None
     depth: int
+
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def pool() -> ThreadPoolExecutor:
+    """One process-wide pool: zstd, blake3 and numpy release the GIL, so threads scale."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(WORKERS, thread_name_prefix="wvc-codec")
+        return _POOL
 
 
 class ObjectStore:
@@ -51,18 +76,21 @@ class ObjectStore:
     def has(self, object_id: str) -> bool:
         return self.db.one("SELECT 1 FROM objects WHERE id = ?", (object_id,)) is not None
 
-    def get(self, object_id: str) -> bytes:
-        """The raw bytes of a chunk, decoded through its delta chain and hash-verified."""
-        chain = []
-        cursor = object_id
+    def chain(self, object_id: str) -> list[ObjectRow]:
+        """The rows to decode for ``object_id``: itself first, its keyframe last."""
+        rows, cursor = [], object_id
         while cursor is not None:
             row = self.row(cursor)
             if row is None:
                 raise MissingObject(f"object {ids.short(cursor)} is missing from the store")
-            chain.append(row)
-            if len(chain) > 10_000:
+            rows.append(row)
+            if len(rows) > 10_000:
                 raise CorruptObject(f"object {ids.short(object_id)} has a cyclic delta chain")
             cursor = row.base
+        return rows
+
+    def decode_chain(self, chain: list[ObjectRow]) -> bytes:
+        """Decode rows from :meth:`chain` (no database access: safe on a worker thread)."""
         raw = None
         for row in reversed(chain):
             payload = self.reader.read(row.pack, row.offset, row.length)
@@ -73,6 +101,20 @@ class ObjectStore:
             if ids.chunk_id(raw) != row.id:
                 raise CorruptObject(f"object {ids.short(row.id)} in pack {row.pack[:12]} fails its hash check")
         return raw
+
+    def get(self, object_id: str) -> bytes:
+        """The raw bytes of a chunk, decoded through its delta chain and hash-verified."""
+        return self.decode_chain(self.chain(object_id))
+
+    def get_many(self, object_ids):
+        """Yield each chunk's bytes in order, decoding up to IN_FLIGHT ahead on the pool."""
+        queue = collections.deque()
+        for oid in object_ids:
+            queue.append(pool().submit(self.decode_chain, self.chain(oid)))
+            if len(queue) >= IN_FLIGHT:
+                yield queue.popleft().result()
+        while queue:
+            yield queue.popleft().result()
 
     def writer(self, *, device: str = "cpu", max_chain: int = DEFAULT_MAX_CHAIN, level: int = 1) -> "ChunkWriter":
         return ChunkWriter(self, device=device, max_chain=max_chain, level=level)
@@ -92,7 +134,7 @@ class ObjectStore:
 
 
 class ChunkWriter:
-    """Collects new chunks of one operation into one pack."""
+    """Collects new chunks of one operation into one pack, encoding them in parallel."""
 
     def __init__(self, store: ObjectStore, *, device: str, max_chain: int, level: int):
         self.store = store
@@ -101,6 +143,8 @@ class ChunkWriter:
         self.level = level
         self.pack = PackWriter(store.packs_dir)
         self.pending: dict[str, ObjectRow] = {}
+        self.in_flight: collections.deque = collections.deque()
+        self.in_flight_ids: set[str] = set()
         self.stored_bytes = 0
         self.finished: tuple[str, int] | None = None
 
@@ -109,35 +153,59 @@ class ChunkWriter:
 
     def __exit__(self, exc_type, *_):
         if exc_type is not None or self.finished is None:
+            for _, future in self.in_flight:
+                future.cancel()
             self.pack.abort()
 
     def known(self, object_id: str) -> bool:
-        return object_id in self.pending or self.store.has(object_id)
+        return object_id in self.pending or object_id in self.in_flight_ids or self.store.has(object_id)
 
-    def put(self, raw, dtype, base_id: str | None = None, object_id: str | None = None) -> tuple[str, int]:
-        """Store ``raw`` (unless present); returns (id, stored bytes this call added)."""
-        object_id = object_id or ids.chunk_id(raw)
+    def _base_chain(self, base_id: str | None, object_id: str, size: int) -> list[ObjectRow] | None:
+        """The chain to decode for the delta base, re-anchored to the keyframe when full."""
+        if base_id is None or base_id == object_id:
+            return None
+        row = self.store.row(base_id)
+        if row is None or row.raw_size != size:
+            return None
+        chain = self.store.chain(base_id)
+        if row.depth >= self.max_chain:
+            chain = chain[-1:]  # the keyframe: depth 0
+        return chain
+
+    def put(self, raw, dtype, base_id: str | None = None) -> str:
+        """Offer a chunk; returns its id. New chunks are encoded in the background."""
+        object_id = ids.chunk_id(raw)
         if self.known(object_id):
-            return object_id, 0
-        base_raw, base_row = None, None
-        if base_id is not None and base_id != object_id:
-            base_row = self.store.row(base_id)
-            if base_row is not None and base_row.depth < self.max_chain and base_row.raw_size == len(raw):
-                base_raw = self.store.get(base_id)
-            else:
-                base_row = None
+            return object_id
+        base_chain = self._base_chain(base_id, object_id, len(raw))
+        future = pool().submit(self._encode, raw, dtype, base_chain)
+        self.in_flight.append((object_id, future))
+        self.in_flight_ids.add(object_id)
+        if len(self.in_flight) >= IN_FLIGHT:
+            self._drain_one()
+        return object_id
+
+    def _encode(self, raw, dtype, base_chain):
+        base_raw = self.store.decode_chain(base_chain) if base_chain else None
         encoded = codec.encode(raw, dtype, base_raw, device=self.device, level=self.level)
-        base = base_row.id if encoded.uses_base else None
-        depth = base_row.depth + 1 if encoded.uses_base else 0
-        entry = self.pack.add(object_id, encoded.payload, len(raw), int(encoded.method), base)
+        base = base_chain[0] if encoded.uses_base else None
+        return encoded, len(raw), base
+
+    def _drain_one(self) -> None:
+        object_id, future = self.in_flight.popleft()
+        encoded, raw_size, base = future.result()
+        entry = self.pack.add(object_id, encoded.payload, raw_size, int(encoded.method), base.id if base else None)
         self.pending[object_id] = ObjectRow(
-            object_id, "", entry.offset, entry.length, len(raw), int(encoded.method), base, depth
+            object_id, "", entry.offset, entry.length, raw_size, int(encoded.method),
+            base.id if base else None, base.depth + 1 if base else 0,
         )
+        self.in_flight_ids.discard(object_id)
         self.stored_bytes += len(encoded.payload)
-        return object_id, len(encoded.payload)
 
     def finish(self) -> tuple[tuple[str, int] | None, list[ObjectRow]]:
         """Make the pack durable; returns what :meth:`ObjectStore.insert_rows` records."""
+        while self.in_flight:
+            self._drain_one()
         self.finished = self.pack.finish() or ("", 0)
         rows = list(self.pending.values())
         return (self.finished if self.finished[0] else None), rows

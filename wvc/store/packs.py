@@ -20,6 +20,7 @@ import json
 import os
 import struct
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -153,23 +154,29 @@ class PackReader:
     def __init__(self, directory: Path):
         self.directory = directory
         self._fds: dict[str, int] = {}
+        self._lock = threading.Lock()  # decode workers share the descriptors
 
     def read(self, pack: str, offset: int, length: int) -> bytes:
-        fd = self._fds.get(pack)
-        if fd is None:
-            if len(self._fds) >= 64:
-                self.close()
-            try:
-                fd = os.open(self.directory / pack_filename(pack), os.O_RDONLY)
-            except FileNotFoundError:
-                raise CorruptObject(f"pack {pack[:12]} is missing") from None
-            self._fds[pack] = fd
-        data = os.pread(fd, length, offset)
+        with self._lock:
+            fd = self._fds.get(pack)
+            if fd is None:
+                if len(self._fds) >= 64:
+                    self._close_locked()
+                try:
+                    fd = os.open(self.directory / pack_filename(pack), os.O_RDONLY)
+                except FileNotFoundError:
+                    raise CorruptObject(f"pack {pack[:12]} is missing") from None
+                self._fds[pack] = fd
+            data = os.pread(fd, length, offset)
         if len(data) != length:
             raise CorruptObject(f"pack {pack[:12]} is truncated")
         return data
 
     def close(self) -> None:
+        with self._lock:
+            self._close_locked()
+
+    def _close_locked(self) -> None:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
