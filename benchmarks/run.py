@@ -63,12 +63,14 @@ def measure_case(case: C.Case, scratch: Path) -> dict:
     res, wall, rss = wvc_op("commit", repo_dir, case.versions[-1])
     # the whole directory is committed; count only the weights file for the ratio
     row["stored"]["wvc"] = res["stored_bytes"] - _side_files_cost(repo_dir, res["commit"])
-    row["wvc_commit_s"] = res["seconds"]
+    row["wvc_commit_s"] = wall  # the whole process, interpreter start included
+    row["wvc_commit_inproc_s"] = res["seconds"]
     row["wvc_commit_rss"] = rss
     out = scratch / "out"
     shutil.rmtree(out, ignore_errors=True)
-    res2, _, rss2 = wvc_op("checkout", repo_dir, res["commit"], out)
-    row["wvc_checkout_s"] = res2["seconds"]
+    res2, wall2, rss2 = wvc_op("checkout", repo_dir, res["commit"], out)
+    row["wvc_checkout_s"] = wall2
+    row["wvc_checkout_inproc_s"] = res2["seconds"]
     row["wvc_checkout_rss"] = rss2
     ok = (out / "model.safetensors").read_bytes() == new.read_bytes()
     row["byte_identical"] = ok
@@ -152,14 +154,16 @@ def markdown(rows: list[dict], chain: dict | None, meta: dict) -> str:
         bx, w = r["stored"]["BitX (ZipLLM)"], r["stored"]["wvc"]
         rel = f"{bx / w:.2f}" if w else "inf"
         lines.append(f"| {r['case']} | {r['raw_bytes'] / 1e6:.1f} | " + " | ".join(cells) + f" | {rel} |")
-    lines += ["", "## Speed and memory (wall seconds of whole processes; MB/s of the model file)", "",
+    lines += ["", "## Speed and memory", "",
+              "MB/s of the model file; wall time of whole processes (interpreter start included), and in "
+              "brackets wvc's time inside the process.", "",
               "| case | wvc commit MB/s | zstd -3 -T2 MB/s | commit / zstd time | wvc checkout MB/s | zstd -d MB/s | checkout / zstd -d time | commit peak RSS MB | checkout peak RSS MB | byte-identical |",
               "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         mb = r["raw_bytes"] / 1e6
         lines.append(
-            f"| {r['case']} | {mb / r['wvc_commit_s']:.0f} | {mb / r['zstd3_T2_s']:.0f} | {r['wvc_commit_s'] / r['zstd3_T2_s']:.2f} | "
-            f"{mb / r['wvc_checkout_s']:.0f} | {mb / r['zstd_d_s']:.0f} | {r['wvc_checkout_s'] / r['zstd_d_s']:.2f} | "
+            f"| {r['case']} | {mb / r['wvc_commit_s']:.0f} ({mb / r['wvc_commit_inproc_s']:.0f}) | {mb / r['zstd3_T2_s']:.0f} | {r['wvc_commit_s'] / r['zstd3_T2_s']:.2f} | "
+            f"{mb / r['wvc_checkout_s']:.0f} ({mb / r['wvc_checkout_inproc_s']:.0f}) | {mb / r['zstd_d_s']:.0f} | {r['wvc_checkout_s'] / r['zstd_d_s']:.2f} | "
             f"{r['wvc_commit_rss'] / 1e6:.0f} | {r['wvc_checkout_rss'] / 1e6:.0f} | {'yes' if r['byte_identical'] else 'NO'} |"
         )
     if chain:

@@ -63,6 +63,20 @@ class NumpyBackend:
     def sample(self, x, starts, per: int):
         return np.concatenate([x[s : s + per] for s in starts])
 
+    def nonzero_gaps(self, y):
+        """(gaps between nonzero positions as uint32, the nonzero values)."""
+        pos = np.flatnonzero(y)
+        gaps = np.diff(pos, prepend=-1) - 1
+        return gaps.astype(np.uint32), y[pos]
+
+    def from_gaps(self, gaps, values, n: int, width: int):
+        pos = np.cumsum(gaps.astype(np.int64) + 1) - 1
+        if len(pos) and (pos[-1] >= n or pos[-1] < 0):
+            return None
+        out = np.zeros(n, dtype=_NP_INT[width])
+        out[pos] = values
+        return out
+
 
 class TorchBackend:
     """The same operations on torch tensors on ``device`` (used for CUDA)."""
@@ -118,6 +132,21 @@ class TorchBackend:
 
     def sample(self, x, starts, per: int):
         return self.torch.cat([x[s : s + per] for s in starts])
+
+    def nonzero_gaps(self, y):
+        t = self.torch
+        pos = t.nonzero(y).reshape(-1)
+        gaps = t.diff(pos, prepend=t.tensor([-1], device=pos.device)) - 1
+        return gaps.to(t.int64).cpu().numpy().astype(np.uint32), y[pos]
+
+    def from_gaps(self, gaps, values, n: int, width: int):
+        t = self.torch
+        pos = t.cumsum(t.from_numpy(gaps.astype(np.int64)).to(self.device) + 1, 0) - 1
+        if len(pos) and (int(pos[-1]) >= n or int(pos[-1]) < 0):
+            return None
+        out = t.zeros(n, dtype=self._int[width], device=self.device)
+        out[pos] = values
+        return out
 
 
 _NUMPY = NumpyBackend()

@@ -5,10 +5,11 @@ Layout of a payload (all integers little-endian)::
     u8  codec version (1)
     u8  method (Method)
     u8  element width in bytes
-    u8  parameter (ULP_EXP: the exponent field's bit shift; else 0)
+    u8  parameter (ULP_EXP: the exponent field's bit shift; SPARSE: the inner method; else 0)
     u64 raw size
     u32 stream count
-    per stream: u8 coder (0 stored, 1 zstd), u64 raw length, u64 stored length
+    per stream: u8 coder, u64 raw length, u64 stored length
+        coders: 0 stored; 1 zstd; 2, 3, 4: bytes < 2, 4, 16 packed 8, 4, 2 to a byte, then zstd
     stream bytes, in order
 
 A stream is one byte plane (byte *k* of every element, of the value or of its delta), or
@@ -24,6 +25,7 @@ import enum
 import struct
 from dataclasses import dataclass
 
+import numpy as np
 import zstandard
 
 from ..errors import CorruptObject
@@ -33,6 +35,7 @@ _HEAD = struct.Struct("<BBBBQI")
 _STREAM = struct.Struct("<BQQ")
 CODER_STORED = 0
 CODER_ZSTD = 1
+CODER_PACKED = {2: 1, 3: 2, 4: 4}  # coder -> bits per value
 MAX_STREAMS = 1 << 16
 
 
@@ -43,10 +46,11 @@ class Method(enum.IntEnum):
     ULP = 3  # byte planes of zigzag(ordered(value) - ordered(base)), floats
     SUB = 4  # byte planes of zigzag(value - base), integers
     ULP_EXP = 5  # ULP deltas grouped by the base value's exponent, planes per group
+    SPARSE = 6  # positions (gap-coded) and values of the nonzero deltas of an inner method
 
     @property
     def uses_base(self) -> bool:
-        return self in (Method.XOR, Method.ULP, Method.SUB, Method.ULP_EXP)
+        return self in (Method.XOR, Method.ULP, Method.SUB, Method.ULP_EXP, Method.SPARSE)
 
 
 @dataclass(frozen=True)
@@ -80,7 +84,10 @@ def peek(payload) -> PayloadInfo:
         raise CorruptObject(f"unknown codec method {method}") from None
     if width not in (1, 2, 4, 8) or raw_size % width:
         raise CorruptObject(f"bad element width {width} for {raw_size} bytes")
-    if param >= width * 8 - 1 or (param and method != Method.ULP_EXP):
+    if method is Method.SPARSE:
+        if param not in (Method.XOR, Method.ULP, Method.SUB):
+            raise CorruptObject(f"bad inner method {param} for a sparse payload")
+    elif param >= width * 8 - 1 or (param and method != Method.ULP_EXP):
         raise CorruptObject(f"bad codec parameter {param}")
     if count > MAX_STREAMS:
         raise CorruptObject("too many streams")
@@ -90,7 +97,7 @@ def peek(payload) -> PayloadInfo:
     streams, total = [], 0
     for k in range(count):
         coder, raw_len, length = _STREAM.unpack_from(payload, _HEAD.size + k * _STREAM.size)
-        if coder not in (CODER_STORED, CODER_ZSTD):
+        if coder not in (CODER_STORED, CODER_ZSTD, *CODER_PACKED):
             raise CorruptObject(f"unknown stream coder {coder}")
         if coder == CODER_STORED and raw_len != length:
             raise CorruptObject("stored stream has the wrong length")
@@ -99,20 +106,54 @@ def peek(payload) -> PayloadInfo:
         total += raw_len
     if offset != len(payload):
         raise CorruptObject("payload length does not match its stream table")
-    if total != raw_size:
+    if total != raw_size and method is not Method.SPARSE:
         raise CorruptObject("stream lengths do not add up to the raw size")
+    if method is Method.SPARSE and total > raw_size // width * (1 + 4 + width):
+        raise CorruptObject("sparse streams larger than every element changed would need")
     return PayloadInfo(method, width, param, raw_size, tuple(streams))
 
 
+def _pack_bits(arr: np.ndarray, bits: int) -> np.ndarray:
+    per = 8 // bits
+    padded = np.zeros(-(-len(arr) // per) * per, dtype=np.uint8)
+    padded[: len(arr)] = arr
+    lanes = padded.reshape(-1, per)
+    out = np.zeros(len(lanes), dtype=np.uint8)
+    for k in range(per):
+        out |= lanes[:, k] << (k * bits)
+    return out
+
+
+def _unpack_bits(packed: np.ndarray, bits: int, n: int) -> np.ndarray:
+    per = 8 // bits
+    mask = (1 << bits) - 1
+    lanes = np.stack([(packed >> (k * bits)) & mask for k in range(per)], axis=1)
+    return lanes.reshape(-1)[:n]
+
+
 def compress_stream(data, level: int) -> tuple[int, int, bytes]:
-    """zstd the stream unless that does not pay; incompressible streams are stored as is."""
-    n = len(data)
+    """The smallest of: stored, zstd, and (for small alphabets) bit-packed then zstd.
+
+    zstd's literal coder (Huffman) spends at least one bit per byte, far above the entropy
+    of a plane whose bytes are nearly all 0 or 1; packing several such values into a byte
+    lets Huffman code them jointly.
+    """
+    arr = np.frombuffer(data, dtype=np.uint8)
+    n = len(arr)
     if n < 64:
-        return CODER_STORED, n, bytes(data)
-    compressed = zstandard.ZstdCompressor(level=level).compress(data)
-    if len(compressed) >= n - n // 64:
-        return CODER_STORED, n, bytes(data)
-    return CODER_ZSTD, n, compressed
+        return CODER_STORED, n, arr.tobytes()
+    zstd = zstandard.ZstdCompressor(level=level)
+    best = (CODER_STORED, arr.tobytes())
+    compressed = zstd.compress(arr)
+    if len(compressed) < n - n // 64:
+        best = (CODER_ZSTD, compressed)
+    top = int(arr.max())
+    if top < 16:
+        bits = 1 if top < 2 else 2 if top < 4 else 4
+        packed = zstd.compress(_pack_bits(arr, bits))
+        if len(packed) < len(best[1]):
+            best = ({v: k for k, v in CODER_PACKED.items()}[bits], packed)
+    return best[0], n, best[1]
 
 
 def stream_bytes(payload, info: PayloadInfo, k: int):
@@ -121,7 +162,16 @@ def stream_bytes(payload, info: PayloadInfo, k: int):
     data = memoryview(payload)[offset : offset + length]
     if coder == CODER_STORED:
         return data
-    declared = zstandard.frame_content_size(data) if length >= 4 else -2
+    bits = CODER_PACKED.get(coder)
+    inner = expected if bits is None else -(-expected * bits // 8)
+    out = _bounded_zstd(data, inner)
+    if bits is not None:
+        return _unpack_bits(np.frombuffer(out, dtype=np.uint8), bits, expected)
+    return out
+
+
+def _bounded_zstd(data, expected: int) -> bytes:
+    declared = zstandard.frame_content_size(data) if len(data) >= 4 else -2
     if declared not in (expected, -1):  # -1: size not in the frame header
         raise CorruptObject("zstd frame declares the wrong size")
     try:

@@ -95,20 +95,32 @@ def exponent_groups(xp, b, shift: int, bits: int) -> tuple[object, list[int]]:
     return perm, sizes
 
 
+def inner_method(dtype: DType) -> Method:
+    """The element-wise delta a SPARSE payload stores the nonzero values of."""
+    return {"float": Method.ULP, "int": Method.SUB}.get(dtype.kind, Method.XOR)
+
+
 def candidate_methods(dtype: DType, has_base: bool) -> list[Method]:
     full = Method.PLANES if dtype.width > 1 else Method.RAW
     if not has_base:
         return [full]
     if dtype.kind == "float":
         grouped = [Method.ULP_EXP] if dtype.exponent else []
-        return [full, Method.XOR, Method.ULP, *grouped]
+        return [full, Method.XOR, Method.ULP, *grouped, Method.SPARSE]
     if dtype.kind == "int":
-        return [full, Method.XOR, Method.SUB]
-    return [full, Method.XOR]
+        return [full, Method.XOR, Method.SUB, Method.SPARSE]
+    return [full, Method.XOR, Method.SPARSE]
 
 
 def _encode_with(xp, method: Method, x, b, dtype: DType, level: int) -> bytes:
     width, bits = dtype.width, dtype.width * 8
+    if method is Method.SPARSE:
+        # Few changed elements (RL steps, partial updates): store where and by how much.
+        inner = inner_method(dtype)
+        gaps, values = xp.nonzero_gaps(_transform(inner, x, b, bits))
+        streams = [compress_stream(p, level) for p in _gap_streams(gaps)]
+        streams += [compress_stream(p, level) for p in xp.planes(values, width)]
+        return pack(method, width, int(inner), len(x) * width, streams)
     y = _transform(method, x, b, bits)
     param = 0
     if method is Method.ULP_EXP:
@@ -169,6 +181,8 @@ def decode_chunk(payload, raw_size: int, base=None, *, device: str = "cpu") -> b
         if base is None or len(base) != raw_size:
             raise CorruptObject("delta payload without a matching base chunk")
         b = xp.from_bytes(memoryview(base).cast("B"), width)
+    if info.method is Method.SPARSE:
+        return xp.to_bytes(_inverse(Method(info.param), _decode_sparse(xp, payload, info), b, bits))
     if info.method is Method.ULP_EXP:
         perm, sizes = exponent_groups(xp, b, info.param, bits)
     else:
@@ -186,3 +200,42 @@ def decode_chunk(payload, raw_size: int, base=None, *, device: str = "cpu") -> b
     if perm is not None:
         y = xp.scatter(y, perm)
     return xp.to_bytes(_inverse(info.method, y, b, bits))
+
+
+GAP_ESCAPE = 255
+
+
+def _gap_streams(gaps) -> list:
+    """Gaps as one byte each; gaps >= 255 escape to four byte planes of (gap - 255)."""
+    import numpy as np
+
+    small = np.minimum(gaps, GAP_ESCAPE).astype(np.uint8)
+    big = (gaps[gaps >= GAP_ESCAPE] - GAP_ESCAPE).astype(np.uint32).view(np.uint8)
+    return [small] + [np.ascontiguousarray(big[k::4]) for k in range(4)]
+
+
+def _decode_sparse(xp, payload, info):
+    import numpy as np
+
+    width, n = info.width, info.raw_size // info.width
+    if len(info.streams) != 5 + width:
+        raise CorruptObject("sparse payload has the wrong stream count")
+    small = np.frombuffer(stream_bytes(payload, info, 0), dtype=np.uint8)
+    count = len(small)
+    escaped = small == GAP_ESCAPE
+    big_planes = [stream_bytes(payload, info, 1 + k) for k in range(4)]
+    if count > n or any(len(p) != int(escaped.sum()) for p in big_planes):
+        raise CorruptObject("sparse payload positions are inconsistent")
+    value_planes = [stream_bytes(payload, info, 5 + k) for k in range(width)]
+    if any(len(p) != count for p in value_planes):
+        raise CorruptObject("sparse payload values are inconsistent")
+    big = np.empty(len(big_planes[0]) * 4, dtype=np.uint8)
+    for k, p in enumerate(big_planes):
+        big[k::4] = np.frombuffer(p, dtype=np.uint8)
+    gaps = small.astype(np.uint64)
+    gaps[escaped] = big.view(np.uint32).astype(np.uint64) + GAP_ESCAPE
+    values = xp.unplanes(value_planes, width, count)
+    y = xp.from_gaps(gaps, values, n, width)
+    if y is None:
+        raise CorruptObject("sparse payload positions run past the chunk")
+    return y
