@@ -10,7 +10,7 @@ Importing wvc does not import torch.
 """
 
 from .errors import WvcError
-from .repo import Repo
+from .repo import Repo, clone
 
-__all__ = ["Repo", "WvcError", "__version__"]
+__all__ = ["Repo", "WvcError", "clone", "__version__"]
 __version__ = "0.1.0"

@@ -118,12 +118,16 @@ def main():
 @click.argument("path", default=".", type=click.Path(file_okay=False))
 @click.option("--branch", "-b", default="main", show_default=True, help="Name of the first branch.")
 @click.option("--chunk-size", default=4 << 20, show_default=True, help="Chunk size in bytes.")
+@click.option("--max-chain", default=None, type=int,
+              help="Delta chain depth before re-anchoring to a keyframe (default 1: checkout cost flat in history; "
+                   "deeper chains store less and check out slower).")
 @json_option
-def init(path, branch, chunk_size, as_json):
+def init(path, branch, chunk_size, max_chain, as_json):
     """Create an empty repository (.wvc/) in PATH."""
     from .repo import Repo
 
-    repo = Repo.init(path, chunk_bytes=chunk_size, branch=branch)
+    kwargs = {"max_chain": max_chain} if max_chain is not None else {}
+    repo = Repo.init(path, chunk_bytes=chunk_size, branch=branch, **kwargs)
     if as_json:
         emit_json({"path": str(repo.root), "branch": branch})
     else:
@@ -291,8 +295,9 @@ def _ref_command(kind: str):
     @click.argument("name", required=False)
     @click.argument("start", required=False)
     @click.option("-d", "--delete", "delete", default=None, metavar="NAME", help=f"Delete {kind} NAME.")
+    @click.option("-a", "--all", "show_all", is_flag=True, help="Also list remote-tracking branches.")
     @json_option
-    def command(name, start, delete, as_json):
+    def command(name, start, delete, show_all, as_json):
         repo = open_repo()
         if delete:
             target = getattr(repo, f"delete_{kind}")(delete)
@@ -306,17 +311,112 @@ def _ref_command(kind: str):
             )
         refs = getattr(repo, plural)()
         current = repo.refs.head_branch() if kind == "branch" else None
+        remote = repo.remote_branches() if show_all and kind == "branch" else {}
         if as_json:
-            return emit_json({plural: refs, "current": current})
+            return emit_json({plural: refs, "current": current, **({"remote": remote} if show_all else {})})
         for ref, target in refs.items():
             mark = "*" if ref == current else " "
             click.echo(f"{mark} {ref:<30} {target[:12]}")
+        for ref, target in remote.items():
+            click.echo(f"  {'remotes/' + ref:<30} {target[:12]}")
 
     return command
 
 
 main.command(name="branch", help="List branches, create NAME at START (default HEAD), or -d NAME.")(_ref_command("branch"))
 main.command(name="tag", help="List tags, create NAME at START (default HEAD), or -d NAME.")(_ref_command("tag"))
+
+
+@main.group()
+def remote():
+    """Manage remotes: add NAME URL, remove NAME, list."""
+
+
+@remote.command("add")
+@click.argument("name")
+@click.argument("url")
+def remote_add(name, url):
+    """Add remote NAME at URL (hf://user/repo, a path, or file:///path)."""
+    open_repo().remote_add(name, url)
+
+
+@remote.command("remove")
+@click.argument("name")
+def remote_remove(name):
+    """Remove remote NAME and its remote-tracking branches."""
+    open_repo().remote_remove(name)
+
+
+@remote.command("list")
+@json_option
+def remote_list(as_json):
+    """List remotes."""
+    rs = open_repo().remotes()
+    if as_json:
+        return emit_json({"remotes": rs})
+    for name, url in rs.items():
+        click.echo(f"{name}\t{url}")
+
+
+@main.command()
+@click.argument("remote_name", default="origin")
+@click.argument("branch", required=False)
+@click.option("--force", "-f", is_flag=True, help="Overwrite the remote branch even if it is not a fast-forward.")
+@json_option
+def push(remote_name, branch, force, as_json):
+    """Upload BRANCH (default: the current one) and the objects the remote lacks."""
+    res = open_repo().push(remote_name, branch, force=force, progress=BarProgress())
+    if as_json:
+        return emit_json(res.to_json())
+    if res.old == res.new:
+        return click.echo(f"{remote_name}/{res.branch} is up to date")
+    click.echo(f"{(res.old or '(new)')[:12]}..{res.new[:12]} {res.branch} -> {remote_name}/{res.branch}"
+               f"{' (forced)' if res.forced else ''}: {res.commits} commits, {human(res.uploaded_bytes)} uploaded")
+
+
+@main.command()
+@click.argument("remote_name", default="origin")
+@json_option
+def fetch(remote_name, as_json):
+    """Download the remote's branches and the objects they need (verified)."""
+    res = open_repo().fetch(remote_name, progress=BarProgress())
+    if as_json:
+        return emit_json(res.to_json())
+    click.echo(f"fetched {res.commits} commits, {human(res.downloaded_bytes)} from {remote_name}")
+    for branch, target in sorted(res.refs.items()):
+        click.echo(f"  {remote_name}/{branch} -> {target[:12]}")
+
+
+@main.command()
+@click.argument("remote_name", default="origin")
+@click.argument("branch", required=False)
+@click.option("--rebase", is_flag=True, help="If the branches diverged, replay your commits on top of the remote's.")
+@json_option
+def pull(remote_name, branch, rebase, as_json):
+    """Fetch, then fast-forward BRANCH (default: the current one) and the working tree."""
+    res = open_repo().pull(remote_name, branch, rebase=rebase, progress=BarProgress())
+    if as_json:
+        return emit_json(res)
+    if res["old"] == res["new"]:
+        return click.echo("Already up to date.")
+    click.echo(f"Fast-forward {res['branch']} {(res['old'] or '(none)')[:12]}..{res['new'][:12]} "
+               f"({human(res['downloaded_bytes'])} downloaded)")
+
+
+@main.command()
+@click.argument("url")
+@click.argument("directory", required=False)
+@click.option("--branch", "-b", default=None, help="Branch to check out (default: main).")
+@json_option
+def clone(url, directory, branch, as_json):
+    """Copy a remote repository into DIRECTORY and check out a branch."""
+    from .ops.sync import clone as do_clone
+
+    repo, info = do_clone(url, directory, branch=branch, progress=BarProgress())
+    if as_json:
+        return emit_json(info)
+    click.echo(f"Cloned {url} into {info['path']} ({info['branch']} at {info['commit'][:12]}, "
+               f"{human(info['downloaded_bytes'])} downloaded)")
 
 
 @main.command()

@@ -183,6 +183,41 @@ class Repo:
 
         return delete_tag(self, name)
 
+    # -- remotes ---------------------------------------------------------------------------
+    def remotes(self) -> dict[str, str]:
+        from .ops.sync import remotes
+
+        return remotes(self)
+
+    def remote_add(self, name: str, url: str) -> None:
+        from .ops.sync import remote_add
+
+        remote_add(self, name, url)
+
+    def remote_remove(self, name: str) -> None:
+        from .ops.sync import remote_remove
+
+        remote_remove(self, name)
+
+    def push(self, remote: str = "origin", branch: str | None = None, *, force: bool = False, progress: Progress = NULL):
+        from .ops.sync import push
+
+        return push(self, remote, branch, force=force, progress=progress)
+
+    def fetch(self, remote: str = "origin", *, progress: Progress = NULL):
+        from .ops.sync import fetch
+
+        return fetch(self, remote, progress=progress)
+
+    def pull(self, remote: str = "origin", branch: str | None = None, *, rebase: bool = False,
+             progress: Progress = NULL):
+        from .ops.sync import pull
+
+        return pull(self, remote, branch, rebase=rebase, progress=progress)
+
+    def remote_branches(self) -> dict[str, str]:
+        return self.refs.list("refs/remotes/")
+
     def gc(self, *, grace_seconds: int = 3600):
         from .ops.maintenance import gc
 
@@ -197,6 +232,13 @@ class Repo:
         from .ops.maintenance import stats
 
         return stats(self)
+
+
+def clone(url: str, directory=None, *, branch: str | None = None, progress: Progress = NULL) -> Repo:
+    """Clone ``url`` (``hf://user/repo`` or a path) into ``directory``; returns the Repo."""
+    from .ops.sync import clone as _clone
+
+    return _clone(url, directory, branch=branch, progress=progress)[0]
 
 
 def init(path=".", **kwargs) -> Repo:

@@ -1,0 +1,279 @@
+"""One conformance suite for every remote backend: a directory and a Hub repo (the local
+Hub-compatible server, spoken to by the real huggingface_hub client)."""
+
+import itertools
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from wvc import Repo, clone
+from wvc.errors import CorruptObject, InvalidRefName, UnsafePath, WvcError
+from wvc.remotes.base import NonFastForward, RemoteError
+from wvc.testing.hub import HubServer
+
+from .conftest import repo_state, tree_digests
+
+TOKEN = "test-token"
+_names = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def hub(tmp_path_factory):
+    server = HubServer(tmp_path_factory.mktemp("hub"), token=TOKEN).start()
+    yield server
+    server.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def hub_env(hub, monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_ENDPOINT", hub.base_url)
+    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+
+
+@pytest.fixture(params=["path", "hub"])
+def remote_url(request, tmp_path):
+    n = next(_names)
+    return str(tmp_path / f"remote-{n}") if request.param == "path" else f"hf://team/model-{n}"
+
+
+class Trainer:
+    """A small bf16 model that moves a little at each step; commits and remembers digests."""
+
+    def __init__(self, repo: Repo, seed: int = 0):
+        self.repo = repo
+        self.g = torch.Generator().manual_seed(seed)
+        self.w = {f"layer{i}.weight": torch.randn(256, 256, generator=self.g) * 0.02 for i in range(3)}
+        self.digests = {}
+
+    def step_and_commit(self, msg="step"):
+        for t in self.w.values():
+            t += torch.randn(t.shape, generator=self.g) * 1e-4
+        save_file({k: v.to(torch.bfloat16) for k, v in self.w.items()}, str(self.repo.root / "model.safetensors"))
+        (self.repo.root / "config.json").write_text(json.dumps({"msg": msg}))
+        res = self.repo.commit(msg)
+        self.digests[res.commit] = tree_digests(self.repo.root)
+        return res
+
+
+def test_clone_checks_out_every_commit_byte_identically(tmp_path, remote_url):
+    repo = Repo.init(tmp_path / "a")
+    t = Trainer(repo)
+    for i in range(3):
+        t.step_and_commit(f"step {i}")
+    repo.create_branch("exp", "HEAD~1")
+    repo.remote_add("origin", remote_url)
+    repo.push("origin", "main")
+    repo.push("origin", "exp")
+    copy = clone(remote_url, tmp_path / "b")
+    assert set(copy.remote_branches()) == {"origin/main", "origin/exp"}
+    for commit_id, digests in t.digests.items():
+        copy.checkout(commit_id)
+        assert tree_digests(copy.root) == digests
+    assert copy.fsck().ok
+
+
+def test_second_push_uploads_only_the_new_commit(tmp_path, remote_url):
+    repo = Repo.init(tmp_path / "a")
+    t = Trainer(repo)
+    t.step_and_commit()
+    repo.remote_add("origin", remote_url)
+    first = repo.push()
+    res = t.step_and_commit()
+    second = repo.push()
+    model_size = (repo.root / "model.safetensors").stat().st_size
+    assert second.commits == 1
+    assert second.uploaded_bytes < res.stored_bytes + 8_000  # + the commit, tree and pack index
+    assert second.uploaded_bytes < model_size / 3 < first.uploaded_bytes
+    assert repo.push().uploaded_bytes == 0  # nothing new
+
+
+def test_concurrent_pushers_non_fast_forward_then_pull(tmp_path, remote_url):
+    a = Repo.init(tmp_path / "a")
+    ta = Trainer(a)
+    ta.step_and_commit("base")
+    a.remote_add("origin", remote_url)
+    a.push()
+    b = clone(remote_url, tmp_path / "b")
+    tb = Trainer(b, seed=1)
+    ta.step_and_commit("a's step")
+    a.push()
+    mine = tb.step_and_commit("b's step").commit
+    before = repo_state(b.root)
+    with pytest.raises(NonFastForward, match="not a fast-forward"):
+        b.push()
+    assert repo_state(b.root) == before  # lost nothing
+    with pytest.raises(NonFastForward, match="diverged"):
+        b.pull()
+    res = b.pull(rebase=True)
+    assert res["rebased"]
+    log = [e.message for e in b.log()]
+    assert log == ["b's step", "a's step", "base"]
+    assert tree_digests(b.root) == tb.digests[mine]  # b's weights, on top of a's history
+    b.push()
+    a.pull()
+    assert a.log()[0].message == "b's step"
+    assert tree_digests(a.root) == tb.digests[mine]
+
+
+def test_force_push_overrides(tmp_path, remote_url):
+    a = Repo.init(tmp_path / "a")
+    Trainer(a).step_and_commit("a")
+    a.remote_add("origin", remote_url)
+    a.push()
+    b = Repo.init(tmp_path / "b")
+    Trainer(b, seed=5).step_and_commit("b, unrelated")
+    b.remote_add("origin", remote_url)
+    with pytest.raises(NonFastForward):
+        b.push()
+    assert b.push(force=True).forced
+    c = clone(remote_url, tmp_path / "c")
+    assert c.log()[0].message == "b, unrelated"
+
+
+def test_interrupted_push_leaves_remote_refs_and_next_push_completes(tmp_path, remote_url, hub, monkeypatch):
+    repo = Repo.init(tmp_path / "a")
+    t = Trainer(repo)
+    t.step_and_commit()
+    repo.remote_add("origin", remote_url)
+    repo.push()
+    t.step_and_commit()
+    if remote_url.startswith("hf://"):
+        hub.fail["commit"] = 1  # the server fails the atomic commit
+    else:
+        from wvc.remotes.path import PathRemote
+
+        def crash(self):
+            raise WvcError("simulated crash after the objects were uploaded")
+
+        monkeypatch.setattr(PathRemote, "_lock", crash)
+    with pytest.raises(WvcError):
+        repo.push()
+    monkeypatch.undo()
+    _set_hub_env(monkeypatch, hub)
+    other = clone(remote_url, tmp_path / "b")
+    assert other.refs.head_commit() == repo.log()[1].id  # still the first commit
+    repo.push()
+    other.pull()
+    assert other.refs.head_commit() == repo.refs.head_commit()
+
+
+def _set_hub_env(monkeypatch, hub):
+    monkeypatch.setenv("HF_ENDPOINT", hub.base_url)
+    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+
+
+def _remote_files(remote_url, hub) -> dict[str, Path]:
+    """Where the remote's files live on disk (the hub server's blobs for a Hub repo)."""
+    if not remote_url.startswith("hf://"):
+        root = Path(remote_url)
+        return {p.relative_to(root).as_posix(): p for p in root.rglob("*") if p.is_file()}
+    meta = hub.storage.load("models", remote_url[len("hf://"):])
+    head = meta["commits"][meta["branches"]["main"]]["files"]
+    return {path: hub.storage.blob_path(f["sha256"]) for path, f in head.items()}
+
+
+def test_corrupted_object_on_remote_is_detected_and_nothing_enters(tmp_path, remote_url, hub):
+    repo = Repo.init(tmp_path / "a")
+    t = Trainer(repo)
+    t.step_and_commit()
+    repo.remote_add("origin", remote_url)
+    repo.push()
+    files = _remote_files(remote_url, hub)
+    pack = next(p for name, p in files.items() if name.endswith(".pack"))
+    data = bytearray(pack.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    pack.write_bytes(data)
+    target = Repo.init(tmp_path / "b")
+    target.remote_add("origin", remote_url)
+    before = repo_state(target.root)
+    with pytest.raises(CorruptObject, match="pack"):
+        target.fetch()
+    assert repo_state(target.root) == before
+    assert not list((target.root / ".wvc" / "packs").glob("pack-*"))
+
+
+def _write_remote_file(remote_url, hub, path: str, data: bytes):
+    if remote_url.startswith("hf://"):
+        from huggingface_hub import CommitOperationAdd, HfApi
+
+        HfApi(endpoint=hub.base_url).create_commit(remote_url[5:], [CommitOperationAdd(path, data)], commit_message="evil")
+    else:
+        p = Path(remote_url) / path
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+
+
+def test_malicious_remotes_get_clear_errors_and_change_nothing(tmp_path, remote_url, hub):
+    from wvc import ids
+    from wvc.objects import Commit, canonical_json
+
+    repo = Repo.init(tmp_path / "a")
+    Trainer(repo).step_and_commit()
+    repo.remote_add("origin", remote_url)
+    repo.push()
+    target = Repo.init(tmp_path / "b")
+    target.remote_add("origin", remote_url)
+
+    def attempt(expected_error, match):
+        before = repo_state(target.root)
+        with pytest.raises(expected_error, match=match):
+            target.fetch()
+        assert repo_state(target.root) == before
+
+    # a tree that would write outside the working tree, under a correctly hashed commit
+    evil_tree = canonical_json({"format": 1, "chunk_bytes": 4194304, "files": [
+        {"path": "../evil", "kind": "blob", "size": 0, "hash": "0" * 64, "chunks": []}]})
+    tid = ids.digest(ids.TREE, evil_tree)
+    commit = Commit(tid, (), "mallory", 0, "evil", {})
+    _write_remote_file(remote_url, hub, f"objects/trees/{tid[:2]}/{tid}", evil_tree)
+    _write_remote_file(remote_url, hub, f"objects/commits/{commit.id[:2]}/{commit.id}", commit.to_bytes())
+    _write_remote_file(remote_url, hub, "refs/heads/evil", (commit.id + "\n").encode())
+    attempt(CorruptObject, "corrupt")
+    # a ref pointing to a commit that does not exist
+    _write_remote_file(remote_url, hub, "refs/heads/evil", ("ab" * 32 + "\n").encode())
+    attempt(RemoteError, "missing commit")
+    # a ref name that is not a valid branch name
+    _write_remote_file(remote_url, hub, "refs/heads/evil", repo.refs.head_commit().encode())
+    _write_remote_file(remote_url, hub, "refs/heads/a..b", repo.refs.head_commit().encode())
+    attempt(InvalidRefName, "invalid")
+
+
+def test_bad_urls_and_unreachable_remotes_are_one_line_errors(tmp_path, monkeypatch, cli):
+    r = cli(tmp_path, "clone", "ftp://example.org/x", "out")
+    assert r.exit_code == 1 and r.output.count("\n") == 1 and "unsupported remote URL" in r.output
+    r = cli(tmp_path, "clone", "hf://team/does-not-exist", "out")
+    assert r.exit_code == 1 and "repository not found" in r.output
+    monkeypatch.setenv("HF_TOKEN", "wrong")
+    r = cli(tmp_path, "clone", "hf://team/does-not-exist", "out")
+    assert r.exit_code == 1 and ("permission denied" in r.output or "not found" in r.output)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens on the discard port
+    r = cli(tmp_path, "clone", "hf://team/x", "out")
+    assert r.exit_code == 1 and "cannot reach" in r.output
+    r = cli(tmp_path, "clone", str(tmp_path / "no-such-dir"), "out")
+    assert r.exit_code == 1 and "not a wvc remote" in r.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_push_json_and_model_card(tmp_path, cli, hub):
+    repo = Repo.init(tmp_path / "a")
+    Trainer(repo).step_and_commit()
+    assert cli(repo.root, "remote", "add", "origin", "hf://team/card").exit_code == 0
+    out = json.loads(cli(repo.root, "push", "--json").output)
+    assert out["uploaded_bytes"] > 0 and out["branch"] == "main"
+    card = _remote_files("hf://team/card", hub)["README.md"].read_text()
+    assert "wvc clone hf://team/card" in card and out["new"][:12] in card
+    meta = hub.storage.load("models", "team/card")
+    assert meta["private"] is True
+    listed = json.loads(cli(repo.root, "remote", "list", "--json").output)
+    assert listed == {"remotes": {"origin": "hf://team/card"}}
+    fetched = json.loads(cli(repo.root, "fetch", "--json").output)
+    assert fetched["downloaded_bytes"] >= 0 and fetched["refs"] == {"main": out["new"]}

@@ -1,0 +1,445 @@
+"""Sync: remote add/remove/list, push, fetch, pull and clone.
+
+push:  objects the remote lacks (closed over delta bases) go up in one new pack, with the
+       commits and trees; the branch moves last, by compare-and-swap against the remote
+       state read at the start. Not a fast-forward: refused unless ``force``.
+fetch: refs -> missing commits (verified against their ids) -> missing trees (verified)
+       -> the packs holding missing chunks, downloaded and checked (pack checksum, every
+       object decoded and hashed) -> one local transaction records it all and moves the
+       remote-tracking refs ``refs/remotes/<remote>/<branch>``. Nothing unverified is
+       ever recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import ids
+from ..errors import CorruptObject, RevisionNotFound, WvcError
+from ..fsutil import atomic_write, fsync_dir
+from ..objects import Commit, Tree, canonical_json
+from ..progress import NULL, Progress
+from ..remotes import open_remote
+from ..remotes.base import (
+    MAX_INDEX_BYTES,
+    MAX_SMALL_OBJECT,
+    NonFastForward,
+    RemoteError,
+    commit_path,
+    pack_path,
+    tree_path,
+)
+from ..store.objects import ObjectRow
+from ..store.packs import PackEntry, PackWriter, pack_filename, read_pack_index
+from ..store.refs import HEADS, check_ref_name
+
+REMOTES = "refs/remotes/"
+MAX_PACK_BYTES = 64 << 30
+
+
+# -- configuration --------------------------------------------------------------------------
+def remote_add(repo, name: str, url: str) -> None:
+    check_ref_name(name, "remote")
+    with repo.db.write():
+        if repo.db.get_config(f"remote.{name}.url") is not None:
+            raise WvcError(f"remote {name!r} already exists")
+        repo.db.set_config(f"remote.{name}.url", url)
+
+
+def remote_remove(repo, name: str) -> None:
+    with repo.db.write():
+        if repo.db.get_config(f"remote.{name}.url") is None:
+            raise WvcError(f"no remote named {name!r}")
+        repo.db.conn.execute("DELETE FROM config WHERE key = ?", (f"remote.{name}.url",))
+        for branch in repo.refs.list(f"{REMOTES}{name}/"):
+            repo.refs.delete(f"{REMOTES}{name}/{branch}", "remote removed")
+
+
+def remotes(repo) -> dict[str, str]:
+    rows = repo.db.query("SELECT key, value FROM config WHERE key LIKE 'remote.%.url' ORDER BY key")
+    return {k[len("remote."):-len(".url")]: v for k, v in rows}
+
+
+def _open(repo, name: str):
+    url = repo.db.get_config(f"remote.{name}.url")
+    if url is None:
+        raise WvcError(f"no remote named {name!r} (see `wvc remote add`)")
+    return open_remote(url)
+
+
+# -- graph helpers --------------------------------------------------------------------------
+def _has_commit(repo, cid: str) -> bool:
+    return repo.db.one("SELECT 1 FROM commits WHERE id = ?", (cid,)) is not None
+
+
+def ancestors(repo, start: str, stop: set[str] = frozenset()) -> list[str]:
+    """Local commits reachable from ``start``, not walking past ``stop``."""
+    out, seen, stack = [], set(), [start]
+    while stack:
+        cid = stack.pop()
+        if cid in seen or cid in stop or not _has_commit(repo, cid):
+            continue
+        seen.add(cid)
+        out.append(cid)
+        stack.extend(repo.read_commit(cid).parents)
+    return out
+
+
+def is_ancestor(repo, old: str, new: str) -> bool:
+    return old == new or old in set(ancestors(repo, new))
+
+
+# -- remote pack indexes (immutable, cached locally) -----------------------------------------
+def _remote_index(repo, remote, name: str) -> list[PackEntry]:
+    cache = repo.wvc_dir / "remote-idx" / f"{name}.idx"
+    data = cache.read_bytes() if cache.is_file() else None
+    if data is None:
+        data = remote.read(pack_path(name, "idx"), MAX_INDEX_BYTES)
+        if data is None:
+            raise RemoteError(f"remote pack index {name[:12]} is missing")
+    try:
+        entries = [PackEntry(**e) for e in json.loads(data)]
+    except (ValueError, TypeError) as exc:
+        raise RemoteError(f"remote pack index {name[:12]} is malformed: {exc}") from None
+    if not all(ids.is_object_id(e.id) and (e.base is None or ids.is_object_id(e.base)) for e in entries):
+        raise RemoteError(f"remote pack index {name[:12]} holds invalid ids")
+    if not cache.is_file():
+        cache.parent.mkdir(exist_ok=True)
+        atomic_write(cache, data, durable=False)
+    return entries
+
+
+# -- push -------------------------------------------------------------------------------------
+@dataclass
+class PushResult:
+    remote: str
+    branch: str
+    old: str | None
+    new: str
+    commits: int
+    objects: int
+    uploaded_bytes: int
+    forced: bool
+
+    def to_json(self):
+        return dict(self.__dict__)
+
+
+def push(repo, remote_name: str = "origin", branch: str | None = None, *, force: bool = False,
+         progress: Progress = NULL) -> PushResult:
+    branch = branch or repo.refs.head_branch()
+    if branch is None:
+        raise WvcError("HEAD is detached: name the branch to push")
+    local = repo.refs.get(HEADS + branch)
+    if local is None:
+        raise RevisionNotFound(f"no local branch {branch!r}")
+    remote = _open(repo, remote_name)
+    state = remote.state(create=True)
+    ref = HEADS + branch
+    old = state.refs.get(ref)
+    if old == local:
+        return PushResult(remote_name, branch, old, local, 0, 0, 0, False)
+    if old is not None and not force and not (_has_commit(repo, old) and is_ancestor(repo, old, local)):
+        raise NonFastForward(
+            f"push to {remote_name}/{branch} rejected: the remote has commits you do not have "
+            f"(not a fast-forward); run `wvc pull {remote_name} {branch}` first, or push --force"
+        )
+    known = set()
+    for target in state.refs.values():
+        if _has_commit(repo, target):
+            known.update(ancestors(repo, target))
+    new_commits = ancestors(repo, local, stop=known)
+
+    remote_objects = {e.id for name in state.packs for e in _remote_index(repo, remote, name)}
+    wanted: list[str] = []
+    seen = set(remote_objects)
+    for cid in new_commits:
+        for chunk in sorted(repo.read_tree(repo.read_commit(cid).tree).chunk_ids()):
+            while chunk is not None and chunk not in seen:  # the chunk and its delta bases
+                seen.add(chunk)
+                wanted.append(chunk)
+                row = repo.store.row(chunk)
+                chunk = row.base if row else None
+
+    files: dict[str, Path | bytes] = {}
+    with tempfile.TemporaryDirectory(prefix="wvc-push-", dir=repo.wvc_dir) as tmp:
+        if wanted:
+            writer = PackWriter(Path(tmp))
+            progress.start(len(wanted), "pack")
+            for oid in wanted:
+                row = repo.store.row(oid)
+                writer.add(oid, repo.store.reader.read(row.pack, row.offset, row.length), row.raw_size, row.method, row.base)
+                progress.advance(1)
+            progress.close()
+            entries = list(writer.entries)
+            name, _ = writer.finish()
+            files[pack_path(name, "pack")] = Path(tmp) / pack_filename(name)
+            files[pack_path(name, "idx")] = canonical_json([e.to_json() for e in entries])
+        for cid in new_commits:
+            commit = repo.read_commit(cid)
+            files[commit_path(cid)] = commit.to_bytes()
+            files[tree_path(commit.tree)] = repo.read_tree(commit.tree).to_bytes()
+        remote.publish(files, {ref: local}, state, f"wvc push {branch} {ids.short(local)}")
+    with repo.db.write():
+        tracking = f"{REMOTES}{remote_name}/{branch}"
+        repo.refs.set(tracking, local, repo.refs.get(tracking), f"push to {remote_name}")
+    return PushResult(remote_name, branch, old, local, len(new_commits), len(wanted), remote.bytes_uploaded,
+                      old is not None and force and not is_ancestor(repo, old, local))
+
+
+# -- fetch -----------------------------------------------------------------------------------
+@dataclass
+class FetchResult:
+    remote: str
+    refs: dict[str, str]
+    commits: int
+    objects: int
+    downloaded_bytes: int
+
+    def to_json(self):
+        return dict(self.__dict__)
+
+
+def fetch(repo, remote_name: str = "origin", *, progress: Progress = NULL) -> FetchResult:
+    remote = _open(repo, remote_name)
+    state = remote.state()
+    commits: dict[str, Commit] = {}
+    raw_commits: dict[str, bytes] = {}
+    stack = [c for c in state.refs.values() if not _has_commit(repo, c)]
+    while stack:
+        cid = stack.pop()
+        if cid in commits or _has_commit(repo, cid):
+            continue
+        data = remote.read(commit_path(cid), MAX_SMALL_OBJECT)
+        if data is None:
+            raise RemoteError(f"remote is missing commit {ids.short(cid)} (a ref or parent points to it)")
+        commit = _verified(Commit.from_bytes, data, cid, "commit")
+        commits[cid], raw_commits[cid] = commit, data
+        stack.extend(commit.parents)
+    trees: dict[str, Tree] = {}
+    for commit in commits.values():
+        if commit.tree in trees or repo.db.one("SELECT 1 FROM trees WHERE id = ?", (commit.tree,)):
+            continue
+        data = remote.read(tree_path(commit.tree), MAX_SMALL_OBJECT)
+        if data is None:
+            raise RemoteError(f"remote is missing tree {ids.short(commit.tree)}")
+        trees[commit.tree] = _verified(Tree.from_bytes, data, commit.tree, "tree")
+
+    needed = {c for t in trees.values() for c in t.chunk_ids() if not repo.store.has(c)}
+    packs_to_get = []
+    for name in state.packs:
+        if needed and repo.db.one("SELECT 1 FROM packs WHERE name = ?", (name,)) is None:
+            entries = _remote_index(repo, remote, name)
+            if needed & {e.id for e in entries}:
+                packs_to_get.append(name)
+                needed -= {e.id for e in entries}
+    if needed:
+        raise RemoteError(f"remote is missing {len(needed)} objects, e.g. {ids.short(next(iter(needed)))}")
+
+    staged = []
+    tmp = Path(tempfile.mkdtemp(prefix="wvc-fetch-", dir=repo.wvc_dir))
+    try:
+        downloaded = []
+        progress.start(len(packs_to_get), "fetch packs")
+        for name in packs_to_get:
+            dest = tmp / pack_filename(name)
+            remote.download(pack_path(name), dest, MAX_PACK_BYTES)
+            downloaded.append((name, dest))
+            progress.advance(1)
+        progress.close()
+        staged = [(name, dest, rows) for (name, dest), rows in zip(downloaded, _verify_packs(repo, downloaded))]
+        for name, dest, _ in staged:
+            os.replace(dest, repo.store.packs_dir / pack_filename(name))
+        if staged:
+            fsync_dir(repo.store.packs_dir)
+        with repo.db.write():
+            for name, dest, rows in staged:
+                repo.store.insert_rows((name, (repo.store.packs_dir / pack_filename(name)).stat().st_size), rows)
+            for tid, tree in trees.items():
+                repo.db.conn.execute("INSERT OR IGNORE INTO trees VALUES (?, ?)", (tid, tree.to_bytes()))
+            for cid, commit in commits.items():
+                repo.db.conn.execute("INSERT OR IGNORE INTO commits VALUES (?, ?, ?, ?, ?)",
+                                     (cid, commit.tree, commit.timestamp, None, raw_commits[cid]))
+                repo.db.conn.executemany("INSERT OR IGNORE INTO commit_parents VALUES (?, ?, ?)",
+                                         [(cid, i, p) for i, p in enumerate(commit.parents)])
+            tracked = {}
+            for ref, target in state.refs.items():
+                if ref.startswith(HEADS):
+                    local_ref = f"{REMOTES}{remote_name}/{ref[len(HEADS):]}"
+                    tracked[ref[len(HEADS):]] = target
+                    if repo.refs.get(local_ref) != target:
+                        repo.refs.set(local_ref, target, repo.refs.get(local_ref), f"fetch from {remote_name}")
+            for branch in repo.refs.list(f"{REMOTES}{remote_name}/"):
+                if branch not in tracked:  # deleted on the remote
+                    repo.refs.delete(f"{REMOTES}{remote_name}/{branch}", f"fetch from {remote_name}: pruned")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return FetchResult(remote_name, tracked, len(commits), sum(len(r) for _, _, r in staged), remote.bytes_downloaded)
+
+
+def _verified(parse, data: bytes, expected: str, what: str):
+    try:
+        return parse(data, expected_id=expected)
+    except WvcError as exc:
+        raise CorruptObject(f"remote {what} {ids.short(expected)} is corrupt: {exc}") from None
+
+
+def _verify_packs(repo, packs: list[tuple[str, Path]]) -> list[list[ObjectRow]]:
+    """Check each pack's checksum, then decode every object against its id.
+
+    A delta's base may be in the same pack, in another pack of this fetch, or local.
+    """
+    from .. import codec
+
+    by_id: dict[str, tuple[str, Path, PackEntry]] = {}
+    per_pack = []
+    for name, path in packs:
+        try:
+            checksum, entries = read_pack_index(path)
+        except WvcError as exc:
+            raise CorruptObject(f"remote pack {name[:12]} is corrupt: {exc}") from None
+        if checksum != name:
+            raise CorruptObject(f"remote pack {name[:12]} does not match its name")
+        per_pack.append((name, entries))
+        for e in entries:
+            by_id.setdefault(e.id, (name, path, e))
+    is_base = {e.base for _, entries in per_pack for e in entries if e.base}
+    decoded: dict[str, tuple[bytes, int]] = {}
+
+    def decode(oid: str, guard: int = 0) -> tuple[bytes, int]:
+        if oid in decoded:
+            return decoded[oid]
+        if guard > 10_000:
+            raise CorruptObject("remote packs hold a cyclic delta chain")
+        found = by_id.get(oid)
+        if found is None:  # a base we already have locally
+            row = repo.store.row(oid)
+            if row is None:
+                raise CorruptObject(f"remote object needs base {ids.short(oid)} that neither side has")
+            return repo.store.get(oid), row.depth
+        name, path, entry = found
+        base_raw, base_depth = decode(entry.base, guard + 1) if entry.base else (None, -1)
+        with open(path, "rb") as fh:
+            fh.seek(entry.offset)
+            payload = fh.read(entry.length)
+        try:
+            raw = codec.decode(payload, entry.raw_size, base_raw)
+        except CorruptObject as exc:
+            raise CorruptObject(f"remote object {ids.short(oid)} in pack {name[:12]} is corrupt: {exc}") from None
+        if ids.chunk_id(raw) != oid:
+            raise CorruptObject(f"remote object {ids.short(oid)} in pack {name[:12]} fails its hash check")
+        if oid in is_base:  # keep only what later objects decode against
+            decoded[oid] = (raw, base_depth + 1)
+        return raw, base_depth + 1
+
+    out = []
+    for name, entries in per_pack:
+        rows = []
+        for e in entries:
+            _, depth = decode(e.id)
+            rows.append(ObjectRow(e.id, name, e.offset, e.length, e.raw_size, e.method, e.base, depth))
+        out.append(rows)
+    return out
+
+
+# -- pull and clone ----------------------------------------------------------------------------
+def pull(repo, remote_name: str = "origin", branch: str | None = None, *, rebase: bool = False,
+         progress: Progress = NULL) -> dict:
+    from .checkout import checkout
+
+    fetched = fetch(repo, remote_name, progress=progress)
+    branch = branch or repo.refs.head_branch()
+    if branch is None:
+        raise WvcError("HEAD is detached: name the branch to pull")
+    upstream = repo.refs.get(f"{REMOTES}{remote_name}/{branch}")
+    if upstream is None:
+        raise RevisionNotFound(f"remote {remote_name} has no branch {branch!r}")
+    local = repo.refs.get(HEADS + branch)
+    result = {"remote": remote_name, "branch": branch, "old": local, "new": upstream,
+              "downloaded_bytes": fetched.downloaded_bytes, "fast_forward": True}
+    if local == upstream or (local is not None and is_ancestor(repo, upstream, local)):
+        result["new"] = local
+        return result  # up to date, or ahead
+    if local is not None and not is_ancestor(repo, local, upstream):
+        if not rebase:
+            raise NonFastForward(
+                f"branches diverged: local {branch} ({ids.short(local)}) and {remote_name}/{branch} "
+                f"({ids.short(upstream)}) each have commits the other lacks; `wvc pull --rebase` replays "
+                f"your commits on top of {remote_name}/{branch}"
+            )
+        new_tip = _replay(repo, local, upstream)
+        result.update(new=new_tip, fast_forward=False, rebased=True)
+        if repo.refs.head_branch() == branch:
+            with repo.db.write():  # the tip's files are the ones already checked out
+                repo.refs.set(HEADS + branch, new_tip, local, f"pull --rebase onto {remote_name}/{branch}")
+        else:
+            with repo.db.write():
+                repo.refs.set(HEADS + branch, new_tip, local, f"pull --rebase onto {remote_name}/{branch}")
+        return result
+    if repo.refs.head_branch() == branch:
+        checkout(repo, upstream, progress=progress)  # refuses to overwrite local work
+        with repo.db.write():
+            repo.refs.set(HEADS + branch, upstream, local, f"pull: fast-forward from {remote_name}")
+            repo.refs.set_head("ref: " + HEADS + branch, f"pull: back on {branch}")
+    else:
+        with repo.db.write():
+            repo.refs.set(HEADS + branch, upstream, local, f"pull: fast-forward from {remote_name}")
+    return result
+
+
+def _replay(repo, local: str, upstream: str) -> str:
+    """Re-create the local-only commits (oldest first) on top of ``upstream``.
+
+    A commit is a full snapshot, so replaying one keeps its tree, message, author and
+    metadata and only changes its parent: no chunk is re-encoded, nothing is merged.
+    """
+    base = set(ancestors(repo, upstream))
+    mine = [c for c in ancestors(repo, local, stop=base)]
+    order = sorted(mine, key=lambda c: repo.db.one("SELECT rowid FROM commits WHERE id = ?", (c,)))
+    parent = upstream
+    with repo.db.write():
+        for cid in order:
+            old = repo.read_commit(cid)
+            new = Commit(old.tree, (parent,), old.author, old.timestamp, old.message, old.metadata)
+            repo.db.conn.execute("INSERT OR IGNORE INTO commits VALUES (?, ?, ?, ?, ?)",
+                                 (new.id, new.tree, new.timestamp, 0, new.to_bytes()))
+            repo.db.conn.execute("INSERT OR IGNORE INTO commit_parents VALUES (?, ?, ?)", (new.id, 0, parent))
+            parent = new.id
+    return parent
+
+
+def clone(url: str, directory=None, *, branch: str | None = None, progress: Progress = NULL):
+    from ..repo import Repo
+
+    remote = open_remote(url)
+    if directory is None:
+        directory = url.rstrip("/").rpartition("/")[2].removesuffix(".wvc") or "model"
+    target = Path(directory)
+    if target.exists() and any(target.iterdir()):
+        raise WvcError(f"destination {target} exists and is not empty")
+    state = remote.state()  # fail before creating anything if the remote is unusable
+    heads = [r[len(HEADS):] for r in state.refs if r.startswith(HEADS)]
+    if not heads:
+        raise RemoteError(f"{url} has no branches")
+    branch = branch or ("main" if "main" in heads else sorted(heads)[0])
+    if branch not in heads:
+        raise RevisionNotFound(f"{url} has no branch {branch!r}")
+    created = not target.exists()
+    try:
+        repo = Repo.init(target, branch=branch)
+        remote_add(repo, "origin", url)
+        fetched = fetch(repo, "origin", progress=progress)
+        pull(repo, "origin", branch, progress=progress)
+    except BaseException:
+        if created:
+            shutil.rmtree(target, ignore_errors=True)
+        else:
+            shutil.rmtree(target / ".wvc", ignore_errors=True)
+        raise
+    return repo, {"path": str(repo.root), "branch": branch, "commit": repo.refs.head_commit(),
+                  "downloaded_bytes": fetched.downloaded_bytes}

@@ -1,0 +1,169 @@
+"""A Hugging Face Hub model repo as a remote (``hf://user/repo``).
+
+All wvc state lives on the Hub repo's ``main`` git branch as plain files (layout in
+base.py). Reads are pinned to the Hub commit sha read at the start, so a fetch sees one
+consistent snapshot. A push is one ``create_commit`` with ``parent_commit`` = that sha:
+the Hub refuses it (412) if anyone pushed in between, which makes the ref move an atomic
+compare-and-swap. Endpoint and token follow huggingface_hub's usual rules (``HF_ENDPOINT``,
+``HF_TOKEN``, the saved login). New repos are private.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+
+from .base import Remote, RemoteChanged, RemoteError, RemoteState, pack_names, parse_refs
+
+HUB_BRANCH = "main"
+
+
+def _transport_errors() -> tuple[type, ...]:
+    """The HTTP library's transport error, whichever library this huggingface_hub uses."""
+    import importlib
+
+    from huggingface_hub import get_session
+
+    module = importlib.import_module(type(get_session()).__module__.split(".")[0])
+    return tuple(getattr(module, n) for n in ("TransportError",) if hasattr(module, n)) + (OSError,)
+
+
+@contextlib.contextmanager
+def hub_errors(what: str):
+    """Turn client and transport failures into one clear RemoteError line."""
+    from huggingface_hub import errors
+
+    try:
+        yield
+    except errors.RepositoryNotFoundError:
+        raise RemoteError(f"{what}: repository not found, or no permission to read it (check HF_TOKEN)") from None
+    except errors.RevisionNotFoundError:
+        raise RemoteError(f"{what}: revision not found") from None
+    except errors.HfHubHTTPError as exc:
+        status = exc.response.status_code if exc.response is not None else None
+        if status == 412:
+            raise RemoteChanged(f"{what}: the remote changed while pushing (another push won); fetch and retry") from None
+        if status in (401, 403):
+            raise RemoteError(f"{what}: permission denied (HTTP {status}); check HF_TOKEN") from None
+        raise RemoteError(f"{what}: Hub error HTTP {status}: {str(exc).splitlines()[0]}") from None
+    except _transport_errors() as exc:
+        raise RemoteError(f"{what}: cannot reach the Hub endpoint ({type(exc).__name__}: {exc})") from None
+
+
+class HubRemote(Remote):
+    def __init__(self, repo_id: str):
+        import os
+
+        from huggingface_hub import HfApi
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()  # wvc draws its own; the client's would garble --json output
+
+        self.repo_id = repo_id
+        self.url = f"hf://{repo_id}"
+        # huggingface_hub reads HF_ENDPOINT at import; read it again so a later setting counts
+        self.endpoint = os.environ.get("HF_ENDPOINT") or None
+        self.api = HfApi(endpoint=self.endpoint)
+        self.sha: str | None = None  # the snapshot our reads are pinned to
+
+    @classmethod
+    def from_url(cls, url: str) -> "HubRemote":
+        repo_id = url[len("hf://"):].strip("/")
+        parts = repo_id.split("/")
+        if len(parts) != 2 or not all(parts) or any(p in (".", "..") for p in parts):
+            raise RemoteError(f"invalid Hub URL {url!r}: expected hf://user/repo")
+        return cls(repo_id)
+
+    def state(self, create: bool = False) -> RemoteState:
+        from huggingface_hub import errors
+
+        with hub_errors(self.url):
+            try:
+                info = self.api.repo_info(self.repo_id)
+            except errors.RepositoryNotFoundError:
+                if not create:
+                    raise
+                self.api.create_repo(self.repo_id, private=True, exist_ok=True)
+                info = self.api.repo_info(self.repo_id)
+            self.sha = info.sha
+            paths = self.api.list_repo_files(self.repo_id, revision=self.sha)
+        refs = parse_refs({p: self.read(p, 256) or b"" for p in paths if p.startswith("refs/")})
+        return RemoteState(refs, self.sha, pack_names(paths))
+
+    def _get(self, path: str, limit: int, sink) -> None:
+        from huggingface_hub import get_session, hf_hub_url
+        from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
+
+        url = hf_hub_url(self.repo_id, path, revision=self.sha or HUB_BRANCH, endpoint=self.endpoint)
+        with hub_errors(f"{self.url}/{path}"):
+            with get_session().stream("GET", url, headers=build_hf_headers(), follow_redirects=True) as resp:
+                hf_raise_for_status(resp)
+                declared = int(resp.headers.get("Content-Length") or 0)
+                if declared > limit:
+                    raise RemoteError(f"remote file {path} is larger than allowed ({declared} bytes)")
+                total = 0
+                for block in resp.iter_bytes(1 << 20):
+                    total += len(block)
+                    if total > limit:
+                        raise RemoteError(f"remote file {path} is larger than allowed")
+                    sink(block)
+                self.bytes_downloaded += total
+
+    def read(self, path: str, limit: int) -> bytes | None:
+        from huggingface_hub import errors
+
+        buf = io.BytesIO()
+        try:
+            self._get(path, limit, buf.write)
+        except RemoteError as exc:
+            if isinstance(exc.__context__, errors.EntryNotFoundError) or "404" in str(exc):
+                return None
+            raise
+        return buf.getvalue()
+
+    def download(self, path: str, dest: Path, limit: int) -> None:
+        with open(dest, "wb") as fh:
+            self._get(path, limit, fh.write)
+
+    def publish(self, files, refs, expected: RemoteState, message: str) -> None:
+        from huggingface_hub import CommitOperationAdd, CommitOperationDelete
+
+        new_refs = {**expected.refs, **{r: t for r, t in refs.items() if t is not None}}
+        for r, t in refs.items():
+            if t is None:
+                new_refs.pop(r, None)
+        ops = [CommitOperationAdd(path_in_repo=p, path_or_fileobj=c if isinstance(c, bytes) else str(c))
+               for p, c in files.items()]
+        ops += [CommitOperationAdd(path_in_repo=r, path_or_fileobj=(t + "\n").encode()) for r, t in refs.items() if t]
+        ops += [CommitOperationDelete(path_in_repo=r) for r, t in refs.items() if t is None]
+        ops.append(CommitOperationAdd(path_in_repo="README.md", path_or_fileobj=model_card(self.repo_id, new_refs).encode()))
+        with hub_errors(self.url):
+            self.api.create_commit(self.repo_id, ops, commit_message=message, parent_commit=expected.version,
+                                   revision=HUB_BRANCH)
+        self.bytes_uploaded += sum(len(c) if isinstance(c, bytes) else Path(c).stat().st_size for c in files.values())
+
+
+def model_card(repo_id: str, refs: dict[str, str]) -> str:
+    branches = "\n".join(f"| `{r.partition('refs/heads/')[2]}` | `{c[:12]}` |" for r, c in sorted(refs.items())
+                         if r.startswith("refs/heads/"))
+    return f"""---
+tags:
+- wvc
+---
+# {repo_id}
+
+This repository is a [wvc](https://github.com/) remote: versions of a model's weights
+stored as lossless, content-addressed deltas (packs under `packs/`, commits and trees
+under `objects/`, branches under `refs/`). It is not loadable with `from_pretrained`
+directly; check a version out first:
+
+```bash
+pip install wvc
+wvc clone hf://{repo_id}
+```
+
+| branch | commit |
+|---|---|
+{branches}
+"""

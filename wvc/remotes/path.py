@@ -1,0 +1,121 @@
+"""A directory remote: a shared disk or NFS team folder.
+
+Objects are written with the careful save (temp, fsync, rename). Refs move under a lock
+file created with O_EXCL; the compare-and-swap re-reads the refs under the lock, so two
+pushers never both win.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+from ..fsutil import atomic_write, atomic_writer, validate_relpath
+from .base import FORMAT, Remote, RemoteChanged, RemoteError, RemoteState, pack_names, parse_refs
+
+LOCK = "refs.lock"
+LOCK_STALE_SECONDS = 600
+
+
+class PathRemote(Remote):
+    def __init__(self, root: str):
+        self.root = Path(root).expanduser().resolve()
+        self.url = str(self.root)
+
+    def _file(self, path: str) -> Path:
+        return self.root.joinpath(*validate_relpath(path).split("/"))
+
+    def _ensure(self, create: bool) -> None:
+        marker = self.root / "wvc.json"
+        if marker.is_file():
+            return
+        if not create:
+            raise RemoteError(f"{self.url} is not a wvc remote (no wvc.json)")
+        if self.root.exists() and any(self.root.iterdir()):
+            raise RemoteError(f"{self.url} exists and is not a wvc remote")
+        self.root.mkdir(parents=True, exist_ok=True)
+        atomic_write(marker, json.dumps({"format": FORMAT}).encode())
+
+    def _refs(self) -> dict[str, str]:
+        files = {}
+        refs_dir = self.root / "refs"
+        if refs_dir.is_dir():
+            for p in refs_dir.rglob("*"):
+                if p.is_file() and not p.is_symlink():
+                    files[p.relative_to(self.root).as_posix()] = p.read_bytes()[:256]
+        return parse_refs(files)
+
+    def state(self, create: bool = False) -> RemoteState:
+        self._ensure(create)
+        refs = self._refs()
+        packs_dir = self.root / "packs"
+        packs = pack_names(f"packs/{p.name}" for p in packs_dir.iterdir()) if packs_dir.is_dir() else []
+        version = hashlib.sha256(json.dumps(refs, sort_keys=True).encode()).hexdigest()
+        return RemoteState(refs, version, packs)
+
+    def read(self, path: str, limit: int) -> bytes | None:
+        p = self._file(path)
+        if not p.is_file():
+            return None
+        if p.stat().st_size > limit:
+            raise RemoteError(f"remote file {path} is larger than allowed")
+        data = p.read_bytes()
+        self.bytes_downloaded += len(data)
+        return data
+
+    def download(self, path: str, dest: Path, limit: int) -> None:
+        p = self._file(path)
+        if not p.is_file():
+            raise RemoteError(f"remote file {path} is missing")
+        if p.stat().st_size > limit:
+            raise RemoteError(f"remote file {path} is larger than allowed")
+        shutil.copyfile(p, dest)
+        self.bytes_downloaded += dest.stat().st_size
+
+    def publish(self, files, refs, expected: RemoteState, message: str) -> None:
+        self._ensure(create=True)
+        for path, content in files.items():  # objects first: immutable, so rewriting is harmless
+            target = self._file(path)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if target.exists():
+                continue
+            with atomic_writer(target) as fh:
+                if isinstance(content, bytes):
+                    fh.write(content)
+                else:
+                    with open(content, "rb") as src:
+                        shutil.copyfileobj(src, fh, 1 << 20)
+            self.bytes_uploaded += target.stat().st_size
+        with self._lock():  # then the refs, compare-and-swap under the lock
+            if self.state().version != expected.version:
+                raise RemoteChanged("the remote's refs changed while pushing; fetch and try again")
+            for ref, target_id in refs.items():
+                p = self._file(ref)
+                if target_id is None:
+                    p.unlink(missing_ok=True)
+                else:
+                    p.parent.mkdir(parents=True, exist_ok=True)
+                    atomic_write(p, (target_id + "\n").encode())
+
+    @contextlib.contextmanager
+    def _lock(self):
+        lock = self.root / LOCK
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            age = time.time() - lock.stat().st_mtime
+            if age < LOCK_STALE_SECONDS:
+                raise RemoteChanged(f"another push holds {lock}; try again") from None
+            lock.unlink(missing_ok=True)  # left by a crashed pusher
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        try:
+            os.write(fd, str(os.getpid()).encode())
+            os.close(fd)
+            yield
+        finally:
+            lock.unlink(missing_ok=True)

@@ -1,0 +1,1 @@
+"""Test helpers shipped with wvc (a local Hub-compatible server)."""

@@ -1,0 +1,466 @@
+"""A local Hugging Face Hub-compatible server, for tests and offline CI.
+
+    python -m wvc.testing.hub --port 8765 --root /tmp/hub [--token SECRET]
+
+The real, unmodified huggingface_hub client talks to it with
+``HF_ENDPOINT=http://127.0.0.1:8765`` and ``HF_HUB_DISABLE_XET=1``. It keeps repos as
+git-like commits (a 40-hex sha per commit, branches, ``parent_commit`` checked with 412)
+and serves files with Range support. Endpoints follow shared/research/hub-protocol.md.
+
+``fail`` injects failures for tests: {"commit": 1} answers the next commit with 403.
+``served_bytes`` counts body bytes sent by resolve (downloads).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import json
+import re
+import threading
+import time
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+TYPES = {"models": "", "datasets": "datasets/", "spaces": "spaces/"}
+
+
+def git_blob_sha1(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+class HubError(Exception):
+    def __init__(self, status: int, message: str, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.code = status, message, code
+
+
+class Storage:
+    """Repos in ``root``: one JSON of commits and refs per repo, blobs by sha256."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        (self.root / "blobs").mkdir(parents=True, exist_ok=True)
+        self.lock = threading.RLock()
+
+    def _meta_path(self, kind: str, repo: str) -> Path:
+        return self.root / "repos" / kind / (repo.replace("/", "--") + ".json")
+
+    def load(self, kind: str, repo: str) -> dict:
+        path = self._meta_path(kind, repo)
+        if not path.is_file():
+            raise HubError(404, f"Repository {repo} not found", "RepoNotFound")
+        return json.loads(path.read_text())
+
+    def save(self, kind: str, repo: str, meta: dict) -> None:
+        path = self._meta_path(kind, repo)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(meta))
+        tmp.replace(path)
+
+    def blob_path(self, sha256: str) -> Path:
+        return self.root / "blobs" / sha256
+
+    def put_blob(self, data: bytes) -> dict:
+        sha = hashlib.sha256(data).hexdigest()
+        path = self.blob_path(sha)
+        if not path.exists():
+            tmp = path.with_suffix(f".{threading.get_ident()}.tmp")
+            tmp.write_bytes(data)
+            tmp.replace(path)
+        return {"sha256": sha, "size": len(data), "oid": git_blob_sha1(data)}
+
+    def create(self, kind: str, repo: str, private: bool) -> bool:
+        with self.lock:
+            if self._meta_path(kind, repo).is_file():
+                return False
+            attrs = self.put_blob(b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n")
+            sha = hashlib.sha1(f"{repo} init {time.time_ns()}".encode()).hexdigest()
+            self.save(kind, repo, {
+                "private": private, "branches": {"main": sha}, "tags": {},
+                "commits": {sha: {"parent": None, "files": {".gitattributes": attrs}, "title": "initial commit",
+                                  "message": "", "date": time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime())}},
+            })
+            return True
+
+
+def resolve_rev(meta: dict, rev: str) -> str:
+    rev = urllib.parse.unquote(rev)
+    if rev in meta["branches"]:
+        return meta["branches"][rev]
+    if rev in meta["tags"]:
+        return meta["tags"][rev]
+    if re.fullmatch(r"[0-9a-f]{40}", rev) and rev in meta["commits"]:
+        return rev
+    raise HubError(404, f"Invalid rev id: {rev}", "RevisionNotFound")
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: "HubServer"
+
+    def log_message(self, *args):  # quiet
+        pass
+
+    # -- plumbing ------------------------------------------------------------------------------
+    def _send(self, status: int, body: bytes = b"", headers: dict | None = None, head_only: bool = False):
+        self.send_response(status)
+        for k, v in (headers or {}).items():
+            self.send_header(k, str(v))
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if body and not head_only:
+            self.wfile.write(body)
+
+    def _json(self, status: int, obj, headers: dict | None = None):
+        self._send(status, json.dumps(obj).encode(), {"Content-Type": "application/json", **(headers or {})})
+
+    def _body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            out = bytearray()
+            while True:
+                size = int(self.rfile.readline().strip() or b"0", 16)
+                if size == 0:
+                    self.rfile.readline()
+                    return bytes(out)
+                out += self.rfile.read(size)
+                self.rfile.readline()
+        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+    def _auth(self, meta: dict | None, write: bool) -> None:
+        token = self.server.token
+        if token is None:
+            return
+        got = self.headers.get("Authorization", "")
+        if got != f"Bearer {token}":
+            if write or (meta and meta.get("private")) or meta is None:
+                raise HubError(401, "Invalid credentials in Authorization header")
+
+    def _dispatch(self, method: str):
+        raw_path, _, query = self.path.partition("?")
+        params = urllib.parse.parse_qs(query)
+        try:
+            self.server.count(method, raw_path)
+            handler = self._route(method, raw_path)
+            if handler is None:
+                raise HubError(404, f"no route for {method} {raw_path}")
+            handler[0](*handler[1], params=params)
+        except HubError as exc:
+            headers = {"X-Error-Code": exc.code} if exc.code else {}
+            if exc.code == "EntryNotFound" and getattr(exc, "commit", None):
+                headers["X-Repo-Commit"] = exc.commit
+            self._json(exc.status, {"error": exc.message}, headers)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def do_GET(self):
+        self._dispatch("GET")
+
+    def do_HEAD(self):
+        self._dispatch("HEAD")
+
+    def do_POST(self):
+        self._dispatch("POST")
+
+    def do_PUT(self):
+        self._dispatch("PUT")
+
+    def do_DELETE(self):
+        self._dispatch("DELETE")
+
+    def _route(self, method: str, path: str):
+        t = "(models|datasets|spaces)"
+        repo = r"([^/]+/[^/]+)"
+        routes = [
+            ("POST", r"/api/repos/create", self.create_repo),
+            ("POST", r"/api/validate-yaml", self.validate_yaml),
+            ("GET", r"/api/agent-harnesses", self.telemetry),
+            ("GET", rf"/api/{t}/{repo}/tree/([^/]+)(?:/(.*))?", self.tree),
+            ("POST", rf"/api/{t}/{repo}/paths-info/([^/]+)", self.paths_info),
+            ("GET", rf"/api/{t}/{repo}/refs", self.refs),
+            ("GET", rf"/api/{t}/{repo}/commits/([^/]+)", self.commits),
+            ("POST", rf"/api/{t}/{repo}/preupload/([^/]+)", self.preupload),
+            ("POST", rf"/api/{t}/{repo}/commit/([^/]+)", self.commit),
+            ("POST", rf"/api/{t}/{repo}/branch/([^/]+)", self.create_branch),
+            ("DELETE", rf"/api/{t}/{repo}/branch/([^/]+)", self.delete_branch),
+            ("GET", rf"/api/{t}/{repo}/revision/([^/]+)", self.info),
+            ("GET", rf"/api/{t}/{repo}", self.info),
+            ("POST", r"/(?:(datasets|spaces)/)?([^/]+/[^/]+)\.git/info/lfs/objects/batch", self.lfs_batch),
+            ("PUT", r"/upload/([0-9a-f]{64})", self.upload),
+            ("GET", r"/(?:(datasets|spaces)/)?([^/]+/[^/]+)/resolve/([^/]+)/(.+)", self.resolve),
+            ("HEAD", r"/(?:(datasets|spaces)/)?([^/]+/[^/]+)/resolve/([^/]+)/(.+)", self.resolve),
+        ]
+        for m, pattern, fn in routes:
+            match = re.fullmatch(pattern, path)
+            if m == method and match:
+                return fn, match.groups()
+        return None
+
+    # -- endpoints -----------------------------------------------------------------------------
+    def telemetry(self, params):
+        self._json(200, {})
+
+    def validate_yaml(self, params):
+        self._body()
+        self._json(200, {})
+
+    def create_repo(self, params):
+        body = json.loads(self._body() or b"{}")
+        self._auth(None, write=True)
+        kind = (body.get("type") or "model") + "s"
+        name = f"{body.get('organization') or 'user'}/{body['name']}"
+        private = body.get("private", body.get("visibility", "private") == "private")
+        created = self.server.storage.create(kind, name, bool(private))
+        url = {"url": f"{self.server.base_url}/{TYPES[kind]}{name}"}
+        self._json(200 if created else 409, url if created else {**url, "error": "You already created this repo"})
+
+    def _meta(self, kind, repo, write=False):
+        meta = self.server.storage.load(kind, urllib.parse.unquote(repo))
+        self._auth(meta, write)
+        return meta
+
+    def info(self, kind, repo, rev=None, params=None):
+        meta = self._meta(kind, repo)
+        sha = resolve_rev(meta, rev or "main")
+        files = meta["commits"][sha]["files"]
+        self._json(200, {"id": urllib.parse.unquote(repo), "sha": sha, "private": meta["private"],
+                         "lastModified": meta["commits"][sha]["date"],
+                         "siblings": [{"rfilename": p} for p in sorted(files)]})
+
+    def _entries(self, files: dict, prefix: str, recursive: bool) -> list[dict]:
+        out, dirs = [], set()
+        for path in sorted(files):
+            if prefix and not path.startswith(prefix + "/"):
+                continue
+            rest = path[len(prefix) + 1:] if prefix else path
+            if "/" in rest and not recursive:
+                dirs.add((prefix + "/" if prefix else "") + rest.split("/")[0])
+                continue
+            if recursive:
+                parts = rest.split("/")[:-1]
+                for i in range(1, len(parts) + 1):
+                    dirs.add((prefix + "/" if prefix else "") + "/".join(parts[:i]))
+            out.append(self._file_entry(path, files[path]))
+        out += [{"type": "directory", "oid": hashlib.sha1(d.encode()).hexdigest(), "size": 0, "path": d} for d in sorted(dirs)]
+        return out
+
+    @staticmethod
+    def _file_entry(path: str, f: dict) -> dict:
+        entry = {"type": "file", "oid": f["oid"], "size": f["size"], "path": path}
+        if f.get("lfs"):
+            entry["lfs"] = {"oid": f["sha256"], "size": f["size"], "pointerSize": 134}
+        return entry
+
+    def tree(self, kind, repo, rev, sub, params):
+        meta = self._meta(kind, repo)
+        sha = resolve_rev(meta, rev)
+        files = meta["commits"][sha]["files"]
+        sub = urllib.parse.unquote(sub or "").strip("/")
+        if sub and not any(p.startswith(sub + "/") for p in files):
+            err = HubError(404, f"Entry not found: {sub}", "EntryNotFound")
+            raise err
+        recursive = params.get("recursive", ["false"])[0].lower() == "true"
+        self._json(200, self._entries(files, sub, recursive))
+
+    def paths_info(self, kind, repo, rev, params):
+        form = urllib.parse.parse_qs(self._body().decode())
+        meta = self._meta(kind, repo)
+        files = meta["commits"][resolve_rev(meta, rev)]["files"]
+        self._json(200, [self._file_entry(p, files[p]) for p in form.get("paths", []) if p in files])
+
+    def refs(self, kind, repo, params):
+        meta = self._meta(kind, repo)
+        out = {"branches": [{"name": b, "ref": f"refs/heads/{b}", "targetCommit": s} for b, s in meta["branches"].items()],
+               "converts": [], "tags": [{"name": t, "ref": f"refs/tags/{t}", "targetCommit": s} for t, s in meta["tags"].items()]}
+        if "include_prs" in params:
+            out["pullRequests"] = []
+        self._json(200, out)
+
+    def commits(self, kind, repo, rev, params):
+        meta = self._meta(kind, repo)
+        sha, out = resolve_rev(meta, rev), []
+        while sha:
+            c = meta["commits"][sha]
+            out.append({"id": sha, "title": c["title"], "message": c["message"], "date": c["date"], "authors": [{"user": "wvc"}]})
+            sha = c["parent"]
+        self._json(200, out)
+
+    def create_branch(self, kind, repo, branch, params):
+        body = json.loads(self._body() or b"{}")
+        with self.server.storage.lock:
+            meta = self._meta(kind, repo, write=True)
+            branch = urllib.parse.unquote(branch)
+            if branch in meta["branches"]:
+                raise HubError(409, f"Branch {branch} already exists")
+            meta["branches"][branch] = resolve_rev(meta, body.get("startingPoint") or "main")
+            self.server.storage.save(kind, urllib.parse.unquote(repo), meta)
+        self._json(200, {})
+
+    def delete_branch(self, kind, repo, branch, params):
+        with self.server.storage.lock:
+            meta = self._meta(kind, repo, write=True)
+            meta["branches"].pop(urllib.parse.unquote(branch), None)
+            self.server.storage.save(kind, urllib.parse.unquote(repo), meta)
+        self._json(200, {})
+
+    def preupload(self, kind, repo, rev, params):
+        body = json.loads(self._body())
+        self._meta(kind, repo, write=True)
+        files = [{"path": f["path"], "uploadMode": "lfs" if f.get("size", 0) > 10_000 or f["path"].endswith((".pack", ".safetensors")) else "regular",
+                  "shouldIgnore": False} for f in body.get("files", [])]
+        self._json(200, {"files": files})
+
+    def lfs_batch(self, prefix, repo, params):
+        body = json.loads(self._body())
+        kind = {"datasets": "datasets", "spaces": "spaces"}.get(prefix or "", "models")
+        self._meta(kind, repo, write=True)
+        objects = []
+        for obj in body.get("objects", []):
+            entry = {"oid": obj["oid"], "size": obj["size"]}
+            if not self.server.storage.blob_path(obj["oid"]).exists():
+                entry["actions"] = {"upload": {"href": f"{self.server.base_url}/upload/{obj['oid']}"}}
+            objects.append(entry)
+        self._json(200, {"transfer": "basic", "objects": objects, "hash_algo": "sha256"})
+
+    def upload(self, oid, params):
+        data = self._body()
+        if hashlib.sha256(data).hexdigest() != oid:
+            raise HubError(400, "sha256 mismatch")
+        self.server.storage.put_blob(data)
+        self._send(200)
+
+    def commit(self, kind, repo, rev, params):
+        lines = [json.loads(line) for line in self._body().splitlines() if line.strip()]
+        if self.server.take_failure("commit"):
+            raise HubError(403, "injected failure")
+        storage = self.server.storage
+        with storage.lock:
+            meta = self._meta(kind, repo, write=True)
+            branch = urllib.parse.unquote(rev)
+            if branch not in meta["branches"]:
+                raise HubError(404, f"Invalid rev id: {branch}", "RevisionNotFound")
+            head = meta["branches"][branch]
+            header = next((l["value"] for l in lines if l["key"] == "header"), {})
+            parent = header.get("parentCommit")
+            if parent and parent != head:
+                raise HubError(412, "The branch was updated since the parent commit")
+            files = dict(meta["commits"][head]["files"])
+            for line in lines:
+                key, value = line["key"], line["value"]
+                if key == "file":
+                    files[value["path"]] = storage.put_blob(base64.b64decode(value["content"]))
+                elif key == "lfsFile":
+                    blob = storage.blob_path(value["oid"])
+                    if not blob.exists():
+                        raise HubError(400, f"LFS object {value['oid']} was not uploaded")
+                    files[value["path"]] = {"sha256": value["oid"], "size": value["size"],
+                                            "oid": git_blob_sha1(blob.read_bytes()), "lfs": True}
+                elif key == "deletedFile":
+                    files.pop(value["path"], None)
+                elif key == "deletedFolder":
+                    files = {p: f for p, f in files.items() if not p.startswith(value["path"].rstrip("/") + "/")}
+            sha = hashlib.sha1(json.dumps([head, sorted(files.items()), time.time_ns()], default=str).encode()).hexdigest()
+            meta["commits"][sha] = {"parent": head, "files": files, "title": header.get("summary", ""),
+                                    "message": header.get("description", ""),
+                                    "date": time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime())}
+            meta["branches"][branch] = sha
+            storage.save(kind, urllib.parse.unquote(repo), meta)
+        prefix = TYPES[kind]
+        self._json(200, {"commitOid": sha, "commitUrl": f"{self.server.base_url}/{prefix}{urllib.parse.unquote(repo)}/commit/{sha}"})
+
+    def resolve(self, prefix, repo, rev, path, params):
+        kind = {"datasets": "datasets", "spaces": "spaces"}.get(prefix or "", "models")
+        meta = self._meta(kind, repo)
+        sha = resolve_rev(meta, rev)
+        path = urllib.parse.unquote(path)
+        f = meta["commits"][sha]["files"].get(path)
+        if f is None:
+            err = HubError(404, f"Entry not found: {path}", "EntryNotFound")
+            err.commit = sha
+            raise err
+        if self.server.take_failure("resolve"):
+            raise HubError(403, "injected failure")
+        data_path = self.server.storage.blob_path(f["sha256"])
+        size = f["size"]
+        headers = {"X-Repo-Commit": sha, "ETag": f'"{f["sha256"] if f.get("lfs") else f["oid"]}"',
+                   "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
+        if f.get("lfs"):
+            headers.update({"X-Linked-Etag": f'"{f["sha256"]}"', "X-Linked-Size": size})
+        start, end, status = 0, size - 1, 200
+        rng = self.headers.get("Range")
+        if rng:
+            m = re.fullmatch(r"bytes=(\d*)-(\d*)", rng.strip())
+            if not m or (m.group(1) and int(m.group(1)) >= size):
+                self._send(416, b"", {"Content-Range": f"bytes */{size}", **headers})
+                return
+            if m.group(1):
+                start = int(m.group(1))
+                end = min(int(m.group(2)), size - 1) if m.group(2) else size - 1
+            else:
+                start = max(0, size - int(m.group(2)))
+            status = 206
+            headers["Content-Range"] = f"bytes {start}-{end}/{size}"
+        if self.command == "HEAD":
+            self.send_response(status)
+            for k, v in headers.items():
+                self.send_header(k, str(v))
+            self.send_header("Content-Length", str(end - start + 1 if size else 0))
+            self.end_headers()
+            return
+        with open(data_path, "rb") as fh:
+            fh.seek(start)
+            body = fh.read(end - start + 1) if size else b""
+        self.server.add_served(len(body))
+        self._send(status, body, headers)
+
+
+class HubServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, root, host: str = "127.0.0.1", port: int = 0, token: str | None = None):
+        super().__init__((host, port), Handler)
+        self.storage = Storage(Path(root))
+        self.token = token
+        self.base_url = f"http://{host}:{self.server_address[1]}"
+        self.fail: dict[str, int] = {}
+        self.requests: list[tuple[str, str]] = []
+        self.served_bytes = 0
+        self._lock = threading.Lock()
+
+    def count(self, method: str, path: str) -> None:
+        with self._lock:
+            self.requests.append((method, path))
+
+    def add_served(self, n: int) -> None:
+        with self._lock:
+            self.served_bytes += n
+
+    def take_failure(self, what: str) -> bool:
+        with self._lock:
+            if self.fail.get(what, 0) > 0:
+                self.fail[what] -= 1
+                return True
+            return False
+
+    def start(self) -> "HubServer":
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+        return self
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="A local Hugging Face Hub-compatible server.")
+    ap.add_argument("--port", type=int, default=8765)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--root", required=True, help="where repos and blobs are kept")
+    ap.add_argument("--token", default=None, help="require this bearer token")
+    args = ap.parse_args(argv)
+    server = HubServer(args.root, args.host, args.port, args.token)
+    print(f"serving a Hub-compatible API on {server.base_url} (HF_ENDPOINT={server.base_url})", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
