@@ -30,19 +30,19 @@ class ScanResult:
     skipped_symlinks: list[str]
 
 
-def load_ignore(root: Path) -> pathspec.PathSpec:
+def load_ignore(root: Path, extra: tuple[str, ...] = ()) -> pathspec.PathSpec:
     path = root / IGNORE_FILE
     lines = path.read_text(encoding="utf-8", errors="replace").splitlines() if path.is_file() else []
-    return pathspec.GitIgnoreSpec.from_lines(lines)
+    return pathspec.GitIgnoreSpec.from_lines([*lines, *extra])
 
 
-def scan(root: Path) -> ScanResult:
+def scan(root: Path, exclude: tuple[str, ...] = ()) -> ScanResult:
     """Regular files under ``root``, minus ``.wvc``, temp files and ``.wvcignore`` matches.
 
     Symlinks are never followed nor tracked: one pointing outside the tree must not pull
     foreign files into a commit.
     """
-    spec = load_ignore(root)
+    spec = load_ignore(root, exclude)
     files, links = [], []
     for dirpath, dirnames, filenames in os.walk(root):
         rel_dir = os.path.relpath(dirpath, root).replace(os.sep, "/")

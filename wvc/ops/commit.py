@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import MissingObject, NothingToCommit
+from ..errors import ConcurrentUpdate, MissingObject, NothingToCommit
 from ..objects import Commit, Tree, check_metadata
 from ..progress import NULL, Progress
 from ..store.refs import HEADS
@@ -63,10 +63,25 @@ def commit(
     allow_empty: bool = False,
     device: str = "auto",
     state_dict_path: str = STATE_DICT_PATH,
+    branch: str | None = None,
+    exclude: tuple[str, ...] = (),
     progress: Progress = NULL,
 ) -> CommitResult:
+    """Commit ``source`` (working tree, another directory or a state dict).
+
+    ``branch`` commits onto that branch (created from HEAD if missing) without checking
+    it out: the training callback records a run this way while the working tree stays.
+    ``exclude`` adds gitignore-style patterns for a directory source.
+    """
     metadata = check_metadata(metadata or {})
-    parent_id = repo.refs.head_commit()
+    if branch is not None:
+        from ..store.refs import check_ref_name
+
+        check_ref_name(branch)
+        branch_before = repo.refs.get(HEADS + branch)
+        parent_id = branch_before or repo.refs.head_commit()
+    else:
+        parent_id = repo.refs.head_commit()
     head_before = repo.refs.head()
     parent_tree = repo.read_tree(repo.read_commit(parent_id).tree) if parent_id else None
     chunk_bytes = parent_tree.chunk_bytes if parent_tree else repo.chunk_bytes
@@ -83,7 +98,7 @@ def commit(
             files[entry.path] = entry
             tree = Tree(tuple(files[p] for p in sorted(files)), chunk_bytes)
         else:
-            tree = snap.directory(root, scan(root).files, stat_cache or StatCache(repo.db, root))
+            tree = snap.directory(root, scan(root, exclude).files, stat_cache or StatCache(repo.db, root))
         if parent_tree is not None and tree.id == parent_tree.id and not allow_empty:
             raise NothingToCommit("nothing to commit: the working tree matches HEAD (use --allow-empty)")
         pack, rows = writer.finish()
@@ -101,13 +116,13 @@ def commit(
         repo.db.conn.executemany(
             "INSERT OR IGNORE INTO commit_parents VALUES (?, ?, ?)", [(new.id, i, p) for i, p in enumerate(parents)]
         )
-        branch = repo.refs.head_branch()
-        if repo.refs.head() != head_before:
-            from ..errors import ConcurrentUpdate
-
-            raise ConcurrentUpdate("HEAD moved while committing; retry")
         if branch is not None:
-            repo.refs.set(HEADS + branch, new.id, parent_id, f"commit: {new.summary}")
+            repo.refs.set(HEADS + branch, new.id, branch_before, f"commit: {new.summary}")  # CAS
+            stat_cache = None  # the working tree was not the source
+        elif repo.refs.head() != head_before:
+            raise ConcurrentUpdate("HEAD moved while committing; retry")
+        elif (head_branch := repo.refs.head_branch()) is not None:
+            repo.refs.set(HEADS + head_branch, new.id, parent_id, f"commit: {new.summary}")
         else:
             repo.refs.set_head(new.id, f"commit (detached): {new.summary}")
         if stat_cache is not None:

@@ -62,8 +62,12 @@ class HubRemote(Remote):
 
         self.repo_id = repo_id
         self.url = f"hf://{repo_id}"
-        # huggingface_hub reads HF_ENDPOINT at import; read it again so a later setting counts
+        # huggingface_hub reads these at import; read them again so a later setting counts
         self.endpoint = os.environ.get("HF_ENDPOINT") or None
+        if os.environ.get("HF_HUB_DISABLE_XET", "").upper() in ("1", "ON", "YES", "TRUE"):
+            from huggingface_hub import constants
+
+            constants.HF_HUB_DISABLE_XET = True
         self.api = HfApi(endpoint=self.endpoint)
         self.sha: str | None = None  # the snapshot our reads are pinned to
 

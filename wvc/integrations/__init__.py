@@ -1,0 +1,1 @@
+"""Integrations with training libraries (optional extras: ``pip install wvc[train]``)."""

@@ -1,0 +1,144 @@
+"""``WvcCallback``: version every checkpoint of a transformers (or TRL) Trainer run.
+
+    from wvc.integrations.transformers import WvcCallback
+    trainer = Trainer(..., callbacks=[WvcCallback("runs/wvc", push_to="hf://team/model")])
+
+On each checkpoint save it commits the checkpoint directory the Trainer just wrote (so a
+commit is exactly what was saved; optimizer, scheduler and RNG state are left out), and
+with ``every_n_steps`` it also commits ``model.state_dict()`` straight from memory between
+saves. Commits go to a branch named after the run, carry the step, epoch and latest
+metrics as metadata, and never move the repository's checked-out working tree.
+
+With ``push_to``, a background thread pushes the branch after each commit: training never
+waits on the network, a failed push is retried (with back-off) on the next commit or at
+the end, and ``on_train_end`` flushes, so no commit is left behind. Push errors are
+collected in ``callback.push_errors`` and logged, never raised into the training loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+from ..repo import Repo
+
+log = logging.getLogger("wvc")
+
+# Trainer state we never version: large, not weights, or rewritten at every save.
+CHECKPOINT_EXCLUDES = ("optimizer.pt", "scheduler.pt", "rng_state*.pth", "scaler.pt", "training_args.bin",
+                       "global_step*/")
+
+
+def _latest_metrics(state) -> dict:
+    metrics = {}
+    for entry in state.log_history:
+        metrics.update({k: v for k, v in entry.items() if isinstance(v, (int, float)) and k not in ("step", "epoch")})
+    return metrics
+
+
+class WvcCallback(TrainerCallback):
+    def __init__(self, repo_path, *, every_n_steps: int | None = None, on_save: bool = True,
+                 branch: str | None = None, push_to: str | None = None, remote: str = "origin",
+                 device: str = "auto", max_push_attempts: int = 5, retry_seconds: float = 2.0):
+        self.repo_path = Path(repo_path)
+        self.every_n_steps = every_n_steps
+        self.commit_on_save = on_save
+        self.branch = branch
+        self.push_to = push_to
+        self.remote = remote
+        self.device = device
+        self.max_push_attempts = max_push_attempts
+        self.retry_seconds = retry_seconds  # back-off base: waits retry_seconds * 2**(attempt-1), at most 60 s
+        self.commits: list[dict] = []  # one per commit: id, step, seconds spent
+        self.push_errors: list[str] = []
+        self.repo: Repo | None = None
+        self._queue: queue.Queue | None = None
+        self._worker: threading.Thread | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def on_train_begin(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero:
+            return
+        self.repo = Repo.open(self.repo_path) if (self.repo_path / ".wvc").is_dir() else Repo.init(self.repo_path)
+        self.branch = self.branch or _branch_name(args)
+        if self.push_to:
+            if self.remote not in self.repo.remotes():
+                self.repo.remote_add(self.remote, self.push_to)
+            self._queue = queue.Queue()
+            self._worker = threading.Thread(target=self._push_loop, name="wvc-push", daemon=True)
+            self._worker.start()
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if self.every_n_steps and state.global_step % self.every_n_steps == 0 and self.repo is not None:
+            if not (self.commit_on_save and control.should_save):  # the save will be committed
+                self._commit(f"step {state.global_step}", state, source=model.state_dict())
+
+    def on_save(self, args, state, control, **kwargs):
+        if not self.commit_on_save or self.repo is None:
+            return
+        checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if checkpoint.is_dir():
+            self._commit(f"checkpoint {state.global_step}", state, source=checkpoint)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self._queue is not None:
+            self._queue.put(None)
+            self._worker.join()
+            self._queue = None
+
+    # -- work --------------------------------------------------------------------------------
+    def _commit(self, message: str, state, source) -> None:
+        t = time.perf_counter()
+        metadata = {"step": state.global_step, "epoch": state.epoch, "metrics": _latest_metrics(state)}
+        res = self.repo.commit(message, source=source, metadata=metadata, allow_empty=True, branch=self.branch,
+                               device=self.device, exclude=CHECKPOINT_EXCLUDES)
+        self.commits.append({"commit": res.commit, "step": state.global_step, "seconds": time.perf_counter() - t,
+                             "stored_bytes": res.stored_bytes, "logical_bytes": res.logical_bytes})
+        if self._queue is not None:
+            self._queue.put(res.commit)
+
+    def _push_loop(self) -> None:
+        repo = Repo.open(self.repo_path)  # its own connection: never shares the trainer's
+        pending, attempts, done = False, 0, False
+        while not done or pending:
+            try:
+                wait = min(60.0, self.retry_seconds * 2.0 ** (attempts - 1)) if pending else None
+                item = self._queue.get(timeout=wait)
+                done = done or item is None
+                pending = pending or item is not None
+                while not self._queue.empty():  # coalesce: pushing the tip pushes every commit
+                    item = self._queue.get_nowait()
+                    done = done or item is None
+                    pending = pending or item is not None
+            except queue.Empty:
+                pass
+            if not pending:
+                continue
+            try:
+                repo.push(self.remote, self.branch)
+                pending, attempts = False, 0
+            except Exception as exc:  # noqa: BLE001 - reported, retried, never raised into training
+                attempts += 1
+                self.push_errors.append(f"push attempt {attempts}: {exc}")
+                log.warning("wvc: push to %s failed (%s); will retry", self.remote, exc)
+                if done and attempts >= self.max_push_attempts:
+                    log.error("wvc: giving up pushing %s after %d attempts", self.branch, attempts)
+                    break
+        repo.close()
+
+
+def _branch_name(args) -> str:
+    from ..errors import InvalidRefName
+    from ..store.refs import check_ref_name
+
+    raw = getattr(args, "run_name", None) or Path(args.output_dir).name or "run"
+    name = "".join(c if c.isalnum() or c in "-_./" else "-" for c in str(raw)).strip("-./") or "run"
+    try:
+        return check_ref_name(f"run/{name}")
+    except InvalidRefName:
+        return "run/train"
