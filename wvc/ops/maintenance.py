@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 
 from .. import ids
@@ -120,12 +121,20 @@ def _remove_leftovers(repo, now: float, grace_seconds: int) -> int:
 
 
 def leftovers(repo, known: set[str] | None = None):
-    """Pack files the database does not know, and temp files from interrupted writes."""
+    """Pack files the database does not know, and temp files of interrupted writes (in
+    .wvc and in the working tree, where a killed checkout leaves its half-written file)."""
     if known is None:
         known = {pack_filename(n) for (n,) in repo.db.query("SELECT name FROM packs")}
     for path in sorted(repo.store.packs_dir.iterdir()):
         if path.name.startswith(TEMP_PREFIX) or (path.name.startswith("pack-") and path.name not in known):
             yield path
+    for dirpath, dirnames, filenames in os.walk(repo.root):
+        if dirpath == str(repo.root):
+            dirnames[:] = [d for d in dirnames if d != ".wvc"]
+        for name in filenames:
+            full = os.path.join(dirpath, name)
+            if name.startswith(TEMP_PREFIX) and not os.path.islink(full):
+                yield Path(full)
 
 
 @dataclass
@@ -183,7 +192,7 @@ def fsck(repo) -> FsckResult:
     for name, target in repo.refs.list("refs/").items():
         if repo.db.one("SELECT 1 FROM commits WHERE id = ?", (target,)) is None:
             res.errors.append(f"ref {name} points to missing commit {ids.short(target)}")
-    res.leftovers = [p.name for p in leftovers(repo)]
+    res.leftovers = [os.path.relpath(p, repo.root) for p in leftovers(repo)]
     return res
 
 
