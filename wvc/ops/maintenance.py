@@ -66,13 +66,14 @@ def _pack_bytes(repo) -> int:
 def gc(repo, *, grace_seconds: int = 3600) -> GcResult:
     result = GcResult(bytes_before=_pack_bytes(repo))
     now = time.time()
-    commits, trees, live = reachable(repo)
+    # Phase 1, from a snapshot: which old packs hold unreachable objects; copy their live
+    # objects into a new pack. Nothing is deleted yet.
+    _, _, live = reachable(repo)
     packs = {name: created for name, created in repo.db.query("SELECT name, created_at FROM packs")}
     old_packs = {n for n, created in packs.items() if now - created >= grace_seconds}
-    rows = repo.db.query("SELECT id, pack, length FROM objects")
-    dead = [(oid, pack) for oid, pack, _ in rows if oid not in live and pack in old_packs]
-    dead_packs = {pack for _, pack in dead}
-    dead_ids = {oid for oid, _ in dead}
+    rows = repo.db.query("SELECT id, pack FROM objects")
+    dead_ids = {oid for oid, pack in rows if oid not in live and pack in old_packs}
+    dead_packs = {pack for oid, pack in rows if oid in dead_ids}
 
     new_pack, moved = None, []
     if dead_packs:
@@ -89,32 +90,44 @@ def gc(repo, *, grace_seconds: int = 3600) -> GcResult:
                 moved.append((oid, entry.offset))
             writer.finished = writer.pack.finish()
             new_pack = writer.finished
+    # Phase 2, under the write lock (committers wait): reachability again, from the refs as
+    # they are now, and only then delete. A commit that landed meanwhile, or an object a
+    # commit deduplicated against, is reachable here and survives.
     with repo.db.write():
+        commits, _, live_now = reachable(repo)
+        resurrected = dead_ids & live_now
+        kept_packs = {p for oid, p in rows if oid in resurrected}
         if new_pack:
             repo.db.conn.execute("INSERT OR IGNORE INTO packs VALUES (?, ?, ?, ?)", (*new_pack, len(moved), int(now)))
             repo.db.conn.executemany(
                 "UPDATE objects SET pack = ?, offset = ? WHERE id = ?", [(new_pack[0], off, oid) for oid, off in moved]
             )
-        repo.db.conn.executemany("DELETE FROM objects WHERE id = ?", [(o,) for o in dead_ids])
-        repo.db.conn.executemany("DELETE FROM packs WHERE name = ?", [(p,) for p in dead_packs])
+        repo.db.conn.executemany("DELETE FROM objects WHERE id = ?", [(o,) for o in dead_ids - resurrected])
+        repo.db.conn.executemany("DELETE FROM packs WHERE name = ?", [(p,) for p in dead_packs - kept_packs])
         dead_commits = [c for (c,) in repo.db.query("SELECT id FROM commits") if c not in commits]
         repo.db.conn.executemany("DELETE FROM commits WHERE id = ?", [(c,) for c in dead_commits])
         repo.db.conn.executemany("DELETE FROM commit_parents WHERE commit_id = ?", [(c,) for c in dead_commits])
         repo.db.conn.execute("DELETE FROM trees WHERE id NOT IN (SELECT tree FROM commits)")
     repo.store.reader.close()
     result.commits_removed = len(dead_commits)
-    result.objects_removed = len(dead_ids)
-    result.packs_rewritten = len(dead_packs)
-    result.files_removed = _remove_leftovers(repo, now, grace_seconds)
+    result.objects_removed = len(dead_ids - resurrected)
+    result.packs_rewritten = len(dead_packs - kept_packs)
+    result.files_removed = _remove_leftovers(repo, now, grace_seconds, dead_packs - kept_packs)
     result.bytes_after = _pack_bytes(repo)
     return result
 
 
-def _remove_leftovers(repo, now: float, grace_seconds: int) -> int:
+def _remove_leftovers(repo, now: float, grace_seconds: int, retired: set[str]) -> int:
+    """Unlink packs this gc retired, and leftovers older than the grace period."""
     known = {pack_filename(n) for (n,) in repo.db.query("SELECT name FROM packs")}
+    retired_files = {pack_filename(n) for n in retired}
     removed = 0
     for path in leftovers(repo, known):
-        if now - path.stat().st_mtime >= grace_seconds:
+        try:
+            old = now - path.stat().st_mtime >= grace_seconds
+        except FileNotFoundError:  # renamed into place by a commit finishing right now
+            continue
+        if path.name in retired_files or old:
             path.unlink(missing_ok=True)
             removed += 1
     return removed

@@ -15,7 +15,7 @@ import shutil
 import time
 from pathlib import Path
 
-from ..fsutil import atomic_write, atomic_writer, validate_relpath
+from ..fsutil import TEMP_PREFIX, atomic_write, atomic_writer, validate_relpath
 from .base import FORMAT, Remote, RemoteChanged, RemoteError, RemoteState, pack_names, parse_refs
 
 LOCK = "refs.lock"
@@ -46,7 +46,8 @@ class PathRemote(Remote):
         refs_dir = self.root / "refs"
         if refs_dir.is_dir():
             for p in refs_dir.rglob("*"):
-                if p.is_file() and not p.is_symlink():
+                # a pusher's ref being written is a temp file until its rename: not a ref
+                if p.is_file() and not p.is_symlink() and not p.name.startswith(TEMP_PREFIX):
                     files[p.relative_to(self.root).as_posix()] = p.read_bytes()[:256]
         return parse_refs(files)
 

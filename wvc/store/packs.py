@@ -68,7 +68,11 @@ class PackWriter:
         self.fh = os.fdopen(fd, "wb")
         self.hasher = ids.hasher(ids.PACK)
         self.entries: list[PackEntry] = []
-        self._write(MAGIC)
+        try:
+            self._write(MAGIC)
+        except BaseException:  # nobody holds this writer yet to abort it
+            self.abort()
+            raise
 
     def _write(self, data) -> None:
         self.fh.write(data)
