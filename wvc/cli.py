@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import sys
 import time
 
@@ -91,6 +92,9 @@ class WvcGroup(click.Group):
             sys.exit(130)
         except OSError as exc:
             click.echo(f"wvc: error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), err=True)
+            sys.exit(1)
+        except sqlite3.DatabaseError as exc:
+            click.echo(f"wvc: error: the repository database is damaged ({exc}); see `wvc fsck`", err=True)
             sys.exit(1)
         except Exception as exc:  # noqa: BLE001 - last line of defence: no tracebacks for users
             if os.environ.get("WVC_DEBUG"):

@@ -17,6 +17,7 @@ from pathlib import Path
 import pathspec
 
 from . import ids
+from .errors import UnsafePath
 from .fsutil import TEMP_PREFIX
 
 IGNORE_FILE = ".wvcignore"
@@ -50,6 +51,7 @@ def scan(root: Path, exclude: tuple[str, ...] = ()) -> ScanResult:
         keep = []
         for d in sorted(dirnames):
             rel = rel_dir + d
+            _check_name(rel)
             if (rel_dir == "" and d == ".wvc") or spec.match_file(rel + "/"):
                 continue
             if os.path.islink(os.path.join(dirpath, d)):
@@ -59,6 +61,7 @@ def scan(root: Path, exclude: tuple[str, ...] = ()) -> ScanResult:
         dirnames[:] = keep
         for f in filenames:
             rel = rel_dir + f
+            _check_name(rel)
             if f.startswith(TEMP_PREFIX) or spec.match_file(rel):
                 continue
             full = os.path.join(dirpath, f)
@@ -68,6 +71,14 @@ def scan(root: Path, exclude: tuple[str, ...] = ()) -> ScanResult:
             elif statmod.S_ISREG(st.st_mode):
                 files.append(rel)
     return ScanResult(sorted(files), sorted(links))
+
+
+def _check_name(rel: str) -> None:
+    """Names must be UTF-8: a tree is JSON, and a name we cannot write down we cannot restore."""
+    try:
+        rel.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UnsafePath(f"file name is not valid UTF-8: {rel!r} (rename it or add it to .wvcignore)") from None
 
 
 def hash_file(path: Path) -> tuple[str, int]:

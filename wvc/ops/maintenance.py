@@ -167,8 +167,14 @@ class FsckResult:
 
 
 def fsck(repo) -> FsckResult:
+    import sqlite3
+
     res = FsckResult()
-    integrity = repo.db.one("PRAGMA integrity_check")
+    try:
+        integrity = repo.db.one("PRAGMA integrity_check")
+    except sqlite3.DatabaseError as exc:
+        res.errors.append(f"database: {exc}")
+        return res
     if integrity != "ok":
         res.errors.append(f"database: {integrity}")
     for (name,) in repo.db.query("SELECT name FROM packs"):
