@@ -25,7 +25,18 @@ def main(argv):
     else:
         raise SystemExit(f"unknown op {op}")
     out["seconds"] = time.perf_counter() - t
+    out["peak_rss_bytes"] = peak_rss()
     print(json.dumps(out))
+
+
+def peak_rss() -> int:
+    """This process's own peak RSS. (ru_maxrss is useless here: Linux carries it across
+    fork and exec, so a child reports its parent's footprint at fork time.)"""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 if __name__ == "__main__":

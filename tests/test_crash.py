@@ -67,7 +67,7 @@ class World:
                 shutil.rmtree(out, ignore_errors=True)
                 try:
                     repo.checkout(commit, output=out)
-                    if digests(out) != {k: v for k, v in expected.items()}:
+                    if digests(out) != expected:
                         problems.append(f"{where}: {commit[:12]} checks out different bytes")
                 except Exception as exc:  # noqa: BLE001
                     problems.append(f"{where}: {commit[:12]} no longer checks out: {exc}")

@@ -277,3 +277,23 @@ def test_push_json_and_model_card(tmp_path, cli, hub):
     assert listed == {"remotes": {"origin": "hf://team/card"}}
     fetched = json.loads(cli(repo.root, "fetch", "--json").output)
     assert fetched["downloaded_bytes"] >= 0 and fetched["refs"] == {"main": out["new"]}
+
+
+def test_truncated_pack_and_oversized_ref_are_refused(tmp_path, remote_url, hub):
+    repo = Repo.init(tmp_path / "a")
+    Trainer(repo).step_and_commit()
+    repo.remote_add("origin", remote_url)
+    repo.push()
+    target = Repo.init(tmp_path / "b")
+    target.remote_add("origin", remote_url)
+    before = repo_state(target.root)
+    _write_remote_file(remote_url, hub, "refs/heads/huge", b"a" * 10_000)
+    with pytest.raises(RemoteError):
+        target.fetch()
+    assert repo_state(target.root) == before
+    _write_remote_file(remote_url, hub, "refs/heads/huge", repo.refs.head_commit().encode())
+    pack = next(p for name, p in _remote_files(remote_url, hub).items() if name.endswith(".pack"))
+    pack.write_bytes(pack.read_bytes()[:-100])
+    with pytest.raises(CorruptObject):
+        target.fetch()
+    assert repo_state(target.root) == before

@@ -374,8 +374,10 @@ def push(remote_name, branch, force, as_json):
         return emit_json(res.to_json())
     if res.old == res.new:
         return click.echo(f"{remote_name}/{res.branch} is up to date")
+    saved = f" for a {human(res.logical_bytes)} version ({res.logical_bytes / res.uploaded_bytes:.1f}x less than a full upload)" \
+        if res.uploaded_bytes else ""
     click.echo(f"{(res.old or '(new)')[:12]}..{res.new[:12]} {res.branch} -> {remote_name}/{res.branch}"
-               f"{' (forced)' if res.forced else ''}: {res.commits} commits, {human(res.uploaded_bytes)} uploaded")
+               f"{' (forced)' if res.forced else ''}: {res.commits} commits, {human(res.uploaded_bytes)} uploaded{saved}")
 
 
 @main.command()
@@ -419,8 +421,8 @@ def clone(url, directory, branch, as_json):
     repo, info = do_clone(url, directory, branch=branch, progress=BarProgress())
     if as_json:
         return emit_json(info)
-    click.echo(f"Cloned {url} into {info['path']} ({info['branch']} at {info['commit'][:12]}, "
-               f"{human(info['downloaded_bytes'])} downloaded)")
+    click.echo(f"Cloned {url} into {info['path']} ({info['branch']} at {info['commit'][:12]}: "
+               f"{human(info['downloaded_bytes'])} downloaded for a {human(info['logical_bytes'])} version with all its history)")
 
 
 @main.command()

@@ -244,10 +244,3 @@ def clone(url: str, directory=None, *, branch: str | None = None, progress: Prog
 def init(path=".", **kwargs) -> Repo:
     return Repo.init(path, **kwargs)
 
-
-def open_repo(path=".") -> Repo:
-    return Repo.open(path)
-
-
-def relpath_from_cwd(repo: Repo, path: str) -> str:
-    return os.path.relpath(path, repo.root)

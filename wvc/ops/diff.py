@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ..formats import safetensors as st
 from ..formats.dtypes import DTYPES
-from ..objects import FileEntry, chunk_spans
+from ..objects import FileEntry, TensorEntry, chunk_spans
 from ..worktree import scan
 from .status import working_hashes
 
@@ -77,8 +77,6 @@ class _WorkSide:
                 with open(full, "rb") as fh:
                     header = st.read_header(fh, os.fstat(fh.fileno()).st_size, path)
                 self.headers[path] = header
-                from ..objects import TensorEntry
-
                 entry = FileEntry(
                     path, "safetensors", entry.size, entry.hash, header="",
                     tensors=tuple(TensorEntry(t.name, t.dtype.name, t.shape, ()) for t in header.tensors),

@@ -125,6 +125,7 @@ class PushResult:
     objects: int
     uploaded_bytes: int
     forced: bool
+    logical_bytes: int = 0  # size of the pushed version's files: what a full upload would send
 
     def to_json(self):
         return dict(self.__dict__)
@@ -142,8 +143,9 @@ def push(repo, remote_name: str = "origin", branch: str | None = None, *, force:
     state = remote.state(create=True)
     ref = HEADS + branch
     old = state.refs.get(ref)
+    logical = repo.read_tree(repo.read_commit(local).tree).logical_bytes
     if old == local:
-        return PushResult(remote_name, branch, old, local, 0, 0, 0, False)
+        return PushResult(remote_name, branch, old, local, 0, 0, 0, False, logical)
     if old is not None and not force and not (_has_commit(repo, old) and is_ancestor(repo, old, local)):
         raise NonFastForward(
             f"push to {remote_name}/{branch} rejected: the remote has commits you do not have "
@@ -170,11 +172,11 @@ def push(repo, remote_name: str = "origin", branch: str | None = None, *, force:
     with tempfile.TemporaryDirectory(prefix="wvc-push-", dir=repo.wvc_dir) as tmp:
         if wanted:
             writer = PackWriter(Path(tmp))
-            progress.start(len(wanted), "pack")
-            for oid in wanted:
-                row = repo.store.row(oid)
-                writer.add(oid, repo.store.reader.read(row.pack, row.offset, row.length), row.raw_size, row.method, row.base)
-                progress.advance(1)
+            rows = [repo.store.row(oid) for oid in wanted]
+            progress.start(sum(r.length for r in rows), "packing")
+            for row in rows:
+                writer.add(row.id, repo.store.reader.read(row.pack, row.offset, row.length), row.raw_size, row.method, row.base)
+                progress.advance(row.length)
             progress.close()
             entries = list(writer.entries)
             name, _ = writer.finish()
@@ -189,7 +191,7 @@ def push(repo, remote_name: str = "origin", branch: str | None = None, *, force:
         tracking = f"{REMOTES}{remote_name}/{branch}"
         repo.refs.set(tracking, local, repo.refs.get(tracking), f"push to {remote_name}")
     return PushResult(remote_name, branch, old, local, len(new_commits), len(wanted), remote.bytes_uploaded,
-                      old is not None and force and not is_ancestor(repo, old, local))
+                      old is not None and force and not is_ancestor(repo, old, local), logical)
 
 
 # -- fetch -----------------------------------------------------------------------------------
@@ -245,12 +247,13 @@ def fetch(repo, remote_name: str = "origin", *, progress: Progress = NULL) -> Fe
     tmp = Path(tempfile.mkdtemp(prefix="wvc-fetch-", dir=repo.wvc_dir))
     try:
         downloaded = []
-        progress.start(len(packs_to_get), "fetch packs")
+        sizes = {name: sum(e.length for e in _remote_index(repo, remote, name)) for name in packs_to_get}
+        progress.start(sum(sizes.values()), "downloading")
         for name in packs_to_get:
             dest = tmp / pack_filename(name)
             remote.download(pack_path(name), dest, MAX_PACK_BYTES)
             downloaded.append((name, dest))
-            progress.advance(1)
+            progress.advance(sizes[name])
         progress.close()
         staged = [(name, dest, rows) for (name, dest), rows in zip(downloaded, _verify_packs(repo, downloaded))]
         for name, dest, _ in staged:
@@ -374,12 +377,8 @@ def pull(repo, remote_name: str = "origin", branch: str | None = None, *, rebase
             )
         new_tip = _replay(repo, local, upstream)
         result.update(new=new_tip, fast_forward=False, rebased=True)
-        if repo.refs.head_branch() == branch:
-            with repo.db.write():  # the tip's files are the ones already checked out
-                repo.refs.set(HEADS + branch, new_tip, local, f"pull --rebase onto {remote_name}/{branch}")
-        else:
-            with repo.db.write():
-                repo.refs.set(HEADS + branch, new_tip, local, f"pull --rebase onto {remote_name}/{branch}")
+        with repo.db.write():  # the new tip has the local tip's tree: the working tree stays as is
+            repo.refs.set(HEADS + branch, new_tip, local, f"pull --rebase onto {remote_name}/{branch}")
         return result
     if repo.refs.head_branch() == branch:
         checkout(repo, upstream, progress=progress)  # refuses to overwrite local work
@@ -399,7 +398,7 @@ def _replay(repo, local: str, upstream: str) -> str:
     metadata and only changes its parent: no chunk is re-encoded, nothing is merged.
     """
     base = set(ancestors(repo, upstream))
-    mine = [c for c in ancestors(repo, local, stop=base)]
+    mine = ancestors(repo, local, stop=base)
     order = sorted(mine, key=lambda c: repo.db.one("SELECT rowid FROM commits WHERE id = ?", (c,)))
     parent = upstream
     with repo.db.write():
@@ -441,5 +440,7 @@ def clone(url: str, directory=None, *, branch: str | None = None, progress: Prog
         else:
             shutil.rmtree(target / ".wvc", ignore_errors=True)
         raise
-    return repo, {"path": str(repo.root), "branch": branch, "commit": repo.refs.head_commit(),
-                  "downloaded_bytes": fetched.downloaded_bytes}
+    head = repo.refs.head_commit()
+    return repo, {"path": str(repo.root), "branch": branch, "commit": head,
+                  "downloaded_bytes": fetched.downloaded_bytes,
+                  "logical_bytes": repo.read_tree(repo.read_commit(head).tree).logical_bytes}
