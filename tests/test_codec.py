@@ -90,6 +90,19 @@ def test_decode_checks_recorded_size_and_base():
         codec.decode(delta.payload, len(raw), None)
 
 
+@pytest.mark.parametrize("base_len", [0, 10, 999, 1000, 1001, 5000])
+def test_base_of_another_size_is_fitted(base_len):
+    """A grown or shrunk tensor's last chunk deltas against its old self, cut or padded."""
+    g = torch.Generator().manual_seed(base_len)
+    raw = torch.randint(0, 256, (2000,), dtype=torch.uint8, generator=g).numpy().tobytes()
+    base = (raw * 3)[:base_len * 2]
+    for method in (Method.XOR, Method.ULP, Method.ULP_EXP, Method.SPARSE):
+        enc = codec.encode(raw, DTYPES["BF16"], base, method=method)
+        assert codec.decode(enc.payload, len(raw), base) == raw
+    grown = codec.encode(raw, DTYPES["BF16"], raw[:1500])
+    assert len(grown.payload) < len(codec.encode(raw, DTYPES["BF16"]).payload)
+
+
 def test_decompression_bomb_is_refused():
     """A zstd plane that expands past the recorded size is rejected, not allocated."""
     import zstandard

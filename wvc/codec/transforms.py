@@ -143,8 +143,8 @@ def encode_chunk(
     raw = memoryview(raw).cast("B")
     if len(raw) % dtype.width:
         raise ValueError("chunk is not a whole number of elements")
-    if base is not None and len(base) != len(raw):
-        base = None  # shapes changed: no element-wise delta
+    if base is not None:
+        base = fit_base(base, len(raw))
     xp = backend(device)
     x = xp.from_bytes(raw, dtype.width)
     b = xp.from_bytes(memoryview(base).cast("B"), dtype.width) if base is not None else None
@@ -157,6 +157,20 @@ def encode_chunk(
         if best is None or len(payload) < len(best.payload):
             best = Encoded(payload, m)
     return best
+
+
+def fit_base(base, size: int):
+    """The base cut or zero-padded to ``size`` bytes.
+
+    When a tensor grows (new embedding rows) or shrinks, its last chunk changes size: the
+    common prefix still deltas to nothing, and the decoder derives the same fitted base.
+    """
+    base = memoryview(base).cast("B")
+    if len(base) == size:
+        return base
+    if len(base) > size:
+        return base[:size]
+    return bytes(base) + bytes(size - len(base))
 
 
 def _best_on_sample(xp, methods, x, b, dtype, level) -> Method:
@@ -178,9 +192,9 @@ def decode_chunk(payload, raw_size: int, base=None, *, device: str = "cpu") -> b
     width, bits = info.width, info.width * 8
     b = None
     if info.method.uses_base:
-        if base is None or len(base) != raw_size:
-            raise CorruptObject("delta payload without a matching base chunk")
-        b = xp.from_bytes(memoryview(base).cast("B"), width)
+        if base is None:
+            raise CorruptObject("delta payload without its base chunk")
+        b = xp.from_bytes(fit_base(base, raw_size), width)
     if info.method is Method.SPARSE:
         return xp.to_bytes(_inverse(Method(info.param), _decode_sparse(xp, payload, info), b, bits))
     if info.method is Method.ULP_EXP:

@@ -165,7 +165,7 @@ class ChunkWriter:
         if base_id is None or base_id == object_id:
             return None
         row = self.store.row(base_id)
-        if row is None or row.raw_size != size:
+        if row is None or row.raw_size == 0:
             return None
         chain = self.store.chain(base_id)
         if row.depth >= self.max_chain:
