@@ -11,6 +11,7 @@ Importing wvc does not import torch.
 
 from .errors import WvcError
 from .repo import Repo, clone
+from .view import open_version as open  # noqa: A001 - wvc.open(url_or_path, rev), as the spec names it
 
-__all__ = ["Repo", "WvcError", "clone", "__version__"]
+__all__ = ["Repo", "WvcError", "clone", "open", "__version__"]
 __version__ = "0.1.0"

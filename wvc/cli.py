@@ -474,6 +474,26 @@ def stats(as_json):
 
 
 @main.command()
+@click.argument("spec", metavar="REV:PATH")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write to FILE instead of stdout.")
+def cat(spec, output):
+    """Write one file of a version (REV:PATH, e.g. main~2:config.json) to stdout or FILE."""
+    from .view import open_version
+
+    rev, sep, path = spec.partition(":")
+    if not sep or not path:
+        raise click.BadParameter("expected REV:PATH", param_hint="REV:PATH")
+    repo = open_repo()
+    data = open_version(repo.root, rev or "HEAD").read_file(path)
+    if output:
+        from .fsutil import atomic_write
+
+        atomic_write(output, data)
+    else:
+        click.get_binary_stream("stdout").write(data)
+
+
+@main.command()
 @click.option("--dir", "directory", type=click.Path(file_okay=False), default=None,
               help="Where to build the demo model (default: a temporary directory).")
 @click.option("--steps", default=4, show_default=True, help="Simulated fine-tuning steps to commit.")

@@ -102,6 +102,10 @@ class Remote:
         """A file to ``dest`` (packs), refusing more than ``limit`` bytes."""
         raise NotImplementedError
 
+    def read_range(self, path: str, offset: int, length: int) -> bytes:
+        """Exactly ``length`` bytes of a file from ``offset`` (streaming reads into packs)."""
+        raise NotImplementedError
+
     def publish(self, files: dict[str, Path | bytes], refs: dict[str, str | None], expected: RemoteState,
                 message: str) -> None:
         """Upload ``files``, then set ``refs`` (None deletes) iff the remote is still ``expected``."""

@@ -95,6 +95,21 @@ class HubRemote(Remote):
         refs = parse_refs({p: self.read(p, 256) or b"" for p in paths if p.startswith("refs/")})
         return RemoteState(refs, self.sha, pack_names(paths))
 
+    def read_range(self, path: str, offset: int, length: int) -> bytes:
+        from huggingface_hub import get_session, hf_hub_url
+        from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
+
+        url = hf_hub_url(self.repo_id, path, revision=self.sha or HUB_BRANCH, endpoint=self.endpoint)
+        headers = {**build_hf_headers(), "Range": f"bytes={offset}-{offset + length - 1}"}
+        with hub_errors(f"{self.url}/{path}"):
+            resp = get_session().get(url, headers=headers, follow_redirects=True)
+            hf_raise_for_status(resp)
+            data = resp.content if resp.status_code == 206 else resp.content[offset : offset + length]
+        if len(data) != length:
+            raise RemoteError(f"remote file {path} is shorter than its index says")
+        self.bytes_downloaded += len(data)
+        return data
+
     def _get(self, path: str, limit: int, sink) -> None:
         from huggingface_hub import get_session, hf_hub_url
         from huggingface_hub.utils import build_hf_headers, hf_raise_for_status

@@ -78,6 +78,15 @@ class PathRemote(Remote):
         shutil.copyfile(p, dest)
         self.bytes_downloaded += dest.stat().st_size
 
+    def read_range(self, path: str, offset: int, length: int) -> bytes:
+        with open(self._file(path), "rb") as fh:
+            fh.seek(offset)
+            data = fh.read(length)
+        if len(data) != length:
+            raise RemoteError(f"remote file {path} is shorter than its index says")
+        self.bytes_downloaded += len(data)
+        return data
+
     def publish(self, files, refs, expected: RemoteState, message: str) -> None:
         self._ensure(create=True)
         for path, content in files.items():  # objects first: immutable, so rewriting is harmless

@@ -1,0 +1,48 @@
+"""wvc.open: lazy views of a version, local or remote; wvc cat."""
+
+import torch
+from safetensors.torch import save_file
+
+import wvc
+from wvc import Repo
+
+from .test_remotes import Trainer, hub, hub_env, remote_url  # noqa: F401 - shared fixtures
+
+
+def test_remote_view_reads_one_tensor_without_the_model(tmp_path, remote_url, hub):
+    repo = Repo.init(tmp_path / "a")
+    t = Trainer(repo)
+    for _ in range(3):
+        t.step_and_commit()
+    repo.remote_add("origin", remote_url)
+    repo.push()
+    view = wvc.open(remote_url, "main")
+    assert view.files == ["config.json", "model.safetensors"]
+    assert view.tensors["layer1.weight"] == ("BF16", (256, 256))
+    before = hub.served_bytes
+    w = view.tensor("layer1.weight")
+    local = repo.load_state_dict("main")
+    assert torch.equal(w.view(torch.int16), local["layer1.weight"].view(torch.int16))
+    if remote_url.startswith("hf://"):
+        served = hub.served_bytes - before
+        model = (repo.root / "model.safetensors").stat().st_size
+        assert served < model / 2  # one tensor's chunks and their bases, not the model
+    full = view.state_dict()
+    assert set(full) == set(local)
+    assert view.read_file("model.safetensors") == (repo.root / "model.safetensors").read_bytes()
+
+
+def test_local_view_and_cat(tmp_path, cli):
+    repo = Repo.init(tmp_path / "m")
+    save_file({"w": torch.randn(10, 10)}, str(repo.root / "model.safetensors"))
+    (repo.root / "config.json").write_text('{"v": 1}')
+    repo.commit("one")
+    (repo.root / "config.json").write_text('{"v": 2}')
+    repo.commit("two")
+    assert wvc.open(repo.root, "HEAD~1").read_file("config.json") == b'{"v": 1}'
+    r = cli(repo.root, "cat", "HEAD~1:config.json")
+    assert r.exit_code == 0 and r.output == '{"v": 1}'
+    r = cli(repo.root, "cat", "HEAD:model.safetensors", "-o", tmp_path / "copy.safetensors")
+    assert (tmp_path / "copy.safetensors").read_bytes() == (repo.root / "model.safetensors").read_bytes()
+    r = cli(repo.root, "cat", "HEAD:nope.txt")
+    assert r.exit_code == 1 and "no file 'nope.txt'" in r.output
