@@ -6,7 +6,6 @@ succeeds when rerun. Kills tried and failures are counted (target: 0 failures).
 """
 
 import hashlib
-import os
 import random
 import signal
 import subprocess

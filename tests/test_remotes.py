@@ -3,8 +3,6 @@ Hub-compatible server, spoken to by the real huggingface_hub client)."""
 
 import itertools
 import json
-import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -12,7 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 from wvc import Repo, clone
-from wvc.errors import CorruptObject, InvalidRefName, UnsafePath, WvcError
+from wvc.errors import CorruptObject, InvalidRefName, WvcError
 from wvc.remotes.base import NonFastForward, RemoteError
 from wvc.testing.hub import HubServer
 
@@ -212,16 +210,22 @@ def _write_remote_file(remote_url, hub, path: str, data: bytes):
         p.write_bytes(data)
 
 
-def test_malicious_remotes_get_clear_errors_and_change_nothing(tmp_path, remote_url, hub):
-    from wvc import ids
-    from wvc.objects import Commit, canonical_json
-
+def pushed_and_empty(tmp_path, remote_url) -> tuple[Repo, Repo]:
+    """A repository that pushed one commit to the remote, and an empty one set to fetch it."""
     repo = Repo.init(tmp_path / "a")
     Trainer(repo).step_and_commit()
     repo.remote_add("origin", remote_url)
     repo.push()
     target = Repo.init(tmp_path / "b")
     target.remote_add("origin", remote_url)
+    return repo, target
+
+
+def test_malicious_remotes_get_clear_errors_and_change_nothing(tmp_path, remote_url, hub):
+    from wvc import ids
+    from wvc.objects import Commit, canonical_json
+
+    repo, target = pushed_and_empty(tmp_path, remote_url)
 
     def attempt(expected_error, match):
         before = repo_state(target.root)
@@ -280,12 +284,7 @@ def test_push_json_and_model_card(tmp_path, cli, hub):
 
 
 def test_truncated_pack_and_oversized_ref_are_refused(tmp_path, remote_url, hub):
-    repo = Repo.init(tmp_path / "a")
-    Trainer(repo).step_and_commit()
-    repo.remote_add("origin", remote_url)
-    repo.push()
-    target = Repo.init(tmp_path / "b")
-    target.remote_add("origin", remote_url)
+    repo, target = pushed_and_empty(tmp_path, remote_url)
     before = repo_state(target.root)
     _write_remote_file(remote_url, hub, "refs/heads/huge", b"a" * 10_000)
     with pytest.raises(RemoteError):

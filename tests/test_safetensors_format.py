@@ -7,7 +7,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as hs
-from safetensors.torch import save, save_file
+from safetensors.torch import save
 
 from wvc.errors import SafetensorsFormatError
 from wvc.formats import safetensors as st

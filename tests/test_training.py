@@ -1,7 +1,6 @@
 """The training integration: a real transformers Trainer with WvcCallback."""
 
 import hashlib
-import json
 
 import pytest
 import torch

@@ -241,6 +241,3 @@ def clone(url: str, directory=None, *, branch: str | None = None, progress: Prog
     return _clone(url, directory, branch=branch, progress=progress)[0]
 
 
-def init(path=".", **kwargs) -> Repo:
-    return Repo.init(path, **kwargs)
-

@@ -18,10 +18,10 @@ from __future__ import annotations
 import collections
 from pathlib import Path
 
-from . import codec, ids
+from . import ids
 from .errors import CorruptObject, RevisionNotFound, WvcError
-from .formats.dtypes import DTYPES
 from .objects import Commit, Tree
+from .store.objects import decode_verified
 
 CACHE_BYTES = 256 << 20
 
@@ -39,20 +39,20 @@ class VersionView:
         self._entries = {t.name: t for f in tree.files for t in f.tensors}
         self.tensors = {n: (t.dtype, t.shape) for n, t in self._entries.items()}
 
+    # the two reads ops.materialize and ops.tensors need from a store
+    def get(self, chunk_id: str) -> bytes:
+        return self._get(chunk_id)
+
+    def get_many(self, chunk_ids):
+        return map(self._get, chunk_ids)
+
     def tensor(self, name: str, device: str = "cpu"):
-        import torch
+        from .ops.tensors import tensor_from_chunks
 
         entry = self._entries.get(name)
         if entry is None:
             raise MissingEntry(f"no tensor {name!r} in version {ids.short(self.commit)}")
-        raw = bytearray()
-        for chunk in entry.chunks:
-            raw += self._get(chunk)
-        dtype = getattr(torch, DTYPES[entry.dtype].torch_name)
-        if not raw:
-            return torch.empty(entry.shape, dtype=dtype, device=device)
-        t = torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(entry.shape)
-        return t.to(device) if device != "cpu" else t
+        return tensor_from_chunks(self, entry, device)
 
     def iter_tensors(self, device: str = "cpu"):
         """Tensors one at a time: a model bigger than RAM can stream onto a GPU."""
@@ -63,17 +63,12 @@ class VersionView:
         return dict(self.iter_tensors(device))
 
     def read_file(self, path: str) -> bytes:
-        from .ops.materialize import check_header
+        from .ops.materialize import file_blocks
 
         entry = self.tree.by_path().get(path)
         if entry is None:
             raise MissingEntry(f"no file {path!r} in version {ids.short(self.commit)}")
-        if entry.kind == "blob":
-            return b"".join(self._get(c) for c in entry.chunks)
-        header = self._get(entry.header)
-        check_header(entry, header)
-        return len(header).to_bytes(8, "little") + header + b"".join(
-            self._get(c) for t in entry.tensors for c in t.chunks)
+        return b"".join(file_blocks(self, entry))
 
 
 class _RemoteChunks:
@@ -96,9 +91,7 @@ class _RemoteChunks:
         from .remotes.base import pack_path
 
         payload = self.remote.read_range(pack_path(pack), entry.offset, entry.length)
-        raw = codec.decode(payload, entry.raw_size, base)
-        if ids.chunk_id(raw) != oid:
-            raise CorruptObject(f"remote object {ids.short(oid)} fails its hash check")
+        raw = decode_verified(oid, payload, entry.raw_size, base, f"remote pack {pack[:12]}")
         self.cache[oid] = raw
         self.cached += len(raw)
         while self.cached > CACHE_BYTES and len(self.cache) > 1:
@@ -119,11 +112,9 @@ def open_version(url_or_path, rev: str = "HEAD") -> VersionView:
 
 
 def _open_remote(url: str, rev: str) -> VersionView:
-    import json
-
     from .remotes import open_remote
-    from .remotes.base import MAX_INDEX_BYTES, MAX_SMALL_OBJECT, RemoteError, commit_path, pack_path, tree_path
-    from .store.packs import PackEntry
+    from .remotes.base import (MAX_INDEX_BYTES, MAX_SMALL_OBJECT, RemoteError, commit_path, pack_path,
+                               parse_pack_index, tree_path)
 
     remote = open_remote(url)
     state = remote.state()
@@ -142,11 +133,9 @@ def _open_remote(url: str, rev: str) -> VersionView:
     tree = Tree.from_bytes(tree_data, expected_id=commit.tree)
     index = {}
     for name in state.packs:
-        raw = remote.read(pack_path(name, "idx"), MAX_INDEX_BYTES)
-        try:
-            for e in json.loads(raw or b"[]"):
-                entry = PackEntry(**e)
-                index.setdefault(entry.id, (name, entry))
-        except (ValueError, TypeError) as exc:
-            raise RemoteError(f"remote pack index {name[:12]} is malformed: {exc}") from None
+        data = remote.read(pack_path(name, "idx"), MAX_INDEX_BYTES)
+        if data is None:
+            raise RemoteError(f"remote pack index {name[:12]} is missing")
+        for entry in parse_pack_index(data, name):
+            index.setdefault(entry.id, (name, entry))
     return VersionView(commit_id, tree, _RemoteChunks(remote, index))

@@ -106,7 +106,7 @@ def diff(repo, rev_a=None, rev_b=None, *, stat: bool = False) -> dict:
         if fa is not None and fb is not None and fa.hash == fb.hash:
             continue
         status = "added" if fa is None else "removed" if fb is None else "modified"
-        stored = _stored_bytes(repo, fb, known_a) if isinstance(b, _TreeSide) and fb else None
+        stored = _stored_bytes(repo, fb.chunk_ids(), known_a) if isinstance(b, _TreeSide) and fb else None
         files.append(FileDiff(path, status, fa.size if fa else None, fb.size if fb else None, stored))
         if stat:
             continue
@@ -118,12 +118,10 @@ def diff(repo, rev_a=None, rev_b=None, *, stat: bool = False) -> dict:
     return {"files": [f.to_json() for f in files], "tensors": [t.to_json() for t in tensors]}
 
 
-def _stored_bytes(repo, entry, known: set) -> int:
-    total = 0
-    for cid in set(entry.chunk_ids()) - known:
-        row = repo.store.row(cid)
-        total += row.length if row else 0
-    return total
+def _stored_bytes(repo, chunk_ids, known: set) -> int:
+    """Bytes the store holds for these chunks, counting those not in ``known`` once."""
+    rows = (repo.store.row(c) for c in set(chunk_ids) - known)
+    return sum(r.length for r in rows if r)
 
 
 def _tensor_diff(repo, a, b, path, ta, tb, known_a):
@@ -164,5 +162,5 @@ def _tensor_diff(repo, a, b, path, ta, tb, known_a):
     base.max_abs_delta = max_abs
     base.rel_l2 = math.sqrt(sq_delta / sq_a) if sq_a > 0 else (0.0 if sq_delta == 0 else None)
     if isinstance(b, _TreeSide):
-        base.stored_bytes = sum(repo.store.row(c).length for c in set(chunks_b) - known_a if repo.store.row(c))
+        base.stored_bytes = _stored_bytes(repo, chunks_b, known_a)
     return base

@@ -17,7 +17,7 @@ from .. import ids
 from ..errors import WvcError
 from ..fsutil import TEMP_PREFIX
 from ..objects import Commit, Tree
-from ..store.packs import PackWriter, pack_filename, read_pack_index
+from ..store.packs import pack_filename, read_pack_index
 from ..store.refs import HEADS, TAGS
 
 

@@ -32,7 +32,7 @@ def check_header(entry: FileEntry, header_bytes: bytes) -> st.SafetensorsHeader:
 
 
 def file_blocks(store: ObjectStore, entry: FileEntry) -> Iterator[bytes]:
-    """The bytes of ``entry``, chunk by chunk."""
+    """The bytes of ``entry``, chunk by chunk (``store``: anything with ``get`` and ``get_many``)."""
     if entry.kind == "blob":
         yield from store.get_many(entry.chunks)
         return

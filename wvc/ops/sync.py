@@ -12,7 +12,6 @@ fetch: refs -> missing commits (verified against their ids) -> missing trees (ve
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -32,9 +31,10 @@ from ..remotes.base import (
     RemoteError,
     commit_path,
     pack_path,
+    parse_pack_index,
     tree_path,
 )
-from ..store.objects import ObjectRow
+from ..store.objects import ObjectRow, decode_verified
 from ..store.packs import PackEntry, PackWriter, pack_filename, read_pack_index
 from ..store.refs import HEADS, check_ref_name
 
@@ -102,12 +102,7 @@ def _remote_index(repo, remote, name: str) -> list[PackEntry]:
         data = remote.read(pack_path(name, "idx"), MAX_INDEX_BYTES)
         if data is None:
             raise RemoteError(f"remote pack index {name[:12]} is missing")
-    try:
-        entries = [PackEntry(**e) for e in json.loads(data)]
-    except (ValueError, TypeError) as exc:
-        raise RemoteError(f"remote pack index {name[:12]} is malformed: {exc}") from None
-    if not all(ids.is_object_id(e.id) and (e.base is None or ids.is_object_id(e.base)) for e in entries):
-        raise RemoteError(f"remote pack index {name[:12]} holds invalid ids")
+    entries = parse_pack_index(data, name)
     if not cache.is_file():
         cache.parent.mkdir(exist_ok=True)
         atomic_write(cache, data, durable=False)
@@ -297,8 +292,6 @@ def _verify_packs(repo, packs: list[tuple[str, Path]]) -> list[list[ObjectRow]]:
 
     A delta's base may be in the same pack, in another pack of this fetch, or local.
     """
-    from .. import codec
-
     by_id: dict[str, tuple[str, Path, PackEntry]] = {}
     per_pack = []
     for name, path in packs:
@@ -330,12 +323,7 @@ def _verify_packs(repo, packs: list[tuple[str, Path]]) -> list[list[ObjectRow]]:
         with open(path, "rb") as fh:
             fh.seek(entry.offset)
             payload = fh.read(entry.length)
-        try:
-            raw = codec.decode(payload, entry.raw_size, base_raw)
-        except CorruptObject as exc:
-            raise CorruptObject(f"remote object {ids.short(oid)} in pack {name[:12]} is corrupt: {exc}") from None
-        if ids.chunk_id(raw) != oid:
-            raise CorruptObject(f"remote object {ids.short(oid)} in pack {name[:12]} fails its hash check")
+        raw = decode_verified(oid, payload, entry.raw_size, base_raw, f"remote pack {name[:12]}")
         if oid in is_base:  # keep only what later objects decode against
             decoded[oid] = (raw, base_depth + 1)
         return raw, base_depth + 1

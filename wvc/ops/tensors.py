@@ -8,11 +8,12 @@ from ..formats.dtypes import DTYPES
 from .materialize import tensor_bytes
 
 
-def _tensor(repo, entry, device: str):
+def tensor_from_chunks(store, entry, device: str):
+    """A tensor entry's chunks (from anything with ``get_many``) as a torch tensor on ``device``."""
     import torch
 
     dtype = getattr(torch, DTYPES[entry.dtype].torch_name)
-    raw = tensor_bytes(repo.store, entry.chunks)
+    raw = tensor_bytes(store, entry.chunks)
     if not raw:
         return torch.empty(entry.shape, dtype=dtype, device=device)
     t = torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(entry.shape)
@@ -26,7 +27,7 @@ class LazyStateDict(Mapping):
         self._repo, self._entries, self._device = repo, entries, device
 
     def __getitem__(self, name):
-        return _tensor(self._repo, self._entries[name], self._device)
+        return tensor_from_chunks(self._repo.store, self._entries[name], self._device)
 
     def __iter__(self):
         return iter(self._entries)
@@ -44,4 +45,4 @@ def load_state_dict(repo, rev: str = "HEAD", *, device: str = "cpu", lazy: bool 
             entries.setdefault(t.name, t)
     if lazy:
         return LazyStateDict(repo, entries, device)
-    return {name: _tensor(repo, e, device) for name, e in entries.items()}
+    return {name: tensor_from_chunks(repo.store, e, device) for name, e in entries.items()}

@@ -75,6 +75,23 @@ def parse_refs(files: dict[str, bytes]) -> dict[str, str]:
     return refs
 
 
+def parse_pack_index(data: bytes, name: str) -> list:
+    """A remote ``.idx`` file (untrusted) -> validated PackEntry list."""
+    import json
+
+    from ..store.packs import PackEntry
+
+    try:
+        entries = [PackEntry(**e) for e in json.loads(data)]
+    except (ValueError, TypeError) as exc:
+        raise RemoteError(f"remote pack index {name[:12]} is malformed: {exc}") from None
+    for e in entries:
+        if not (ids.is_object_id(e.id) and (e.base is None or ids.is_object_id(e.base))
+                and all(type(v) is int and v >= 0 for v in (e.offset, e.length, e.raw_size, e.method))):
+            raise RemoteError(f"remote pack index {name[:12]} holds invalid entries")
+    return entries
+
+
 def pack_names(paths) -> list[str]:
     names = set()
     for p in paths:

@@ -47,6 +47,17 @@ class ObjectRow:
     depth: int
 
 
+def decode_verified(object_id: str, payload, raw_size: int, base, where: str) -> bytes:
+    """Decode one payload and check the result against its id: the only way bytes leave a pack."""
+    try:
+        raw = codec.decode(payload, raw_size, base)
+    except CorruptObject as exc:
+        raise CorruptObject(f"object {ids.short(object_id)} in {where}: {exc}") from None
+    if ids.chunk_id(raw) != object_id:
+        raise CorruptObject(f"object {ids.short(object_id)} in {where} fails its hash check")
+    return raw
+
+
 _POOL: ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
 
@@ -94,12 +105,7 @@ class ObjectStore:
         raw = None
         for row in reversed(chain):
             payload = self.reader.read(row.pack, row.offset, row.length)
-            try:
-                raw = codec.decode(payload, row.raw_size, raw)
-            except CorruptObject as exc:
-                raise CorruptObject(f"object {ids.short(row.id)} in pack {row.pack[:12]}: {exc}") from None
-            if ids.chunk_id(raw) != row.id:
-                raise CorruptObject(f"object {ids.short(row.id)} in pack {row.pack[:12]} fails its hash check")
+            raw = decode_verified(row.id, payload, row.raw_size, raw, f"pack {row.pack[:12]}")
         return raw
 
     def get(self, object_id: str) -> bytes:
