@@ -1,6 +1,5 @@
 import hashlib
 import json
-import os
 import sqlite3
 import struct
 from pathlib import Path

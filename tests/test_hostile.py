@@ -6,7 +6,6 @@ Each case: one clear error line, no traceback, nothing written, nothing lost.
 import json
 import os
 import sqlite3
-import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
-from wvc import Repo, ids
+from wvc import Repo
 from wvc.errors import FormatError
 from wvc.objects import Commit, Tree, canonical_json
 
