@@ -16,7 +16,7 @@ import time
 import click
 
 from .errors import WvcError
-from .progress import Progress
+from .progress import NULL as NULL_PROGRESS, Progress
 
 
 def human(n: int | float | None) -> str:
@@ -121,21 +121,31 @@ def main():
 @main.command()
 @click.argument("path", default=".", type=click.Path(file_okay=False))
 @click.option("--branch", "-b", default="main", show_default=True, help="Name of the first branch.")
+@click.option("--base", default=None, metavar="hf://ORG/NAME[@REV] | DIR",
+              help="Start history from a base model, referenced in place (huggingface_hub cache or DIR): "
+                   "never copied into .wvc/, never pushed.")
 @click.option("--chunk-size", default=4 << 20, show_default=True, help="Chunk size in bytes.")
 @click.option("--max-chain", default=None, type=int,
               help="Delta chain depth before re-anchoring to a keyframe (default 1: checkout cost flat in history; "
                    "deeper chains store less and check out slower).")
 @json_option
-def init(path, branch, chunk_size, max_chain, as_json):
-    """Create an empty repository (.wvc/) in PATH."""
+def init(path, branch, base, chunk_size, max_chain, as_json):
+    """Create an empty repository (.wvc/) in PATH, optionally on a base model."""
     from .repo import Repo
 
     kwargs = {"max_chain": max_chain} if max_chain is not None else {}
-    repo = Repo.init(path, chunk_bytes=chunk_size, branch=branch, **kwargs)
+    repo = Repo.init(path, chunk_bytes=chunk_size, branch=branch, base=base,
+                     progress=BarProgress() if base else NULL_PROGRESS, **kwargs)
+    ref = repo.base()
     if as_json:
-        emit_json({"path": str(repo.root), "branch": branch})
-    else:
+        emit_json({"path": str(repo.root), "branch": branch, "base": ref.to_json() if ref else None})
+    elif ref is None:
         click.echo(f"Initialized empty wvc repository in {repo.wvc_dir}")
+    else:
+        size = repo.read_tree(ref.tree).logical_bytes
+        click.echo(f"Initialized wvc repository in {repo.wvc_dir} on base {ref.url} "
+                   f"({human(size)}, read in place from {repo.db.get_config('base.dir')}); "
+                   f"{branch} is at the base commit {ref.commit[:12]}")
 
 
 @main.command()

@@ -15,6 +15,7 @@ from .errors import FormatError, NotARepository, RepositoryExists, RevisionNotFo
 from .objects import Commit, Tree
 from .progress import NULL, Progress
 from .store.database import Database
+from .store.external import ExternalFiles
 from .store.objects import DEFAULT_MAX_CHAIN, ObjectStore
 from .store.refs import HEADS, Refs
 
@@ -29,27 +30,53 @@ class Repo:
         self.wvc_dir = self.root / WVC_DIR
         self.db = Database(self.wvc_dir / "wvc.db")
         self.db.migrate()
-        self.store = ObjectStore(self.db, self.wvc_dir / "packs")
+        self.store = ObjectStore(self.db, self.wvc_dir / "packs", ExternalFiles(self._locate_base))
         self.refs = Refs(self.db)
+
+    def _locate_base(self) -> Path:
+        from .ops.base_model import locate
+
+        return locate(self)
 
     # -- opening ---------------------------------------------------------------------------
     @classmethod
-    def init(cls, path=".", *, chunk_bytes: int = DEFAULT_CHUNK_BYTES, max_chain: int = DEFAULT_MAX_CHAIN, branch: str = "main") -> "Repo":
+    def init(cls, path=".", *, chunk_bytes: int = DEFAULT_CHUNK_BYTES, max_chain: int = DEFAULT_MAX_CHAIN,
+             branch: str = "main", base: str | None = None, progress: Progress = NULL) -> "Repo":
+        """Create ``.wvc/`` in ``path``. ``base`` (hf://org/name[@rev] or a directory) becomes
+        the root of history, referenced in place (ops/base_model.py); on any failure nothing is left."""
+        import shutil
+
         from .store.refs import check_ref_name
 
         root = Path(path).resolve()
         check_ref_name(branch)
         if (root / WVC_DIR).exists():
             raise RepositoryExists(f"{root} already holds a wvc repository")
+        created_root = not root.exists()
         root.mkdir(parents=True, exist_ok=True)
         (root / WVC_DIR / "packs").mkdir(parents=True)
         repo = cls(root)
-        with repo.db.write():
-            repo.db.set_config("format", FORMAT_VERSION)
-            repo.db.set_config("chunk_bytes", str(chunk_bytes))
-            repo.db.set_config("max_chain", str(max_chain))
-            repo.db.set_config("HEAD", "ref: " + HEADS + branch)
+        try:
+            with repo.db.write():
+                repo.db.set_config("format", FORMAT_VERSION)
+                repo.db.set_config("chunk_bytes", str(chunk_bytes))
+                repo.db.set_config("max_chain", str(max_chain))
+                repo.db.set_config("HEAD", "ref: " + HEADS + branch)
+            if base is not None:
+                from .ops.base_model import attach
+
+                attach(repo, base, progress=progress)
+        except BaseException:
+            repo.close()
+            shutil.rmtree(root if created_root else root / WVC_DIR, ignore_errors=True)
+            raise
         return repo
+
+    def base(self):
+        """The base this history starts from (:class:`wvc.ops.base_model.BaseRef`), or None."""
+        from .ops.base_model import current
+
+        return current(self)
 
     @classmethod
     def open(cls, path=".") -> "Repo":

@@ -74,9 +74,10 @@ class VersionView:
 class _RemoteChunks:
     """Chunk bytes by range reads into remote packs, verified, with an LRU cache."""
 
-    def __init__(self, remote, index: dict):
+    def __init__(self, remote, index: dict, base_chunks=None):
         self.remote = remote
         self.index = index  # object id -> (pack name, PackEntry)
+        self.base_chunks = base_chunks  # chunks of the remote's base model (never in its packs)
         self.cache: collections.OrderedDict[str, bytes] = collections.OrderedDict()
         self.cached = 0
 
@@ -84,14 +85,17 @@ class _RemoteChunks:
         if oid in self.cache:
             self.cache.move_to_end(oid)
             return self.cache[oid]
-        if depth > 10_000 or oid not in self.index:
+        if oid not in self.index and self.base_chunks is not None and oid in self.base_chunks:
+            raw = self.base_chunks(oid)
+        elif depth > 10_000 or oid not in self.index:
             raise CorruptObject(f"remote has no object {ids.short(oid)}")
-        pack, entry = self.index[oid]
-        base = self(entry.base, depth + 1) if entry.base else None
-        from .remotes.base import pack_path
+        else:
+            pack, entry = self.index[oid]
+            base = self(entry.base, depth + 1) if entry.base else None
+            from .remotes.base import pack_path
 
-        payload = self.remote.read_range(pack_path(pack), entry.offset, entry.length)
-        raw = decode_verified(oid, payload, entry.raw_size, base, f"remote pack {pack[:12]}")
+            payload = self.remote.read_range(pack_path(pack), entry.offset, entry.length)
+            raw = decode_verified(oid, payload, entry.raw_size, base, f"remote pack {pack[:12]}")
         self.cache[oid] = raw
         self.cached += len(raw)
         while self.cached > CACHE_BYTES and len(self.cache) > 1:
@@ -138,4 +142,18 @@ def _open_remote(url: str, rev: str) -> VersionView:
             raise RemoteError(f"remote pack index {name[:12]} is missing")
         for entry in parse_pack_index(data, name):
             index.setdefault(entry.id, (name, entry))
-    return VersionView(commit_id, tree, _RemoteChunks(remote, index))
+    base_chunks = None
+    from .ops.sync import remote_base
+
+    if (base := remote_base(state, url)) is not None:
+        from .ops.base_model import RemoteBaseChunks
+
+        if base.tree == commit.tree:
+            base_tree = tree
+        else:
+            base_data = remote.read(tree_path(base.tree), MAX_SMALL_OBJECT)
+            if base_data is None:
+                raise RemoteError(f"{url} is missing the base's tree {ids.short(base.tree)}")
+            base_tree = Tree.from_bytes(base_data, expected_id=base.tree)
+        base_chunks = RemoteBaseChunks(base, base_tree)
+    return VersionView(commit_id, tree, _RemoteChunks(remote, index, base_chunks))

@@ -102,7 +102,7 @@ class Snapshotter:
             if len(raw) != end - begin:
                 raise WvcError(f"{path} was truncated while it was being committed")
             file_hash.update(raw)
-            chunks.append(self.writer.put(raw, BYTES, _base(parent_chunks, i)))
+            chunks.append(self.writer.put(raw, BYTES, _base(parent_chunks, i), (path, begin)))
             self.progress.advance(len(raw))
         return FileEntry(path, "blob", size, file_hash.hexdigest(), chunks=tuple(chunks))
 
@@ -112,7 +112,8 @@ class Snapshotter:
         file_hash.update(prefix)
         file_hash.update(header.header_bytes)
         parent = self.parent.by_path.get(path)
-        header_id = self.writer.put(header.header_bytes, BYTES, parent.header if parent and parent.header else None)
+        header_id = self.writer.put(header.header_bytes, BYTES, parent.header if parent and parent.header else None,
+                                    (path, 8))
         self.progress.advance(header.data_start)
         fh.seek(header.data_start)
         tensors = []
@@ -123,17 +124,20 @@ class Snapshotter:
                     raise SafetensorsFormatError(f"{path}: truncated inside tensor {info.name!r}")
                 return raw
 
-            tensors.append(self._tensor(path, info.name, info.dtype, info.shape, info.nbytes, read, file_hash))
+            tensors.append(self._tensor(path, info.name, info.dtype, info.shape, info.nbytes, read, file_hash,
+                                        header.data_start + info.begin))
         return FileEntry(path, "safetensors", header.file_size, file_hash.hexdigest(), header=header_id, tensors=tuple(tensors))
 
-    def _tensor(self, path, name, dtype, shape, nbytes, read, file_hash) -> TensorEntry:
+    def _tensor(self, path, name, dtype, shape, nbytes, read, file_hash, start: int | None = None) -> TensorEntry:
+        """One tensor's chunks; ``start`` is its offset in the file (None: from memory)."""
         parent = self.parent.tensor(path, name)
         parent_chunks = parent.chunks if parent is not None and parent.dtype == dtype.name else None
         chunks = []
         for i, (begin, end) in enumerate(chunk_spans(nbytes, dtype.width, self.chunk_bytes)):
             raw = read(end - begin)
             file_hash.update(raw)
-            chunks.append(self.writer.put(raw, dtype, _base(parent_chunks, i)))
+            origin = (path, start + begin) if start is not None else None
+            chunks.append(self.writer.put(raw, dtype, _base(parent_chunks, i), origin))
             self.progress.advance(len(raw))
         return TensorEntry(name, dtype.name, tuple(shape), tuple(chunks))
 

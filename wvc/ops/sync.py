@@ -25,6 +25,7 @@ from ..objects import Commit, Tree, canonical_json
 from ..progress import NULL, Progress
 from ..remotes import open_remote
 from ..remotes.base import (
+    BASE_RECORD,
     MAX_INDEX_BYTES,
     MAX_SMALL_OBJECT,
     NonFastForward,
@@ -94,6 +95,28 @@ def is_ancestor(repo, old: str, new: str) -> bool:
     return old == new or old in set(ancestors(repo, new))
 
 
+# -- base models ---------------------------------------------------------------------------------
+def remote_base(state, url: str):
+    """The base a remote records (validated), or None."""
+    from .base_model import BaseError, parse_base_json
+
+    if state.base is None:
+        return None
+    try:
+        return parse_base_json(state.base)
+    except BaseError as exc:
+        raise RemoteError(f"{url}: {exc}") from None
+
+
+def _check_same_base(repo, remote_name: str, theirs, ours) -> None:
+    if theirs is None or theirs == ours:
+        return
+    if ours is None:
+        raise RemoteError(f"remote {remote_name} is based on {theirs.url}; this repository has no base "
+                          f"(clone the remote instead, or `wvc init --base {theirs.url}`)")
+    raise RemoteError(f"remote {remote_name} is based on {theirs.url}, this repository on {ours.url}")
+
+
 # -- remote pack indexes (immutable, cached locally) -----------------------------------------
 def _remote_index(repo, remote, name: str) -> list[PackEntry]:
     cache = repo.wvc_dir / "remote-idx" / f"{name}.idx"
@@ -136,6 +159,8 @@ def push(repo, remote_name: str = "origin", branch: str | None = None, *, force:
         raise RevisionNotFound(f"no local branch {branch!r}")
     remote = _open(repo, remote_name)
     state = remote.state(create=True)
+    ours, theirs = repo.base(), remote_base(state, remote.url)
+    _check_same_base(repo, remote_name, theirs, ours)
     ref = HEADS + branch
     old = state.refs.get(ref)
     logical = repo.read_tree(repo.read_commit(local).tree).logical_bytes
@@ -159,8 +184,10 @@ def push(repo, remote_name: str = "origin", branch: str | None = None, *, force:
         for chunk in sorted(repo.read_tree(repo.read_commit(cid).tree).chunk_ids()):
             while chunk is not None and chunk not in seen:  # the chunk and its delta bases
                 seen.add(chunk)
-                wanted.append(chunk)
                 row = repo.store.row(chunk)
+                if row is not None and row.external:
+                    break  # a base chunk: the other side reads it from the base, never from us
+                wanted.append(chunk)
                 chunk = row.base if row else None
 
     files: dict[str, Path | bytes] = {}
@@ -177,6 +204,10 @@ def push(repo, remote_name: str = "origin", branch: str | None = None, *, force:
             name, _ = writer.finish()
             files[pack_path(name, "pack")] = Path(tmp) / pack_filename(name)
             files[pack_path(name, "idx")] = canonical_json([e.to_json() for e in entries])
+        if ours is not None and theirs is None:
+            from .base_model import base_json
+
+            files[BASE_RECORD] = base_json(ours)
         for cid in new_commits:
             commit = repo.read_commit(cid)
             files[commit_path(cid)] = commit.to_bytes()
@@ -205,6 +236,7 @@ class FetchResult:
 def fetch(repo, remote_name: str = "origin", *, progress: Progress = NULL) -> FetchResult:
     remote = _open(repo, remote_name)
     state = remote.state()
+    _check_same_base(repo, remote_name, remote_base(state, remote.url), repo.base())
     commits: dict[str, Commit] = {}
     raw_commits: dict[str, bytes] = {}
     stack = [c for c in state.refs.values() if not _has_commit(repo, c)]
@@ -400,6 +432,20 @@ def _replay(repo, local: str, upstream: str) -> str:
     return parent
 
 
+def _attach_remote_base(repo, remote, base, progress: Progress) -> None:
+    """Find or download the base a remote records and check it gives the recorded tree."""
+    from .base_model import attach, base_commit
+
+    data = remote.read(tree_path(base.tree), MAX_SMALL_OBJECT)
+    if data is None:
+        raise RemoteError(f"remote is missing the base's tree {ids.short(base.tree)}")
+    tree = _verified(Tree.from_bytes, data, base.tree, "tree")
+    if base_commit(base.url, base.tree).id != base.commit:
+        raise RemoteError(f"remote base record is inconsistent: commit {ids.short(base.commit)} is not the root "
+                          f"commit of {base.url}")
+    attach(repo, base.url, expected=base, expected_tree=tree, set_branch=False, progress=progress)
+
+
 def clone(url: str, directory=None, *, branch: str | None = None, progress: Progress = NULL):
     from ..repo import Repo
 
@@ -416,9 +462,12 @@ def clone(url: str, directory=None, *, branch: str | None = None, progress: Prog
     branch = branch or ("main" if "main" in heads else sorted(heads)[0])
     if branch not in heads:
         raise RevisionNotFound(f"{url} has no branch {branch!r}")
+    base = remote_base(state, url)
     created = not target.exists()
     try:
         repo = Repo.init(target, branch=branch)
+        if base is not None:
+            _attach_remote_base(repo, remote, base, progress)
         remote_add(repo, "origin", url)
         fetched = fetch(repo, "origin", progress=progress)
         pull(repo, "origin", branch, progress=progress)

@@ -1,6 +1,7 @@
 """The remote interface and layout. Remotes hold plain files, so any store can hold them:
 
     wvc.json                              {"format": 1}
+    base.json                             the base model, if any: {"url", "tree", "commit"} (ops/base_model.py)
     packs/pack-<hex>.pack, .idx           immutable packs (see store/packs.py) and their index
     objects/commits/<2 hex>/<id>          immutable commit objects (canonical bytes)
     objects/trees/<2 hex>/<id>            immutable tree objects
@@ -26,6 +27,8 @@ FORMAT = 1
 MAX_REF_BYTES = 200
 MAX_SMALL_OBJECT = 256 << 20  # commits and trees
 MAX_INDEX_BYTES = 1 << 30
+MAX_BASE_RECORD = 64 << 10
+BASE_RECORD = "base.json"
 _PACK = re.compile(r"^pack-([0-9a-f]{64})\.(pack|idx)$")
 
 
@@ -46,6 +49,7 @@ class RemoteState:
     refs: dict[str, str]  # "refs/heads/main" -> commit id
     version: str | None  # what publish's compare-and-swap checks (hub commit sha, or refs digest)
     packs: list[str] = field(default_factory=list)  # pack names
+    base: bytes | None = None  # base.json as stored (untrusted: ops/base_model.py parses it)
 
 
 def commit_path(cid: str) -> str:

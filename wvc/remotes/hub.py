@@ -14,7 +14,7 @@ import contextlib
 import io
 from pathlib import Path
 
-from .base import Remote, RemoteChanged, RemoteError, RemoteState, pack_names, parse_refs
+from .base import BASE_RECORD, MAX_BASE_RECORD, Remote, RemoteChanged, RemoteError, RemoteState, pack_names, parse_refs
 
 HUB_BRANCH = "main"
 
@@ -36,6 +36,9 @@ def hub_errors(what: str):
 
     try:
         yield
+    except errors.GatedRepoError:
+        raise RemoteError(f"{what}: gated repository: request access on the Hub and set HF_TOKEN to a token "
+                          "that has it") from None
     except errors.RepositoryNotFoundError:
         raise RemoteError(f"{what}: repository not found, or no permission to read it (check HF_TOKEN)") from None
     except errors.RevisionNotFoundError:
@@ -93,7 +96,8 @@ class HubRemote(Remote):
             self.sha = info.sha
             paths = self.api.list_repo_files(self.repo_id, revision=self.sha)
         refs = parse_refs({p: self.read(p, 256) or b"" for p in paths if p.startswith("refs/")})
-        return RemoteState(refs, self.sha, pack_names(paths))
+        base = self.read(BASE_RECORD, MAX_BASE_RECORD) if BASE_RECORD in paths else None
+        return RemoteState(refs, self.sha, pack_names(paths), base)
 
     def read_range(self, path: str, offset: int, length: int) -> bytes:
         from huggingface_hub import get_session, hf_hub_url

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from ..fsutil import TEMP_PREFIX, atomic_write, atomic_writer, validate_relpath
-from .base import FORMAT, Remote, RemoteChanged, RemoteError, RemoteState, pack_names, parse_refs
+from .base import BASE_RECORD, FORMAT, MAX_BASE_RECORD, Remote, RemoteChanged, RemoteError, RemoteState, pack_names, parse_refs
 
 LOCK = "refs.lock"
 LOCK_STALE_SECONDS = 600
@@ -57,7 +57,7 @@ class PathRemote(Remote):
         packs_dir = self.root / "packs"
         packs = pack_names(f"packs/{p.name}" for p in packs_dir.iterdir()) if packs_dir.is_dir() else []
         version = hashlib.sha256(json.dumps(refs, sort_keys=True).encode()).hexdigest()
-        return RemoteState(refs, version, packs)
+        return RemoteState(refs, version, packs, self.read(BASE_RECORD, MAX_BASE_RECORD))
 
     def read(self, path: str, limit: int) -> bytes | None:
         p = self._file(path)

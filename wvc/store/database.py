@@ -56,7 +56,13 @@ def _m0001_initial(db: sqlite_utils.Database) -> None:
     )
 
 
-MIGRATIONS = [("0001_initial", _m0001_initial)]
+def _m0002_external_objects(db: sqlite_utils.Database) -> None:
+    # chunks of a base model read in place from its files (store/external.py), never copied
+    db["external_objects"].create({"id": str, "path": str, "offset": int, "length": int}, pk="id",
+                                  not_null={"path", "offset", "length"})
+
+
+MIGRATIONS = [("0001_initial", _m0001_initial), ("0002_external_objects", _m0002_external_objects)]
 
 
 class Database:

@@ -28,6 +28,7 @@ from pathlib import Path
 from .. import codec, ids
 from ..errors import CorruptObject, MissingObject
 from .database import Database
+from .external import BASE_PACK, EXTERNAL_METHOD, ExternalFiles
 from .packs import PackReader, PackWriter
 
 DEFAULT_MAX_CHAIN = 1  # measured in benchmarks/: the flattest checkout cost and fastest commit
@@ -45,6 +46,11 @@ class ObjectRow:
     method: int
     base: str | None
     depth: int
+    file: str | None = None  # set for an external object: its path in the base directory
+
+    @property
+    def external(self) -> bool:
+        return self.file is not None
 
 
 def decode_verified(object_id: str, payload, raw_size: int, base, where: str) -> bytes:
@@ -72,19 +78,30 @@ def pool() -> ThreadPoolExecutor:
 
 
 class ObjectStore:
-    def __init__(self, db: Database, packs_dir: Path):
+    def __init__(self, db: Database, packs_dir: Path, external: ExternalFiles | None = None):
         self.db = db
         self.packs_dir = packs_dir
         self.reader = PackReader(packs_dir)
+        self.external = external  # a base model's files, when the repository has one
 
     def row(self, object_id: str) -> ObjectRow | None:
         r = self.db.conn.execute(
             "SELECT id, pack, offset, length, raw_size, method, base, depth FROM objects WHERE id = ?",
             (object_id,),
         ).fetchone()
-        return ObjectRow(*r) if r else None
+        if r:
+            return ObjectRow(*r)
+        r = self.db.conn.execute("SELECT path, offset, length FROM external_objects WHERE id = ?", (object_id,)).fetchone()
+        if r:  # a base chunk: a keyframe (depth 0) that lives in the base's file
+            return ObjectRow(object_id, BASE_PACK, r[1], r[2], r[2], EXTERNAL_METHOD, None, 0, r[0])
+        return None
 
     def has(self, object_id: str) -> bool:
+        return (self.db.one("SELECT 1 FROM objects WHERE id = ?", (object_id,)) is not None
+                or self.db.one("SELECT 1 FROM external_objects WHERE id = ?", (object_id,)) is not None)
+
+    def has_stored(self, object_id: str) -> bool:
+        """In a pack of this repository (not merely in the base)."""
         return self.db.one("SELECT 1 FROM objects WHERE id = ?", (object_id,)) is not None
 
     def chain(self, object_id: str) -> list[ObjectRow]:
@@ -104,6 +121,11 @@ class ObjectStore:
         """Decode rows from :meth:`chain` (no database access: safe on a worker thread)."""
         raw = None
         for row in reversed(chain):
+            if row.external:
+                if self.external is None:
+                    raise MissingObject(f"object {ids.short(row.id)} belongs to a base this repository cannot read")
+                raw = self.external.read(row.id, row.file, row.offset, row.length)
+                continue
             payload = self.reader.read(row.pack, row.offset, row.length)
             raw = decode_verified(row.id, payload, row.raw_size, raw, f"pack {row.pack[:12]}")
         return raw
@@ -178,8 +200,12 @@ class ChunkWriter:
             chain = chain[-1:]  # the keyframe: depth 0
         return chain
 
-    def put(self, raw, dtype, base_id: str | None = None) -> str:
-        """Offer a chunk; returns its id. New chunks are encoded in the background."""
+    def put(self, raw, dtype, base_id: str | None = None, origin: tuple[str, int] | None = None) -> str:
+        """Offer a chunk; returns its id. New chunks are encoded in the background.
+
+        ``origin`` (file path, offset) says where the bytes came from; only a base index
+        (ops/base.py) records it.
+        """
         object_id = ids.chunk_id(raw)
         if self.known(object_id):
             return object_id

@@ -73,6 +73,13 @@ class Storage:
             tmp.replace(path)
         return {"sha256": sha, "size": len(data), "oid": git_blob_sha1(data)}
 
+    def set_gated(self, kind: str, repo: str, allowed_tokens: list[str]) -> None:
+        """Gate a repo like a Hub model with an access form: files only for ``allowed_tokens``."""
+        with self.lock:
+            meta = self.load(kind, repo)
+            meta["gated"] = list(allowed_tokens)
+            self.save(kind, repo, meta)
+
     def create(self, kind: str, repo: str, private: bool) -> bool:
         with self.lock:
             if self._meta_path(kind, repo).is_file():
@@ -377,6 +384,9 @@ class Handler(BaseHTTPRequestHandler):
         sha = resolve_rev(meta, rev)
         path = urllib.parse.unquote(path)
         f = meta["commits"][sha]["files"].get(path)
+        if meta.get("gated") and self.headers.get("Authorization") not in [f"Bearer {t}" for t in meta["gated"]]:
+            raise HubError(403, f"Access to model {urllib.parse.unquote(repo)} is restricted and you are not in the "
+                           "authorized list.", "GatedRepo")
         if f is None:
             err = HubError(404, f"Entry not found: {path}", "EntryNotFound")
             err.commit = sha

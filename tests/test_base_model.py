@@ -1,0 +1,237 @@
+"""A public base model on the Hub (uploaded with plain huggingface_hub ``upload_folder``):
+fine-tunes are pushed as deltas against it, never re-uploading it; clones rebuild them
+byte-identically from the base's own Hub repo; the base is never copied into ``.wvc/``."""
+
+import itertools
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from huggingface_hub import HfApi
+from safetensors.torch import load_file, save_file
+
+import wvc
+from wvc import Repo, clone
+from wvc.errors import WvcError
+
+from .conftest import sha256, tree_digests
+from .test_remotes import TOKEN, hub, hub_env  # noqa: F401 - shared fixtures
+
+_names = itertools.count()
+BASE_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+
+
+def make_base(folder: Path, seed: int = 0) -> dict:
+    """A bf16 model directory of about 8 MB, as a Hub repo holds one."""
+    g = torch.Generator().manual_seed(seed)
+    weights = {f"layers.{i}.weight": (torch.randn(512, 1024, generator=g) * 0.02).to(torch.bfloat16) for i in range(8)}
+    folder.mkdir(parents=True)
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps({"hidden_size": 1024, "num_layers": 8}))
+    (folder / "tokenizer.json").write_text(json.dumps({"vocab": {f"t{i}": i for i in range(2000)}}))
+    return weights
+
+
+def publish_base(hub, tmp_path, name: str | None = None, extra_files: dict | None = None) -> tuple[str, Path]:
+    """Upload a base with the plain client, as any public model is published."""
+    name = name or f"org/base-{next(_names)}"
+    folder = tmp_path / name.replace("/", "-")
+    make_base(folder)
+    for rel, data in (extra_files or {}).items():
+        (folder / rel).write_bytes(data)
+    from huggingface_hub import constants
+
+    constants.HF_HUB_DISABLE_XET = True  # read at import; the server speaks LFS, as HF_HUB_DISABLE_XET=1 asks
+    api = HfApi(endpoint=hub.base_url, token=TOKEN)
+    api.create_repo(name, private=False)
+    api.upload_folder(folder_path=str(folder), repo_id=name)
+    return name, folder
+
+
+def fine_tune(base_folder: Path, work: Path, scale: float = 1e-3, layers=None, seed: int = 1) -> None:
+    """Write a fine-tune of the base into ``work``: every weight (or ``layers``) nudged, bf16."""
+    g = torch.Generator().manual_seed(seed)
+    weights = load_file(str(base_folder / "model.safetensors"))
+    for i, (name, w) in enumerate(sorted(weights.items())):
+        if layers is None or i in layers:
+            w32 = w.float()
+            weights[name] = (w32 + torch.randn(w32.shape, generator=g) * scale * w32.abs().mean()).to(torch.bfloat16)
+    for rel in ("config.json", "tokenizer.json"):
+        shutil.copyfile(base_folder / rel, work / rel)
+    save_file(weights, str(work / "model.safetensors"), metadata={"format": "pt"})
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def test_finetune_of_hub_base_pushes_only_the_delta_and_clones_byte_identically(tmp_path, hub, monkeypatch):
+    name, base_folder = publish_base(hub, tmp_path, extra_files={"pytorch_model.bin": b"pickle, never read" * 100})
+    base_size = sum((base_folder / f).stat().st_size for f in BASE_FILES)
+
+    repo = Repo.init(tmp_path / "ft", base=f"hf://{name}")
+    ref = repo.base()
+    assert ref.url.startswith(f"hf://{name}@") and len(ref.url.rpartition("@")[2]) == 40  # pinned to the sha
+    assert repo.refs.head_commit() == ref.commit
+    cached = Path(repo.db.get_config("base.dir"))
+    assert cached.is_relative_to(tmp_path / "hf-cache")  # huggingface_hub's own cache
+    assert sorted(p.name for p in cached.iterdir()) == sorted(BASE_FILES)  # the pickle duplicate is skipped
+    assert dir_bytes(repo.wvc_dir) < base_size / 10  # indexed, not copied
+
+    fine_tune(base_folder, repo.root)
+    result = repo.commit("fine-tune")
+    digests = tree_digests(repo.root)
+    repo.remote_add("origin", "hf://team/finetune")
+    pushed = repo.push("origin", "main")
+    print(f"\nbase {base_size} B, fine-tune delta stored {result.stored_bytes} B, "
+          f"push uploaded {pushed.uploaded_bytes} B ({base_size / pushed.uploaded_bytes:.1f}x less than the base)")
+    assert pushed.uploaded_bytes < base_size / 4
+    assert pushed.uploaded_bytes < result.stored_bytes + 64 << 10  # the delta, commits and trees: none of the base
+    remote_files = HfApi(endpoint=hub.base_url, token=TOKEN).list_repo_files("team/finetune")
+    assert not any(f.endswith(".safetensors") for f in remote_files)
+    assert dir_bytes(repo.wvc_dir) < base_size / 4
+
+    # elsewhere: a fresh huggingface_hub cache; the base comes from its own Hub repo
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "other-cache"))
+    copy = clone("hf://team/finetune", tmp_path / "copy")
+    assert tree_digests(copy.root) == digests
+    assert copy.base() == ref
+    assert dir_bytes(copy.wvc_dir) < base_size / 4
+    copy.checkout(ref.commit)  # the base itself, from the cache
+    assert {f: sha256(copy.root / f) for f in BASE_FILES} == {f: sha256(base_folder / f) for f in BASE_FILES}
+    assert copy.fsck().ok
+
+
+def test_second_finetune_commit_and_branches_share_the_base(tmp_path, hub):
+    name, base_folder = publish_base(hub, tmp_path)
+    repo = Repo.init(tmp_path / "ft", base=f"hf://{name}@main")
+    fine_tune(base_folder, repo.root, layers={0, 1})  # a partial fine-tune: 2 of 8 layers
+    partial = repo.commit("partial")
+    repo.create_branch("full", repo.base().commit)
+    repo.checkout("full")
+    fine_tune(base_folder, repo.root, seed=2)
+    full = repo.commit("full")
+    assert 0 < partial.stored_bytes < full.stored_bytes
+    remote = tmp_path / "remote"
+    repo.remote_add("origin", str(remote))
+    for branch in ("main", "full"):
+        repo.push("origin", branch)
+    copy = clone(str(remote), tmp_path / "copy", branch="full")
+    for commit in (partial.commit, full.commit):
+        repo.checkout(commit)
+        copy.checkout(commit)
+        assert tree_digests(copy.root) == tree_digests(repo.root)
+
+
+def test_directory_base_is_read_in_place_and_changes_are_caught(tmp_path, cli):
+    base_folder = tmp_path / "base"
+    make_base(base_folder)
+    r = cli(tmp_path, "init", "ft", "--base", str(base_folder), "--json")
+    assert r.exit_code == 0, r.output
+    repo = Repo.open(tmp_path / "ft")
+    fine_tune(base_folder, repo.root)
+    repo.commit("ft")
+    assert repo.fsck().ok
+    # the base directory changes under the repository: never used silently
+    data = bytearray((base_folder / "model.safetensors").read_bytes())
+    data[-100] ^= 0xFF
+    (base_folder / "model.safetensors").write_bytes(bytes(data))
+    fsck = repo.fsck()
+    assert not fsck.ok and any("base file model.safetensors changed" in e for e in fsck.errors)
+    r = cli(repo.root, "checkout", "--force", "--output", str(tmp_path / "out"), repo.base().commit)
+    assert r.exit_code == 1 and "base file model.safetensors changed" in r.output
+    assert len(r.output.strip().splitlines()) == 1
+
+
+def test_clone_refuses_a_base_whose_files_changed(tmp_path, hub, monkeypatch):
+    base_folder = tmp_path / "base"
+    make_base(base_folder)
+    repo = Repo.init(tmp_path / "ft", base=str(base_folder))
+    fine_tune(base_folder, repo.root)
+    repo.commit("ft")
+    repo.remote_add("origin", str(tmp_path / "remote"))
+    repo.push()
+    (base_folder / "config.json").write_text("{}")
+    with pytest.raises(WvcError, match="does not match the one this history was made from"):
+        clone(str(tmp_path / "remote"), tmp_path / "copy")
+    assert not (tmp_path / "copy").exists()
+    shutil.rmtree(base_folder)
+    with pytest.raises(WvcError, match="does not exist"):
+        clone(str(tmp_path / "remote"), tmp_path / "copy")
+
+
+def test_offline_clone_uses_the_cache_or_says_what_is_missing(tmp_path, hub, monkeypatch):
+    name, base_folder = publish_base(hub, tmp_path)
+    repo = Repo.init(tmp_path / "ft", base=f"hf://{name}")
+    fine_tune(base_folder, repo.root)
+    repo.commit("ft")
+    remote = tmp_path / "team-share"  # a directory remote: reachable while the Hub is not
+    repo.remote_add("origin", str(remote))
+    repo.push()
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens: offline
+    offline = clone(str(remote), tmp_path / "offline-copy")  # the base is in this machine's cache
+    assert tree_digests(offline.root) == tree_digests(repo.root)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    # declared offline (an unreachable endpoint ends the same way, after huggingface_hub's retries)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(WvcError, match=r"HF_HUB_OFFLINE is set and the local huggingface_hub cache lacks "
+                                       r"config.json, model.safetensors, tokenizer.json"):
+        clone(str(remote), tmp_path / "nope")
+    assert not (tmp_path / "nope").exists()
+
+
+def test_base_errors_are_one_line_and_leave_nothing(tmp_path, hub, cli):
+    name, _ = publish_base(hub, tmp_path)
+    cases = {
+        f"hf://{name}@no-such-branch": "revision not found",
+        "hf://org/no-such-model": "repository not found",
+        "hf://not a repo": "invalid base",
+        str(tmp_path / "missing-dir"): "does not exist",
+    }
+    gated, _ = publish_base(hub, tmp_path)
+    hub.storage.set_gated("models", gated, allowed_tokens=["someone-else"])
+    cases[f"hf://{gated}"] = "gated repository"
+    for spec, message in cases.items():
+        target = tmp_path / f"t-{next(_names)}"
+        r = cli(tmp_path, "init", str(target), "--base", spec)
+        assert r.exit_code == 1 and message in r.output, (spec, r.output)
+        assert len(r.output.strip().splitlines()) == 1 and "Traceback" not in r.output
+        assert not target.exists()
+
+
+def test_push_refuses_mixing_bases(tmp_path, hub):
+    base_folder = tmp_path / "base"
+    make_base(base_folder)
+    based = Repo.init(tmp_path / "a", base=str(base_folder))
+    fine_tune(base_folder, based.root)
+    based.commit("ft")
+    based.remote_add("origin", str(tmp_path / "remote"))
+    based.push()
+    plain = Repo.init(tmp_path / "b")
+    fine_tune(base_folder, plain.root)
+    plain.commit("no base")
+    plain.remote_add("origin", str(tmp_path / "remote"))
+    with pytest.raises(WvcError, match="is based on .* this repository has no base"):
+        plain.push()
+    with pytest.raises(WvcError, match="is based on"):
+        plain.fetch()
+
+
+def test_remote_view_of_a_finetune_reads_one_tensor(tmp_path, hub, monkeypatch):
+    name, base_folder = publish_base(hub, tmp_path)
+    repo = Repo.init(tmp_path / "ft", base=f"hf://{name}")
+    fine_tune(base_folder, repo.root)
+    repo.commit("ft")
+    repo.remote_add("origin", "hf://team/view-ft")
+    repo.push()
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))  # no local base: range reads
+    view = wvc.open("hf://team/view-ft", "main")
+    before = hub.served_bytes
+    w = view.tensor("layers.3.weight")
+    served = hub.served_bytes - before
+    expected = load_file(str(repo.root / "model.safetensors"))["layers.3.weight"]
+    assert torch.equal(w.view(torch.int16), expected.view(torch.int16))
+    model = (repo.root / "model.safetensors").stat().st_size
+    assert served < model / 3  # that tensor's delta and its base chunk, not the model
