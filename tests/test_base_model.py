@@ -134,6 +134,9 @@ def test_directory_base_is_read_in_place_and_changes_are_caught(tmp_path, cli):
     fine_tune(base_folder, repo.root)
     repo.commit("ft")
     assert repo.fsck().ok
+    with open(base_folder / "config.json", "a") as fh:  # grown: every chunk still checks out
+        fh.write(" ")
+    assert any("base file config.json changed" in e for e in repo.fsck().errors)
     # the base directory changes under the repository: never used silently
     data = bytearray((base_folder / "model.safetensors").read_bytes())
     data[-100] ^= 0xFF
@@ -235,3 +238,38 @@ def test_remote_view_of_a_finetune_reads_one_tensor(tmp_path, hub, monkeypatch):
     assert torch.equal(w.view(torch.int16), expected.view(torch.int16))
     model = (repo.root / "model.safetensors").stat().st_size
     assert served < model / 3  # that tensor's delta and its base chunk, not the model
+
+
+def test_lazy_clone_downloads_only_the_versions_it_uses(tmp_path, hub, cli):
+    name, base_folder = publish_base(hub, tmp_path)
+    repo = Repo.init(tmp_path / "ft", base=f"hf://{name}")
+    digests = {}
+    for step in range(4):
+        fine_tune(base_folder, repo.root, seed=10 + step, scale=1e-3 * (step + 1))
+        digests[repo.commit(f"step {step}").commit] = tree_digests(repo.root)
+    repo.remote_add("origin", "hf://team/lazy-ft")
+    repo.push()
+
+    full = clone("hf://team/lazy-ft", tmp_path / "full")
+    r = cli(tmp_path, "clone", "--lazy", "--json", "hf://team/lazy-ft", str(tmp_path / "lazy"))
+    assert r.exit_code == 0, r.output
+    info = json.loads(r.output)
+    lazy = Repo.open(tmp_path / "lazy")
+    head = repo.refs.head_commit()
+    assert info["commit"] == head and tree_digests(lazy.root) == digests[head]
+    full_bytes = full.stats()["stored_bytes"]
+    lazy_bytes = lazy.stats()["stored_bytes"]
+    assert lazy_bytes < full_bytes / 2  # one version's chunks of four
+    assert info["downloaded_bytes"] < full_bytes / 2
+    fsck = lazy.fsck()
+    assert fsck.ok and fsck.not_fetched  # the other versions are promised, not damaged
+    first = next(iter(digests))
+    repo.checkout(first)
+    cat = wvc.open(lazy.root, first).read_file("model.safetensors")  # single chunks fetched on first use
+    assert cat == (repo.root / "model.safetensors").read_bytes()
+    for commit, expected in digests.items():  # any version on first use, byte-identical
+        lazy.checkout(commit)
+        assert tree_digests(lazy.root) == expected
+    assert not lazy.fsck().not_fetched
+    w = lazy.load_state_dict(next(iter(digests)))["layers.0.weight"]
+    assert w.dtype == torch.bfloat16

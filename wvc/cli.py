@@ -423,16 +423,19 @@ def pull(remote_name, branch, rebase, as_json):
 @click.argument("url")
 @click.argument("directory", required=False)
 @click.option("--branch", "-b", default=None, help="Branch to check out (default: main).")
+@click.option("--lazy", is_flag=True, help="Fetch history (commits, trees) now and weights on first use: "
+              "only the checked-out version is downloaded.")
 @json_option
-def clone(url, directory, branch, as_json):
+def clone(url, directory, branch, lazy, as_json):
     """Copy a remote repository into DIRECTORY and check out a branch."""
     from .ops.sync import clone as do_clone
 
-    repo, info = do_clone(url, directory, branch=branch, progress=BarProgress())
+    repo, info = do_clone(url, directory, branch=branch, lazy=lazy, progress=BarProgress())
     if as_json:
         return emit_json(info)
+    what = "that version (lazy: other versions on first use)" if lazy else "that version with all its history"
     click.echo(f"Cloned {url} into {info['path']} ({info['branch']} at {info['commit'][:12]}: "
-               f"{human(info['downloaded_bytes'])} downloaded for a {human(info['logical_bytes'])} version with all its history)")
+               f"{human(info['downloaded_bytes'])} downloaded for a {human(info['logical_bytes'])} version: {what})")
 
 
 @main.command()
@@ -461,7 +464,10 @@ def fsck(as_json):
             click.echo(f"error: {err}")
         for name in res.leftovers:
             click.echo(f"leftover (gc removes it): {name}")
-        click.echo(f"checked {res.packs} packs, {res.objects} objects, {res.commits} commits: "
+        if res.not_fetched:
+            click.echo(f"{len(res.not_fetched)} chunks not fetched yet (lazy clone: fetched from the remote on use)")
+        base = f", {res.base_objects} base chunks" if res.base_objects else ""
+        click.echo(f"checked {res.packs} packs, {res.objects} objects{base}, {res.commits} commits: "
                    + ("ok" if res.ok else f"{len(res.errors)} problems"))
     if not res.ok:
         sys.exit(1)
@@ -475,6 +481,8 @@ def stats(as_json):
     if as_json:
         return emit_json(s)
     click.echo(f"commits {s['commits']}, branches {s['branches']}, tags {s['tags']}, objects {s['objects']}, packs {s['packs']}")
+    if s["base"]:
+        click.echo(f"base:                 {s['base']['url']} ({human(s['base']['bytes'])}, read in place, not stored)")
     click.echo(f"HEAD version:         {human(s['head_logical_bytes'])}")
     click.echo(f"all versions (files): {human(s['logical_bytes'])}")
     ratio = f" ({s['ratio']:.1f}x smaller)" if s["ratio"] else ""

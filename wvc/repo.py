@@ -32,11 +32,21 @@ class Repo:
         self.db.migrate()
         self.store = ObjectStore(self.db, self.wvc_dir / "packs", ExternalFiles(self._locate_base))
         self.refs = Refs(self.db)
+        self.store.fetch_missing = self.ensure_objects  # a lazy clone fetches chunks on first use
+        self.lazy_downloaded = 0
 
     def _locate_base(self) -> Path:
         from .ops.base_model import locate
 
         return locate(self)
+
+    def ensure_objects(self, object_ids, progress: Progress = NULL) -> None:
+        """Make chunks local: a no-op unless this is a lazy clone (ops/partial.py) lacking some."""
+        if self.db.get_config("lazy.remote") is None:
+            return
+        from .ops.partial import fetch_objects
+
+        self.lazy_downloaded += fetch_objects(self, object_ids, progress)
 
     # -- opening ---------------------------------------------------------------------------
     @classmethod
@@ -261,10 +271,13 @@ class Repo:
         return stats(self)
 
 
-def clone(url: str, directory=None, *, branch: str | None = None, progress: Progress = NULL) -> Repo:
-    """Clone ``url`` (``hf://user/repo`` or a path) into ``directory``; returns the Repo."""
+def clone(url: str, directory=None, *, branch: str | None = None, lazy: bool = False,
+          progress: Progress = NULL) -> Repo:
+    """Clone ``url`` (``hf://user/repo`` or a path) into ``directory``; returns the Repo.
+
+    ``lazy``: fetch commits and trees only; chunks are fetched when first needed."""
     from .ops.sync import clone as _clone
 
-    return _clone(url, directory, branch=branch, progress=progress)[0]
+    return _clone(url, directory, branch=branch, lazy=lazy, progress=progress)[0]
 
 

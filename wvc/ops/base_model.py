@@ -387,9 +387,29 @@ def parse_base_json(data: bytes) -> BaseRef:
 def verify(repo) -> list[str]:
     """fsck of the base: every recorded chunk re-read from its file and hash-checked."""
     errors = []
-    if current(repo) is None:
+    base = current(repo)
+    if base is None:
         return errors
     bad_files = set()
+    try:
+        root = repo.store.external.root()
+    except WvcError as exc:
+        return [str(exc)]
+    tree = repo.read_tree(base.tree)
+    locations = chunk_locations(tree)
+    for f in tree.files:  # the chunks tile each file but the length prefix
+        full = root.joinpath(*f.path.split("/"))
+        try:
+            size = full.stat().st_size
+            with open(full, "rb") as fh:
+                prefix = fh.read(8)
+        except OSError:
+            errors.append(f"base file {f.path} is missing from {root}")
+            bad_files.add(f.path)
+            continue
+        if size != f.size or (f.kind == "safetensors" and int.from_bytes(prefix, "little") != locations[f.header][2]):
+            errors.append(f"base file {f.path} changed since the base was recorded ({size} bytes, recorded {f.size})")
+            bad_files.add(f.path)
     for cid, path, off, n in repo.db.query("SELECT id, path, offset, length FROM external_objects ORDER BY path, offset"):
         if path in bad_files:
             continue

@@ -157,13 +157,15 @@ class FsckResult:
     commits: int = 0
     objects: int = 0
     packs: int = 0
+    base_objects: int = 0  # chunks read in place from the base's files
+    not_fetched: set = field(default_factory=set)  # lazy clone: chunks still only on the remote
 
     @property
     def ok(self) -> bool:
         return not self.errors
 
     def to_json(self):
-        return {"ok": self.ok, **self.__dict__}
+        return {"ok": self.ok, **self.__dict__, "not_fetched": len(self.not_fetched)}
 
 
 def fsck(repo) -> FsckResult:
@@ -186,6 +188,7 @@ def fsck(repo) -> FsckResult:
                 res.errors.append(f"pack {name[:12]}: name does not match its checksum")
         except (WvcError, OSError) as exc:
             res.errors.append(f"pack {name[:12]}: {exc}")
+    lazy = repo.db.get_config("lazy.remote") is not None
     for (oid,) in repo.db.query("SELECT id FROM objects"):
         res.objects += 1
         try:
@@ -204,10 +207,18 @@ def fsck(repo) -> FsckResult:
                 continue
             tree = Tree.from_bytes(tree_data, expected_id=c.tree)
             missing = [o for o in tree.chunk_ids() if not repo.store.has(o)]
-            if missing:
+            if missing and lazy:
+                res.not_fetched.update(missing)  # a lazy clone's promise: on the remote, fetched on use
+            elif missing:
                 res.errors.append(f"commit {ids.short(cid)}: {len(missing)} objects missing, e.g. {ids.short(missing[0])}")
         except WvcError as exc:
             res.errors.append(f"commit {ids.short(cid)}: {exc}")
+    from .base_model import verify as verify_base
+
+    for error in verify_base(repo):  # the base's files, read in place: still what was indexed?
+        if error not in res.errors:
+            res.errors.append(error)
+    res.base_objects = repo.db.one("SELECT COUNT(*) FROM external_objects")
     for name, target in repo.refs.list("refs/").items():
         if repo.db.one("SELECT 1 FROM commits WHERE id = ?", (target,)) is None:
             res.errors.append(f"ref {name} points to missing commit {ids.short(target)}")
@@ -218,8 +229,10 @@ def fsck(repo) -> FsckResult:
 def stats(repo) -> dict:
     commits = repo.db.one("SELECT COUNT(*) FROM commits")
     logical_total = 0
-    for (data,) in repo.db.query("SELECT t.data FROM commits c JOIN trees t ON t.id = c.tree"):
-        logical_total += Tree.from_bytes(data).logical_bytes
+    base = repo.base()
+    for cid, data in repo.db.query("SELECT c.id, t.data FROM commits c JOIN trees t ON t.id = c.tree"):
+        if base is None or cid != base.commit:  # the base costs nothing: it is not in the ratio
+            logical_total += Tree.from_bytes(data).logical_bytes
     stored = _pack_bytes(repo)
     head = repo.refs.head_commit()
     by_method = {
@@ -228,6 +241,8 @@ def stats(repo) -> dict:
     from ..codec.container import Method
 
     return {
+        "base": {**base.to_json(), "bytes": repo.read_tree(base.tree).logical_bytes,
+                 "dir": repo.db.get_config("base.dir")} if base else None,
         "commits": commits,
         "branches": len(repo.refs.list(HEADS)),
         "tags": len(repo.refs.list(TAGS)),

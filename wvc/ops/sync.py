@@ -66,7 +66,7 @@ def remotes(repo) -> dict[str, str]:
     return {k[len("remote."):-len(".url")]: v for k, v in rows}
 
 
-def _open(repo, name: str):
+def open_remote_named(repo, name: str):
     url = repo.db.get_config(f"remote.{name}.url")
     if url is None:
         raise WvcError(f"no remote named {name!r} (see `wvc remote add`)")
@@ -118,7 +118,7 @@ def _check_same_base(repo, remote_name: str, theirs, ours) -> None:
 
 
 # -- remote pack indexes (immutable, cached locally) -----------------------------------------
-def _remote_index(repo, remote, name: str) -> list[PackEntry]:
+def remote_index(repo, remote, name: str) -> list[PackEntry]:
     cache = repo.wvc_dir / "remote-idx" / f"{name}.idx"
     data = cache.read_bytes() if cache.is_file() else None
     if data is None:
@@ -157,7 +157,7 @@ def push(repo, remote_name: str = "origin", branch: str | None = None, *, force:
     local = repo.refs.get(HEADS + branch)
     if local is None:
         raise RevisionNotFound(f"no local branch {branch!r}")
-    remote = _open(repo, remote_name)
+    remote = open_remote_named(repo, remote_name)
     state = remote.state(create=True)
     ours, theirs = repo.base(), remote_base(state, remote.url)
     _check_same_base(repo, remote_name, theirs, ours)
@@ -177,7 +177,7 @@ def push(repo, remote_name: str = "origin", branch: str | None = None, *, force:
             known.update(ancestors(repo, target))
     new_commits = ancestors(repo, local, stop=known)
 
-    remote_objects = {e.id for name in state.packs for e in _remote_index(repo, remote, name)}
+    remote_objects = {e.id for name in state.packs for e in remote_index(repo, remote, name)}
     wanted: list[str] = []
     seen = set(remote_objects)
     for cid in new_commits:
@@ -190,6 +190,7 @@ def push(repo, remote_name: str = "origin", branch: str | None = None, *, force:
                 wanted.append(chunk)
                 chunk = row.base if row else None
 
+    repo.ensure_objects(wanted, progress)  # a lazy clone pushing to another remote
     files: dict[str, Path | bytes] = {}
     with tempfile.TemporaryDirectory(prefix="wvc-push-", dir=repo.wvc_dir) as tmp:
         if wanted:
@@ -234,7 +235,7 @@ class FetchResult:
 
 
 def fetch(repo, remote_name: str = "origin", *, progress: Progress = NULL) -> FetchResult:
-    remote = _open(repo, remote_name)
+    remote = open_remote_named(repo, remote_name)
     state = remote.state()
     _check_same_base(repo, remote_name, remote_base(state, remote.url), repo.base())
     commits: dict[str, Commit] = {}
@@ -259,11 +260,14 @@ def fetch(repo, remote_name: str = "origin", *, progress: Progress = NULL) -> Fe
             raise RemoteError(f"remote is missing tree {ids.short(commit.tree)}")
         trees[commit.tree] = _verified(Tree.from_bytes, data, commit.tree, "tree")
 
-    needed = {c for t in trees.values() for c in t.chunk_ids() if not repo.store.has(c)}
+    from .partial import lazy_remote
+
+    # a lazy clone takes commits and trees only; chunks come on first use (ops/partial.py)
+    needed = set() if lazy_remote(repo) else {c for t in trees.values() for c in t.chunk_ids() if not repo.store.has(c)}
     packs_to_get = []
     for name in state.packs:
         if needed and repo.db.one("SELECT 1 FROM packs WHERE name = ?", (name,)) is None:
-            entries = _remote_index(repo, remote, name)
+            entries = remote_index(repo, remote, name)
             if needed & {e.id for e in entries}:
                 packs_to_get.append(name)
                 needed -= {e.id for e in entries}
@@ -274,7 +278,7 @@ def fetch(repo, remote_name: str = "origin", *, progress: Progress = NULL) -> Fe
     tmp = Path(tempfile.mkdtemp(prefix="wvc-fetch-", dir=repo.wvc_dir))
     try:
         downloaded = []
-        sizes = {name: sum(e.length for e in _remote_index(repo, remote, name)) for name in packs_to_get}
+        sizes = {name: sum(e.length for e in remote_index(repo, remote, name)) for name in packs_to_get}
         progress.start(sum(sizes.values()), "downloading")
         for name in packs_to_get:
             dest = tmp / pack_filename(name)
@@ -282,7 +286,7 @@ def fetch(repo, remote_name: str = "origin", *, progress: Progress = NULL) -> Fe
             downloaded.append((name, dest))
             progress.advance(sizes[name])
         progress.close()
-        staged = [(name, dest, rows) for (name, dest), rows in zip(downloaded, _verify_packs(repo, downloaded))]
+        staged = [(name, dest, rows) for (name, dest), rows in zip(downloaded, verify_packs(repo, downloaded))]
         for name, dest, _ in staged:
             os.replace(dest, repo.store.packs_dir / pack_filename(name))
         if staged:
@@ -319,7 +323,7 @@ def _verified(parse, data: bytes, expected: str, what: str):
         raise CorruptObject(f"remote {what} {ids.short(expected)} is corrupt: {exc}") from None
 
 
-def _verify_packs(repo, packs: list[tuple[str, Path]]) -> list[list[ObjectRow]]:
+def verify_packs(repo, packs: list[tuple[str, Path]]) -> list[list[ObjectRow]]:
     """Check each pack's checksum, then decode every object against its id.
 
     A delta's base may be in the same pack, in another pack of this fetch, or local.
@@ -446,7 +450,8 @@ def _attach_remote_base(repo, remote, base, progress: Progress) -> None:
     attach(repo, base.url, expected=base, expected_tree=tree, set_branch=False, progress=progress)
 
 
-def clone(url: str, directory=None, *, branch: str | None = None, progress: Progress = NULL):
+def clone(url: str, directory=None, *, branch: str | None = None, lazy: bool = False, progress: Progress = NULL):
+    """``lazy``: commits and trees now, chunks on first use (only the checked-out version's)."""
     from ..repo import Repo
 
     remote = open_remote(url)
@@ -469,6 +474,9 @@ def clone(url: str, directory=None, *, branch: str | None = None, progress: Prog
         if base is not None:
             _attach_remote_base(repo, remote, base, progress)
         remote_add(repo, "origin", url)
+        if lazy:
+            with repo.db.write():
+                repo.db.set_config("lazy.remote", "origin")
         fetched = fetch(repo, "origin", progress=progress)
         pull(repo, "origin", branch, progress=progress)
     except BaseException:
@@ -478,6 +486,6 @@ def clone(url: str, directory=None, *, branch: str | None = None, progress: Prog
             shutil.rmtree(target / ".wvc", ignore_errors=True)
         raise
     head = repo.refs.head_commit()
-    return repo, {"path": str(repo.root), "branch": branch, "commit": head,
-                  "downloaded_bytes": fetched.downloaded_bytes,
+    return repo, {"path": str(repo.root), "branch": branch, "commit": head, "lazy": lazy,
+                  "downloaded_bytes": fetched.downloaded_bytes + repo.lazy_downloaded,
                   "logical_bytes": repo.read_tree(repo.read_commit(head).tree).logical_bytes}

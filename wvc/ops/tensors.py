@@ -45,4 +45,5 @@ def load_state_dict(repo, rev: str = "HEAD", *, device: str = "cpu", lazy: bool 
             entries.setdefault(t.name, t)
     if lazy:
         return LazyStateDict(repo, entries, device)
+    repo.ensure_objects(c for e in entries.values() for c in e.chunks)
     return {name: tensor_from_chunks(repo.store, e, device) for name, e in entries.items()}

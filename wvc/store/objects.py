@@ -83,6 +83,7 @@ class ObjectStore:
         self.packs_dir = packs_dir
         self.reader = PackReader(packs_dir)
         self.external = external  # a base model's files, when the repository has one
+        self.fetch_missing = None  # set by a lazy clone's Repo: fetches chunks it lacks
 
     def row(self, object_id: str) -> ObjectRow | None:
         r = self.db.conn.execute(
@@ -109,6 +110,9 @@ class ObjectStore:
         rows, cursor = [], object_id
         while cursor is not None:
             row = self.row(cursor)
+            if row is None and self.fetch_missing is not None:
+                self.fetch_missing([cursor])
+                row = self.row(cursor)
             if row is None:
                 raise MissingObject(f"object {ids.short(cursor)} is missing from the store")
             rows.append(row)
