@@ -273,3 +273,24 @@ def test_lazy_clone_downloads_only_the_versions_it_uses(tmp_path, hub, cli):
     assert not lazy.fsck().not_fetched
     w = lazy.load_state_dict(next(iter(digests)))["layers.0.weight"]
     assert w.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("record, message", [
+    (b"not json", "not JSON"),
+    (json.dumps({"url": "hf://org/name@main", "tree": "0" * 64, "commit": "0" * 64}).encode(), "does not pin a commit sha"),
+    (json.dumps({"url": "relative/dir", "tree": "0" * 64, "commit": "0" * 64}).encode(), "neither a Hub repo"),
+    (json.dumps({"url": "/", "tree": "zz", "commit": "0" * 64}).encode(), "malformed"),
+    (json.dumps({"url": "/", "tree": "0" * 64, "commit": "0" * 64}).encode(), "not the root commit"),
+])
+def test_hostile_base_records_are_refused(tmp_path, cli, record, message):
+    base_folder = tmp_path / "base"
+    make_base(base_folder)
+    repo = Repo.init(tmp_path / "ft", base=str(base_folder))
+    fine_tune(base_folder, repo.root)
+    repo.commit("ft")
+    repo.remote_add("origin", str(tmp_path / "remote"))
+    repo.push()
+    (tmp_path / "remote" / "base.json").write_bytes(record)
+    r = cli(tmp_path, "clone", str(tmp_path / "remote"), str(tmp_path / "copy"))
+    assert r.exit_code == 1 and message in r.output and len(r.output.strip().splitlines()) == 1, r.output
+    assert not (tmp_path / "copy").exists()

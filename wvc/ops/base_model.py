@@ -242,9 +242,17 @@ def _snapshot_root(file_path: str, relpath: str) -> Path:
 def _directory_files(root: Path) -> list[str]:
     from ..worktree import scan
 
-    if not root.is_dir():
-        raise BaseError(f"base directory {root} does not exist")
     return scan(root).files
+
+
+def _regular_file(root: Path, relpath: str) -> bool:
+    from ..fsutil import resolve_inside
+
+    try:
+        full = resolve_inside(root, relpath)
+    except WvcError:
+        return False
+    return full.is_file() and not full.is_symlink()
 
 
 def locate(repo) -> Path:
@@ -325,12 +333,15 @@ def resolve(spec: str, *, chunk_bytes: int, paths: list[str] | None = None, prog
     else:
         root = Path(spec).expanduser().resolve()
         url = str(root)
-        found = _directory_files(root)
-        if paths is not None and sorted(paths) != sorted(found):
-            missing = sorted(set(paths) - set(found))
-            raise BaseError(f"base directory {root} does not hold the recorded files"
-                            + (f" (missing {', '.join(missing[:5])})" if missing else ""))
-        paths = found
+        if not root.is_dir():
+            raise BaseError(f"base directory {root} does not exist")
+        if paths is None:
+            paths = _directory_files(root)
+        else:  # a remote's record: look at exactly those files (validated relative paths), scan nothing
+            missing = [p for p in paths if not _regular_file(root, p)]
+            if missing:
+                raise BaseError(f"base directory {root} does not hold the files this history was made from "
+                                f"(missing {', '.join(missing[:5])})")
         if not paths:
             raise BaseError(f"base directory {root} has no files")
     tree, locations = index(root, paths, chunk_bytes, progress)

@@ -440,13 +440,13 @@ def _attach_remote_base(repo, remote, base, progress: Progress) -> None:
     """Find or download the base a remote records and check it gives the recorded tree."""
     from .base_model import attach, base_commit
 
+    if base_commit(base.url, base.tree).id != base.commit:
+        raise RemoteError(f"remote base record is inconsistent: commit {ids.short(base.commit)} is not the root "
+                          f"commit of {base.url}")
     data = remote.read(tree_path(base.tree), MAX_SMALL_OBJECT)
     if data is None:
         raise RemoteError(f"remote is missing the base's tree {ids.short(base.tree)}")
     tree = _verified(Tree.from_bytes, data, base.tree, "tree")
-    if base_commit(base.url, base.tree).id != base.commit:
-        raise RemoteError(f"remote base record is inconsistent: commit {ids.short(base.commit)} is not the root "
-                          f"commit of {base.url}")
     attach(repo, base.url, expected=base, expected_tree=tree, set_branch=False, progress=progress)
 
 
