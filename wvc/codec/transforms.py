@@ -15,12 +15,23 @@ nothing to transmit.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from ..errors import CorruptObject
 from ..formats.dtypes import DType
-from .backends import backend
+from .backends import NumpyBackend, backend
 from .container import Method, compress_stream, pack, peek, stream_bytes
+
+try:  # the C kernels (_native.c): one pass where numpy needs several and an argsort
+    from . import _native
+except ImportError:  # not built (no C compiler at install): the numpy path gives the same bytes
+    _native = None
+if os.environ.get("WVC_NO_NATIVE"):  # tests and benchmarks compare the two paths
+    _native = None
+
+# transform codes of _native.c
+_NATIVE_CODE = {Method.RAW: 0, Method.PLANES: 0, Method.XOR: 1, Method.ULP: 2, Method.ULP_EXP: 2, Method.SUB: 3}
 
 # Sampling: for big chunks, pick the method on slices and encode only the winner.
 SAMPLE_BYTES = 256 * 1024
@@ -81,8 +92,13 @@ def exponent_groups(xp, b, shift: int, bits: int) -> tuple[object, list[int]]:
     mask = (1 << (bits - 1 - shift)) - 1
     key = xp.exponent_key(b, shift, mask)
     perm = xp.argsort_stable(key)
+    return perm, merge_groups(xp.bincount(key, mask + 1))
+
+
+def merge_groups(counts) -> list[int]:
+    """Elements per key, in key order -> group sizes, small neighbours merged."""
     sizes, run = [], 0
-    for count in xp.bincount(key, mask + 1):
+    for count in counts:
         run += count
         if run >= MIN_GROUP:
             sizes.append(run)
@@ -92,7 +108,7 @@ def exponent_groups(xp, b, shift: int, bits: int) -> tuple[object, list[int]]:
             sizes[-1] += run
         else:
             sizes.append(run)
-    return perm, sizes
+    return sizes
 
 
 def inner_method(dtype: DType) -> Method:
@@ -121,6 +137,8 @@ def _encode_with(xp, method: Method, x, b, dtype: DType, level: int) -> bytes:
         streams = [compress_stream(p, level) for p in _gap_streams(gaps)]
         streams += [compress_stream(p, level) for p in xp.planes(values, width)]
         return pack(method, width, int(inner), len(x) * width, streams)
+    if _native is not None and isinstance(xp, NumpyBackend):
+        return _encode_native(method, x, b, dtype, level)
     y = _transform(method, x, b, bits)
     param = 0
     if method is Method.ULP_EXP:
@@ -134,6 +152,50 @@ def _encode_with(xp, method: Method, x, b, dtype: DType, level: int) -> bytes:
         streams += [compress_stream(p, level) for p in xp.planes(y[start : start + n], width)]
         start += n
     return pack(method, width, param, len(x) * width, streams)
+
+
+def _encode_native(method: Method, x, b, dtype: DType, level: int) -> bytes:
+    """The same payload as the numpy path: transform, group and plane split in one C pass."""
+    width, n = dtype.width, len(x)
+    shift = dtype.exponent[0] if method is Method.ULP_EXP else -1
+    planes, counts = _native.encode_planes(x, b if method.uses_base else None, width, _NATIVE_CODE[method], shift)
+    sizes = merge_groups(counts) if counts is not None else [n]
+    view, streams, start = memoryview(planes), [], 0
+    for size in sizes:
+        streams += [compress_stream(view[j * n + start : j * n + start + size], level) for j in range(width)]
+        start += size
+    return pack(method, width, max(shift, 0), n * width, streams)
+
+
+def _decode_native(payload, info, b) -> bytes:
+    width = info.width
+    n = info.raw_size // width
+    groups = len(info.streams) // width
+    if len(info.streams) % width or groups < 1:
+        raise CorruptObject("stream count does not match the element width")
+    planes = bytearray(n * width)
+    target = memoryview(planes)
+    lengths, fill = [], [0] * width
+    for g in range(groups):
+        for j in range(width):
+            data = stream_bytes(payload, info, g * width + j)
+            if len(data) > n - fill[j] or (j and len(data) != lengths[-1]):
+                raise CorruptObject("stream lengths do not match the chunk's groups")
+            target[j * n + fill[j] : j * n + fill[j] + len(data)] = memoryview(data).cast("B")
+            fill[j] += len(data)
+            if j == 0:
+                lengths.append(len(data))
+    if fill != [n] * width:
+        raise CorruptObject("stream lengths do not add up to the chunk")
+    shift = info.param if info.method is Method.ULP_EXP else -1
+    target.release()
+    try:
+        raw, counts = _native.decode_planes(planes, b, width, _NATIVE_CODE[info.method], shift)
+    except ValueError as exc:  # a parameter no encoder writes
+        raise CorruptObject(f"payload parameters are invalid: {exc}") from None
+    if (merge_groups(counts) if counts is not None else [n]) != lengths:
+        raise CorruptObject("stream count does not match the chunk's groups")
+    return raw
 
 
 def encode_chunk(
@@ -197,6 +259,8 @@ def decode_chunk(payload, raw_size: int, base=None, *, device: str = "cpu") -> b
         b = xp.from_bytes(fit_base(base, raw_size), width)
     if info.method is Method.SPARSE:
         return xp.to_bytes(_inverse(Method(info.param), _decode_sparse(xp, payload, info), b, bits))
+    if _native is not None and isinstance(xp, NumpyBackend):
+        return _decode_native(payload, info, b)
     if info.method is Method.ULP_EXP:
         perm, sizes = exponent_groups(xp, b, info.param, bits)
     else:
