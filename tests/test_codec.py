@@ -178,3 +178,14 @@ def test_native_kernels_write_the_numpy_payloads(dtype_name, data):
             transforms._native = native_kernels
         assert on_native.payload == on_numpy.payload, method
         assert codec.decode(on_numpy.payload, len(raw), b) == raw
+
+
+def test_c_kernels_are_built_where_required():
+    """CI sets WVC_REQUIRE_NATIVE=1: the suite must exercise the C kernels, not silently fall back."""
+    import os
+
+    from wvc.codec import transforms
+
+    if not os.environ.get("WVC_REQUIRE_NATIVE"):
+        pytest.skip("WVC_REQUIRE_NATIVE not set")
+    assert transforms._native is not None, "wvc/codec/_native.c was not built (is a C compiler installed?)"

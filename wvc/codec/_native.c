@@ -233,7 +233,102 @@ static PyObject *run(PyObject *args, int encoding) {
 static PyObject *encode_planes(PyObject *self, PyObject *args) { return run(args, 1); }
 static PyObject *decode_planes(PyObject *self, PyObject *args) { return run(args, 0); }
 
+/* pack_bits(data, bits) -> bytes: values < 2**bits, 8/bits per byte, value k of a byte at bit
+ * k*bits; the last byte zero-padded. unpack_bits(packed, bits, n) -> the n values back. */
+static PyObject *pack_bits(PyObject *self, PyObject *args) {
+    Py_buffer in;
+    int bits;
+    if (!PyArg_ParseTuple(args, "y*i", &in, &bits)) return NULL;
+    if (bits != 1 && bits != 2 && bits != 4) {
+        PyBuffer_Release(&in);
+        PyErr_SetString(PyExc_ValueError, "bits must be 1, 2 or 4");
+        return NULL;
+    }
+    const int per = 8 / bits;
+    const Py_ssize_t n = in.len, m = (n + per - 1) / per;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, m);
+    if (out) {
+        const uint8_t *src = in.buf;
+        uint8_t *dst = (uint8_t *)PyBytes_AS_STRING(out);
+        const uint8_t mask = (uint8_t)((1 << bits) - 1);
+        Py_BEGIN_ALLOW_THREADS
+        const Py_ssize_t whole = n / per;
+        for (Py_ssize_t j = 0; j < whole; j++) {
+            uint8_t v = 0;
+            for (int k = 0; k < per; k++) v |= (uint8_t)((src[j * per + k] & mask) << (k * bits));
+            dst[j] = v;
+        }
+        if (whole < m) {
+            uint8_t v = 0;
+            for (Py_ssize_t i = whole * per; i < n; i++) v |= (uint8_t)((src[i] & mask) << ((i - whole * per) * bits));
+            dst[whole] = v;
+        }
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&in);
+    return out;
+}
+
+static PyObject *unpack_bits(PyObject *self, PyObject *args) {
+    Py_buffer in;
+    int bits;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "y*in", &in, &bits, &n)) return NULL;
+    const int per = (bits == 1 || bits == 2 || bits == 4) ? 8 / bits : 0;
+    if (!per || n < 0 || (n + per - 1) / per > in.len) {
+        PyBuffer_Release(&in);
+        PyErr_SetString(PyExc_ValueError, "unpack_bits: bad bit width or too few bytes");
+        return NULL;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n);
+    if (out) {
+        const uint8_t *src = in.buf;
+        uint8_t *dst = (uint8_t *)PyBytes_AS_STRING(out);
+        const uint8_t mask = (uint8_t)((1 << bits) - 1);
+        Py_BEGIN_ALLOW_THREADS
+        const int lg = per == 8 ? 3 : per == 4 ? 2 : 1; /* shifts, not a division per value */
+        const Py_ssize_t whole = n >> lg;
+        for (Py_ssize_t j = 0; j < whole; j++) {
+            const uint8_t v = src[j];
+            for (int k = 0; k < per; k++) dst[(j << lg) + k] = (uint8_t)((v >> (k * bits)) & mask);
+        }
+        for (Py_ssize_t i = whole << lg; i < n; i++)
+            dst[i] = (uint8_t)((src[i >> lg] >> ((i & (per - 1)) * bits)) & mask);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&in);
+    return out;
+}
+
+/* histogram(data) -> list of 256 byte counts (the coder's choice is made from these). */
+static PyObject *histogram(PyObject *self, PyObject *args) {
+    Py_buffer in;
+    if (!PyArg_ParseTuple(args, "y*", &in)) return NULL;
+    Py_ssize_t counts[4][256];
+    memset(counts, 0, sizeof(counts));
+    const uint8_t *src = in.buf;
+    const Py_ssize_t n = in.len;
+    Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t i = 0;
+    for (; i + 4 <= n; i += 4) { /* four tables: no store-to-load stall on runs of one value */
+        counts[0][src[i]]++;
+        counts[1][src[i + 1]]++;
+        counts[2][src[i + 2]]++;
+        counts[3][src[i + 3]]++;
+    }
+    for (; i < n; i++) counts[0][src[i]]++;
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&in);
+    PyObject *out = PyList_New(256);
+    for (int v = 0; out && v < 256; v++)
+        PyList_SET_ITEM(out, v, PyLong_FromSsize_t(counts[0][v] + counts[1][v] + counts[2][v] + counts[3][v]));
+    return out;
+}
+
 static PyMethodDef methods[] = {
+    {"histogram", histogram, METH_VARARGS, "histogram(data) -> [count of byte value v for v in 0..255]"},
+    {"pack_bits", pack_bits, METH_VARARGS, "pack_bits(values, bits) -> bytes"},
+    {"unpack_bits", unpack_bits, METH_VARARGS, "unpack_bits(packed, bits, n) -> bytes"},
     {"encode_planes", encode_planes, METH_VARARGS,
      "encode_planes(x, base|None, width, transform, shift) -> (planes, key counts|None)\n"
      "Transform each element against its base, sort stably by the base's key when shift >= 0,\n"
