@@ -101,6 +101,50 @@
                                   int code, int shift, uint64_t mask, Py_ssize_t *next,       \
                                   uint8_t *out, void *sorted) {                               \
         decode_##BITS(planes, bs, n, code, shift, (T)mask, next, out, (T *)sorted);           \
+    }                                                                                              \
+    /* SPARSE: count the nonzero deltas (and the gaps >= 255 between them), then write the   \
+     * gap bytes, the escaped gaps' four planes and the values' planes. */                   \
+    static void sparse_count_##BITS(const uint8_t *xs, const uint8_t *bs, Py_ssize_t n,      \
+                                    int code, Py_ssize_t *nz, Py_ssize_t *nbig) {             \
+        const int w = BITS / 8;                                                               \
+        Py_ssize_t last = -1, z = 0, big = 0;                                                 \
+        for (Py_ssize_t i = 0; i < n; i++) {                                                  \
+            T x, b;                                                                           \
+            memcpy(&x, xs + i * w, w);                                                        \
+            memcpy(&b, bs + i * w, w);                                                        \
+            if (forward_##BITS(code, x, b)) {                                                 \
+                if (i - last - 1 >= 255) big++;                                               \
+                z++;                                                                          \
+                last = i;                                                                     \
+            }                                                                                 \
+        }                                                                                     \
+        *nz = z;                                                                              \
+        *nbig = big;                                                                          \
+    }                                                                                         \
+    static void sparse_fill_##BITS(const uint8_t *xs, const uint8_t *bs, Py_ssize_t n,       \
+                                   int code, Py_ssize_t nz, Py_ssize_t nbig, uint8_t *small,  \
+                                   uint8_t *big, uint8_t *values) {                           \
+        const int w = BITS / 8;                                                               \
+        Py_ssize_t last = -1, z = 0, e = 0;                                                   \
+        for (Py_ssize_t i = 0; i < n; i++) {                                                  \
+            T x, b, y;                                                                        \
+            memcpy(&x, xs + i * w, w);                                                        \
+            memcpy(&b, bs + i * w, w);                                                        \
+            y = forward_##BITS(code, x, b);                                                   \
+            if (!y) continue;                                                                 \
+            Py_ssize_t gap = i - last - 1;                                                    \
+            small[z] = gap >= 255 ? 255 : (uint8_t)gap;                                       \
+            if (gap >= 255) {                                                                 \
+                uint32_t g = (uint32_t)(gap - 255);                                           \
+                const uint8_t *gb = (const uint8_t *)&g;                                      \
+                for (int k = 0; k < 4; k++) big[k * nbig + e] = gb[k];                        \
+                e++;                                                                          \
+            }                                                                                 \
+            const uint8_t *yb = (const uint8_t *)&y;                                          \
+            for (int k = 0; k < w; k++) values[k * nz + z] = yb[k];                           \
+            z++;                                                                              \
+            last = i;                                                                         \
+        }                                                                                     \
     }
 
 DEFINE_KERNELS(uint8_t, 8)
@@ -300,7 +344,7 @@ static PyObject *unpack_bits(PyObject *self, PyObject *args) {
     return out;
 }
 
-/* histogram(data) -> list of 256 byte counts (the coder's choice is made from these). */
+/* histogram(data) -> 256 native int64 byte counts as bytes (the coder's choice is made from these). */
 static PyObject *histogram(PyObject *self, PyObject *args) {
     Py_buffer in;
     if (!PyArg_ParseTuple(args, "y*", &in)) return NULL;
@@ -319,14 +363,59 @@ static PyObject *histogram(PyObject *self, PyObject *args) {
     for (; i < n; i++) counts[0][src[i]]++;
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&in);
-    PyObject *out = PyList_New(256);
-    for (int v = 0; out && v < 256; v++)
-        PyList_SET_ITEM(out, v, PyLong_FromSsize_t(counts[0][v] + counts[1][v] + counts[2][v] + counts[3][v]));
-    return out;
+    int64_t total[256];
+    for (int v = 0; v < 256; v++) total[v] = (int64_t)(counts[0][v] + counts[1][v] + counts[2][v] + counts[3][v]);
+    return PyBytes_FromStringAndSize((const char *)total, sizeof(total));
+}
+
+/* sparse_encode(x, base, width, transform) -> (gap bytes, escaped gaps as 4 planes, value planes)
+ * exactly as transforms._gap_streams and the planes of the nonzero deltas. */
+static PyObject *sparse_encode(PyObject *self, PyObject *args) {
+    Args a;
+    if (parse(args, &a, "sparse_encode") < 0) return NULL;
+    if (!a.has_base || a.shift >= 0) {
+        release(&a);
+        PyErr_SetString(PyExc_ValueError, "sparse_encode needs a base and no grouping");
+        return NULL;
+    }
+    const uint8_t *xs = a.data.buf, *bs = a.base.buf;
+    Py_ssize_t nz = 0, nbig = 0;
+    Py_BEGIN_ALLOW_THREADS
+    switch (a.width) {
+    case 1: sparse_count_8(xs, bs, a.n, a.code, &nz, &nbig); break;
+    case 2: sparse_count_16(xs, bs, a.n, a.code, &nz, &nbig); break;
+    case 4: sparse_count_32(xs, bs, a.n, a.code, &nz, &nbig); break;
+    default: sparse_count_64(xs, bs, a.n, a.code, &nz, &nbig); break;
+    }
+    Py_END_ALLOW_THREADS
+    PyObject *small = PyBytes_FromStringAndSize(NULL, nz);
+    PyObject *big = PyBytes_FromStringAndSize(NULL, 4 * nbig);
+    PyObject *values = PyBytes_FromStringAndSize(NULL, nz * a.width);
+    PyObject *result = NULL;
+    if (small && big && values) {
+        uint8_t *sp = (uint8_t *)PyBytes_AS_STRING(small), *bp = (uint8_t *)PyBytes_AS_STRING(big),
+                *vp = (uint8_t *)PyBytes_AS_STRING(values);
+        Py_BEGIN_ALLOW_THREADS
+        switch (a.width) {
+        case 1: sparse_fill_8(xs, bs, a.n, a.code, nz, nbig, sp, bp, vp); break;
+        case 2: sparse_fill_16(xs, bs, a.n, a.code, nz, nbig, sp, bp, vp); break;
+        case 4: sparse_fill_32(xs, bs, a.n, a.code, nz, nbig, sp, bp, vp); break;
+        default: sparse_fill_64(xs, bs, a.n, a.code, nz, nbig, sp, bp, vp); break;
+        }
+        Py_END_ALLOW_THREADS
+        result = PyTuple_Pack(3, small, big, values);
+    }
+    Py_XDECREF(small);
+    Py_XDECREF(big);
+    Py_XDECREF(values);
+    release(&a);
+    return result;
 }
 
 static PyMethodDef methods[] = {
-    {"histogram", histogram, METH_VARARGS, "histogram(data) -> [count of byte value v for v in 0..255]"},
+    {"sparse_encode", sparse_encode, METH_VARARGS,
+     "sparse_encode(x, base, width, transform) -> (gap bytes, escaped gaps (4 planes), value planes)"},
+    {"histogram", histogram, METH_VARARGS, "histogram(data) -> bytes of 256 int64 counts"},
     {"pack_bits", pack_bits, METH_VARARGS, "pack_bits(values, bits) -> bytes"},
     {"unpack_bits", unpack_bits, METH_VARARGS, "unpack_bits(packed, bits, n) -> bytes"},
     {"encode_planes", encode_planes, METH_VARARGS,

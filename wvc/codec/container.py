@@ -22,7 +22,6 @@ bounds-checked before anything is decompressed: they must add up to the raw size
 from __future__ import annotations
 
 import enum
-import math
 import struct
 from dataclasses import dataclass
 
@@ -120,16 +119,18 @@ def peek(payload) -> PayloadInfo:
 INCOMPRESSIBLE_BITS = 7.88
 
 
-def _histogram(arr: np.ndarray) -> list[int]:
+def _histogram(arr: np.ndarray) -> np.ndarray:
+    """256 int64 byte counts."""
     if (kernels := _native()) is not None:
-        return kernels.histogram(arr)
-    return np.bincount(arr, minlength=256).tolist()
+        return np.frombuffer(kernels.histogram(arr), dtype=np.int64)
+    return np.bincount(arr, minlength=256).astype(np.int64)
 
 
-def _entropy_bits(counts: list[int], n: int) -> float:
+def _entropy_bits(counts: np.ndarray, n: int) -> float:
     """Bits per byte of the order-0 model; computed here from integer counts so the C and
     numpy paths make the same choice."""
-    return -sum(c / n * math.log2(c / n) for c in counts if c)
+    p = counts[counts > 0] / n
+    return float(-(p * np.log2(p)).sum())
 
 
 def _native():
@@ -184,7 +185,7 @@ def compress_stream(data, level: int) -> tuple[int, int, bytes]:
         return CODER_STORED, n, arr.tobytes()
     zstd = zstandard.ZstdCompressor(level=level)
     counts = _histogram(arr)
-    top = max(v for v in range(256) if counts[v])
+    top = int(np.flatnonzero(counts)[-1])
     if top < 16:
         # Bit-packed is the smaller one in 395 of 418 such planes of the benchmark's
         # fine-tunes, and 0.05% larger overall when not: not worth a second zstd call.

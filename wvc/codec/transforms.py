@@ -35,6 +35,9 @@ _NATIVE_CODE = {Method.RAW: 0, Method.PLANES: 0, Method.XOR: 1, Method.ULP: 2, M
 
 # Sampling: for big chunks, pick the method on slices and encode only the winner.
 SAMPLE_BYTES = 256 * 1024
+# Chunks from this size on pick their method on a quarter-size sample (at most SAMPLE_BYTES);
+# smaller ones try every candidate in full.
+MIN_SAMPLED = 128 * 1024
 # Exponent groups smaller than this are merged with their neighbours (per-stream overhead).
 MIN_GROUP = 16384
 
@@ -130,6 +133,13 @@ def candidate_methods(dtype: DType, has_base: bool) -> list[Method]:
 
 def _encode_with(xp, method: Method, x, b, dtype: DType, level: int) -> bytes:
     width, bits = dtype.width, dtype.width * 8
+    if method is Method.SPARSE and _native is not None and isinstance(xp, NumpyBackend):
+        inner = inner_method(dtype)
+        small, big, values = _native.sparse_encode(x, b, width, _NATIVE_CODE[inner], -1)
+        nz, nb = len(small), len(big) // 4
+        parts = [memoryview(small)] + [memoryview(big)[k * nb : (k + 1) * nb] for k in range(4)]
+        parts += [memoryview(values)[j * nz : (j + 1) * nz] for j in range(width)]
+        return pack(method, width, int(inner), len(x) * width, [compress_stream(p, level) for p in parts])
     if method is Method.SPARSE:
         # Few changed elements (RL steps, partial updates): store where and by how much.
         inner = inner_method(dtype)
@@ -211,8 +221,8 @@ def encode_chunk(
     x = xp.from_bytes(raw, dtype.width)
     b = xp.from_bytes(memoryview(base).cast("B"), dtype.width) if base is not None else None
     methods = [method] if method is not None else candidate_methods(dtype, b is not None)
-    if len(methods) > 1 and len(raw) > 2 * SAMPLE_BYTES:
-        methods = [_best_on_sample(xp, methods, x, b, dtype, level)]
+    if len(methods) > 1 and len(raw) >= MIN_SAMPLED:
+        methods = [_best_on_sample(xp, methods, x, b, dtype, level, min(SAMPLE_BYTES, len(raw) // 4))]
     best = None
     for m in methods:
         payload = _encode_with(xp, m, x, b, dtype, level)
@@ -235,10 +245,10 @@ def fit_base(base, size: int):
     return bytes(base) + bytes(size - len(base))
 
 
-def _best_on_sample(xp, methods, x, b, dtype, level) -> Method:
+def _best_on_sample(xp, methods, x, b, dtype, level, sample_bytes: int) -> Method:
     """Cheap model selection: encode a few spread slices with each method, keep the best."""
     n = len(x)
-    per = SAMPLE_BYTES // dtype.width // 4
+    per = max(1, sample_bytes // dtype.width // 4)
     starts = [0, n // 3, (2 * n) // 3, max(0, n - per)]
     xs, bs = xp.sample(x, starts, per), xp.sample(b, starts, per)
     return min(methods, key=lambda m: len(_encode_with(xp, m, xs, bs, dtype, level)))
