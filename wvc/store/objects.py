@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import codec, ids
+from .. import ids
 from ..errors import CorruptObject, MissingObject
 from .database import Database
 from .external import BASE_PACK, EXTERNAL_METHOD, ExternalFiles
@@ -55,6 +55,8 @@ class ObjectRow:
 
 def decode_verified(object_id: str, payload, raw_size: int, base, where: str) -> bytes:
     """Decode one payload and check the result against its id: the only way bytes leave a pack."""
+    from .. import codec  # numpy and zstandard: not loaded by commands that decode nothing
+
     try:
         raw = codec.decode(payload, raw_size, base)
     except CorruptObject as exc:
@@ -222,6 +224,8 @@ class ChunkWriter:
         return object_id
 
     def _encode(self, raw, dtype, base_chain):
+        from .. import codec
+
         base_raw = self.store.decode_chain(base_chain) if base_chain else None
         encoded = codec.encode(raw, dtype, base_raw, device=self.device, level=self.level)
         base = base_chain[0] if encoded.uses_base else None
