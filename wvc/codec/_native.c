@@ -43,65 +43,77 @@
         default: return y;                                                                    \
         }                                                                                     \
     }                                                                                         \
-    /* Two sequential-friendly passes rather than one that scatters bytes into 2*w plane    \
-     * streams per group: transform into a sorted element array (one stream per group),     \
-     * then split it into planes sequentially. */                                           \
-    static void encode_##BITS(const uint8_t *xs, const uint8_t *bs, Py_ssize_t n, int code,  \
-                              int shift, T mask, Py_ssize_t *next, uint8_t *out, T *sorted) { \
-        const int w = BITS / 8;                                                               \
-        T *dst = shift >= 0 ? sorted : NULL;                                                  \
-        for (Py_ssize_t i = 0; i < n; i++) {                                                  \
-            T x, b = 0, y;                                                                    \
-            memcpy(&x, xs + i * w, w);                                                        \
-            if (bs) memcpy(&b, bs + i * w, w);                                                \
-            y = forward_##BITS(code, x, b);                                                   \
-            if (dst) {                                                                        \
-                dst[next[(b >> shift) & mask]++] = y;                                         \
-            } else {                                                                          \
-                const uint8_t *yb = (const uint8_t *)&y;                                      \
-                for (int k = 0; k < w; k++) out[k * n + i] = yb[k];                           \
-            }                                                                                 \
-        }                                                                                     \
-        if (dst) {                                                                            \
-            for (Py_ssize_t i = 0; i < n; i++) {                                              \
-                const uint8_t *yb = (const uint8_t *)&dst[i];                                 \
-                for (int k = 0; k < w; k++) out[k * n + i] = yb[k];                           \
-            }                                                                                 \
+    static inline T load_##BITS(const uint8_t *p, Py_ssize_t i) {                             \
+        T v;                                                                                  \
+        memcpy(&v, p + i * (BITS / 8), BITS / 8);                                             \
+        return v;                                                                             \
+    }                                                                                         \
+    /* planes <-> elements: one simple loop per plane, which the compiler vectorises */       \
+    static void split_##BITS(const T *y, Py_ssize_t n, uint8_t *out) {                       \
+        for (int k = 0; k < BITS / 8; k++) {                                                  \
+            uint8_t *plane = out + k * n;                                                     \
+            for (Py_ssize_t i = 0; i < n; i++) plane[i] = (uint8_t)(y[i] >> (8 * k));         \
         }                                                                                     \
     }                                                                                         \
-    static void decode_##BITS(const uint8_t *planes, const uint8_t *bs, Py_ssize_t n,        \
-                              int code, int shift, T mask, Py_ssize_t *next, uint8_t *out,    \
-                              T *sorted) {                                                    \
-        const int w = BITS / 8;                                                               \
+    static void join_##BITS(const uint8_t *planes, Py_ssize_t n, T *y) {                     \
+        for (Py_ssize_t i = 0; i < n; i++) y[i] = planes[i];                                  \
+        for (int k = 1; k < BITS / 8; k++) {                                                  \
+            const uint8_t *plane = planes + k * n;                                            \
+            for (Py_ssize_t i = 0; i < n; i++) y[i] |= (T)((T)plane[i] << (8 * k));          \
+        }                                                                                     \
+    }                                                                                         \
+    /* the transform over a whole chunk, with the method's branch outside the loop */         \
+    static void forward_all_##BITS(int code, const uint8_t *xs, const uint8_t *bs,           \
+                                   Py_ssize_t n, T *y) {                                      \
+        switch (code) {                                                                       \
+        case 1: for (Py_ssize_t i = 0; i < n; i++) y[i] = forward_##BITS(1, load_##BITS(xs, i), load_##BITS(bs, i)); break; \
+        case 2: for (Py_ssize_t i = 0; i < n; i++) y[i] = forward_##BITS(2, load_##BITS(xs, i), load_##BITS(bs, i)); break; \
+        case 3: for (Py_ssize_t i = 0; i < n; i++) y[i] = forward_##BITS(3, load_##BITS(xs, i), load_##BITS(bs, i)); break; \
+        default: memcpy(y, xs, (size_t)n * (BITS / 8));                                       \
+        }                                                                                     \
+    }                                                                                         \
+    static void inverse_all_##BITS(int code, T *y, const uint8_t *bs, Py_ssize_t n) {        \
+        switch (code) {                                                                       \
+        case 1: for (Py_ssize_t i = 0; i < n; i++) y[i] = inverse_##BITS(1, y[i], load_##BITS(bs, i)); break; \
+        case 2: for (Py_ssize_t i = 0; i < n; i++) y[i] = inverse_##BITS(2, y[i], load_##BITS(bs, i)); break; \
+        case 3: for (Py_ssize_t i = 0; i < n; i++) y[i] = inverse_##BITS(3, y[i], load_##BITS(bs, i)); break; \
+        default: break;                                                                       \
+        }                                                                                     \
+    }                                                                                         \
+    /* encode: transform (stably sorted by the base's key when grouping) into tmp, split */   \
+    static void encode_##BITS(const uint8_t *xs, const uint8_t *bs, Py_ssize_t n, int code,  \
+                              int shift, uint64_t mask, Py_ssize_t *next, uint8_t *out,       \
+                              void *tmp_) {                                                   \
+        T *tmp = (T *)tmp_;                                                                   \
         if (shift >= 0) {                                                                     \
             for (Py_ssize_t i = 0; i < n; i++) {                                              \
-                uint8_t *yb = (uint8_t *)&sorted[i];                                          \
-                for (int k = 0; k < w; k++) yb[k] = planes[k * n + i];                        \
+                const T b = load_##BITS(bs, i);                                               \
+                tmp[next[((uint64_t)b >> shift) & mask]++] =                                  \
+                    forward_##BITS(code, load_##BITS(xs, i), b);                              \
             }                                                                                 \
+        } else {                                                                              \
+            forward_all_##BITS(code, xs, bs, n, tmp);                                         \
         }                                                                                     \
-        for (Py_ssize_t i = 0; i < n; i++) {                                                  \
-            T y, b = 0, x;                                                                    \
-            if (bs) memcpy(&b, bs + i * w, w);                                                \
-            if (shift >= 0) {                                                                 \
-                y = sorted[next[(b >> shift) & mask]++];                                      \
-            } else {                                                                          \
-                uint8_t *yb = (uint8_t *)&y;                                                  \
-                for (int k = 0; k < w; k++) yb[k] = planes[k * n + i];                        \
+        split_##BITS(tmp, n, out);                                                            \
+    }                                                                                         \
+    /* decode: join the planes into tmp, then undo the grouping and the transform */          \
+    static void decode_##BITS(const uint8_t *planes, const uint8_t *bs, Py_ssize_t n,        \
+                              int code, int shift, uint64_t mask, Py_ssize_t *next,           \
+                              uint8_t *out, void *tmp_) {                                     \
+        T *tmp = (T *)tmp_;                                                                   \
+        if (shift >= 0) {                                                                     \
+            join_##BITS(planes, n, tmp);                                                      \
+            for (Py_ssize_t i = 0; i < n; i++) {                                              \
+                const T b = load_##BITS(bs, i);                                               \
+                const T x = inverse_##BITS(code, tmp[next[((uint64_t)b >> shift) & mask]++], b); \
+                memcpy(out + i * (BITS / 8), &x, BITS / 8);                                   \
             }                                                                                 \
-            x = inverse_##BITS(code, y, b);                                                   \
-            memcpy(out + i * w, &x, w);                                                       \
+        } else {                                                                              \
+            join_##BITS(planes, n, tmp);                                                      \
+            inverse_all_##BITS(code, tmp, bs, n);                                             \
+            memcpy(out, tmp, (size_t)n * (BITS / 8));                                         \
         }                                                                                     \
     }                                                                                         \
-    static void encode_any_##BITS(const uint8_t *xs, const uint8_t *bs, Py_ssize_t n,        \
-                                  int code, int shift, uint64_t mask, Py_ssize_t *next,       \
-                                  uint8_t *out, void *sorted) {                               \
-        encode_##BITS(xs, bs, n, code, shift, (T)mask, next, out, (T *)sorted);               \
-    }                                                                                         \
-    static void decode_any_##BITS(const uint8_t *planes, const uint8_t *bs, Py_ssize_t n,    \
-                                  int code, int shift, uint64_t mask, Py_ssize_t *next,       \
-                                  uint8_t *out, void *sorted) {                               \
-        decode_##BITS(planes, bs, n, code, shift, (T)mask, next, out, (T *)sorted);           \
-    }                                                                                              \
     /* SPARSE: count the nonzero deltas (and the gaps >= 255 between them), then write the   \
      * gap bytes, the escaped gaps' four planes and the values' planes. */                   \
     static void sparse_count_##BITS(const uint8_t *xs, const uint8_t *bs, Py_ssize_t n,      \
@@ -220,36 +232,51 @@ static void release(Args *a) {
     if (a->has_base) PyBuffer_Release(&a->base);
 }
 
+/* A per-thread scratch buffer, kept between calls: a fresh 4 MiB allocation per chunk costs
+ * ~1000 page faults, as much as the kernel itself. Freed when the thread's buffer grows. */
+static __thread void *scratch_buf = NULL;
+static __thread size_t scratch_cap = 0;
+
+static void *scratch(size_t size) {
+    if (size > scratch_cap) {
+        free(scratch_buf);
+        scratch_buf = malloc(size); /* malloc: aligned for any element type */
+        scratch_cap = scratch_buf ? size : 0;
+    }
+    return scratch_buf;
+}
+
 typedef void (*kernel_fn)(const uint8_t *, const uint8_t *, Py_ssize_t, int, int, uint64_t, Py_ssize_t *,
                           uint8_t *, void *);
+
 
 static PyObject *run(PyObject *args, int encoding) {
     Args a;
     if (parse(args, &a, encoding ? "encode" : "decode") < 0) return NULL;
     PyObject *out = PyBytes_FromStringAndSize(NULL, a.data.len);
     Py_ssize_t *counts = NULL, *next = NULL;
-    void *sorted = NULL;
-    if (out && a.nkeys) {
-        counts = malloc(sizeof(Py_ssize_t) * a.nkeys);
-        next = malloc(sizeof(Py_ssize_t) * a.nkeys);
-        sorted = malloc(a.data.len ? a.data.len : 1);
-        if (!counts || !next || !sorted) {
+    void *tmp = NULL;
+    if (out) {
+        tmp = scratch(a.data.len ? a.data.len : 1);
+        if (a.nkeys) {
+            counts = malloc(sizeof(Py_ssize_t) * a.nkeys);
+            next = malloc(sizeof(Py_ssize_t) * a.nkeys);
+        }
+        if (!tmp || (a.nkeys && (!counts || !next))) {
             Py_CLEAR(out);
             PyErr_NoMemory();
         }
     }
     if (out) {
-        static const kernel_fn enc[] = {encode_any_8, encode_any_16, NULL, encode_any_32, NULL, NULL, NULL,
-                                        encode_any_64};
-        static const kernel_fn dec[] = {decode_any_8, decode_any_16, NULL, decode_any_32, NULL, NULL, NULL,
-                                        decode_any_64};
+        static const kernel_fn enc[] = {encode_8, encode_16, NULL, encode_32, NULL, NULL, NULL, encode_64};
+        static const kernel_fn dec[] = {decode_8, decode_16, NULL, decode_32, NULL, NULL, NULL, decode_64};
         kernel_fn fn = (encoding ? enc : dec)[a.width - 1];
         const uint8_t *bs = a.has_base ? (const uint8_t *)a.base.buf : NULL;
         uint8_t *dst = (uint8_t *)PyBytes_AS_STRING(out);
         Py_BEGIN_ALLOW_THREADS
         if (a.nkeys) group_counts(bs, a.n, a.width, a.shift, counts, next, a.nkeys);
         fn((const uint8_t *)a.data.buf, bs, a.n, a.code, a.nkeys ? a.shift : -1,
-           a.nkeys ? (uint64_t)a.nkeys - 1 : 0, next, dst, sorted);
+           a.nkeys ? (uint64_t)a.nkeys - 1 : 0, next, dst, tmp);
         Py_END_ALLOW_THREADS
     }
     PyObject *result = NULL;
@@ -267,7 +294,6 @@ static PyObject *run(PyObject *args, int encoding) {
         Py_XDECREF(sizes);
         Py_DECREF(out);
     }
-    free(sorted);
     free(counts);
     free(next);
     release(&a);
