@@ -28,6 +28,7 @@ MAX_REF_BYTES = 200
 MAX_SMALL_OBJECT = 256 << 20  # commits and trees
 MAX_INDEX_BYTES = 1 << 30
 MAX_BASE_RECORD = 64 << 10
+MAX_OBJECT_BYTES = 1 << 30  # one chunk's payload: range reads hold it in memory
 BASE_RECORD = "base.json"
 _PACK = re.compile(r"^pack-([0-9a-f]{64})\.(pack|idx)$")
 
@@ -91,7 +92,8 @@ def parse_pack_index(data: bytes, name: str) -> list:
         raise RemoteError(f"remote pack index {name[:12]} is malformed: {exc}") from None
     for e in entries:
         if not (ids.is_object_id(e.id) and (e.base is None or ids.is_object_id(e.base))
-                and all(type(v) is int and v >= 0 for v in (e.offset, e.length, e.raw_size, e.method))):
+                and all(type(v) is int and v >= 0 for v in (e.offset, e.length, e.raw_size, e.method))
+                and e.length <= MAX_OBJECT_BYTES and e.raw_size <= MAX_OBJECT_BYTES):
             raise RemoteError(f"remote pack index {name[:12]} holds invalid entries")
     return entries
 
