@@ -63,6 +63,18 @@ def fine_tune(base_folder: Path, work: Path, scale: float = 1e-3, layers=None, s
     save_file(weights, str(work / "model.safetensors"), metadata={"format": "pt"})
 
 
+def pushed_on_dir_base(tmp_path) -> tuple[Path, Repo, Path]:
+    """(base directory, a repository on it with one fine-tune commit, the directory remote it was pushed to)."""
+    base_folder = tmp_path / "base"
+    make_base(base_folder)
+    repo = Repo.init(tmp_path / "ft", base=str(base_folder))
+    fine_tune(base_folder, repo.root)
+    repo.commit("ft")
+    repo.remote_add("origin", str(tmp_path / "remote"))
+    repo.push()
+    return base_folder, repo, tmp_path / "remote"
+
+
 def dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
@@ -150,14 +162,8 @@ def test_directory_base_is_read_in_place_and_changes_are_caught(tmp_path, cli):
     assert len(r.output.strip().splitlines()) == 1
 
 
-def test_clone_refuses_a_base_whose_files_changed(tmp_path, hub, monkeypatch):
-    base_folder = tmp_path / "base"
-    make_base(base_folder)
-    repo = Repo.init(tmp_path / "ft", base=str(base_folder))
-    fine_tune(base_folder, repo.root)
-    repo.commit("ft")
-    repo.remote_add("origin", str(tmp_path / "remote"))
-    repo.push()
+def test_clone_refuses_a_base_whose_files_changed(tmp_path):
+    base_folder, _, _ = pushed_on_dir_base(tmp_path)
     (base_folder / "config.json").write_text("{}")
     with pytest.raises(WvcError, match="does not match the one this history was made from"):
         clone(str(tmp_path / "remote"), tmp_path / "copy")
@@ -206,14 +212,8 @@ def test_base_errors_are_one_line_and_leave_nothing(tmp_path, hub, cli):
         assert not target.exists()
 
 
-def test_push_refuses_mixing_bases(tmp_path, hub):
-    base_folder = tmp_path / "base"
-    make_base(base_folder)
-    based = Repo.init(tmp_path / "a", base=str(base_folder))
-    fine_tune(base_folder, based.root)
-    based.commit("ft")
-    based.remote_add("origin", str(tmp_path / "remote"))
-    based.push()
+def test_push_refuses_mixing_bases(tmp_path):
+    base_folder, _, _ = pushed_on_dir_base(tmp_path)
     plain = Repo.init(tmp_path / "b")
     fine_tune(base_folder, plain.root)
     plain.commit("no base")
@@ -285,13 +285,7 @@ def test_lazy_clone_downloads_only_the_versions_it_uses(tmp_path, hub, cli):
     (json.dumps({"url": "/", "tree": "0" * 64, "commit": "0" * 64}).encode(), "not the root commit"),
 ])
 def test_hostile_base_records_are_refused(tmp_path, cli, record, message):
-    base_folder = tmp_path / "base"
-    make_base(base_folder)
-    repo = Repo.init(tmp_path / "ft", base=str(base_folder))
-    fine_tune(base_folder, repo.root)
-    repo.commit("ft")
-    repo.remote_add("origin", str(tmp_path / "remote"))
-    repo.push()
+    pushed_on_dir_base(tmp_path)
     (tmp_path / "remote" / "base.json").write_bytes(record)
     r = cli(tmp_path, "clone", str(tmp_path / "remote"), str(tmp_path / "copy"))
     assert r.exit_code == 1 and message in r.output and len(r.output.strip().splitlines()) == 1, r.output

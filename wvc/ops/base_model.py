@@ -164,12 +164,6 @@ def _hub_cache_dir() -> str | None:
     return None
 
 
-def _hub_errors(what: str):
-    from ..remotes.hub import hub_errors
-
-    return hub_errors(what)
-
-
 def download_hub(url: str, paths: list[str] | None = None, progress: Progress = NULL) -> tuple[str, Path, list[str]]:
     """Resolve and download a Hub base into the huggingface_hub cache.
 
@@ -181,7 +175,7 @@ def download_hub(url: str, paths: list[str] | None = None, progress: Progress = 
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     from ..remotes.base import RemoteError
-    from ..remotes.hub import HubRemote
+    from ..remotes.hub import HubRemote, hub_errors
 
     repo_id, rev = parse_hub(url)
     remote = HubRemote(repo_id)
@@ -203,7 +197,7 @@ def download_hub(url: str, paths: list[str] | None = None, progress: Progress = 
         raise BaseError(f"base {url}: HF_HUB_OFFLINE is set and a new base needs the Hub")
     what = f"base {HUB_SCHEME}{repo_id}@{rev}"
     try:
-        with _hub_errors(what):
+        with hub_errors(what):
             if sha is None:
                 sha = remote.api.model_info(repo_id, revision=rev).sha
             if paths is None:

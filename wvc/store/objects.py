@@ -103,10 +103,6 @@ class ObjectStore:
         return (self.db.one("SELECT 1 FROM objects WHERE id = ?", (object_id,)) is not None
                 or self.db.one("SELECT 1 FROM external_objects WHERE id = ?", (object_id,)) is not None)
 
-    def has_stored(self, object_id: str) -> bool:
-        """In a pack of this repository (not merely in the base)."""
-        return self.db.one("SELECT 1 FROM objects WHERE id = ?", (object_id,)) is not None
-
     def chain(self, object_id: str) -> list[ObjectRow]:
         """The rows to decode for ``object_id``: itself first, its keyframe last."""
         rows, cursor = [], object_id
