@@ -42,9 +42,10 @@ class Repo:
 
     def ensure_objects(self, object_ids, progress: Progress = NULL) -> None:
         """Make chunks local: a no-op unless this is a lazy clone (ops/partial.py) lacking some."""
-        if self.db.get_config("lazy.remote") is None:
+        from .ops.partial import fetch_objects, lazy_remote
+
+        if lazy_remote(self) is None:
             return
-        from .ops.partial import fetch_objects
 
         self.lazy_downloaded += fetch_objects(self, object_ids, progress)
 

@@ -188,7 +188,9 @@ def fsck(repo) -> FsckResult:
                 res.errors.append(f"pack {name[:12]}: name does not match its checksum")
         except (WvcError, OSError) as exc:
             res.errors.append(f"pack {name[:12]}: {exc}")
-    lazy = repo.db.get_config("lazy.remote") is not None
+    from .partial import lazy_remote
+
+    lazy = lazy_remote(repo) is not None
     for (oid,) in repo.db.query("SELECT id FROM objects"):
         res.objects += 1
         try:
