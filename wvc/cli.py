@@ -145,7 +145,8 @@ def init(path, branch, base, chunk_size, max_chain, as_json):
         size = repo.read_tree(ref.tree).logical_bytes
         click.echo(f"Initialized wvc repository in {repo.wvc_dir} on base {ref.url} "
                    f"({human(size)}, read in place from {repo.db.get_config('base.dir')}); "
-                   f"{branch} is at the base commit {ref.commit[:12]}")
+                   f"{branch} is at the base commit {ref.commit[:12]}. Put the fine-tuned files here and "
+                   f"`wvc commit`; `wvc checkout {branch}` writes the base's own files here")
 
 
 @main.command()
