@@ -237,11 +237,21 @@ def _bounded_zstd(data, expected: int) -> bytes:
     declared = zstandard.frame_content_size(data) if len(data) >= 4 else -2
     if declared not in (expected, -1):  # -1: size not in the frame header
         raise CorruptObject("zstd frame declares the wrong size")
+    if expected == 0:
+        return b""
     try:
-        # Reading at most expected+1 bytes bounds memory whatever the frame claims.
-        out = zstandard.ZstdDecompressor().stream_reader(bytes(data)).read(expected + 1)
+        # The output buffer is at most the recorded size, whatever the frame claims: a
+        # decompression bomb fails instead of allocating.
+        out = _decompressor().decompress(data, max_output_size=expected)
     except zstandard.ZstdError as exc:
-        raise CorruptObject(f"zstd: {exc}") from None
+        raise CorruptObject(f"zstd stream is corrupt or decodes to the wrong length ({exc})") from None
     if len(out) != expected:
         raise CorruptObject("zstd stream decoded to the wrong length")
     return out
+
+
+def _decompressor() -> zstandard.ZstdDecompressor:
+    cache = _COMPRESSORS.__dict__
+    if "decompressor" not in cache:
+        cache["decompressor"] = zstandard.ZstdDecompressor()
+    return cache["decompressor"]
