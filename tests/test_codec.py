@@ -189,3 +189,41 @@ def test_c_kernels_are_built_where_required():
     if not os.environ.get("WVC_REQUIRE_NATIVE"):
         pytest.skip("WVC_REQUIRE_NATIVE not set")
     assert transforms._native is not None, "wvc/codec/_native.c was not built (is a C compiler installed?)"
+
+
+def _valid_payloads():
+    g = torch.Generator().manual_seed(7)
+    out = []
+    for name in ("BF16", "F32", "I8", "F8_E4M3"):
+        dtype = DTYPES[name]
+        n = 5000
+        base = torch.randint(0, 256, (n * dtype.width,), dtype=torch.uint8, generator=g)
+        raw = base.clone()
+        flip = torch.rand(n * dtype.width, generator=g) < 0.05
+        raw[flip] = torch.randint(0, 256, (int(flip.sum()),), dtype=torch.uint8, generator=g)
+        raw, base = raw.numpy().tobytes(), base.numpy().tobytes()
+        for method in methods_for(dtype):
+            b = base if method.uses_base else None
+            out.append((codec.encode(raw, dtype, b, method=method).payload, len(raw), b))
+    return out
+
+
+VALID_PAYLOADS = _valid_payloads()
+
+
+@settings(max_examples=300, deadline=None)
+@given(which=hs.integers(0, len(VALID_PAYLOADS) - 1), flips=hs.lists(hs.tuples(hs.integers(0, 10**9), hs.integers(1, 255)),
+                                                                   min_size=1, max_size=4))
+def test_damaged_payloads_fail_cleanly(which, flips):
+    """Bit flips anywhere in a real payload (header, stream table, zstd frames, raw planes):
+    decoding raises CorruptObject or returns exactly raw_size bytes; it never crashes, and
+    the store's hash check catches the latter."""
+    payload, raw_size, base = VALID_PAYLOADS[which]
+    damaged = bytearray(payload)
+    for pos, mask in flips:
+        damaged[pos % len(damaged)] ^= mask
+    try:
+        out = codec.decode(bytes(damaged), raw_size, base)
+    except CorruptObject:
+        return
+    assert len(out) == raw_size

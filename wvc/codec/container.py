@@ -234,7 +234,10 @@ def stream_bytes(payload, info: PayloadInfo, k: int):
 
 
 def _bounded_zstd(data, expected: int) -> bytes:
-    declared = zstandard.frame_content_size(data) if len(data) >= 4 else -2
+    try:
+        declared = zstandard.frame_content_size(data) if len(data) >= 4 else -2
+    except zstandard.ZstdError:  # not a zstd frame header at all
+        raise CorruptObject("zstd frame header is damaged") from None
     if declared not in (expected, -1):  # -1: size not in the frame header
         raise CorruptObject("zstd frame declares the wrong size")
     if expected == 0:
