@@ -276,6 +276,15 @@ def test_lazy_clone_downloads_only_the_versions_it_uses(tmp_path, hub, cli):
     w = lazy.load_state_dict(next(iter(digests)))["layers.0.weight"]
     assert w.dtype == torch.bfloat16
 
+    # a commit on a branch whose version was never fetched still deltas against its parent
+    again = clone("hf://team/lazy-ft", tmp_path / "lazy2", lazy=True)
+    again.create_branch("old", first)
+    out = tmp_path / "out"
+    out.mkdir()
+    fine_tune(base_folder, out, seed=99)
+    result = again.commit("on old", source=out, branch="old")
+    assert result.stored_bytes < (out / "model.safetensors").stat().st_size / 4
+
 
 @pytest.mark.parametrize("record, message", [
     (b"not json", "not JSON"),

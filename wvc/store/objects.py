@@ -195,6 +195,9 @@ class ChunkWriter:
         if base_id is None or base_id == object_id:
             return None
         row = self.store.row(base_id)
+        if row is None and self.store.fetch_missing is not None:  # a lazy clone's unfetched parent
+            self.store.fetch_missing([base_id])
+            row = self.store.row(base_id)
         if row is None or row.raw_size == 0:
             return None
         chain = self.store.chain(base_id)
