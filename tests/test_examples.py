@@ -12,6 +12,7 @@ EXAMPLES = Path(__file__).parent.parent / "examples"
 @pytest.mark.parametrize("script, extra", [
     ("branching_experiments.py", []),
     ("team_sync.py", []),
+    ("finetune_of_hub_base.py", []),
     ("finetune_with_callback.py", ["--steps", "4"]),
 ])
 def test_example_runs(script, extra, tmp_path):
