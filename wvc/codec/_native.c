@@ -370,30 +370,6 @@ static PyObject *unpack_bits(PyObject *self, PyObject *args) {
     return out;
 }
 
-/* histogram(data) -> 256 native int64 byte counts as bytes (the coder's choice is made from these). */
-static PyObject *histogram(PyObject *self, PyObject *args) {
-    Py_buffer in;
-    if (!PyArg_ParseTuple(args, "y*", &in)) return NULL;
-    Py_ssize_t counts[4][256];
-    memset(counts, 0, sizeof(counts));
-    const uint8_t *src = in.buf;
-    const Py_ssize_t n = in.len;
-    Py_BEGIN_ALLOW_THREADS
-    Py_ssize_t i = 0;
-    for (; i + 4 <= n; i += 4) { /* four tables: no store-to-load stall on runs of one value */
-        counts[0][src[i]]++;
-        counts[1][src[i + 1]]++;
-        counts[2][src[i + 2]]++;
-        counts[3][src[i + 3]]++;
-    }
-    for (; i < n; i++) counts[0][src[i]]++;
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&in);
-    int64_t total[256];
-    for (int v = 0; v < 256; v++) total[v] = (int64_t)(counts[0][v] + counts[1][v] + counts[2][v] + counts[3][v]);
-    return PyBytes_FromStringAndSize((const char *)total, sizeof(total));
-}
-
 /* sparse_encode(x, base, width, transform) -> (gap bytes, escaped gaps as 4 planes, value planes)
  * exactly as transforms._gap_streams and the planes of the nonzero deltas. */
 static PyObject *sparse_encode(PyObject *self, PyObject *args) {
@@ -441,7 +417,6 @@ static PyObject *sparse_encode(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"sparse_encode", sparse_encode, METH_VARARGS,
      "sparse_encode(x, base, width, transform) -> (gap bytes, escaped gaps (4 planes), value planes)"},
-    {"histogram", histogram, METH_VARARGS, "histogram(data) -> bytes of 256 int64 counts"},
     {"pack_bits", pack_bits, METH_VARARGS, "pack_bits(values, bits) -> bytes"},
     {"unpack_bits", unpack_bits, METH_VARARGS, "unpack_bits(packed, bits, n) -> bytes"},
     {"encode_planes", encode_planes, METH_VARARGS,

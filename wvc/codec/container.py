@@ -139,17 +139,15 @@ def _compressor(level: int) -> zstandard.ZstdCompressor:
     return cache[level]
 
 
-def _histogram(arr: np.ndarray) -> np.ndarray:
-    """256 int64 byte counts."""
-    if (kernels := _native()) is not None:
-        return np.frombuffer(kernels.histogram(arr), dtype=np.int64)
-    return np.bincount(arr, minlength=256).astype(np.int64)
+ENTROPY_SAMPLE_STRIDE = 16  # the noise test looks at every 16th byte of a large plane
 
 
-def _entropy_bits(counts: np.ndarray, n: int) -> float:
-    """Bits per byte of the order-0 model; computed here from integer counts so the C and
-    numpy paths make the same choice."""
-    p = counts[counts > 0] / n
+def _entropy_bits(arr: np.ndarray) -> float:
+    """Bits per byte of the order-0 model of ``arr``, estimated on a fixed stride sample
+    (a full histogram cost ~15% of an encode); deterministic, so every path decides alike."""
+    sample = arr[::ENTROPY_SAMPLE_STRIDE] if len(arr) >= 64 * ENTROPY_SAMPLE_STRIDE else arr
+    counts = np.bincount(sample, minlength=256)
+    p = counts[counts > 0] / len(sample)
     return float(-(p * np.log2(p)).sum())
 
 
@@ -204,14 +202,13 @@ def compress_stream(data, level: int) -> tuple[int, int, bytes]:
     if n < 64:
         return CODER_STORED, n, arr.tobytes()
     zstd = _compressor(level)
-    counts = _histogram(arr)
-    top = int(np.flatnonzero(counts)[-1])
+    top = int(arr.max())  # exact: packing needs every value below 2**bits
     if top < 16:
         # Bit-packed is the smaller one in 395 of 418 such planes of the benchmark's
         # fine-tunes, and 0.05% larger overall when not: not worth a second zstd call.
         bits = 1 if top < 2 else 2 if top < 4 else 4
         return {v: k for k, v in CODER_PACKED.items()}[bits], n, zstd.compress(_pack_bits(arr, bits))
-    if _entropy_bits(counts, n) > INCOMPRESSIBLE_BITS:
+    if _entropy_bits(arr) > INCOMPRESSIBLE_BITS:
         return CODER_STORED, n, arr.tobytes()  # noise (low mantissa bytes): zstd would store it anyway
     compressed = zstd.compress(arr)
     if len(compressed) < n - n // 64:
