@@ -240,6 +240,14 @@ def test_remote_view_of_a_finetune_reads_one_tensor(tmp_path, hub, monkeypatch):
     assert torch.equal(w.view(torch.int16), expected.view(torch.int16))
     model = (repo.root / "model.safetensors").stat().st_size
     assert served < model / 3  # that tensor's delta and its base chunk, not the model
+    # exactly: the tensor's delta payloads from the fine-tune's packs, and the base chunks
+    # they need, by range reads from the base's own repo
+    chunks = view._get
+    expected = 0
+    for oid in view._entries["layers.3.weight"].chunks:
+        entry = chunks.index[oid][1]
+        expected += entry.length + chunks.base_chunks.locations[entry.base][2]
+    assert served == expected
 
 
 def test_lazy_clone_downloads_only_the_versions_it_uses(tmp_path, hub, cli):

@@ -27,6 +27,16 @@ def test_remote_view_reads_one_tensor_without_the_model(tmp_path, remote_url, hu
         served = hub.served_bytes - before
         model = (repo.root / "model.safetensors").stat().st_size
         assert served < model / 2  # one tensor's chunks and their bases, not the model
+        # exactly the payloads of that tensor's chunks and of the delta bases they need
+        index = view._get.index
+        needed, stack = set(), list(view._entries["layer1.weight"].chunks)
+        while stack:
+            oid = stack.pop()
+            if oid not in needed:
+                needed.add(oid)
+                if index[oid][1].base:
+                    stack.append(index[oid][1].base)
+        assert served == sum(index[oid][1].length for oid in needed)
     full = view.state_dict()
     assert set(full) == set(local)
     assert view.read_file("model.safetensors") == (repo.root / "model.safetensors").read_bytes()
