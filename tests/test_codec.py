@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 
 from wvc import codec
+from wvc.codec import native
 from wvc.codec.container import Method, peek
 from wvc.codec.transforms import applicable_methods
 from wvc.errors import CorruptObject
@@ -129,17 +130,21 @@ def test_peek_rejects_trailing_garbage():
         peek(enc.payload + b"!")
 
 
+def related_pair(nbytes: int, changed: float, seed: int) -> tuple[bytes, bytes]:
+    """(raw, base): random bytes, and a copy with about ``changed`` of its bytes replaced."""
+    g = torch.Generator().manual_seed(seed)
+    raw = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=g)
+    base = raw.clone()
+    flip = torch.rand(nbytes, generator=g) < changed
+    base[flip] = torch.randint(0, 256, (int(flip.sum()),), dtype=torch.uint8, generator=g)
+    return raw.numpy().tobytes(), base.numpy().tobytes()
+
+
 @pytest.mark.parametrize("name", ["BF16", "F32", "I8", "U8", "F8_E4M3", "BOOL", "I64"])
 def test_numpy_and_torch_backends_write_identical_payloads(name):
     """The GPU path (torch) and the CPU path (numpy) are the same codec, byte for byte."""
     dtype = DTYPES[name]
-    g = torch.Generator().manual_seed(1)
-    n = 70_000
-    raw = torch.randint(0, 256, (n * dtype.width,), dtype=torch.uint8, generator=g)
-    base = raw.clone()
-    flip = torch.rand(n * dtype.width, generator=g) < 0.1
-    base[flip] = torch.randint(0, 256, (int(flip.sum()),), dtype=torch.uint8, generator=g)
-    raw, base = raw.numpy().tobytes(), base.numpy().tobytes()
+    raw, base = related_pair(70_000 * dtype.width, 0.1, seed=1)
     for method in methods_for(dtype):
         b = base if method.uses_base else None
         on_cpu = codec.encode(raw, dtype, b, method=method)
@@ -153,29 +158,22 @@ def test_numpy_and_torch_backends_write_identical_payloads(name):
 def test_native_kernels_write_the_numpy_payloads(dtype_name, data):
     """The C kernels (wvc/codec/_native.c) and the numpy path are the same codec, byte for byte,
     both ways: each decodes what the other wrote."""
-    from wvc.codec import transforms
-
-    if transforms._native is None:
+    if native.kernels is None:
         pytest.skip("C kernels not built")
     dtype = DTYPES[dtype_name]
     n = data.draw(hs.integers(0, 40_000))
-    seed = data.draw(hs.integers(0, 2**32 - 1))
-    g = torch.Generator().manual_seed(seed)
-    raw = torch.randint(0, 256, (n * dtype.width,), dtype=torch.uint8, generator=g)
-    base = raw.clone()
-    flip = torch.rand(n * dtype.width, generator=g) < data.draw(hs.sampled_from([0.01, 0.3, 1.0]))
-    base[flip] = torch.randint(0, 256, (int(flip.sum()),), dtype=torch.uint8, generator=g)
-    raw, base = raw.numpy().tobytes(), base.numpy().tobytes()
-    native_kernels = transforms._native
+    raw, base = related_pair(n * dtype.width, data.draw(hs.sampled_from([0.01, 0.3, 1.0])),
+                             seed=data.draw(hs.integers(0, 2**32 - 1)))
+    kernels = native.kernels
     for method in methods_for(dtype):
         b = base if method.uses_base else None
         on_native = codec.encode(raw, dtype, b, method=method)
-        transforms._native = None
+        native.kernels = None
         try:
             on_numpy = codec.encode(raw, dtype, b, method=method)
             assert codec.decode(on_native.payload, len(raw), b) == raw
         finally:
-            transforms._native = native_kernels
+            native.kernels = kernels
         assert on_native.payload == on_numpy.payload, method
         assert codec.decode(on_numpy.payload, len(raw), b) == raw
 
@@ -184,24 +182,16 @@ def test_c_kernels_are_built_where_required():
     """CI sets WVC_REQUIRE_NATIVE=1: the suite must exercise the C kernels, not silently fall back."""
     import os
 
-    from wvc.codec import transforms
-
     if not os.environ.get("WVC_REQUIRE_NATIVE"):
         pytest.skip("WVC_REQUIRE_NATIVE not set")
-    assert transforms._native is not None, "wvc/codec/_native.c was not built (is a C compiler installed?)"
+    assert native.kernels is not None, "wvc/codec/_native.c was not built (is a C compiler installed?)"
 
 
 def _valid_payloads():
-    g = torch.Generator().manual_seed(7)
     out = []
-    for name in ("BF16", "F32", "I8", "F8_E4M3"):
+    for seed, name in enumerate(("BF16", "F32", "I8", "F8_E4M3")):
         dtype = DTYPES[name]
-        n = 5000
-        base = torch.randint(0, 256, (n * dtype.width,), dtype=torch.uint8, generator=g)
-        raw = base.clone()
-        flip = torch.rand(n * dtype.width, generator=g) < 0.05
-        raw[flip] = torch.randint(0, 256, (int(flip.sum()),), dtype=torch.uint8, generator=g)
-        raw, base = raw.numpy().tobytes(), base.numpy().tobytes()
+        raw, base = related_pair(5000 * dtype.width, 0.05, seed=7 + seed)
         for method in methods_for(dtype):
             b = base if method.uses_base else None
             out.append((codec.encode(raw, dtype, b, method=method).payload, len(raw), b))

@@ -22,14 +22,15 @@ bounds-checked before anything is decompressed: they must add up to the raw size
 from __future__ import annotations
 
 import enum
-import threading
 import struct
+import threading
 from dataclasses import dataclass
 
 import numpy as np
 import zstandard
 
 from ..errors import CorruptObject
+from . import native
 
 CODEC_VERSION = 1
 _HEAD = struct.Struct("<BBBBQI")
@@ -151,20 +152,14 @@ def _entropy_bits(arr: np.ndarray) -> float:
     return float(-(p * np.log2(p)).sum())
 
 
-def _native():
-    from .transforms import _native as kernels  # None when the C kernels are not built
-
-    return kernels
-
-
 def _pack_bits(arr: np.ndarray, bits: int):
-    if (kernels := _native()) is not None:
+    if (kernels := native.kernels) is not None:
         return kernels.pack_bits(arr, bits)
     return _pack_bits_numpy(arr, bits)
 
 
 def _unpack_bits(packed: np.ndarray, bits: int, n: int):
-    if (kernels := _native()) is not None:
+    if (kernels := native.kernels) is not None:
         try:
             return np.frombuffer(kernels.unpack_bits(packed, bits, n), dtype=np.uint8)
         except ValueError:

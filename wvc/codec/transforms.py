@@ -15,20 +15,13 @@ nothing to transmit.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from ..errors import CorruptObject
 from ..formats.dtypes import DType
+from . import native
 from .backends import NumpyBackend, backend
 from .container import Method, compress_stream, pack, peek, stream_bytes
-
-try:  # the C kernels (_native.c): one pass where numpy needs several and an argsort
-    from . import _native
-except ImportError:  # not built (no C compiler at install): the numpy path gives the same bytes
-    _native = None
-if os.environ.get("WVC_NO_NATIVE"):  # tests and benchmarks compare the two paths
-    _native = None
 
 # transform codes of _native.c
 _NATIVE_CODE = {Method.RAW: 0, Method.PLANES: 0, Method.XOR: 1, Method.ULP: 2, Method.ULP_EXP: 2, Method.SUB: 3}
@@ -151,9 +144,9 @@ def candidate_methods(dtype: DType, has_base: bool) -> list[Method]:
 
 def _encode_with(xp, method: Method, x, b, dtype: DType, level: int) -> bytes:
     width, bits = dtype.width, dtype.width * 8
-    if method is Method.SPARSE and _native is not None and isinstance(xp, NumpyBackend):
+    if method is Method.SPARSE and native.kernels is not None and isinstance(xp, NumpyBackend):
         inner = inner_method(dtype)
-        small, big, values = _native.sparse_encode(x, b, width, _NATIVE_CODE[inner], -1)
+        small, big, values = native.kernels.sparse_encode(x, b, width, _NATIVE_CODE[inner], -1)
         nz, nb = len(small), len(big) // 4
         parts = [memoryview(small)] + [memoryview(big)[k * nb : (k + 1) * nb] for k in range(4)]
         parts += [memoryview(values)[j * nz : (j + 1) * nz] for j in range(width)]
@@ -165,7 +158,7 @@ def _encode_with(xp, method: Method, x, b, dtype: DType, level: int) -> bytes:
         streams = [compress_stream(p, level) for p in _gap_streams(gaps)]
         streams += [compress_stream(p, level) for p in xp.planes(values, width)]
         return pack(method, width, int(inner), len(x) * width, streams)
-    if _native is not None and isinstance(xp, NumpyBackend):
+    if native.kernels is not None and isinstance(xp, NumpyBackend):
         return _encode_native(method, x, b, dtype, level)
     y = _transform(method, x, b, bits)
     param = 0
@@ -186,7 +179,7 @@ def _encode_native(method: Method, x, b, dtype: DType, level: int) -> bytes:
     """The same payload as the numpy path: transform, group and plane split in one C pass."""
     width, n = dtype.width, len(x)
     shift = dtype.exponent[0] if method is Method.ULP_EXP else -1
-    planes, counts = _native.encode_planes(x, b if method.uses_base else None, width, _NATIVE_CODE[method], shift)
+    planes, counts = native.kernels.encode_planes(x, b if method.uses_base else None, width, _NATIVE_CODE[method], shift)
     sizes = merge_groups(counts) if counts is not None else [n]
     view, streams, start = memoryview(planes), [], 0
     for size in sizes:
@@ -218,7 +211,7 @@ def _decode_native(payload, info, b) -> bytes:
     shift = info.param if info.method is Method.ULP_EXP else -1
     target.release()
     try:
-        raw, counts = _native.decode_planes(planes, b, width, _NATIVE_CODE[info.method], shift)
+        raw, counts = native.kernels.decode_planes(planes, b, width, _NATIVE_CODE[info.method], shift)
     except ValueError as exc:  # a parameter no encoder writes
         raise CorruptObject(f"payload parameters are invalid: {exc}") from None
     if (merge_groups(counts) if counts is not None else [n]) != lengths:
@@ -287,7 +280,7 @@ def decode_chunk(payload, raw_size: int, base=None, *, device: str = "cpu") -> b
         b = xp.from_bytes(fit_base(base, raw_size), width)
     if info.method is Method.SPARSE:
         return xp.to_bytes(_inverse(Method(info.param), _decode_sparse(xp, payload, info), b, bits))
-    if _native is not None and isinstance(xp, NumpyBackend):
+    if native.kernels is not None and isinstance(xp, NumpyBackend):
         return _decode_native(payload, info, b)
     if info.method is Method.ULP_EXP:
         perm, sizes = exponent_groups(xp, b, info.param, bits)

@@ -233,12 +233,6 @@ def _snapshot_root(file_path: str, relpath: str) -> Path:
     return root
 
 
-def _directory_files(root: Path) -> list[str]:
-    from ..worktree import scan
-
-    return scan(root).files
-
-
 def _regular_file(root: Path, relpath: str) -> bool:
     from ..fsutil import resolve_inside
 
@@ -330,7 +324,9 @@ def resolve(spec: str, *, chunk_bytes: int, paths: list[str] | None = None, prog
         if not root.is_dir():
             raise BaseError(f"base directory {root} does not exist")
         if paths is None:
-            paths = _directory_files(root)
+            from ..worktree import scan
+
+            paths = scan(root).files
         else:  # a remote's record: look at exactly those files (validated relative paths), scan nothing
             missing = [p for p in paths if not _regular_file(root, p)]
             if missing:
