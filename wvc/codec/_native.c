@@ -304,7 +304,50 @@ static PyObject *encode_planes(PyObject *self, PyObject *args) { return run(args
 static PyObject *decode_planes(PyObject *self, PyObject *args) { return run(args, 0); }
 
 /* pack_bits(data, bits) -> bytes: values < 2**bits, 8/bits per byte, value k of a byte at bit
- * k*bits; the last byte zero-padded. unpack_bits(packed, bits, n) -> the n values back. */
+ * k*bits; the last byte zero-padded. unpack_bits(packed, bits, n) -> the n values back.
+ *
+ * Both work on eight values at a time: packing gathers the low bits of eight bytes with
+ * multiplications whose partial products never overlap (so no carries), unpacking looks
+ * each packed byte up in a table of its 8/bits spread-out values. */
+static uint64_t spread_table[3][256]; /* [1 bit, 2 bits, 4 bits][packed byte] -> values */
+
+static void build_spread_tables(void) {
+    static const int widths[3] = {1, 2, 4};
+    for (int w = 0; w < 3; w++) {
+        const int bits = widths[w], per = 8 / bits;
+        for (int v = 0; v < 256; v++) {
+            uint64_t spread = 0;
+            for (int k = 0; k < per; k++)
+                spread |= (uint64_t)((v >> (k * bits)) & ((1 << bits) - 1)) << (8 * k);
+            spread_table[w][v] = spread;
+        }
+    }
+}
+
+static inline uint64_t load64(const uint8_t *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+/* eight values (one per byte of w, already masked) -> 8*bits packed bits */
+static inline uint32_t pack8(uint64_t w, int bits) {
+    switch (bits) {
+    case 1: /* byte k (bit 8k) -> bit 56+k: multiplier sum of 2**(56-7j) */
+        return (uint32_t)((w * 0x0102040810204080ULL) >> 56);
+    case 2: { /* per 32-bit half: byte k (bits 8k..8k+1) -> bits 24+2k: multiplier sum 2**(24-6j) */
+        const uint64_t lo = ((w & 0xFFFFFFFFULL) * 0x01041040ULL) >> 24 & 0xFF;
+        const uint64_t hi = ((w >> 32) * 0x01041040ULL) >> 24 & 0xFF;
+        return (uint32_t)(lo | hi << 8);
+    }
+    default: { /* nibbles: fold pairs of bytes, then pairs of 16-bit lanes */
+        w = (w | (w >> 4)) & 0x00FF00FF00FF00FFULL;
+        w = (w | (w >> 8)) & 0x0000FFFF0000FFFFULL;
+        return (uint32_t)(w | (w >> 16));
+    }
+    }
+}
+
 static PyObject *pack_bits(PyObject *self, PyObject *args) {
     Py_buffer in;
     int bits;
@@ -321,17 +364,21 @@ static PyObject *pack_bits(PyObject *self, PyObject *args) {
         const uint8_t *src = in.buf;
         uint8_t *dst = (uint8_t *)PyBytes_AS_STRING(out);
         const uint8_t mask = (uint8_t)((1 << bits) - 1);
+        const uint64_t lanes = 0x0101010101010101ULL * mask;
         Py_BEGIN_ALLOW_THREADS
-        const Py_ssize_t whole = n / per;
-        for (Py_ssize_t j = 0; j < whole; j++) {
+        const Py_ssize_t words = n / 8; /* eight values give `bits` output bytes */
+        /* one loop per width, so that pack8's switch and the store size are constants */
+#define PACK_LOOP(B)                                                                      \
+    for (Py_ssize_t j = 0; j < words; j++) {                                              \
+        const uint32_t v = pack8(load64(src + 8 * j) & lanes, B);                         \
+        memcpy(dst + j * B, &v, B); /* little-endian: the low bytes */                    \
+    }
+        if (bits == 1) PACK_LOOP(1) else if (bits == 2) PACK_LOOP(2) else PACK_LOOP(4)
+#undef PACK_LOOP
+        for (Py_ssize_t i = words * 8; i < n; i += per) { /* the tail, a byte at a time */
             uint8_t v = 0;
-            for (int k = 0; k < per; k++) v |= (uint8_t)((src[j * per + k] & mask) << (k * bits));
-            dst[j] = v;
-        }
-        if (whole < m) {
-            uint8_t v = 0;
-            for (Py_ssize_t i = whole * per; i < n; i++) v |= (uint8_t)((src[i] & mask) << ((i - whole * per) * bits));
-            dst[whole] = v;
+            for (int k = 0; k < per && i + k < n; k++) v |= (uint8_t)((src[i + k] & mask) << (k * bits));
+            dst[i / per] = v;
         }
         Py_END_ALLOW_THREADS
     }
@@ -354,16 +401,17 @@ static PyObject *unpack_bits(PyObject *self, PyObject *args) {
     if (out) {
         const uint8_t *src = in.buf;
         uint8_t *dst = (uint8_t *)PyBytes_AS_STRING(out);
-        const uint8_t mask = (uint8_t)((1 << bits) - 1);
+        const uint64_t *table = spread_table[bits == 1 ? 0 : bits == 2 ? 1 : 2];
         Py_BEGIN_ALLOW_THREADS
-        const int lg = per == 8 ? 3 : per == 4 ? 2 : 1; /* shifts, not a division per value */
-        const Py_ssize_t whole = n >> lg;
-        for (Py_ssize_t j = 0; j < whole; j++) {
-            const uint8_t v = src[j];
-            for (int k = 0; k < per; k++) dst[(j << lg) + k] = (uint8_t)((v >> (k * bits)) & mask);
+        const Py_ssize_t whole = n / per; /* packed bytes whose values all fit */
+#define UNPACK_LOOP(PER) \
+    for (Py_ssize_t j = 0; j < whole; j++) memcpy(dst + j * PER, &table[src[j]], PER);
+        if (per == 8) UNPACK_LOOP(8) else if (per == 4) UNPACK_LOOP(4) else UNPACK_LOOP(2)
+#undef UNPACK_LOOP
+        if (whole * per < n) {
+            const uint64_t last = table[src[whole]];
+            memcpy(dst + whole * per, &last, (size_t)(n - whole * per));
         }
-        for (Py_ssize_t i = whole << lg; i < n; i++)
-            dst[i] = (uint8_t)((src[i >> lg] >> ((i & (per - 1)) * bits)) & mask);
         Py_END_ALLOW_THREADS
     }
     PyBuffer_Release(&in);
@@ -431,4 +479,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__native(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__native(void) {
+    build_spread_tables();
+    return PyModule_Create(&module);
+}

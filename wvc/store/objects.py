@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import ids
+from .. import allocator, ids
 from ..errors import CorruptObject, MissingObject
 from .database import Database
 from .external import BASE_PACK, EXTERNAL_METHOD, ExternalFiles
@@ -75,6 +75,7 @@ def pool() -> ThreadPoolExecutor:
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:
+            allocator.keep_chunk_buffers()  # chunk-sized buffers: no page faults per chunk
             _POOL = ThreadPoolExecutor(WORKERS, thread_name_prefix="wvc-codec")
         return _POOL
 
