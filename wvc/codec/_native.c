@@ -18,6 +18,54 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define LANES 4 /* quarters walked side by side by the grouped passes */
+
+/* Grouping by the base's key, done in passes that each vectorise or stay short: the keys
+ * (one byte each, two when there are more than 256), their counts, then a scatter (encode)
+ * or gather (decode) of already transformed elements. The counting and the scatter walk
+ * LANES quarters of the chunk side by side, each quarter with its own counters, so that
+ * runs of one key do not serialise on one counter; quarter l's elements of a key go before
+ * quarter l+1's, so the order is stable (np.argsort(kind="stable")). */
+typedef struct {
+    const void *keys;     /* n keys, uint8_t or uint16_t */
+    int wide;             /* keys are uint16_t */
+    Py_ssize_t nkeys;
+    Py_ssize_t *next;     /* [LANES][nkeys]: where quarter l's next element with key k goes */
+} Grouping;
+
+#define DEFINE_SCATTER(T, BITS, KT, KBITS)                                                    \
+    static void scatter##KBITS##_##BITS(const T *y, const Grouping *g, Py_ssize_t n, T *tmp) {\
+        const KT *key = (const KT *)g->keys;                                                  \
+        const Py_ssize_t q = n / LANES;                                                       \
+        Py_ssize_t *n0 = g->next, *n1 = n0 + g->nkeys, *n2 = n1 + g->nkeys, *n3 = n2 + g->nkeys; \
+        for (Py_ssize_t i = 0; i < q; i++) {                                                  \
+            tmp[n0[key[i]]++] = y[i];                                                         \
+            tmp[n1[key[i + q]]++] = y[i + q];                                                 \
+            tmp[n2[key[i + 2 * q]]++] = y[i + 2 * q];                                         \
+            tmp[n3[key[i + 3 * q]]++] = y[i + 3 * q];                                         \
+        }                                                                                     \
+        for (Py_ssize_t i = LANES * q; i < n; i++) tmp[n3[key[i]]++] = y[i];                  \
+    }                                                                                         \
+    static void gather##KBITS##_##BITS(const T *tmp, const Grouping *g, Py_ssize_t n, T *y) { \
+        const KT *key = (const KT *)g->keys;                                                  \
+        const Py_ssize_t q = n / LANES;                                                       \
+        Py_ssize_t *n0 = g->next, *n1 = n0 + g->nkeys, *n2 = n1 + g->nkeys, *n3 = n2 + g->nkeys; \
+        for (Py_ssize_t i = 0; i < q; i++) {                                                  \
+            y[i] = tmp[n0[key[i]]++];                                                         \
+            y[i + q] = tmp[n1[key[i + q]]++];                                                 \
+            y[i + 2 * q] = tmp[n2[key[i + 2 * q]]++];                                         \
+            y[i + 3 * q] = tmp[n3[key[i + 3 * q]]++];                                         \
+        }                                                                                     \
+        for (Py_ssize_t i = LANES * q; i < n; i++) y[i] = tmp[n3[key[i]]++];                  \
+    }
+#define DEFINE_GROUPING(T, BITS)                                                              \
+    DEFINE_SCATTER(T, BITS, uint8_t, 8)                                                       \
+    DEFINE_SCATTER(T, BITS, uint16_t, 16)
+DEFINE_GROUPING(uint8_t, 8)
+DEFINE_GROUPING(uint16_t, 16)
+DEFINE_GROUPING(uint32_t, 32)
+DEFINE_GROUPING(uint64_t, 64)
+
 #define DEFINE_KERNELS(T, BITS)                                                               \
     static inline T ordered_##BITS(T v) {                                                     \
         const T sign = (T)((T)1 << (BITS - 1));                                               \
@@ -80,82 +128,68 @@
         default: break;                                                                       \
         }                                                                                     \
     }                                                                                         \
-    /* encode: transform (stably sorted by the base's key when grouping) into tmp, split */   \
+    /* encode: transform (into out), then sort stably by key into tmp, then split into out */ \
     static void encode_##BITS(const uint8_t *xs, const uint8_t *bs, Py_ssize_t n, int code,  \
-                              int shift, uint64_t mask, Py_ssize_t *next, uint8_t *out,       \
-                              void *tmp_) {                                                   \
+                              const Grouping *g, uint8_t *out, void *tmp_) {                  \
         T *tmp = (T *)tmp_;                                                                   \
-        if (shift >= 0) {                                                                     \
-            for (Py_ssize_t i = 0; i < n; i++) {                                              \
-                const T b = load_##BITS(bs, i);                                               \
-                tmp[next[((uint64_t)b >> shift) & mask]++] =                                  \
-                    forward_##BITS(code, load_##BITS(xs, i), b);                              \
-            }                                                                                 \
+        if (g) {                                                                              \
+            forward_all_##BITS(code, xs, bs, n, (T *)out);                                    \
+            if (g->wide) scatter16_##BITS((const T *)out, g, n, tmp);                         \
+            else scatter8_##BITS((const T *)out, g, n, tmp);                                  \
         } else {                                                                              \
             forward_all_##BITS(code, xs, bs, n, tmp);                                         \
         }                                                                                     \
         split_##BITS(tmp, n, out);                                                            \
     }                                                                                         \
-    /* decode: join the planes into tmp, then undo the grouping and the transform */          \
+    /* decode: join the planes into tmp, unsort into out, undo the transform in place */      \
     static void decode_##BITS(const uint8_t *planes, const uint8_t *bs, Py_ssize_t n,        \
-                              int code, int shift, uint64_t mask, Py_ssize_t *next,           \
-                              uint8_t *out, void *tmp_) {                                     \
+                              int code, const Grouping *g, uint8_t *out, void *tmp_) {        \
         T *tmp = (T *)tmp_;                                                                   \
-        if (shift >= 0) {                                                                     \
-            join_##BITS(planes, n, tmp);                                                      \
-            for (Py_ssize_t i = 0; i < n; i++) {                                              \
-                const T b = load_##BITS(bs, i);                                               \
-                const T x = inverse_##BITS(code, tmp[next[((uint64_t)b >> shift) & mask]++], b); \
-                memcpy(out + i * (BITS / 8), &x, BITS / 8);                                   \
-            }                                                                                 \
+        join_##BITS(planes, n, tmp);                                                          \
+        if (g) {                                                                              \
+            if (g->wide) gather16_##BITS(tmp, g, n, (T *)out);                                \
+            else gather8_##BITS(tmp, g, n, (T *)out);                                         \
+            inverse_all_##BITS(code, (T *)out, bs, n);                                        \
         } else {                                                                              \
-            join_##BITS(planes, n, tmp);                                                      \
             inverse_all_##BITS(code, tmp, bs, n);                                             \
             memcpy(out, tmp, (size_t)n * (BITS / 8));                                         \
         }                                                                                     \
     }                                                                                         \
     /* SPARSE: count the nonzero deltas (and the gaps >= 255 between them), then write the   \
-     * gap bytes, the escaped gaps' four planes and the values' planes. */                   \
+     * gap bytes, the escaped gaps' four planes and the values' planes. Both passes are       \
+     * branch-free on whether an element changed (10-90% of them do, unpredictably): the fill \
+     * writes every element at the cursor and advances it only past nonzero ones, up to the  \
+     * last nonzero element, so no write lands past the streams' ends. */                    \
     static void sparse_count_##BITS(const uint8_t *xs, const uint8_t *bs, Py_ssize_t n,      \
-                                    int code, Py_ssize_t *nz, Py_ssize_t *nbig) {             \
-        const int w = BITS / 8;                                                               \
+                                    int code, Py_ssize_t *nz, Py_ssize_t *nbig, Py_ssize_t *end) { \
         Py_ssize_t last = -1, z = 0, big = 0;                                                 \
         for (Py_ssize_t i = 0; i < n; i++) {                                                  \
-            T x, b;                                                                           \
-            memcpy(&x, xs + i * w, w);                                                        \
-            memcpy(&b, bs + i * w, w);                                                        \
-            if (forward_##BITS(code, x, b)) {                                                 \
-                if (i - last - 1 >= 255) big++;                                               \
-                z++;                                                                          \
-                last = i;                                                                     \
-            }                                                                                 \
+            const Py_ssize_t changed = forward_##BITS(code, load_##BITS(xs, i), load_##BITS(bs, i)) != 0; \
+            big += changed & (i - last - 1 >= 255);                                           \
+            z += changed;                                                                     \
+            last = changed ? i : last;                                                        \
         }                                                                                     \
         *nz = z;                                                                              \
         *nbig = big;                                                                          \
+        *end = last + 1;                                                                      \
     }                                                                                         \
-    static void sparse_fill_##BITS(const uint8_t *xs, const uint8_t *bs, Py_ssize_t n,       \
+    static void sparse_fill_##BITS(const uint8_t *xs, const uint8_t *bs, Py_ssize_t end,     \
                                    int code, Py_ssize_t nz, Py_ssize_t nbig, uint8_t *small,  \
                                    uint8_t *big, uint8_t *values) {                           \
         const int w = BITS / 8;                                                               \
         Py_ssize_t last = -1, z = 0, e = 0;                                                   \
-        for (Py_ssize_t i = 0; i < n; i++) {                                                  \
-            T x, b, y;                                                                        \
-            memcpy(&x, xs + i * w, w);                                                        \
-            memcpy(&b, bs + i * w, w);                                                        \
-            y = forward_##BITS(code, x, b);                                                   \
-            if (!y) continue;                                                                 \
-            Py_ssize_t gap = i - last - 1;                                                    \
+        for (Py_ssize_t i = 0; i < end; i++) {                                                \
+            const T y = forward_##BITS(code, load_##BITS(xs, i), load_##BITS(bs, i));         \
+            const Py_ssize_t changed = y != 0, gap = i - last - 1;                            \
             small[z] = gap >= 255 ? 255 : (uint8_t)gap;                                       \
-            if (gap >= 255) {                                                                 \
-                uint32_t g = (uint32_t)(gap - 255);                                           \
-                const uint8_t *gb = (const uint8_t *)&g;                                      \
-                for (int k = 0; k < 4; k++) big[k * nbig + e] = gb[k];                        \
+            for (int k = 0; k < w; k++) values[k * nz + z] = (uint8_t)(y >> (8 * k));         \
+            if (changed && gap >= 255) { /* rare: a long run of unchanged elements */         \
+                const uint32_t g = (uint32_t)(gap - 255);                                     \
+                for (int k = 0; k < 4; k++) big[k * nbig + e] = (uint8_t)(g >> (8 * k));      \
                 e++;                                                                          \
             }                                                                                 \
-            const uint8_t *yb = (const uint8_t *)&y;                                          \
-            for (int k = 0; k < w; k++) values[k * nz + z] = yb[k];                           \
-            z++;                                                                              \
-            last = i;                                                                         \
+            z += changed;                                                                     \
+            last = changed ? i : last;                                                        \
         }                                                                                     \
     }
 
@@ -164,29 +198,51 @@ DEFINE_KERNELS(uint16_t, 16)
 DEFINE_KERNELS(uint32_t, 32)
 DEFINE_KERNELS(uint64_t, 64)
 
-/* counts[k] = how many base elements have key k (their exponent field); next[k] = where
- * group k starts in sorted order. */
-static void group_counts(const uint8_t *bs, Py_ssize_t n, int width, int shift, Py_ssize_t *counts,
-                         Py_ssize_t *next, Py_ssize_t nkeys) {
-    const uint64_t mask = (uint64_t)nkeys - 1;
-    memset(counts, 0, sizeof(Py_ssize_t) * nkeys);
-#define COUNT(T)                                                                              \
-    for (Py_ssize_t i = 0; i < n; i++) {                                                      \
-        T b;                                                                                  \
-        memcpy(&b, bs + i * sizeof(T), sizeof(T)); /* a constant size: inlined */             \
-        counts[((uint64_t)b >> shift) & mask]++;                                              \
+/* The grouping key of every base element (its bits [shift, bits - 1): the exponent for
+ * floats), then counts[k] (elements with key k, for the stream table) and the per-quarter
+ * start positions g->next. */
+static void group(const uint8_t *bs, Py_ssize_t n, int width, int shift, Grouping *g, void *keys,
+                  Py_ssize_t *counts) {
+    const uint64_t mask = (uint64_t)g->nkeys - 1;
+    const Py_ssize_t nkeys = g->nkeys, q = n / LANES;
+#define KEYS(T, KT)                                                                           \
+    for (Py_ssize_t i = 0; i < n; i++) ((KT *)keys)[i] = (KT)(((uint64_t)load_##T(bs, i) >> shift) & mask);
+#define BY_WIDTH(KT)                                                                          \
+    switch (width) {                                                                          \
+    case 1: KEYS(8, KT) break;                                                                \
+    case 2: KEYS(16, KT) break;                                                               \
+    case 4: KEYS(32, KT) break;                                                               \
+    default: KEYS(64, KT) break;                                                              \
     }
-    switch (width) {
-    case 1: COUNT(uint8_t) break;
-    case 2: COUNT(uint16_t) break;
-    case 4: COUNT(uint32_t) break;
-    default: COUNT(uint64_t) break;
+    if (g->wide) { BY_WIDTH(uint16_t) } else { BY_WIDTH(uint8_t) }
+#undef BY_WIDTH
+#undef KEYS
+    g->keys = keys;
+    Py_ssize_t *c0 = g->next, *c1 = c0 + nkeys, *c2 = c1 + nkeys, *c3 = c2 + nkeys;
+    memset(g->next, 0, sizeof(Py_ssize_t) * LANES * nkeys);
+#define COUNT(KT)                                                                             \
+    {                                                                                         \
+        const KT *k = (const KT *)keys;                                                       \
+        for (Py_ssize_t i = 0; i < q; i++) {                                                  \
+            c0[k[i]]++;                                                                       \
+            c1[k[i + q]]++;                                                                   \
+            c2[k[i + 2 * q]]++;                                                               \
+            c3[k[i + 3 * q]]++;                                                               \
+        }                                                                                     \
+        for (Py_ssize_t i = LANES * q; i < n; i++) c3[k[i]]++;                                \
     }
+    if (g->wide) COUNT(uint16_t) else COUNT(uint8_t)
 #undef COUNT
+    /* per-quarter counts -> per-quarter start positions: keys in order, quarters in order */
     Py_ssize_t run = 0;
     for (Py_ssize_t k = 0; k < nkeys; k++) {
-        next[k] = run;
-        run += counts[k];
+        counts[k] = 0;
+        for (int l = 0; l < LANES; l++) {
+            const Py_ssize_t c = g->next[l * nkeys + k];
+            g->next[l * nkeys + k] = run;
+            run += c;
+            counts[k] += c;
+        }
     }
 }
 
@@ -234,20 +290,23 @@ static void release(Args *a) {
 
 /* A per-thread scratch buffer, kept between calls: a fresh 4 MiB allocation per chunk costs
  * ~1000 page faults, as much as the kernel itself. Freed when the thread's buffer grows. */
-static __thread void *scratch_buf = NULL;
-static __thread size_t scratch_cap = 0;
+typedef struct {
+    void *buf;
+    size_t cap;
+} Scratch;
+static __thread Scratch scratch_elements, scratch_keys;
 
-static void *scratch(size_t size) {
-    if (size > scratch_cap) {
-        free(scratch_buf);
-        scratch_buf = malloc(size); /* malloc: aligned for any element type */
-        scratch_cap = scratch_buf ? size : 0;
+static void *scratch(Scratch *s, size_t size) {
+    if (size > s->cap) {
+        free(s->buf);
+        s->buf = malloc(size); /* malloc: aligned for any element type */
+        s->cap = s->buf ? size : 0;
     }
-    return scratch_buf;
+    return s->buf;
 }
 
-typedef void (*kernel_fn)(const uint8_t *, const uint8_t *, Py_ssize_t, int, int, uint64_t, Py_ssize_t *,
-                          uint8_t *, void *);
+typedef void (*kernel_fn)(const uint8_t *, const uint8_t *, Py_ssize_t, int, const Grouping *, uint8_t *,
+                          void *);
 
 
 static PyObject *run(PyObject *args, int encoding) {
@@ -255,14 +314,17 @@ static PyObject *run(PyObject *args, int encoding) {
     if (parse(args, &a, encoding ? "encode" : "decode") < 0) return NULL;
     PyObject *out = PyBytes_FromStringAndSize(NULL, a.data.len);
     Py_ssize_t *counts = NULL, *next = NULL;
-    void *tmp = NULL;
+    void *tmp = NULL, *keys = NULL;
+    Grouping g = {NULL, a.nkeys > 256, a.nkeys, NULL};
     if (out) {
-        tmp = scratch(a.data.len ? a.data.len : 1);
+        tmp = scratch(&scratch_elements, a.data.len ? a.data.len : 1);
         if (a.nkeys) {
             counts = malloc(sizeof(Py_ssize_t) * a.nkeys);
-            next = malloc(sizeof(Py_ssize_t) * a.nkeys);
+            next = malloc(sizeof(Py_ssize_t) * LANES * a.nkeys);
+            keys = scratch(&scratch_keys, a.n ? (size_t)a.n * (g.wide ? 2 : 1) : 1);
+            g.next = next;
         }
-        if (!tmp || (a.nkeys && (!counts || !next))) {
+        if (!tmp || (a.nkeys && (!counts || !next || !keys))) {
             Py_CLEAR(out);
             PyErr_NoMemory();
         }
@@ -274,9 +336,8 @@ static PyObject *run(PyObject *args, int encoding) {
         const uint8_t *bs = a.has_base ? (const uint8_t *)a.base.buf : NULL;
         uint8_t *dst = (uint8_t *)PyBytes_AS_STRING(out);
         Py_BEGIN_ALLOW_THREADS
-        if (a.nkeys) group_counts(bs, a.n, a.width, a.shift, counts, next, a.nkeys);
-        fn((const uint8_t *)a.data.buf, bs, a.n, a.code, a.nkeys ? a.shift : -1,
-           a.nkeys ? (uint64_t)a.nkeys - 1 : 0, next, dst, tmp);
+        if (a.nkeys) group(bs, a.n, a.width, a.shift, &g, keys, counts);
+        fn((const uint8_t *)a.data.buf, bs, a.n, a.code, a.nkeys ? &g : NULL, dst, tmp);
         Py_END_ALLOW_THREADS
     }
     PyObject *result = NULL;
@@ -429,13 +490,13 @@ static PyObject *sparse_encode(PyObject *self, PyObject *args) {
         return NULL;
     }
     const uint8_t *xs = a.data.buf, *bs = a.base.buf;
-    Py_ssize_t nz = 0, nbig = 0;
+    Py_ssize_t nz = 0, nbig = 0, end = 0;
     Py_BEGIN_ALLOW_THREADS
     switch (a.width) {
-    case 1: sparse_count_8(xs, bs, a.n, a.code, &nz, &nbig); break;
-    case 2: sparse_count_16(xs, bs, a.n, a.code, &nz, &nbig); break;
-    case 4: sparse_count_32(xs, bs, a.n, a.code, &nz, &nbig); break;
-    default: sparse_count_64(xs, bs, a.n, a.code, &nz, &nbig); break;
+    case 1: sparse_count_8(xs, bs, a.n, a.code, &nz, &nbig, &end); break;
+    case 2: sparse_count_16(xs, bs, a.n, a.code, &nz, &nbig, &end); break;
+    case 4: sparse_count_32(xs, bs, a.n, a.code, &nz, &nbig, &end); break;
+    default: sparse_count_64(xs, bs, a.n, a.code, &nz, &nbig, &end); break;
     }
     Py_END_ALLOW_THREADS
     PyObject *small = PyBytes_FromStringAndSize(NULL, nz);
@@ -447,10 +508,10 @@ static PyObject *sparse_encode(PyObject *self, PyObject *args) {
                 *vp = (uint8_t *)PyBytes_AS_STRING(values);
         Py_BEGIN_ALLOW_THREADS
         switch (a.width) {
-        case 1: sparse_fill_8(xs, bs, a.n, a.code, nz, nbig, sp, bp, vp); break;
-        case 2: sparse_fill_16(xs, bs, a.n, a.code, nz, nbig, sp, bp, vp); break;
-        case 4: sparse_fill_32(xs, bs, a.n, a.code, nz, nbig, sp, bp, vp); break;
-        default: sparse_fill_64(xs, bs, a.n, a.code, nz, nbig, sp, bp, vp); break;
+        case 1: sparse_fill_8(xs, bs, end, a.code, nz, nbig, sp, bp, vp); break;
+        case 2: sparse_fill_16(xs, bs, end, a.code, nz, nbig, sp, bp, vp); break;
+        case 4: sparse_fill_32(xs, bs, end, a.code, nz, nbig, sp, bp, vp); break;
+        default: sparse_fill_64(xs, bs, end, a.code, nz, nbig, sp, bp, vp); break;
         }
         Py_END_ALLOW_THREADS
         result = PyTuple_Pack(3, small, big, values);
