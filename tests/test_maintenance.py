@@ -49,6 +49,29 @@ def test_reads_of_corrupted_objects_fail_loudly(repo):
         repo.checkout(first, output=repo.root.parent / "out", force=True)
 
 
+def test_a_corrupt_keyframe_is_named_when_a_delta_on_it_is_read(repo):
+    """Only a chain's result is hash-checked on the fast path; a bad link below it must still
+    fail the read, and the error must name that link, not the delta read through it."""
+    from wvc import ids
+    from wvc.codec.container import CODER_STORED, peek
+
+    commits = commit_steps(repo, 2)
+    second = list(commits)[1]
+    keyframe = repo.db.query(
+        "SELECT k.id, k.pack, k.offset, k.length FROM objects d JOIN objects k ON d.base = k.id "
+        "WHERE d.depth = 1 ORDER BY k.length DESC LIMIT 1")[0]
+    pack = repo.root / ".wvc" / "packs" / f"pack-{keyframe[1]}.pack"
+    data = bytearray(pack.read_bytes())
+    payload = bytes(data[keyframe[2] : keyframe[2] + keyframe[3]])
+    stored = [offset for coder, _, offset, _ in peek(payload).streams if coder == CODER_STORED]
+    assert stored, "the keyframe should keep its noisy low-mantissa plane unencoded"
+    data[keyframe[2] + stored[0]] ^= 0x01  # still a valid payload: it decodes, to wrong bytes
+    pack.write_bytes(data)
+    repo.store.reader.close()
+    with pytest.raises(CorruptObject, match=ids.short(keyframe[0])):
+        repo.checkout(second, output=repo.root.parent / "out", force=True)
+
+
 def test_gc_removes_unreachable_and_keeps_reachable(repo):
     main_commits = commit_steps(repo, 2)
     repo.create_branch("exp")
