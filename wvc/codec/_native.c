@@ -66,6 +66,13 @@ DEFINE_GROUPING(uint16_t, 16)
 DEFINE_GROUPING(uint32_t, 32)
 DEFINE_GROUPING(uint64_t, 64)
 
+/* A payload's planes as it stores them: group after group, each group's planes in order. */
+typedef struct {
+    const uint8_t *const *ptr; /* groups * width planes */
+    const Py_ssize_t *len;     /* elements in each group */
+    Py_ssize_t groups;
+} Pieces;
+
 #define DEFINE_KERNELS(T, BITS)                                                               \
     static inline T ordered_##BITS(T v) {                                                     \
         const T sign = (T)((T)1 << (BITS - 1));                                               \
@@ -103,11 +110,17 @@ DEFINE_GROUPING(uint64_t, 64)
             for (Py_ssize_t i = 0; i < n; i++) plane[i] = (uint8_t)(y[i] >> (8 * k));         \
         }                                                                                     \
     }                                                                                         \
-    static void join_##BITS(const uint8_t *planes, Py_ssize_t n, T *y) {                     \
-        for (Py_ssize_t i = 0; i < n; i++) y[i] = planes[i];                                  \
-        for (int k = 1; k < BITS / 8; k++) {                                                  \
-            const uint8_t *plane = planes + k * n;                                            \
-            for (Py_ssize_t i = 0; i < n; i++) y[i] |= (T)((T)plane[i] << (8 * k));          \
+    /* the planes of each group (pieces[g * width + k]: plane k of group g) into elements */  \
+    static void join_##BITS(const Pieces *p, T *y) {                                         \
+        for (Py_ssize_t g = 0; g < p->groups; g++) {                                          \
+            const Py_ssize_t len = p->len[g];                                                 \
+            const uint8_t *const *plane = p->ptr + g * (BITS / 8);                            \
+            for (Py_ssize_t i = 0; i < len; i++) y[i] = plane[0][i];                          \
+            for (int k = 1; k < BITS / 8; k++) {                                              \
+                const uint8_t *src = plane[k];                                                \
+                for (Py_ssize_t i = 0; i < len; i++) y[i] |= (T)((T)src[i] << (8 * k));       \
+            }                                                                                 \
+            y += len;                                                                         \
         }                                                                                     \
     }                                                                                         \
     /* the transform over a whole chunk, with the method's branch outside the loop */         \
@@ -142,17 +155,17 @@ DEFINE_GROUPING(uint64_t, 64)
         split_##BITS(tmp, n, out);                                                            \
     }                                                                                         \
     /* decode: join the planes into tmp, unsort into out, undo the transform in place */      \
-    static void decode_##BITS(const uint8_t *planes, const uint8_t *bs, Py_ssize_t n,        \
-                              int code, const Grouping *g, uint8_t *out, void *tmp_) {        \
+    static void decode_##BITS(const Pieces *p, const uint8_t *bs, Py_ssize_t n, int code,    \
+                              const Grouping *g, uint8_t *out, void *tmp_) {                  \
         T *tmp = (T *)tmp_;                                                                   \
-        join_##BITS(planes, n, tmp);                                                          \
         if (g) {                                                                              \
+            join_##BITS(p, tmp);                                                              \
             if (g->wide) gather16_##BITS(tmp, g, n, (T *)out);                                \
             else gather8_##BITS(tmp, g, n, (T *)out);                                         \
             inverse_all_##BITS(code, (T *)out, bs, n);                                        \
         } else {                                                                              \
-            inverse_all_##BITS(code, tmp, bs, n);                                             \
-            memcpy(out, tmp, (size_t)n * (BITS / 8));                                         \
+            join_##BITS(p, (T *)out);                                                         \
+            inverse_all_##BITS(code, (T *)out, bs, n);                                        \
         }                                                                                     \
     }                                                                                         \
     /* SPARSE: count the nonzero deltas (and the gaps >= 255 between them), then write the   \
@@ -307,11 +320,19 @@ static void *scratch(Scratch *s, size_t size) {
 
 typedef void (*kernel_fn)(const uint8_t *, const uint8_t *, Py_ssize_t, int, const Grouping *, uint8_t *,
                           void *);
+typedef void (*decode_fn)(const Pieces *, const uint8_t *, Py_ssize_t, int, const Grouping *, uint8_t *, void *);
 
 
-static PyObject *run(PyObject *args, int encoding) {
+static PyObject *key_counts(const Py_ssize_t *counts, Py_ssize_t nkeys) {
+    if (!nkeys) Py_RETURN_NONE;
+    PyObject *sizes = PyList_New(nkeys);
+    for (Py_ssize_t k = 0; sizes && k < nkeys; k++) PyList_SET_ITEM(sizes, k, PyLong_FromSsize_t(counts[k]));
+    return sizes;
+}
+
+static PyObject *encode_planes(PyObject *self, PyObject *args) {
     Args a;
-    if (parse(args, &a, encoding ? "encode" : "decode") < 0) return NULL;
+    if (parse(args, &a, "encode") < 0) return NULL;
     PyObject *out = PyBytes_FromStringAndSize(NULL, a.data.len);
     Py_ssize_t *counts = NULL, *next = NULL;
     void *tmp = NULL, *keys = NULL;
@@ -331,8 +352,7 @@ static PyObject *run(PyObject *args, int encoding) {
     }
     if (out) {
         static const kernel_fn enc[] = {encode_8, encode_16, NULL, encode_32, NULL, NULL, NULL, encode_64};
-        static const kernel_fn dec[] = {decode_8, decode_16, NULL, decode_32, NULL, NULL, NULL, decode_64};
-        kernel_fn fn = (encoding ? enc : dec)[a.width - 1];
+        kernel_fn fn = enc[a.width - 1];
         const uint8_t *bs = a.has_base ? (const uint8_t *)a.base.buf : NULL;
         uint8_t *dst = (uint8_t *)PyBytes_AS_STRING(out);
         Py_BEGIN_ALLOW_THREADS
@@ -342,15 +362,7 @@ static PyObject *run(PyObject *args, int encoding) {
     }
     PyObject *result = NULL;
     if (out) {
-        PyObject *sizes;
-        if (a.nkeys) {
-            sizes = PyList_New(a.nkeys);
-            for (Py_ssize_t k = 0; sizes && k < a.nkeys; k++)
-                PyList_SET_ITEM(sizes, k, PyLong_FromSsize_t(counts[k]));
-        } else {
-            sizes = Py_None;
-            Py_INCREF(sizes);
-        }
+        PyObject *sizes = key_counts(counts, a.nkeys);
         result = sizes ? PyTuple_Pack(2, out, sizes) : NULL;
         Py_XDECREF(sizes);
         Py_DECREF(out);
@@ -361,8 +373,94 @@ static PyObject *run(PyObject *args, int encoding) {
     return result;
 }
 
-static PyObject *encode_planes(PyObject *self, PyObject *args) { return run(args, 1); }
-static PyObject *decode_planes(PyObject *self, PyObject *args) { return run(args, 0); }
+/* decode_planes(streams, base|None, width, transform, shift): streams as the payload stores
+ * them (group after group, `width` planes each, all planes of a group the same length), joined
+ * straight from the decompressed buffers: no intermediate copy. */
+static PyObject *decode_planes(PyObject *self, PyObject *args) {
+    PyObject *streams, *base;
+    int width, code, shift;
+    if (!PyArg_ParseTuple(args, "OOiii", &streams, &base, &width, &code, &shift)) return NULL;
+    PyObject *seq = PySequence_Fast(streams, "decode_planes: streams must be a sequence");
+    if (!seq) return NULL;
+    const Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+    const int bits = width * 8;
+    if ((width != 1 && width != 2 && width != 4 && width != 8) || code < 0 || code > 3 || count < width ||
+        count % width || ((code != 0 || shift >= 0) && base == Py_None) || shift >= bits - 1 ||
+        (shift >= 0 && bits - 1 - shift > 16)) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_ValueError, "decode: inconsistent sizes or parameters");
+        return NULL;
+    }
+    const Py_ssize_t groups = count / width;
+    Py_buffer *views = PyMem_Calloc((size_t)count, sizeof(Py_buffer));
+    const uint8_t **ptr = PyMem_Calloc((size_t)count, sizeof(uint8_t *));
+    Py_ssize_t *len = PyMem_Calloc((size_t)groups, sizeof(Py_ssize_t));
+    Py_buffer bv = {0};
+    int has_base = 0;
+    Py_ssize_t got = 0, n = 0, nkeys = 0;
+    PyObject *out = NULL, *result = NULL;
+    Py_ssize_t *counts = NULL, *next = NULL;
+    if (!views || !ptr || !len) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (; got < count; got++) {
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, got), &views[got], PyBUF_SIMPLE) < 0) goto done;
+        ptr[got] = views[got].buf;
+        const Py_ssize_t g = got / width;
+        if (got % width == 0) {
+            len[g] = views[got].len;
+            n += len[g];
+        } else if (views[got].len != len[g]) {
+            PyErr_SetString(PyExc_ValueError, "decode: the planes of a group differ in length");
+            goto done;
+        }
+    }
+    if (base != Py_None) {
+        if (PyObject_GetBuffer(base, &bv, PyBUF_SIMPLE) < 0) goto done;
+        has_base = 1;
+        if (bv.len != n * width) {
+            PyErr_SetString(PyExc_ValueError, "decode: the planes do not add up to the base's size");
+            goto done;
+        }
+    }
+    nkeys = shift >= 0 ? ((Py_ssize_t)1 << (bits - 1 - shift)) : 0;
+    Grouping g = {NULL, nkeys > 256, nkeys, NULL};
+    void *tmp = scratch(&scratch_elements, n ? (size_t)(n * width) : 1), *keys = NULL;
+    if (nkeys) {
+        counts = malloc(sizeof(Py_ssize_t) * nkeys);
+        next = malloc(sizeof(Py_ssize_t) * LANES * nkeys);
+        keys = scratch(&scratch_keys, n ? (size_t)n * (g.wide ? 2 : 1) : 1);
+        g.next = next;
+    }
+    out = PyBytes_FromStringAndSize(NULL, n * width);
+    if (!out || !tmp || (nkeys && (!counts || !next || !keys))) {
+        if (out) PyErr_NoMemory();
+        goto done;
+    }
+    static const decode_fn dec[] = {decode_8, decode_16, NULL, decode_32, NULL, NULL, NULL, decode_64};
+    const Pieces pieces = {ptr, len, groups};
+    const uint8_t *bs = has_base ? (const uint8_t *)bv.buf : NULL;
+    uint8_t *dst = (uint8_t *)PyBytes_AS_STRING(out);
+    Py_BEGIN_ALLOW_THREADS
+    if (nkeys) group(bs, n, width, shift, &g, keys, counts);
+    dec[width - 1](&pieces, bs, n, code, nkeys ? &g : NULL, dst, tmp);
+    Py_END_ALLOW_THREADS
+    PyObject *sizes = key_counts(counts, nkeys);
+    if (sizes) result = PyTuple_Pack(2, out, sizes);
+    Py_XDECREF(sizes);
+done:
+    Py_XDECREF(out);
+    free(counts);
+    free(next);
+    if (has_base) PyBuffer_Release(&bv);
+    for (Py_ssize_t k = 0; views && k < got; k++) PyBuffer_Release(&views[k]);
+    PyMem_Free(views);
+    PyMem_Free((void *)ptr);
+    PyMem_Free(len);
+    Py_DECREF(seq);
+    return result;
+}
 
 /* pack_bits(data, bits) -> bytes: values < 2**bits, 8/bits per byte, value k of a byte at bit
  * k*bits; the last byte zero-padded. unpack_bits(packed, bits, n) -> the n values back.
@@ -533,8 +631,8 @@ static PyMethodDef methods[] = {
      "Transform each element against its base, sort stably by the base's key when shift >= 0,\n"
      "and split into byte planes: plane k is bytes [k*n, (k+1)*n)."},
     {"decode_planes", decode_planes, METH_VARARGS,
-     "decode_planes(planes, base|None, width, transform, shift) -> (elements, key counts|None)\n"
-     "The inverse of encode_planes."},
+     "decode_planes(streams, base|None, width, transform, shift) -> (elements, key counts|None)\n"
+     "The inverse of encode_planes; streams: each group's planes, group after group."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -194,24 +194,19 @@ def _decode_native(payload, info, b) -> bytes:
     groups = len(info.streams) // width
     if len(info.streams) % width or groups < 1:
         raise CorruptObject("stream count does not match the element width")
-    planes = bytearray(n * width)
-    target = memoryview(planes)
-    lengths, fill = [], [0] * width
-    for g in range(groups):
-        for j in range(width):
-            data = stream_bytes(payload, info, g * width + j)
-            if len(data) > n - fill[j] or (j and len(data) != lengths[-1]):
-                raise CorruptObject("stream lengths do not match the chunk's groups")
-            target[j * n + fill[j] : j * n + fill[j] + len(data)] = memoryview(data).cast("B")
-            fill[j] += len(data)
-            if j == 0:
-                lengths.append(len(data))
-    if fill != [n] * width:
+    streams, lengths = [], []
+    for k in range(len(info.streams)):
+        data = stream_bytes(payload, info, k)
+        if k % width == 0:
+            lengths.append(len(data))
+        elif len(data) != lengths[-1]:
+            raise CorruptObject("stream lengths do not match the chunk's groups")
+        streams.append(data)
+    if sum(lengths) != n:
         raise CorruptObject("stream lengths do not add up to the chunk")
     shift = info.param if info.method is Method.ULP_EXP else -1
-    target.release()
-    try:
-        raw, counts = native.kernels.decode_planes(planes, b, width, _NATIVE_CODE[info.method], shift)
+    try:  # joins the planes straight from the decompressed streams
+        raw, counts = native.kernels.decode_planes(streams, b, width, _NATIVE_CODE[info.method], shift)
     except ValueError as exc:  # a parameter no encoder writes
         raise CorruptObject(f"payload parameters are invalid: {exc}") from None
     if (merge_groups(counts) if counts is not None else [n]) != lengths:
