@@ -30,7 +30,8 @@ typedef struct {
     const void *keys;     /* n keys, uint8_t or uint16_t */
     int wide;             /* keys are uint16_t */
     Py_ssize_t nkeys;
-    Py_ssize_t *next;     /* [LANES][nkeys]: where quarter l's next element with key k goes */
+    Py_ssize_t *next;     /* [LANES][nkeys]: where quarter l's next element with key k goes
+                             (allocated twice that: group() counts into both halves) */
 } Grouping;
 
 #define DEFINE_SCATTER(T, BITS, KT, KBITS)                                                    \
@@ -218,34 +219,46 @@ static void group(const uint8_t *bs, Py_ssize_t n, int width, int shift, Groupin
                   Py_ssize_t *counts) {
     const uint64_t mask = (uint64_t)g->nkeys - 1;
     const Py_ssize_t nkeys = g->nkeys, q = n / LANES;
-#define KEYS(T, KT)                                                                           \
-    for (Py_ssize_t i = 0; i < n; i++) ((KT *)keys)[i] = (KT)(((uint64_t)load_##T(bs, i) >> shift) & mask);
+/* shifts in the element's own width, so that the loop vectorises with narrow lanes */
+#define KEYS(BITS, T, KT)                                                                     \
+    for (Py_ssize_t i = 0; i < n; i++) ((KT *)keys)[i] = (KT)((T)(load_##BITS(bs, i) >> shift) & (T)mask);
 #define BY_WIDTH(KT)                                                                          \
     switch (width) {                                                                          \
-    case 1: KEYS(8, KT) break;                                                                \
-    case 2: KEYS(16, KT) break;                                                               \
-    case 4: KEYS(32, KT) break;                                                               \
-    default: KEYS(64, KT) break;                                                              \
+    case 1: KEYS(8, uint8_t, KT) break;                                                       \
+    case 2: KEYS(16, uint16_t, KT) break;                                                     \
+    case 4: KEYS(32, uint32_t, KT) break;                                                     \
+    default: KEYS(64, uint64_t, KT) break;                                                    \
     }
     if (g->wide) { BY_WIDTH(uint16_t) } else { BY_WIDTH(uint8_t) }
 #undef BY_WIDTH
 #undef KEYS
     g->keys = keys;
-    Py_ssize_t *c0 = g->next, *c1 = c0 + nkeys, *c2 = c1 + nkeys, *c3 = c2 + nkeys;
-    memset(g->next, 0, sizeof(Py_ssize_t) * LANES * nkeys);
+    /* Two tables per quarter, for even and odd elements: a run of one key then alternates
+     * between two counters instead of waiting on one (g->next has room for 2 * LANES). */
+    Py_ssize_t *c[2 * LANES];
+    for (int t = 0; t < 2 * LANES; t++) c[t] = g->next + t * nkeys;
+    memset(g->next, 0, sizeof(Py_ssize_t) * 2 * LANES * nkeys);
 #define COUNT(KT)                                                                             \
     {                                                                                         \
         const KT *k = (const KT *)keys;                                                       \
-        for (Py_ssize_t i = 0; i < q; i++) {                                                  \
-            c0[k[i]]++;                                                                       \
-            c1[k[i + q]]++;                                                                   \
-            c2[k[i + 2 * q]]++;                                                               \
-            c3[k[i + 3 * q]]++;                                                               \
+        const Py_ssize_t even = q & ~(Py_ssize_t)1;                                           \
+        for (Py_ssize_t i = 0; i < even; i += 2) {                                            \
+            c[0][k[i]]++;                                                                     \
+            c[1][k[i + q]]++;                                                                 \
+            c[2][k[i + 2 * q]]++;                                                             \
+            c[3][k[i + 3 * q]]++;                                                             \
+            c[4][k[i + 1]]++;                                                                 \
+            c[5][k[i + 1 + q]]++;                                                             \
+            c[6][k[i + 1 + 2 * q]]++;                                                         \
+            c[7][k[i + 1 + 3 * q]]++;                                                         \
         }                                                                                     \
-        for (Py_ssize_t i = LANES * q; i < n; i++) c3[k[i]]++;                                \
+        for (Py_ssize_t i = even; i < q; i++)                                                 \
+            for (int l = 0; l < LANES; l++) c[l][k[i + l * q]]++;                             \
+        for (Py_ssize_t i = LANES * q; i < n; i++) c[3][k[i]]++;                              \
     }
     if (g->wide) COUNT(uint16_t) else COUNT(uint8_t)
 #undef COUNT
+    for (Py_ssize_t i = 0; i < LANES * nkeys; i++) g->next[i] += g->next[LANES * nkeys + i];
     /* per-quarter counts -> per-quarter start positions: keys in order, quarters in order */
     Py_ssize_t run = 0;
     for (Py_ssize_t k = 0; k < nkeys; k++) {
@@ -341,7 +354,7 @@ static PyObject *encode_planes(PyObject *self, PyObject *args) {
         tmp = scratch(&scratch_elements, a.data.len ? a.data.len : 1);
         if (a.nkeys) {
             counts = malloc(sizeof(Py_ssize_t) * a.nkeys);
-            next = malloc(sizeof(Py_ssize_t) * LANES * a.nkeys);
+            next = malloc(sizeof(Py_ssize_t) * 2 * LANES * a.nkeys);
             keys = scratch(&scratch_keys, a.n ? (size_t)a.n * (g.wide ? 2 : 1) : 1);
             g.next = next;
         }
@@ -429,7 +442,7 @@ static PyObject *decode_planes(PyObject *self, PyObject *args) {
     void *tmp = scratch(&scratch_elements, n ? (size_t)(n * width) : 1), *keys = NULL;
     if (nkeys) {
         counts = malloc(sizeof(Py_ssize_t) * nkeys);
-        next = malloc(sizeof(Py_ssize_t) * LANES * nkeys);
+        next = malloc(sizeof(Py_ssize_t) * 2 * LANES * nkeys);
         keys = scratch(&scratch_keys, n ? (size_t)n * (g.wide ? 2 : 1) : 1);
         g.next = next;
     }
