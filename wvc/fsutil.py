@@ -8,6 +8,7 @@ leaves either the old file or the new one, plus at worst a temp file that gc rem
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import tempfile
 from pathlib import Path, PurePosixPath
@@ -29,6 +30,51 @@ def fsync_dir(path: os.PathLike | str) -> None:
         os.close(fd)
 
 
+WRITEBACK_BYTES = 32 << 20  # a durable file asks the kernel to start writing every this many bytes
+
+
+def _sync_file_range():
+    """libc's sync_file_range (Linux), or None."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    fn.restype = ctypes.c_int
+    return fn
+
+
+class _EarlyWriteback:
+    """A file whose written bytes go to disk while more are produced.
+
+    Without it the fsync that makes a checked-out file durable found the whole file
+    dirty and waited for all of it: half a second of a 1 GB checkout with the CPUs idle.
+    SYNC_FILE_RANGE_WRITE only starts the writes (no waiting, the page cache kept), so the
+    final fsync waits for the last stretch only. Durability still comes from that fsync.
+    """
+
+    _fn = None
+    _looked = False
+
+    def __init__(self, fh):
+        self.fh = fh
+        self.written = self.started = 0
+        if not _EarlyWriteback._looked:
+            _EarlyWriteback._fn, _EarlyWriteback._looked = _sync_file_range(), True
+
+    def write(self, data) -> int:
+        n = self.fh.write(data)
+        self.written += n
+        if self._fn is not None and self.written - self.started >= WRITEBACK_BYTES:
+            self.fh.flush()
+            self._fn(self.fh.fileno(), self.started, self.written - self.started, 2)  # SYNC_FILE_RANGE_WRITE
+            self.started = self.written
+        return n
+
+    def __getattr__(self, name):
+        return getattr(self.fh, name)
+
+
 @contextlib.contextmanager
 def atomic_writer(target: os.PathLike | str, durable: bool = True):
     """Yield a binary file object; on clean exit it atomically replaces ``target``."""
@@ -36,7 +82,7 @@ def atomic_writer(target: os.PathLike | str, durable: bool = True):
     fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
-            yield fh
+            yield _EarlyWriteback(fh) if durable else fh
             fh.flush()
             if durable:
                 os.fsync(fh.fileno())
