@@ -21,15 +21,20 @@ M_MMAP_THRESHOLD = -3
 TRIM_THRESHOLD = 64 << 20
 MMAP_THRESHOLD = 16 << 20  # above the largest chunk (4 MiB by default) and its planes
 
-_done = False
+_applied: bool | None = None  # None: not tried yet
 
 
 def keep_chunk_buffers() -> bool:
     """Apply the thresholds once per process; True when glibc took them."""
-    global _done
-    if _done or not sys.platform.startswith("linux"):
-        return _done
-    _done = True
+    global _applied
+    if _applied is None:
+        _applied = _apply()
+    return _applied
+
+
+def _apply() -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
     try:
         mallopt = ctypes.CDLL(None).mallopt  # the symbols already loaded: libc's
     except (OSError, AttributeError):  # musl and others: no mallopt
