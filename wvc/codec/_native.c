@@ -1,11 +1,11 @@
-/* The codec's element-wise kernels in one pass each, for the CPU.
+/* The codec's element-wise kernels, for the CPU.
  *
- * numpy needs several passes and a full argsort for the exponent-grouped delta
+ * numpy needs many passes and a full argsort for the exponent-grouped delta
  * (transforms.py); these loops do transform + grouping + byte-plane split (encode) and
- * the inverse (decode) in a histogram pass and one placement pass, with the GIL released
- * so the codec's thread pool runs them in parallel. They compute exactly what the numpy
- * path computes (tests compare payloads byte for byte); the numpy path stays the
- * reference and the fallback when this module is not built.
+ * the inverse (decode) in a few passes that vectorise or stay short (see Grouping), with
+ * the GIL released so the codec's thread pool runs them in parallel. They compute exactly
+ * what the numpy path computes (tests compare payloads byte for byte); the numpy path
+ * stays the reference and the fallback when this module is not built.
  *
  * transform codes: 0 identity, 1 XOR, 2 ULP (zigzag of the difference of value-ordered
  * integers), 3 SUB (zigzag of the integer difference). shift < 0: no grouping; else the
