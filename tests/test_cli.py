@@ -10,6 +10,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from wvc import Repo
 from wvc.cli import main
 
 from .conftest import repo_state, write_raw_safetensors
@@ -143,6 +144,19 @@ def test_checkout_refuses_to_overwrite_uncommitted_work(model_dir, cli):
     assert repo_state(model_dir) == before
     assert (model_dir / "model.safetensors").read_bytes() == b"precious unsaved work"
     assert cli(model_dir, "checkout", "HEAD~1", "--force").exit_code == 0
+
+
+def test_checkout_head_restores_files_and_stays_on_the_branch(model_dir, cli):
+    committed = (model_dir / "model.safetensors").read_bytes()
+    (model_dir / "model.safetensors").write_bytes(b"a broken edit")
+    assert cli(model_dir, "checkout", "HEAD", "--force").exit_code == 0
+    assert (model_dir / "model.safetensors").read_bytes() == committed
+    with Repo.open(model_dir) as repo:
+        assert repo.refs.head_branch() == "main"
+    save_file({"w": torch.zeros(64, 64).to(torch.bfloat16)}, str(model_dir / "model.safetensors"))
+    assert cli(model_dir, "commit", "-m", "after").exit_code == 0
+    with Repo.open(model_dir) as repo:  # the commit moved the branch, not a detached HEAD
+        assert repo.read_commit(repo.resolve("main")).message == "after"
 
 
 def test_every_command_has_help():

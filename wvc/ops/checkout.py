@@ -35,6 +35,8 @@ class CheckoutResult:
 def checkout(repo, rev: str, *, force: bool = False, output=None, progress: Progress = NULL) -> CheckoutResult:
     commit_id = repo.resolve(rev)
     branch = rev if repo.refs.get(HEADS + rev) is not None else None
+    if rev == "HEAD":  # as in git: checking out HEAD restores files and stays on the branch
+        branch = repo.refs.head_branch()
     target = repo.read_tree(repo.read_commit(commit_id).tree)
     if output is not None:
         return _to_directory(repo, commit_id, target, Path(output), force, progress)
