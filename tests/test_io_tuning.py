@@ -38,7 +38,7 @@ def test_durable_writes_start_writeback_per_stretch_and_keep_every_byte(tmp_path
 
 def test_a_non_durable_write_is_not_wrapped(tmp_path):
     with fsutil.atomic_writer(tmp_path / "f", durable=False) as fh:
-        assert not isinstance(fh, fsutil._EarlyWriteback)
+        assert not isinstance(fh, fsutil.EarlyWriteback)
         fh.write(b"x")
     assert (tmp_path / "f").read_bytes() == b"x"
 

@@ -49,7 +49,7 @@ def sync_file_range():
 SYNC_FILE_RANGE_WRITE = 2  # <fcntl.h>: start writing the range, do not wait
 
 
-class _EarlyWriteback:
+class EarlyWriteback:
     """A file whose written bytes go to disk while more are produced.
 
     Without it the fsync that makes a checked-out file durable found the whole file
@@ -84,7 +84,7 @@ def atomic_writer(target: os.PathLike | str, durable: bool = True):
     fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
-            yield _EarlyWriteback(fh) if durable else fh
+            yield EarlyWriteback(fh) if durable else fh
             fh.flush()
             if durable:
                 os.fsync(fh.fileno())
