@@ -275,6 +275,7 @@ def all_cases(llm_gb: float | None = 1.0) -> list[Case]:
         llm = llm_bf16(llm_gb)
         cases.append(Case(f"llm {llm_gb:g} GB bf16 step 0 -> 1", "2 LLM-shaped", llm[:2], "Adam-like lr 1e-5"))
         cases.append(Case(f"llm {llm_gb:g} GB bf16 step 2 -> 3", "2 LLM-shaped", llm[2:4]))
+        cases.append(Case(f"llm {llm_gb:g} GB bf16 first commit", "2 LLM-shaped", llm[3:4], "no parent"))
     for f, dirs in rl_steps().items():
         cases.append(Case(f"rl {f:.0%} changed", "3 RL step", dirs))
     for n, dirs in partial_finetunes().items():
