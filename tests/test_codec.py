@@ -9,12 +9,29 @@ from hypothesis import strategies as hs
 
 from wvc import codec
 from wvc.codec import native
-from wvc.codec.container import Method, peek
-from wvc.codec.transforms import applicable_methods
+from wvc.codec.container import ROTATED, Method, compress_stream, pack, peek
+from wvc.codec.transforms import applicable_methods, planes_param
 from wvc.errors import CorruptObject
 from wvc.formats.dtypes import BYTES, DTYPES
 
 SPECIAL_BF16 = [0x7FC0, 0x7FC1, 0xFFFF, 0x8000, 0x0000, 0x7F80, 0xFF80, 0x0001, 0x8001, 0x7F7F]
+
+
+def test_float_keyframes_rotate_the_sign_out_of_the_exponent_byte():
+    """PLANES of bf16 weights rotates each element (sign to bit 0), which is what makes the
+    exponent byte compress better; a payload written without the rotation (parameter 0, as
+    wvc wrote before) still decodes."""
+    g = torch.Generator().manual_seed(3)
+    weights = (torch.randn(1 << 18, generator=g) * 0.02).to(torch.bfloat16)
+    raw = weights.view(torch.int16).numpy().tobytes()
+    dtype = DTYPES["BF16"]
+    rotated = codec.encode(raw, dtype, None)
+    assert peek(rotated.payload).param == ROTATED == planes_param(dtype)
+    assert planes_param(DTYPES["I16"]) == 0 and planes_param(DTYPES["F8_E4M3"]) == 0
+    u = memoryview(raw)
+    plain = pack(Method.PLANES, 2, 0, len(raw), [compress_stream(bytes(u[k::2]), 1) for k in range(2)])
+    assert codec.decode(plain, len(raw)) == raw
+    assert len(rotated.payload) < len(plain) * 0.995
 
 
 def methods_for(dtype):

@@ -8,7 +8,7 @@
  * stays the reference and the fallback when this module is not built.
  *
  * transform codes: 0 identity, 1 XOR, 2 ULP (zigzag of the difference of value-ordered
- * integers), 3 SUB (zigzag of the integer difference). shift < 0: no grouping; else the
+ * integers), 3 SUB (zigzag of the integer difference), 4 rotate left one bit (no base). shift < 0: no grouping; else the
  * group key is the base element's bits [shift, bits - 1) (its exponent for floats) and
  * elements are stably sorted by key, as np.argsort(kind="stable") would.
  */
@@ -88,6 +88,7 @@ typedef struct {
         case 1: return (T)(x ^ b);                                                            \
         case 2: return zigzag_##BITS((T)(ordered_##BITS(x) - ordered_##BITS(b)));             \
         case 3: return zigzag_##BITS((T)(x - b));                                             \
+        case 4: return (T)((T)(x << 1) | (T)(x >> (BITS - 1)));                               \
         default: return x;                                                                    \
         }                                                                                     \
     }                                                                                         \
@@ -96,6 +97,7 @@ typedef struct {
         case 1: return (T)(y ^ b);                                                            \
         case 2: return ordered_##BITS((T)(unzigzag_##BITS(y) + ordered_##BITS(b)));           \
         case 3: return (T)(unzigzag_##BITS(y) + b);                                           \
+        case 4: return (T)((T)(y >> 1) | (T)((T)(y & 1) << (BITS - 1)));                      \
         default: return y;                                                                    \
         }                                                                                     \
     }                                                                                         \
@@ -131,6 +133,7 @@ typedef struct {
         case 1: for (Py_ssize_t i = 0; i < n; i++) y[i] = forward_##BITS(1, load_##BITS(xs, i), load_##BITS(bs, i)); break; \
         case 2: for (Py_ssize_t i = 0; i < n; i++) y[i] = forward_##BITS(2, load_##BITS(xs, i), load_##BITS(bs, i)); break; \
         case 3: for (Py_ssize_t i = 0; i < n; i++) y[i] = forward_##BITS(3, load_##BITS(xs, i), load_##BITS(bs, i)); break; \
+        case 4: for (Py_ssize_t i = 0; i < n; i++) y[i] = forward_##BITS(4, load_##BITS(xs, i), 0); break; \
         default: memcpy(y, xs, (size_t)n * (BITS / 8));                                       \
         }                                                                                     \
     }                                                                                         \
@@ -139,6 +142,7 @@ typedef struct {
         case 1: for (Py_ssize_t i = 0; i < n; i++) y[i] = inverse_##BITS(1, y[i], load_##BITS(bs, i)); break; \
         case 2: for (Py_ssize_t i = 0; i < n; i++) y[i] = inverse_##BITS(2, y[i], load_##BITS(bs, i)); break; \
         case 3: for (Py_ssize_t i = 0; i < n; i++) y[i] = inverse_##BITS(3, y[i], load_##BITS(bs, i)); break; \
+        case 4: for (Py_ssize_t i = 0; i < n; i++) y[i] = inverse_##BITS(4, y[i], 0); break;  \
         default: break;                                                                       \
         }                                                                                     \
     }                                                                                         \
@@ -285,7 +289,7 @@ static int parse(PyObject *args, Args *a, const char *what) {
         PyErr_SetString(PyExc_ValueError, "width must be 1, 2, 4 or 8");
         return -1;
     }
-    if (a->code < 0 || a->code > 3) {
+    if (a->code < 0 || a->code > 4) {
         PyErr_SetString(PyExc_ValueError, "unknown transform");
         return -1;
     }
@@ -298,7 +302,8 @@ static int parse(PyObject *args, Args *a, const char *what) {
     a->n = a->data.len / a->width;
     const int bits = a->width * 8;
     if (a->data.len % a->width || (a->has_base && a->base.len != a->data.len) ||
-        ((a->code != 0 || a->shift >= 0) && !a->has_base) || a->shift >= bits - 1 ||
+        ((a->code % 4 != 0 || a->shift >= 0) && !a->has_base) || (a->code == 4 && a->shift >= 0) ||
+        a->shift >= bits - 1 ||
         (a->shift >= 0 && bits - 1 - a->shift > 16)) {
         PyErr_Format(PyExc_ValueError, "%s: inconsistent sizes or parameters", what);
         PyBuffer_Release(&a->data);
@@ -397,8 +402,9 @@ static PyObject *decode_planes(PyObject *self, PyObject *args) {
     if (!seq) return NULL;
     const Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
     const int bits = width * 8;
-    if ((width != 1 && width != 2 && width != 4 && width != 8) || code < 0 || code > 3 || count < width ||
-        count % width || ((code != 0 || shift >= 0) && base == Py_None) || shift >= bits - 1 ||
+    if ((width != 1 && width != 2 && width != 4 && width != 8) || code < 0 || code > 4 || count < width ||
+        count % width || ((code % 4 != 0 || shift >= 0) && base == Py_None) || (code == 4 && shift >= 0) ||
+        shift >= bits - 1 ||
         (shift >= 0 && bits - 1 - shift > 16)) {
         Py_DECREF(seq);
         PyErr_SetString(PyExc_ValueError, "decode: inconsistent sizes or parameters");
@@ -595,9 +601,9 @@ static PyObject *unpack_bits(PyObject *self, PyObject *args) {
 static PyObject *sparse_encode(PyObject *self, PyObject *args) {
     Args a;
     if (parse(args, &a, "sparse_encode") < 0) return NULL;
-    if (!a.has_base || a.shift >= 0) {
+    if (!a.has_base || a.shift >= 0 || a.code == 4) {
         release(&a);
-        PyErr_SetString(PyExc_ValueError, "sparse_encode needs a base and no grouping");
+        PyErr_SetString(PyExc_ValueError, "sparse_encode needs a base, a delta transform and no grouping");
         return NULL;
     }
     const uint8_t *xs = a.data.buf, *bs = a.base.buf;

@@ -5,7 +5,8 @@ Layout of a payload (all integers little-endian)::
     u8  codec version (1)
     u8  method (Method)
     u8  element width in bytes
-    u8  parameter (ULP_EXP: the exponent field's bit shift; SPARSE: the inner method; else 0)
+    u8  parameter (ULP_EXP: the exponent field's bit shift; SPARSE: the inner method;
+        PLANES: 1 when each element was rotated left by one bit first; else 0)
     u64 raw size
     u32 stream count
     per stream: u8 coder, u64 raw length, u64 stored length
@@ -39,6 +40,7 @@ CODER_STORED = 0
 CODER_ZSTD = 1
 CODER_PACKED = {2: 1, 3: 2, 4: 4}  # coder -> bits per value
 MAX_STREAMS = 1 << 16
+ROTATED = 1  # PLANES parameter: elements rotated left one bit (the sign to bit 0) before the split
 
 
 class Method(enum.IntEnum):
@@ -89,6 +91,9 @@ def peek(payload) -> PayloadInfo:
     if method is Method.SPARSE:
         if param not in (Method.XOR, Method.ULP, Method.SUB):
             raise CorruptObject(f"bad inner method {param} for a sparse payload")
+    elif method is Method.PLANES:
+        if param not in (0, ROTATED) or (param and width == 1):
+            raise CorruptObject(f"bad codec parameter {param}")
     elif param >= width * 8 - 1 or (param and method != Method.ULP_EXP):
         raise CorruptObject(f"bad codec parameter {param}")
     if count > MAX_STREAMS:
