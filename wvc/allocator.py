@@ -13,7 +13,6 @@ glibc has ``mallopt``; elsewhere this does nothing.
 
 from __future__ import annotations
 
-import ctypes
 import sys
 
 M_TRIM_THRESHOLD = -1  # glibc's <malloc.h>
@@ -35,6 +34,8 @@ def keep_chunk_buffers() -> bool:
 def _apply() -> bool:
     if not sys.platform.startswith("linux"):
         return False
+    import ctypes  # here: commands that encode nothing never load it
+
     try:
         mallopt = ctypes.CDLL(None).mallopt  # the symbols already loaded: libc's
     except (OSError, AttributeError):  # musl and others: no mallopt
