@@ -5,10 +5,13 @@
 """
 
 import json
+import os
 import sys
 import time
 
-from wvc import Repo
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as the wvc command does (wvc/cli.py)
+
+from wvc import Repo  # noqa: E402
 
 
 def main(argv):

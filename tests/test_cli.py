@@ -159,6 +159,16 @@ def test_checkout_head_restores_files_and_stays_on_the_branch(model_dir, cli):
         assert repo.read_commit(repo.resolve("main")).message == "after"
 
 
+@pytest.mark.parametrize("given, expected", [(None, "1"), ("3", "3")])
+def test_the_command_keeps_numpys_blas_to_one_thread_unless_told(given, expected):
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if given is not None:
+        env["OPENBLAS_NUM_THREADS"] = given
+    probe = "import os, wvc.cli, numpy; print(os.environ['OPENBLAS_NUM_THREADS'])"
+    r = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == expected, r.stderr
+
+
 def test_every_command_has_help():
     def walk(cmd, path):
         yield path, cmd

@@ -18,6 +18,11 @@ import click
 from .errors import WvcError
 from .progress import NULL as NULL_PROGRESS, Progress
 
+# numpy's OpenBLAS starts a thread per core that spins for a while; wvc does no linear
+# algebra, and on 2 cores those threads took 14% of the CPU of a small model's commit.
+# Nothing has imported numpy yet: the codec does, lazily, when a command needs it.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 
 def human(n: int | float | None) -> str:
     if n is None:
