@@ -82,7 +82,7 @@ def _check_name(rel: str) -> None:
 
 
 def hash_file(path: Path) -> tuple[str, int]:
-    h = ids.hasher(ids.FILE)
+    h = ids.hasher(ids.FILE, all_cores=True)  # nothing else runs meanwhile
     size = 0
     with open(path, "rb") as fh:
         while block := fh.read(READ_BLOCK):
