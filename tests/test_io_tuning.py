@@ -51,3 +51,109 @@ def test_malloc_thresholds_are_applied_on_glibc():
         pytest.skip("not glibc")
     assert allocator.keep_chunk_buffers() is True
     assert allocator.keep_chunk_buffers() is True  # once per process; later calls say so again
+
+
+# -- O_DIRECT writes of big durable files ---------------------------------------------------
+
+needs_o_direct = pytest.mark.skipif(not hasattr(os, "O_DIRECT"), reason="no O_DIRECT on this platform")
+
+
+@needs_o_direct
+@pytest.mark.parametrize("sizes", [
+    (0,),
+    (1,),
+    (4095,),
+    (4096,),
+    (8, 300, 16384),  # a tail shorter than one block after a full buffer
+    (16384, 16384, 16384, 16384),  # whole buffers only: no tail
+    (5, 40_000, 70_001, 3, 65_536, 10),
+])
+def test_direct_writes_keep_every_byte_and_the_exact_length(tmp_path, monkeypatch, sizes):
+    monkeypatch.setattr(fsutil, "DIRECT_BUFFER", 16384)
+    monkeypatch.setattr(fsutil, "DIRECT_MIN_BYTES", 0)
+    blocks = [os.urandom(n) for n in sizes]
+    target = tmp_path / "model.safetensors"
+    with fsutil.atomic_writer(target, size_hint=1) as fh:
+        # where the file system takes O_DIRECT (ext4, xfs) this is the direct writer;
+        # elsewhere it falls back to the page cache, and the bytes must be the same
+        for block in blocks:
+            assert fh.write(block) == len(block)
+    data = b"".join(blocks)
+    assert target.stat().st_size == len(data)
+    assert hashlib.sha256(target.read_bytes()).digest() == hashlib.sha256(data).digest()
+
+
+@needs_o_direct
+def test_a_file_system_refusing_o_direct_writes_falls_back_to_ordinary_writes(tmp_path, monkeypatch):
+    monkeypatch.setattr(fsutil, "DIRECT_BUFFER", 8192)
+    monkeypatch.setattr(fsutil, "DIRECT_MIN_BYTES", 0)
+    real_pwrite, refused = os.pwrite, []
+
+    def pwrite(fd, data, offset):
+        import fcntl
+
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+            refused.append(offset)
+            raise OSError(22, "Invalid argument")  # what tmpfs or NFS answers
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(fsutil.os, "pwrite", pwrite)
+    data = os.urandom(30_000)
+    target = tmp_path / "f"
+    with fsutil.atomic_writer(target, size_hint=1) as fh:
+        if not isinstance(fh, fsutil.DirectWriter):
+            pytest.skip("this file system refuses O_DIRECT already at open")
+        fh.write(data[:10_000])
+        fh.write(data[10_000:])
+    assert refused == [0]  # refused once, then the flag was cleared
+    assert target.read_bytes() == data
+
+
+@needs_o_direct
+def test_a_failing_direct_write_leaves_the_target_as_it_was(tmp_path, monkeypatch):
+    monkeypatch.setattr(fsutil, "DIRECT_BUFFER", 8192)
+    monkeypatch.setattr(fsutil, "DIRECT_MIN_BYTES", 0)
+
+    def pwrite(fd, data, offset):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(fsutil.os, "pwrite", pwrite)
+    target = tmp_path / "f"
+    target.write_bytes(b"old")
+    with pytest.raises(OSError, match="No space"):
+        with fsutil.atomic_writer(target, size_hint=1) as fh:
+            if not isinstance(fh, fsutil.DirectWriter):
+                pytest.skip("this file system refuses O_DIRECT already at open")
+            fh.write(os.urandom(50_000))
+    assert target.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["f"]  # the temp file is gone
+
+
+def test_direct_io_can_be_turned_off(tmp_path, monkeypatch):
+    monkeypatch.setenv("WVC_DIRECT_IO", "0")
+    monkeypatch.setattr(fsutil, "DIRECT_MIN_BYTES", 0)
+    with fsutil.atomic_writer(tmp_path / "f", size_hint=1) as fh:
+        assert isinstance(fh, fsutil.EarlyWriteback)
+        fh.write(b"x")
+    assert (tmp_path / "f").read_bytes() == b"x"
+
+
+def test_checkout_through_direct_writes_is_byte_identical(repo, monkeypatch):
+    import torch
+    from safetensors.torch import save_file
+
+    from tests.conftest import sha256
+
+    monkeypatch.setattr(fsutil, "DIRECT_MIN_BYTES", 0)  # every durable file takes the direct path
+    monkeypatch.setattr(fsutil, "DIRECT_BUFFER", 64 * 1024)  # several buffers and a ragged tail
+    path = repo.root / "model.safetensors"
+    g = torch.Generator().manual_seed(0)
+    versions = []
+    for step in range(2):
+        save_file({"w": torch.randn(300, 257, generator=g).to(torch.bfloat16), "b": torch.randn(7, generator=g)},
+                  str(path), metadata={"step": str(step)})
+        versions.append((repo.commit(f"step {step}").commit, sha256(path)))
+    for commit, digest in versions:
+        out = repo.root.parent / f"out-{commit[:8]}"
+        repo.checkout(commit, output=out, force=True)
+        assert sha256(out / "model.safetensors") == digest

@@ -48,7 +48,7 @@ def write_file(store: ObjectStore, entry: FileEntry, target: Path, progress: Pro
     target.parent.mkdir(parents=True, exist_ok=True)
     h = ids.hasher(ids.FILE)
     size = 0
-    with atomic_writer(target) as fh:
+    with atomic_writer(target, size_hint=entry.size) as fh:
         for block in file_blocks(store, entry):
             fh.write(block)
             h.update(block)
