@@ -74,6 +74,21 @@ typedef struct {
     Py_ssize_t groups;
 } Pieces;
 
+/* element i of a group from its byte planes pl[0..BITS/8) (least significant first) */
+#define JOIN_AT(BITS, pl, i) join_at_##BITS(pl, i)
+static inline uint8_t join_at_8(const uint8_t *const *pl, Py_ssize_t i) { return pl[0][i]; }
+static inline uint16_t join_at_16(const uint8_t *const *pl, Py_ssize_t i) {
+    return (uint16_t)(pl[0][i] | (uint16_t)pl[1][i] << 8);
+}
+static inline uint32_t join_at_32(const uint8_t *const *pl, Py_ssize_t i) {
+    return pl[0][i] | (uint32_t)pl[1][i] << 8 | (uint32_t)pl[2][i] << 16 | (uint32_t)pl[3][i] << 24;
+}
+static inline uint64_t join_at_64(const uint8_t *const *pl, Py_ssize_t i) {
+    uint64_t v = 0;
+    for (int k = 0; k < 8; k++) v |= (uint64_t)pl[k][i] << (8 * k);
+    return v;
+}
+
 #define DEFINE_KERNELS(T, BITS)                                                               \
     static inline T ordered_##BITS(T v) {                                                     \
         const T sign = (T)((T)1 << (BITS - 1));                                               \
@@ -126,6 +141,24 @@ typedef struct {
             y += len;                                                                         \
         }                                                                                     \
     }                                                                                         \
+    /* an ungrouped payload: join the planes and undo the transform in one pass, group by     \
+     * group (one pass over memory instead of three: a keyframe's decode) */                  \
+    static void join_inverse_##BITS(const Pieces *p, int code, const uint8_t *bs, T *restrict y) { \
+        for (Py_ssize_t g = 0; g < p->groups; g++) {                                          \
+            const Py_ssize_t len = p->len[g];                                                 \
+            const uint8_t *pl[BITS / 8];                                                      \
+            for (int k = 0; k < BITS / 8; k++) pl[k] = p->ptr[g * (BITS / 8) + k];            \
+            switch (code) {                                                                   \
+            case 1: for (Py_ssize_t i = 0; i < len; i++) y[i] = inverse_##BITS(1, JOIN_AT(BITS, pl, i), load_##BITS(bs, i)); break; \
+            case 2: for (Py_ssize_t i = 0; i < len; i++) y[i] = inverse_##BITS(2, JOIN_AT(BITS, pl, i), load_##BITS(bs, i)); break; \
+            case 3: for (Py_ssize_t i = 0; i < len; i++) y[i] = inverse_##BITS(3, JOIN_AT(BITS, pl, i), load_##BITS(bs, i)); break; \
+            case 4: for (Py_ssize_t i = 0; i < len; i++) y[i] = inverse_##BITS(4, JOIN_AT(BITS, pl, i), 0); break; \
+            default: for (Py_ssize_t i = 0; i < len; i++) y[i] = JOIN_AT(BITS, pl, i);        \
+            }                                                                                 \
+            y += len;                                                                         \
+            if (bs) bs += len * (BITS / 8);                                                   \
+        }                                                                                     \
+    }                                                                                         \
     /* the transform over a whole chunk, with the method's branch outside the loop */         \
     static void forward_all_##BITS(int code, const uint8_t *xs, const uint8_t *bs,           \
                                    Py_ssize_t n, T *y) {                                      \
@@ -169,8 +202,7 @@ typedef struct {
             else gather8_##BITS(tmp, g, n, (T *)out);                                         \
             inverse_all_##BITS(code, (T *)out, bs, n);                                        \
         } else {                                                                              \
-            join_##BITS(p, (T *)out);                                                         \
-            inverse_all_##BITS(code, (T *)out, bs, n);                                        \
+            join_inverse_##BITS(p, code, bs, (T *)out);                                       \
         }                                                                                     \
     }                                                                                         \
     /* SPARSE: count the nonzero deltas (and the gaps >= 255 between them), then write the   \
