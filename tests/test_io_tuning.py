@@ -157,3 +157,29 @@ def test_checkout_through_direct_writes_is_byte_identical(repo, monkeypatch):
         out = repo.root.parent / f"out-{commit[:8]}"
         repo.checkout(commit, output=out, force=True)
         assert sha256(out / "model.safetensors") == digest
+
+
+def test_the_writer_works_ahead_by_bytes_not_by_chunk_count(repo, monkeypatch):
+    from wvc.formats.dtypes import BYTES
+    from wvc.store import objects
+
+    monkeypatch.setattr(objects, "IN_FLIGHT_BYTES", 64 * 1024)
+    writer = repo.store.writer()
+    seen = []
+    real_drain = writer._drain_one
+
+    def drain():
+        seen.append((len(writer.in_flight), writer.in_flight_bytes))
+        real_drain()
+
+    monkeypatch.setattr(writer, "_drain_one", drain)
+    big, smalls = os.urandom(60 * 1024), [os.urandom(512) for _ in range(20)]
+    with writer:
+        ids = [writer.put(big, BYTES)] + [writer.put(s, BYTES) for s in smalls]
+        pack, rows = writer.finish()
+        repo.store.insert_rows(pack, rows)
+    # small chunks queue up behind the big one instead of stalling at a fixed count ...
+    assert max(n for n, _ in seen) > 4
+    # ... and what is in flight stays within the byte bound plus the chunk just offered
+    assert max(b for _, b in seen) < 64 * 1024 + 60 * 1024
+    assert [repo.store.get(i) for i in ids] == [big, *smalls]

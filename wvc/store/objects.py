@@ -33,7 +33,12 @@ from .packs import PackReader, PackWriter
 
 DEFAULT_MAX_CHAIN = 1  # measured in benchmarks/: the flattest checkout cost and fastest commit
 WORKERS = max(1, min(4, os.cpu_count() or 1))
-IN_FLIGHT = 2 * WORKERS  # chunks being encoded or decoded at once: bounds memory
+# How far ahead of the caller the pool works: at most IN_FLIGHT_BYTES of raw chunks (which
+# bounds memory) and at most MAX_IN_FLIGHT chunks. A bound in bytes rather than in chunks:
+# results are taken in order, and with a count bound one big chunk at the head stalled the
+# pool behind it once a few small ones (biases, norms) had filled the window.
+IN_FLIGHT_BYTES = 2 * WORKERS * (4 << 20)
+MAX_IN_FLIGHT = 64
 
 
 @dataclass(frozen=True)
@@ -157,14 +162,18 @@ class ObjectStore:
         return self.decode_chain(self.chain(object_id))
 
     def get_many(self, object_ids):
-        """Yield each chunk's bytes in order, decoding up to IN_FLIGHT ahead on the pool."""
-        queue = collections.deque()
+        """Yield each chunk's bytes in order, decoding ahead on the pool (see IN_FLIGHT_BYTES)."""
+        queue, ahead = collections.deque(), 0
         for oid in object_ids:
-            queue.append(pool().submit(self.decode_chain, self.chain(oid)))
-            if len(queue) >= IN_FLIGHT:
-                yield queue.popleft().result()
+            chain = self.chain(oid)
+            queue.append((pool().submit(self.decode_chain, chain), chain[0].raw_size))
+            ahead += chain[0].raw_size
+            while queue and (ahead >= IN_FLIGHT_BYTES or len(queue) >= MAX_IN_FLIGHT):
+                future, size = queue.popleft()
+                ahead -= size
+                yield future.result()
         while queue:
-            yield queue.popleft().result()
+            yield queue.popleft()[0].result()
 
     def writer(self, *, device: str = "cpu", max_chain: int = DEFAULT_MAX_CHAIN, level: int = 1) -> "ChunkWriter":
         return ChunkWriter(self, device=device, max_chain=max_chain, level=level)
@@ -195,6 +204,7 @@ class ChunkWriter:
         self.pending: dict[str, ObjectRow] = {}
         self.in_flight: collections.deque = collections.deque()
         self.in_flight_ids: set[str] = set()
+        self.in_flight_bytes = 0
         self.stored_bytes = 0
         self.finished: tuple[str, int] | None = None
 
@@ -203,7 +213,7 @@ class ChunkWriter:
 
     def __exit__(self, exc_type, *_):
         if exc_type is not None or self.finished is None:
-            for _, future in self.in_flight:
+            for _, future, _ in self.in_flight:
                 future.cancel()
             self.pack.abort()
 
@@ -236,9 +246,10 @@ class ChunkWriter:
             return object_id
         base_chain = self._base_chain(base_id, object_id, len(raw))
         future = pool().submit(self._encode, raw, dtype, base_chain)
-        self.in_flight.append((object_id, future))
+        self.in_flight.append((object_id, future, len(raw)))
         self.in_flight_ids.add(object_id)
-        if len(self.in_flight) >= IN_FLIGHT:
+        self.in_flight_bytes += len(raw)
+        while self.in_flight and (self.in_flight_bytes >= IN_FLIGHT_BYTES or len(self.in_flight) >= MAX_IN_FLIGHT):
             self._drain_one()
         return object_id
 
@@ -251,7 +262,8 @@ class ChunkWriter:
         return encoded, len(raw), base
 
     def _drain_one(self) -> None:
-        object_id, future = self.in_flight.popleft()
+        object_id, future, size = self.in_flight.popleft()
+        self.in_flight_bytes -= size
         encoded, raw_size, base = future.result()
         entry = self.pack.add(object_id, encoded.payload, raw_size, int(encoded.method), base.id if base else None)
         self.pending[object_id] = ObjectRow(
