@@ -14,6 +14,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -672,7 +673,44 @@ static PyObject *sparse_encode(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* stream_stats(data, stride) -> (largest byte, order-0 entropy in bits per byte), the
+ * entropy estimated on every stride-th byte when there are at least 64 * stride bytes:
+ * what container.compress_stream decides a stream's coder from (its numpy twin is
+ * container._entropy_bits; the two sums may differ in the last bits of a double). */
+static PyObject *stream_stats(PyObject *self, PyObject *args) {
+    Py_buffer in;
+    Py_ssize_t stride;
+    if (!PyArg_ParseTuple(args, "y*n", &in, &stride)) return NULL;
+    if (stride < 1) {
+        PyBuffer_Release(&in);
+        PyErr_SetString(PyExc_ValueError, "stream_stats: stride must be positive");
+        return NULL;
+    }
+    const uint8_t *p = in.buf;
+    const Py_ssize_t n = in.len;
+    unsigned top = 0;
+    double bits = 0.0;
+    Py_BEGIN_ALLOW_THREADS
+    uint8_t m = 0;
+    for (Py_ssize_t i = 0; i < n; i++) m = p[i] > m ? p[i] : m; /* vectorises */
+    top = m;
+    const Py_ssize_t step = n >= 64 * stride ? stride : 1;
+    Py_ssize_t counts[256] = {0}, total = 0;
+    for (Py_ssize_t i = 0; i < n; i += step, total++) counts[p[i]]++;
+    for (int k = 0; k < 256; k++) {
+        if (counts[k]) {
+            const double q = (double)counts[k] / (double)total;
+            bits -= q * log2(q);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&in);
+    return Py_BuildValue("Id", top, bits);
+}
+
 static PyMethodDef methods[] = {
+    {"stream_stats", stream_stats, METH_VARARGS,
+     "stream_stats(data, stride) -> (largest byte, order-0 entropy in bits per byte on every stride-th byte)"},
     {"sparse_encode", sparse_encode, METH_VARARGS,
      "sparse_encode(x, base, width, transform) -> (gap bytes, escaped gaps (4 planes), value planes)"},
     {"pack_bits", pack_bits, METH_VARARGS, "pack_bits(values, bits) -> bytes"},

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from ..errors import CorruptObject
 from ..formats.dtypes import DType
 from . import native
-from .backends import NumpyBackend, backend
 from .container import ROTATED, Method, compress_stream, pack, peek, stream_bytes
 
 # transform codes of _native.c
@@ -163,14 +162,8 @@ def candidate_methods(dtype: DType, has_base: bool) -> list[Method]:
 
 
 def _encode_with(xp, method: Method, x, b, dtype: DType, level: int) -> bytes:
+    """The payload of ``method`` on backend arrays (numpy, or torch on a device)."""
     width, bits = dtype.width, dtype.width * 8
-    if method is Method.SPARSE and native.kernels is not None and isinstance(xp, NumpyBackend):
-        inner = inner_method(dtype)
-        small, big, values = native.kernels.sparse_encode(x, b, width, _NATIVE_CODE[inner], -1)
-        nz, nb = len(small), len(big) // 4
-        parts = [memoryview(small)] + [memoryview(big)[k * nb : (k + 1) * nb] for k in range(4)]
-        parts += [memoryview(values)[j * nz : (j + 1) * nz] for j in range(width)]
-        return pack(method, width, int(inner), len(x) * width, [compress_stream(p, level) for p in parts])
     if method is Method.SPARSE:
         # Few changed elements (RL steps, partial updates): store where and by how much.
         inner = inner_method(dtype)
@@ -178,8 +171,6 @@ def _encode_with(xp, method: Method, x, b, dtype: DType, level: int) -> bytes:
         streams = [compress_stream(p, level) for p in _gap_streams(gaps)]
         streams += [compress_stream(p, level) for p in xp.planes(values, width)]
         return pack(method, width, int(inner), len(x) * width, streams)
-    if native.kernels is not None and isinstance(xp, NumpyBackend):
-        return _encode_native(method, x, b, dtype, level)
     y = _transform(method, x, b, bits)
     param = 0
     if method is Method.PLANES and planes_param(dtype) == ROTATED:
@@ -198,8 +189,16 @@ def _encode_with(xp, method: Method, x, b, dtype: DType, level: int) -> bytes:
 
 
 def _encode_native(method: Method, x, b, dtype: DType, level: int) -> bytes:
-    """The same payload as the numpy path: transform, group and plane split in one C pass."""
-    width, n = dtype.width, len(x)
+    """The same payload as :func:`_encode_with`, from the C kernels on raw byte buffers
+    (``x``, ``b``: memoryviews; no numpy): transform, group and plane split in one C pass."""
+    width, n = dtype.width, len(x) // dtype.width
+    if method is Method.SPARSE:
+        inner = inner_method(dtype)
+        small, big, values = native.kernels.sparse_encode(x, b, width, _NATIVE_CODE[inner], -1)
+        nz, nb = len(small), len(big) // 4
+        parts = [memoryview(small)] + [memoryview(big)[k * nb : (k + 1) * nb] for k in range(4)]
+        parts += [memoryview(values)[j * nz : (j + 1) * nz] for j in range(width)]
+        return pack(method, width, int(inner), n * width, [compress_stream(p, level) for p in parts])
     shift = dtype.exponent[0] if method is Method.ULP_EXP else -1
     param = planes_param(dtype) if method is Method.PLANES else max(shift, 0)
     planes, counts = native.kernels.encode_planes(x, b if method.uses_base else None, width, _native_code(method, param), shift)
@@ -245,19 +244,38 @@ def encode_chunk(
     if len(raw) % dtype.width:
         raise ValueError("chunk is not a whole number of elements")
     if base is not None:
-        base = fit_base(base, len(raw))
-    xp = backend(device)
-    x = xp.from_bytes(raw, dtype.width)
-    b = xp.from_bytes(memoryview(base).cast("B"), dtype.width) if base is not None else None
+        base = memoryview(fit_base(base, len(raw))).cast("B")
+    if device == "cpu" and native.kernels is not None:
+        # the C kernels work on the raw buffers: this path never imports numpy
+        x, b, encode_with, sample = raw, base, _encode_native, _sample_bytes
+    else:
+        from .backends import backend
+
+        xp = backend(device)
+        x = xp.from_bytes(raw, dtype.width)
+        b = xp.from_bytes(base, dtype.width) if base is not None else None
+
+        def encode_with(m, x, b, dtype, level):
+            return _encode_with(xp, m, x, b, dtype, level)
+
+        def sample(arr, width, starts, per):
+            return xp.sample(arr, starts, per)
+
     methods = [method] if method is not None else candidate_methods(dtype, b is not None)
     if len(methods) > 1 and len(raw) >= MIN_SAMPLED:
-        methods = [_best_on_sample(xp, methods, x, b, dtype, level, min(SAMPLE_BYTES, len(raw) // 4))]
+        sample_bytes = min(SAMPLE_BYTES, len(raw) // 4)
+        methods = [_best_on_sample(encode_with, sample, methods, x, b, dtype, level, len(raw), sample_bytes)]
     best = None
     for m in methods:
-        payload = _encode_with(xp, m, x, b, dtype, level)
+        payload = encode_with(m, x, b, dtype, level)
         if best is None or len(payload) < len(best.payload):
             best = Encoded(payload, m)
     return best
+
+
+def _sample_bytes(buf, width: int, starts, per: int) -> bytes:
+    """``per`` elements from each element index in ``starts``, joined (raw byte buffers)."""
+    return b"".join(buf[s * width : (s + per) * width] for s in starts)
 
 
 def fit_base(base, size: int):
@@ -280,39 +298,43 @@ def fit_base(base, size: int):
 DELTA_IS_CLEARLY_BEST = 1 / 4
 
 
-def _best_on_sample(xp, methods, x, b, dtype, level, sample_bytes: int) -> Method:
+def _best_on_sample(encode_with, sample, methods, x, b, dtype, level, nbytes: int, sample_bytes: int) -> Method:
     """Cheap model selection: encode a few spread slices with each method, keep the best."""
-    n = len(x)
+    n = nbytes // dtype.width
     per = max(1, sample_bytes // dtype.width // 4)
     starts = [0, n // 3, (2 * n) // 3, max(0, n - per)]
-    xs, bs = xp.sample(x, starts, per), xp.sample(b, starts, per)
+    xs, bs = sample(x, dtype.width, starts, per), sample(b, dtype.width, starts, per)
+    sample_len = len(starts) * per * dtype.width
     deltas = [m for m in methods if m.uses_base]
-    sizes = {m: len(_encode_with(xp, m, xs, bs, dtype, level)) for m in deltas}
+    sizes = {m: len(encode_with(m, xs, bs, dtype, level)) for m in deltas}
     best = min(deltas, key=sizes.__getitem__) if deltas else None
-    if best is None or sizes[best] > len(xs) * dtype.width * DELTA_IS_CLEARLY_BEST:
+    if best is None or sizes[best] > sample_len * DELTA_IS_CLEARLY_BEST:
         for m in methods:
             if m not in sizes:
-                sizes[m] = len(_encode_with(xp, m, xs, bs, dtype, level))
+                sizes[m] = len(encode_with(m, xs, bs, dtype, level))
     return min(sizes, key=lambda m: (sizes[m], methods.index(m)))
 
 
 def decode_chunk(payload, raw_size: int, base=None, *, device: str = "cpu") -> bytes:
-    xp = backend(device)
     info = peek(payload)
     if info.raw_size != raw_size:
         raise CorruptObject(f"payload holds {info.raw_size} bytes, expected {raw_size}")
     if raw_size == 0:
         return b""
     width, bits = info.width, info.width * 8
-    b = None
+    base_raw = None
     if info.method.uses_base:
         if base is None:
             raise CorruptObject("delta payload without its base chunk")
-        b = xp.from_bytes(fit_base(base, raw_size), width)
+        base_raw = fit_base(base, raw_size)
+    if device == "cpu" and native.kernels is not None and info.method is not Method.SPARSE:
+        return _decode_native(payload, info, base_raw)  # on the raw buffers, without numpy
+    from .backends import backend
+
+    xp = backend(device)
+    b = xp.from_bytes(base_raw, width) if base_raw is not None else None
     if info.method is Method.SPARSE:
         return xp.to_bytes(_inverse(Method(info.param), _decode_sparse(xp, payload, info), b, bits))
-    if native.kernels is not None and isinstance(xp, NumpyBackend):
-        return _decode_native(payload, info, b)
     if info.method is Method.ULP_EXP:
         perm, sizes = exponent_groups(xp, b, info.param, bits)
     else:
