@@ -1,6 +1,7 @@
 """Every codec method round-trips bit-exactly, and decoding is bounded and checked."""
 
 import struct
+from pathlib import Path
 
 import pytest
 import torch
@@ -210,7 +211,9 @@ from wvc import Repo
 repo = Repo.open(sys.argv[1])  # (init uses sqlite-utils, which imports numpy when present)
 for source in sys.argv[2:]:
     repo.commit("step", source=source)
-repo.checkout("HEAD~1", output=sys.argv[1] + "-out", force=True)
+for back in range(len(sys.argv) - 2):
+    repo.checkout(f"HEAD~{back}", output=f"{sys.argv[1]}-out{back}", force=True)
+print("methods:", sorted(m for (m,) in repo.db.conn.execute("SELECT DISTINCT method FROM objects")))
 print("numpy imported:", "numpy" in sys.modules)
 """
 
@@ -227,12 +230,15 @@ def test_commit_and_checkout_on_the_c_kernels_do_not_load_numpy(tmp_path):
         pytest.skip("the numpy path is in use")
     g = torch.Generator().manual_seed(0)
     w = {"w": torch.randn(256, 700, generator=g), "b": torch.randn(700, generator=g)}
+    versions = [{k: v.to(torch.bfloat16) for k, v in w.items()}]
+    versions.append({k: (v + 1e-3 * torch.randn(v.shape, generator=g)).to(torch.bfloat16) for k, v in w.items()})
+    # an RL-like step: 1% of the elements move, so SPARSE is chosen
+    versions.append({k: torch.where(torch.rand(v.shape, generator=g) < 0.01, v * 1.5, v) for k, v in versions[-1].items()})
     sources = []
-    for step in range(2):
+    for step, sd in enumerate(versions):
         d = tmp_path / f"step{step}"
         d.mkdir()
-        save_file({k: (v + 1e-3 * step * torch.randn(v.shape, generator=g)).to(torch.bfloat16) for k, v in w.items()},
-                  str(d / "model.safetensors"))
+        save_file(sd, str(d / "model.safetensors"))
         sources.append(str(d))
     from wvc import Repo
 
@@ -240,9 +246,12 @@ def test_commit_and_checkout_on_the_c_kernels_do_not_load_numpy(tmp_path):
     r = subprocess.run([sys.executable, "-c", NO_NUMPY_PROBE, str(tmp_path / "repo"), *sources],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip().splitlines()[-1] == "numpy imported: False"
-    out = (tmp_path / "repo-out" / "model.safetensors").read_bytes()
-    assert out == (tmp_path / "step0" / "model.safetensors").read_bytes()
+    methods, imported = r.stdout.strip().splitlines()[-2:]
+    assert imported == "numpy imported: False"
+    assert all(f"{int(m)}" in methods for m in (Method.PLANES, Method.ULP_EXP, Method.SPARSE)), methods
+    for back, source in enumerate(reversed(sources)):
+        out = (tmp_path / f"repo-out{back}" / "model.safetensors").read_bytes()
+        assert out == (Path(source) / "model.safetensors").read_bytes()
 
 
 def _valid_payloads():

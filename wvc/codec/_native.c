@@ -244,10 +244,39 @@ static inline uint64_t join_at_64(const uint8_t *const *pl, Py_ssize_t i) {
         }                                                                                     \
     }
 
+/* SPARSE decoding: the base, with each listed element replaced by the inverse transform of
+ * its value. Unlisted elements have a zero delta, and every inverse maps 0 back to the base
+ * element, so this equals inverting a dense delta that is zero off the list. */
+#define DEFINE_SPARSE_DECODE(T, BITS)                                                         \
+    static int sparse_apply_##BITS(const uint8_t *small, const uint8_t *const *big,          \
+                                   const uint8_t *const *values, Py_ssize_t count, int code, \
+                                   const uint8_t *bs, Py_ssize_t n, T *y) {                   \
+        memcpy(y, bs, (size_t)n * (BITS / 8));                                                \
+        Py_ssize_t pos = -1, e = 0;                                                           \
+        for (Py_ssize_t z = 0; z < count; z++) {                                              \
+            Py_ssize_t gap = small[z];                                                        \
+            if (gap == 255) {                                                                 \
+                gap += (Py_ssize_t)((uint32_t)big[0][e] | (uint32_t)big[1][e] << 8 |          \
+                                    (uint32_t)big[2][e] << 16 | (uint32_t)big[3][e] << 24);   \
+                e++;                                                                          \
+            }                                                                                 \
+            pos += gap + 1;                                                                   \
+            if (pos >= n) return -1;                                                          \
+            T v = 0;                                                                          \
+            for (int k = 0; k < BITS / 8; k++) v |= (T)((T)values[k][z] << (8 * k));          \
+            y[pos] = inverse_##BITS(code, v, load_##BITS(bs, pos));                           \
+        }                                                                                     \
+        return 0;                                                                             \
+    }
+
 DEFINE_KERNELS(uint8_t, 8)
 DEFINE_KERNELS(uint16_t, 16)
 DEFINE_KERNELS(uint32_t, 32)
 DEFINE_KERNELS(uint64_t, 64)
+DEFINE_SPARSE_DECODE(uint8_t, 8)
+DEFINE_SPARSE_DECODE(uint16_t, 16)
+DEFINE_SPARSE_DECODE(uint32_t, 32)
+DEFINE_SPARSE_DECODE(uint64_t, 64)
 
 /* The grouping key of every base element (its bits [shift, bits - 1): the exponent for
  * floats), then counts[k] (elements with key k, for the stream table) and the per-quarter
@@ -708,7 +737,80 @@ static PyObject *stream_stats(PyObject *self, PyObject *args) {
     return Py_BuildValue("Id", top, bits);
 }
 
+/* sparse_decode(streams, base, width, transform) -> bytes: streams as a SPARSE payload stores
+ * them (gap bytes, the escaped gaps' 4 planes, the values' `width` planes), each already
+ * decompressed; every length and position is checked before it is used (ValueError). */
+static PyObject *sparse_decode(PyObject *self, PyObject *args) {
+    PyObject *streams, *base;
+    int width, code;
+    if (!PyArg_ParseTuple(args, "OOii", &streams, &base, &width, &code)) return NULL;
+    if ((width != 1 && width != 2 && width != 4 && width != 8) || code < 1 || code > 3) {
+        PyErr_SetString(PyExc_ValueError, "sparse_decode: bad width or transform");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(streams, "sparse_decode: streams must be a sequence");
+    if (!seq) return NULL;
+    const Py_ssize_t count_streams = PySequence_Fast_GET_SIZE(seq);
+    Py_buffer views[13], bv = {0};
+    Py_ssize_t got = 0;
+    PyObject *out = NULL;
+    const char *error = NULL;
+    if (count_streams != 5 + width) {
+        error = "sparse payload has the wrong stream count";
+        goto done;
+    }
+    for (; got < count_streams; got++)
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, got), &views[got], PyBUF_SIMPLE) < 0) goto done;
+    if (PyObject_GetBuffer(base, &bv, PyBUF_SIMPLE) < 0) goto done;
+    if (bv.len % width) {
+        error = "sparse_decode: base is not whole elements";
+        goto done;
+    }
+    const Py_ssize_t n = bv.len / width, count = views[0].len;
+    const uint8_t *small = views[0].buf;
+    Py_ssize_t escaped = 0;
+    for (Py_ssize_t z = 0; z < count; z++) escaped += small[z] == 255;
+    int consistent = count <= n;
+    for (int k = 1; k < 5; k++) consistent &= views[k].len == escaped;
+    if (!consistent) {
+        error = "sparse payload positions are inconsistent";
+        goto done;
+    }
+    for (int k = 0; k < width; k++)
+        if (views[5 + k].len != count) {
+            error = "sparse payload values are inconsistent";
+            goto done;
+        }
+    out = PyBytes_FromStringAndSize(NULL, bv.len);
+    if (!out) goto done;
+    const uint8_t *big[4], *values[8];
+    for (int k = 0; k < 4; k++) big[k] = views[1 + k].buf;
+    for (int k = 0; k < width; k++) values[k] = views[5 + k].buf;
+    int rc;
+    void *y = PyBytes_AS_STRING(out);
+    Py_BEGIN_ALLOW_THREADS
+    switch (width) {
+    case 1: rc = sparse_apply_8(small, big, values, count, code, bv.buf, n, y); break;
+    case 2: rc = sparse_apply_16(small, big, values, count, code, bv.buf, n, y); break;
+    case 4: rc = sparse_apply_32(small, big, values, count, code, bv.buf, n, y); break;
+    default: rc = sparse_apply_64(small, big, values, count, code, bv.buf, n, y); break;
+    }
+    Py_END_ALLOW_THREADS
+    if (rc < 0) {
+        Py_CLEAR(out);
+        error = "sparse payload positions run past the chunk";
+    }
+done:
+    if (error && !PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, error);
+    for (Py_ssize_t k = 0; k < got; k++) PyBuffer_Release(&views[k]);
+    if (bv.obj) PyBuffer_Release(&bv);
+    Py_DECREF(seq);
+    return out;
+}
+
 static PyMethodDef methods[] = {
+    {"sparse_decode", sparse_decode, METH_VARARGS,
+     "sparse_decode(streams, base, width, transform) -> the chunk: base with the listed deltas applied"},
     {"stream_stats", stream_stats, METH_VARARGS,
      "stream_stats(data, stride) -> (largest byte, order-0 entropy in bits per byte on every stride-th byte)"},
     {"sparse_encode", sparse_encode, METH_VARARGS,

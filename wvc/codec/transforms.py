@@ -327,8 +327,10 @@ def decode_chunk(payload, raw_size: int, base=None, *, device: str = "cpu") -> b
         if base is None:
             raise CorruptObject("delta payload without its base chunk")
         base_raw = fit_base(base, raw_size)
-    if device == "cpu" and native.kernels is not None and info.method is not Method.SPARSE:
-        return _decode_native(payload, info, base_raw)  # on the raw buffers, without numpy
+    if device == "cpu" and native.kernels is not None:  # on the raw buffers, without numpy
+        if info.method is Method.SPARSE:
+            return _decode_sparse_native(payload, info, base_raw)
+        return _decode_native(payload, info, base_raw)
     from .backends import backend
 
     xp = backend(device)
@@ -366,6 +368,18 @@ def _gap_streams(gaps) -> list:
     small = np.minimum(gaps, GAP_ESCAPE).astype(np.uint8)
     big = (gaps[gaps >= GAP_ESCAPE] - GAP_ESCAPE).astype(np.uint32).view(np.uint8)
     return [small] + [np.ascontiguousarray(big[k::4]) for k in range(4)]
+
+
+def _decode_sparse_native(payload, info, base) -> bytes:
+    if len(info.streams) != 5 + info.width:
+        raise CorruptObject("sparse payload has the wrong stream count")
+    if info.param not in _NATIVE_CODE or _NATIVE_CODE[Method(info.param)] not in (1, 2, 3):
+        raise CorruptObject(f"bad inner method {info.param} for a sparse payload")
+    streams = [stream_bytes(payload, info, k) for k in range(len(info.streams))]
+    try:
+        return native.kernels.sparse_decode(streams, base, info.width, _NATIVE_CODE[Method(info.param)])
+    except ValueError as exc:  # the C side checks every length and position
+        raise CorruptObject(str(exc)) from None
 
 
 def _decode_sparse(xp, payload, info):
