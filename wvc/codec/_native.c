@@ -130,15 +130,12 @@ static inline uint64_t join_at_64(const uint8_t *const *pl, Py_ssize_t i) {
         }                                                                                     \
     }                                                                                         \
     /* the planes of each group (pieces[g * width + k]: plane k of group g) into elements */  \
-    static void join_##BITS(const Pieces *p, T *y) {                                         \
+    static void join_##BITS(const Pieces *p, T *restrict y) {                                \
         for (Py_ssize_t g = 0; g < p->groups; g++) {                                          \
             const Py_ssize_t len = p->len[g];                                                 \
-            const uint8_t *const *plane = p->ptr + g * (BITS / 8);                            \
-            for (Py_ssize_t i = 0; i < len; i++) y[i] = plane[0][i];                          \
-            for (int k = 1; k < BITS / 8; k++) {                                              \
-                const uint8_t *src = plane[k];                                                \
-                for (Py_ssize_t i = 0; i < len; i++) y[i] |= (T)((T)src[i] << (8 * k));       \
-            }                                                                                 \
+            const uint8_t *pl[BITS / 8];                                                      \
+            for (int k = 0; k < BITS / 8; k++) pl[k] = p->ptr[g * (BITS / 8) + k];            \
+            for (Py_ssize_t i = 0; i < len; i++) y[i] = JOIN_AT(BITS, pl, i);                 \
             y += len;                                                                         \
         }                                                                                     \
     }                                                                                         \
