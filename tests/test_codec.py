@@ -180,7 +180,7 @@ def test_native_kernels_write_the_numpy_payloads(dtype_name, data):
         pytest.skip("C kernels not built")
     dtype = DTYPES[dtype_name]
     n = data.draw(hs.integers(0, 40_000))
-    raw, base = related_pair(n * dtype.width, data.draw(hs.sampled_from([0.01, 0.3, 1.0])),
+    raw, base = related_pair(n * dtype.width, data.draw(hs.sampled_from([0.001, 0.01, 0.3, 1.0])),
                              seed=data.draw(hs.integers(0, 2**32 - 1)))
     kernels = native.kernels
     for method in methods_for(dtype):
@@ -194,6 +194,33 @@ def test_native_kernels_write_the_numpy_payloads(dtype_name, data):
             native.kernels = kernels
         assert on_native.payload == on_numpy.payload, method
         assert codec.decode(on_numpy.payload, len(raw), b) == raw
+
+
+@pytest.mark.parametrize("name", ["BF16", "F32", "I8", "I64"])
+def test_sparse_gaps_past_every_escape_width_agree_on_both_paths(name):
+    """Gaps of 0, 254, 255 (the first escaped), 256, 70_000 and 200_000 elements (escapes
+    needing three bytes): the C and numpy SPARSE paths write and read the same payload."""
+    if native.kernels is None:
+        pytest.skip("C kernels not built")
+    dtype = DTYPES[name]
+    n = 300_000
+    base = bytearray(torch.randint(0, 256, (n * dtype.width,), dtype=torch.uint8,
+                                   generator=torch.Generator().manual_seed(3)).numpy().tobytes())
+    raw = bytearray(base)
+    position = -1
+    for gap in (0, 0, 254, 255, 256, 70_000, 200_000):
+        position += gap + 1
+        raw[position * dtype.width] ^= 0x5A
+    raw, base = bytes(raw), bytes(base)
+    on_native = codec.encode(raw, dtype, base, method=Method.SPARSE)
+    kernels, native.kernels = native.kernels, None
+    try:
+        on_numpy = codec.encode(raw, dtype, base, method=Method.SPARSE)
+        assert codec.decode(on_native.payload, len(raw), base) == raw
+    finally:
+        native.kernels = kernels
+    assert on_native.payload == on_numpy.payload
+    assert codec.decode(on_numpy.payload, len(raw), base) == raw
 
 
 def test_c_kernels_are_built_where_required():

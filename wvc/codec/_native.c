@@ -90,6 +90,17 @@ static inline uint64_t join_at_64(const uint8_t *const *pl, Py_ssize_t i) {
     return v;
 }
 
+#define SPARSE_FILL_LOOP(T, BITS, CODE)                                                       \
+    for (Py_ssize_t i = 0; i < end; i++) {                                                    \
+        const T y = forward_##BITS(CODE, load_##BITS(xs, i), load_##BITS(bs, i));             \
+        const Py_ssize_t changed = y != 0, gap = i - last - 1;                                \
+        small[z] = gap >= 255 ? 255 : (uint8_t)gap;                                           \
+        for (int k = 0; k < BITS / 8; k++) values[k * nz + z] = (uint8_t)(y >> (8 * k));      \
+        if (changed && gap >= 255) gaps[e++] = (uint32_t)(gap - 255); /* rare: a long run */  \
+        z += changed;                                                                         \
+        last = changed ? i : last;                                                            \
+    }
+
 #define DEFINE_KERNELS(T, BITS)                                                               \
     static inline T ordered_##BITS(T v) {                                                     \
         const T sign = (T)((T)1 << (BITS - 1));                                               \
@@ -203,42 +214,31 @@ static inline uint64_t join_at_64(const uint8_t *const *pl, Py_ssize_t i) {
             join_inverse_##BITS(p, code, bs, (T *)out);                                       \
         }                                                                                     \
     }                                                                                         \
-    /* SPARSE: count the nonzero deltas (and the gaps >= 255 between them), then write the   \
-     * gap bytes, the escaped gaps' four planes and the values' planes. Both passes are       \
-     * branch-free on whether an element changed (10-90% of them do, unpredictably): the fill \
-     * writes every element at the cursor and advances it only past nonzero ones, up to the  \
-     * last nonzero element, so no write lands past the streams' ends. */                    \
+    /* SPARSE: count the changed elements (x != base: every inner transform is zero exactly   \
+     * there; a loop that vectorises) and find the last one, then write the gap bytes, the    \
+     * values' planes and the escaped gaps (into gaps[], at most end / 256 + 1 of them: each  \
+     * escape spans 255 unchanged elements). The fill is branch-free on whether an element    \
+     * changed (10-90% of them do, unpredictably): it writes every element at the cursor and  \
+     * advances it only past changed ones, up to the last changed element, so no write lands  \
+     * past the streams' ends; the transform's switch is outside the loop. */                 \
     static void sparse_count_##BITS(const uint8_t *xs, const uint8_t *bs, Py_ssize_t n,      \
-                                    int code, Py_ssize_t *nz, Py_ssize_t *nbig, Py_ssize_t *end) { \
-        Py_ssize_t last = -1, z = 0, big = 0;                                                 \
-        for (Py_ssize_t i = 0; i < n; i++) {                                                  \
-            const Py_ssize_t changed = forward_##BITS(code, load_##BITS(xs, i), load_##BITS(bs, i)) != 0; \
-            big += changed & (i - last - 1 >= 255);                                           \
-            z += changed;                                                                     \
-            last = changed ? i : last;                                                        \
-        }                                                                                     \
+                                    Py_ssize_t *nz, Py_ssize_t *end) {                        \
+        Py_ssize_t z = 0, last = n - 1;                                                       \
+        for (Py_ssize_t i = 0; i < n; i++) z += load_##BITS(xs, i) != load_##BITS(bs, i);    \
+        while (last >= 0 && load_##BITS(xs, last) == load_##BITS(bs, last)) last--;          \
         *nz = z;                                                                              \
-        *nbig = big;                                                                          \
         *end = last + 1;                                                                      \
     }                                                                                         \
-    static void sparse_fill_##BITS(const uint8_t *xs, const uint8_t *bs, Py_ssize_t end,     \
-                                   int code, Py_ssize_t nz, Py_ssize_t nbig, uint8_t *small,  \
-                                   uint8_t *big, uint8_t *values) {                           \
-        const int w = BITS / 8;                                                               \
+    static Py_ssize_t sparse_fill_##BITS(const uint8_t *xs, const uint8_t *bs, Py_ssize_t end, \
+                                         int code, Py_ssize_t nz, uint8_t *restrict small,    \
+                                         uint8_t *restrict values, uint32_t *restrict gaps) { \
         Py_ssize_t last = -1, z = 0, e = 0;                                                   \
-        for (Py_ssize_t i = 0; i < end; i++) {                                                \
-            const T y = forward_##BITS(code, load_##BITS(xs, i), load_##BITS(bs, i));         \
-            const Py_ssize_t changed = y != 0, gap = i - last - 1;                            \
-            small[z] = gap >= 255 ? 255 : (uint8_t)gap;                                       \
-            for (int k = 0; k < w; k++) values[k * nz + z] = (uint8_t)(y >> (8 * k));         \
-            if (changed && gap >= 255) { /* rare: a long run of unchanged elements */         \
-                const uint32_t g = (uint32_t)(gap - 255);                                     \
-                for (int k = 0; k < 4; k++) big[k * nbig + e] = (uint8_t)(g >> (8 * k));      \
-                e++;                                                                          \
-            }                                                                                 \
-            z += changed;                                                                     \
-            last = changed ? i : last;                                                        \
+        switch (code) {                                                                       \
+        case 1: SPARSE_FILL_LOOP(T, BITS, 1) break;                                           \
+        case 2: SPARSE_FILL_LOOP(T, BITS, 2) break;                                           \
+        default: SPARSE_FILL_LOOP(T, BITS, 3) break;                                          \
         }                                                                                     \
+        return e;                                                                             \
     }
 
 /* SPARSE decoding: the base, with each listed element replaced by the inverse transform of
@@ -669,29 +669,37 @@ static PyObject *sparse_encode(PyObject *self, PyObject *args) {
     Py_ssize_t nz = 0, nbig = 0, end = 0;
     Py_BEGIN_ALLOW_THREADS
     switch (a.width) {
-    case 1: sparse_count_8(xs, bs, a.n, a.code, &nz, &nbig, &end); break;
-    case 2: sparse_count_16(xs, bs, a.n, a.code, &nz, &nbig, &end); break;
-    case 4: sparse_count_32(xs, bs, a.n, a.code, &nz, &nbig, &end); break;
-    default: sparse_count_64(xs, bs, a.n, a.code, &nz, &nbig, &end); break;
+    case 1: sparse_count_8(xs, bs, a.n, &nz, &end); break;
+    case 2: sparse_count_16(xs, bs, a.n, &nz, &end); break;
+    case 4: sparse_count_32(xs, bs, a.n, &nz, &end); break;
+    default: sparse_count_64(xs, bs, a.n, &nz, &end); break;
     }
     Py_END_ALLOW_THREADS
     PyObject *small = PyBytes_FromStringAndSize(NULL, nz);
-    PyObject *big = PyBytes_FromStringAndSize(NULL, 4 * nbig);
     PyObject *values = PyBytes_FromStringAndSize(NULL, nz * a.width);
-    PyObject *result = NULL;
-    if (small && big && values) {
-        uint8_t *sp = (uint8_t *)PyBytes_AS_STRING(small), *bp = (uint8_t *)PyBytes_AS_STRING(big),
-                *vp = (uint8_t *)PyBytes_AS_STRING(values);
+    PyObject *big = NULL, *result = NULL;
+    uint32_t *gaps = malloc(sizeof(uint32_t) * (size_t)(end / 256 + 1));
+    if (small && values && gaps) {
+        uint8_t *sp = (uint8_t *)PyBytes_AS_STRING(small), *vp = (uint8_t *)PyBytes_AS_STRING(values);
         Py_BEGIN_ALLOW_THREADS
         switch (a.width) {
-        case 1: sparse_fill_8(xs, bs, end, a.code, nz, nbig, sp, bp, vp); break;
-        case 2: sparse_fill_16(xs, bs, end, a.code, nz, nbig, sp, bp, vp); break;
-        case 4: sparse_fill_32(xs, bs, end, a.code, nz, nbig, sp, bp, vp); break;
-        default: sparse_fill_64(xs, bs, end, a.code, nz, nbig, sp, bp, vp); break;
+        case 1: nbig = sparse_fill_8(xs, bs, end, a.code, nz, sp, vp, gaps); break;
+        case 2: nbig = sparse_fill_16(xs, bs, end, a.code, nz, sp, vp, gaps); break;
+        case 4: nbig = sparse_fill_32(xs, bs, end, a.code, nz, sp, vp, gaps); break;
+        default: nbig = sparse_fill_64(xs, bs, end, a.code, nz, sp, vp, gaps); break;
         }
         Py_END_ALLOW_THREADS
-        result = PyTuple_Pack(3, small, big, values);
+        big = PyBytes_FromStringAndSize(NULL, 4 * nbig); /* the escaped gaps as four byte planes */
+        if (big) {
+            uint8_t *bp = (uint8_t *)PyBytes_AS_STRING(big);
+            for (Py_ssize_t e = 0; e < nbig; e++)
+                for (int k = 0; k < 4; k++) bp[k * nbig + e] = (uint8_t)(gaps[e] >> (8 * k));
+            result = PyTuple_Pack(3, small, big, values);
+        }
+    } else if (!gaps) {
+        PyErr_NoMemory();
     }
+    free(gaps);
     Py_XDECREF(small);
     Py_XDECREF(big);
     Py_XDECREF(values);
