@@ -707,14 +707,16 @@ static PyObject *sparse_encode(PyObject *self, PyObject *args) {
     return result;
 }
 
-/* stream_stats(data, stride) -> (largest byte, order-0 entropy in bits per byte), the
- * entropy estimated on every stride-th byte when there are at least 64 * stride bytes:
- * what container.compress_stream decides a stream's coder from (its numpy twin is
- * container._entropy_bits; the two sums may differ in the last bits of a double). */
+/* stream_stats(data, stride, min_top) -> (largest byte, order-0 entropy in bits per byte or
+ * None): the entropy is estimated on every stride-th byte when there are at least 64 * stride
+ * bytes, and only when the largest byte is at least min_top (below it the caller packs bits
+ * and never asks). What container.compress_stream decides a stream's coder from; its numpy
+ * twin is container._entropy_bits (the two sums may differ in the last bits of a double). */
 static PyObject *stream_stats(PyObject *self, PyObject *args) {
     Py_buffer in;
     Py_ssize_t stride;
-    if (!PyArg_ParseTuple(args, "y*n", &in, &stride)) return NULL;
+    unsigned min_top;
+    if (!PyArg_ParseTuple(args, "y*nI", &in, &stride, &min_top)) return NULL;
     if (stride < 1) {
         PyBuffer_Release(&in);
         PyErr_SetString(PyExc_ValueError, "stream_stats: stride must be positive");
@@ -723,22 +725,37 @@ static PyObject *stream_stats(PyObject *self, PyObject *args) {
     const uint8_t *p = in.buf;
     const Py_ssize_t n = in.len;
     unsigned top = 0;
-    double bits = 0.0;
+    double bits = -1.0;
     Py_BEGIN_ALLOW_THREADS
     uint8_t m = 0;
     for (Py_ssize_t i = 0; i < n; i++) m = p[i] > m ? p[i] : m; /* vectorises */
     top = m;
-    const Py_ssize_t step = n >= 64 * stride ? stride : 1;
-    Py_ssize_t counts[256] = {0}, total = 0;
-    for (Py_ssize_t i = 0; i < n; i += step, total++) counts[p[i]]++;
-    for (int k = 0; k < 256; k++) {
-        if (counts[k]) {
-            const double q = (double)counts[k] / (double)total;
-            bits -= q * log2(q);
+    if (top >= min_top) {
+        /* four tables: a run of one byte value then rotates over four counters instead of
+         * waiting on one (store-to-load forwarding) */
+        const Py_ssize_t step = n >= 64 * stride ? stride : 1;
+        Py_ssize_t c[4][256], total = 0;
+        memset(c, 0, sizeof c);
+        Py_ssize_t i = 0;
+        for (; i + 3 * step < n; i += 4 * step, total += 4) {
+            c[0][p[i]]++;
+            c[1][p[i + step]]++;
+            c[2][p[i + 2 * step]]++;
+            c[3][p[i + 3 * step]]++;
+        }
+        for (; i < n; i += step, total++) c[0][p[i]]++;
+        bits = 0.0;
+        for (int k = 0; k < 256; k++) {
+            const Py_ssize_t count = c[0][k] + c[1][k] + c[2][k] + c[3][k];
+            if (count) {
+                const double q = (double)count / (double)total;
+                bits -= q * log2(q);
+            }
         }
     }
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&in);
+    if (bits < 0) return Py_BuildValue("IO", top, Py_None);
     return Py_BuildValue("Id", top, bits);
 }
 
@@ -817,7 +834,8 @@ static PyMethodDef methods[] = {
     {"sparse_decode", sparse_decode, METH_VARARGS,
      "sparse_decode(streams, base, width, transform) -> the chunk: base with the listed deltas applied"},
     {"stream_stats", stream_stats, METH_VARARGS,
-     "stream_stats(data, stride) -> (largest byte, order-0 entropy in bits per byte on every stride-th byte)"},
+     "stream_stats(data, stride, min_top) -> (largest byte, order-0 entropy in bits per byte on every\n"
+     "stride-th byte, or None when the largest byte is below min_top)"},
     {"sparse_encode", sparse_encode, METH_VARARGS,
      "sparse_encode(x, base, width, transform) -> (gap bytes, escaped gaps (4 planes), value planes)"},
     {"pack_bits", pack_bits, METH_VARARGS, "pack_bits(values, bits) -> bytes"},
