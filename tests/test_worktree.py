@@ -60,8 +60,8 @@ def test_stat_cache_avoids_rehashing_unchanged_files(repo, monkeypatch):
     import wvc.worktree as wt
 
     calls = []
-    real = wt.hash_file
-    monkeypatch.setattr(wt, "hash_file", lambda p: calls.append(p) or real(p))
+    real = wt.content_id
+    monkeypatch.setattr(wt, "content_id", lambda *a: calls.append(a[0]) or real(*a))
     assert repo.status().clean
     assert calls == []
     (repo.root / "big.bin").write_bytes(os.urandom(1 << 20))  # same size, new content

@@ -18,7 +18,8 @@ _ID_RE = re.compile(r"^[0-9a-f]{64}$")
 CHUNK = "wvc 2026-11 chunk v1"
 TREE = "wvc 2026-11 tree v1"
 COMMIT = "wvc 2026-11 commit v1"
-FILE = "wvc 2026-11 file v1"
+FILE = "wvc 2026-11 file v1"  # the bytes of a file (tree format 1)
+FILE_LISTING = "wvc 2026-11 file v2"  # a file's chunk list (tree format 2: FileEntry.content_id)
 PACK = "wvc 2026-11 pack v1"
 
 

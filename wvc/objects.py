@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from . import ids
 from .errors import FormatError
 from .formats.dtypes import DTYPES
 from .fsutil import validate_relpath
 
-FORMAT = 1
+FORMAT = 1  # commits
+TREE_FORMAT = 2  # 2: a file's hash is its content id (FileEntry.content_id); 1: a hash of its bytes
+TREE_FORMATS = (1, 2)
 MAX_OBJECT_BYTES = 1 << 30
 MAX_METADATA_BYTES = 1 << 20
 
@@ -57,10 +59,33 @@ class FileEntry:
     path: str
     kind: str  # "blob" | "safetensors"
     size: int
-    hash: str  # ids.FILE digest of the whole file: lets status and checkout verify files
+    # Tree format 2: the content id (below), checked when the tree is parsed. Format 1 (older
+    # trees): the ids.FILE digest of the file's bytes, kept only so the tree keeps its id.
+    hash: str
     chunks: tuple[str, ...] = ()  # blob chunks
     header: str | None = None  # safetensors: chunk id of the exact header bytes
     tensors: tuple[TensorEntry, ...] = ()  # safetensors: in data-offset order
+
+    @classmethod
+    def of(cls, path: str, kind: str, size: int, **listing) -> "FileEntry":
+        """An entry whose hash is its content id."""
+        entry = cls(path, kind, size, "", **listing)
+        return cls(path, kind, size, entry.content_id, **listing)
+
+    def with_content_id(self) -> "FileEntry":
+        """This entry as tree format 2 records it (an entry of a format-1 tree, carried over)."""
+        content_id = self.content_id
+        return self if self.hash == content_id else replace(self, hash=content_id)
+
+    @property
+    def content_id(self) -> str:
+        """The file's id, derived from its chunk list: the file is the concatenation of its
+        chunks (safetensors: length prefix, header chunk, tensor chunks in order), and each
+        chunk id is the hash of the chunk's bytes, so this identifies the bytes as a hash of
+        them would, without a second pass over them (see docs/design.md, "Ids")."""
+        listing = self.to_json()
+        del listing["path"], listing["hash"]
+        return ids.digest(ids.FILE_LISTING, canonical_json(listing))
 
     def to_json(self):
         out = {"path": self.path, "kind": self.kind, "size": self.size, "hash": self.hash}
@@ -83,10 +108,11 @@ class FileEntry:
 class Tree:
     files: tuple[FileEntry, ...]
     chunk_bytes: int
+    format: int = TREE_FORMAT  # a tree read from the store keeps its own, and so its id
 
     def to_bytes(self) -> bytes:
         return canonical_json(
-            {"format": FORMAT, "chunk_bytes": self.chunk_bytes, "files": [f.to_json() for f in self.files]}
+            {"format": self.format, "chunk_bytes": self.chunk_bytes, "files": [f.to_json() for f in self.files]}
         )
 
     @property
@@ -109,7 +135,7 @@ class Tree:
             raise FormatError(f"tree {ids.short(expected_id)} does not match its id")
         raw = _load(data, "tree")
         _expect(raw, {"format", "chunk_bytes", "files"}, "tree")
-        if raw["format"] != FORMAT:
+        if raw["format"] not in TREE_FORMATS or type(raw["format"]) is not int:
             raise FormatError(f"tree format {raw['format']!r} is not supported")
         chunk_bytes = raw["chunk_bytes"]
         if type(chunk_bytes) is not int or not 8 <= chunk_bytes <= 1 << 30:
@@ -121,7 +147,11 @@ class Tree:
         if paths != sorted(paths) or len(set(paths)) != len(paths):
             raise FormatError("tree paths must be unique and sorted")
         _check_no_file_dir_clash(paths)
-        return cls(files, chunk_bytes)
+        if raw["format"] >= 2:
+            for f in files:
+                if f.hash != f.content_id:
+                    raise FormatError(f"{f.path}: file hash does not match its chunk list")
+        return cls(files, chunk_bytes, raw["format"])
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,7 @@
-"""The working tree: which files are tracked, and their content hashes (with a stat cache).
+"""The working tree: which files are tracked, and their content ids (with a stat cache).
 
+A working file's content id is the one a commit would record for it (FileEntry.content_id,
+from its chunk list), so it depends on the chunk size of the tree it is compared with.
 ``status`` must be fast on a directory of many gigabytes, so a file whose size, mtime,
 ctime and inode match the cache is not read again. As in git, an entry is trusted only if
 the file's mtime is safely older than the moment the entry was recorded: a file modified
@@ -17,12 +19,14 @@ from pathlib import Path
 import pathspec
 
 from . import ids
-from .errors import UnsafePath
+from .errors import UnsafePath, WvcError
+from .formats import safetensors as st
+from .formats.dtypes import DTYPES
 from .fsutil import TEMP_PREFIX
+from .objects import FileEntry, TensorEntry, chunk_spans
 
 IGNORE_FILE = ".wvcignore"
 RACY_MARGIN_NS = 2_000_000_000  # coarser than any common file-system timestamp
-READ_BLOCK = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -81,14 +85,42 @@ def _check_name(rel: str) -> None:
         raise UnsafePath(f"file name is not valid UTF-8: {rel!r} (rename it or add it to .wvcignore)") from None
 
 
-def hash_file(path: Path) -> tuple[str, int]:
-    h = ids.hasher(ids.FILE, all_cores=True)  # nothing else runs meanwhile
-    size = 0
+def content_id(path: Path, relpath: str, chunk_bytes: int) -> str:
+    """The content id a commit with ``chunk_bytes`` would record for the file at ``path``.
+
+    Chunked exactly as ops/snapshot.py chunks it (a test holds the two together). A
+    ``.safetensors`` file whose header does not parse is taken as a blob: a commit refuses
+    such a file, so no tracked entry can match it and status calls it modified.
+    """
     with open(path, "rb") as fh:
-        while block := fh.read(READ_BLOCK):
-            h.update(block)
-            size += len(block)
-    return h.hexdigest(), size
+        size = os.fstat(fh.fileno()).st_size
+        if relpath.endswith(".safetensors"):
+            try:
+                header = st.read_header(fh, size, relpath)
+            except WvcError:
+                header = None
+            if header is not None:
+                return _safetensors_entry(fh, relpath, header, chunk_bytes).content_id
+            fh.seek(0)
+        chunks = tuple(_chunk_id(fh, end - begin) for begin, end in chunk_spans(size, 1, chunk_bytes))
+        return FileEntry.of(relpath, "blob", size, chunks=chunks).content_id
+
+
+def _chunk_id(fh, n: int) -> str:
+    h = ids.hasher(ids.CHUNK, all_cores=True)  # nothing else runs meanwhile
+    h.update(fh.read(n))  # a file cut short while read just gets another id
+    return h.hexdigest()
+
+
+def _safetensors_entry(fh, relpath: str, header, chunk_bytes: int) -> FileEntry:
+    header_id = ids.chunk_id(header.header_bytes)
+    fh.seek(header.data_start)
+    tensors = []
+    for info in header.tensors:
+        width = DTYPES[info.dtype.name].width
+        chunks = tuple(_chunk_id(fh, end - begin) for begin, end in chunk_spans(info.nbytes, width, chunk_bytes))
+        tensors.append(TensorEntry(info.name, info.dtype.name, tuple(info.shape), chunks))
+    return FileEntry.of(relpath, "safetensors", header.file_size, header=header_id, tensors=tuple(tensors))
 
 
 class StatCache:
@@ -103,35 +135,37 @@ class StatCache:
     def signature(st: os.stat_result) -> tuple[int, int, int, int]:
         return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
 
-    def cached_hash(self, relpath: str, st: os.stat_result) -> str | None:
+    def cached_hash(self, relpath: str, st: os.stat_result, chunk_bytes: int) -> str | None:
         row = self.db.conn.execute(
-            "SELECT size, mtime_ns, ctime_ns, ino, hash, recorded_ns FROM stat_cache WHERE path = ?", (relpath,)
+            "SELECT size, mtime_ns, ctime_ns, ino, hash, recorded_ns, chunk_bytes FROM stat_cache WHERE path = ?",
+            (relpath,),
         ).fetchone()
-        if row is None or tuple(row[:4]) != self.signature(st):
+        if row is None or tuple(row[:4]) != self.signature(st) or row[6] != chunk_bytes:
             return None
         if st.st_mtime_ns >= row[5] - RACY_MARGIN_NS:
             return None  # racy: could have changed after it was recorded
         return row[4]
 
-    def hash(self, relpath: str) -> str:
-        """Content hash of a working-tree file, from the cache when trustworthy."""
+    def hash(self, relpath: str, chunk_bytes: int) -> str:
+        """Content id of a working-tree file for ``chunk_bytes``, from the cache when trustworthy."""
         full = self.root / relpath
         st = os.stat(full)
-        cached = self.cached_hash(relpath, st)
+        cached = self.cached_hash(relpath, st, chunk_bytes)
         if cached is not None:
             return cached
-        digest, _ = hash_file(full)
-        self.remember(relpath, st, digest)
+        digest = content_id(full, relpath, chunk_bytes)
+        self.remember(relpath, st, chunk_bytes, digest)
         return digest
 
-    def remember(self, relpath: str, st: os.stat_result, digest: str) -> None:
-        self.updates.append((relpath, *self.signature(st), digest, time.time_ns()))
+    def remember(self, relpath: str, st: os.stat_result, chunk_bytes: int, digest: str) -> None:
+        self.updates.append((relpath, *self.signature(st), digest, time.time_ns(), chunk_bytes))
 
     def flush(self, in_transaction: bool = False) -> None:
         """Write remembered entries; outside a transaction, skip silently if locked."""
         if not self.updates:
             return
-        sql = "INSERT OR REPLACE INTO stat_cache VALUES (?, ?, ?, ?, ?, ?, ?)"
+        sql = ("INSERT OR REPLACE INTO stat_cache (path, size, mtime_ns, ctime_ns, ino, hash, recorded_ns,"
+               " chunk_bytes) VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
         if in_transaction:
             self.db.conn.executemany(sql, self.updates)
         else:

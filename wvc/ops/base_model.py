@@ -95,10 +95,10 @@ def current(repo) -> BaseRef | None:
 
 # -- indexing ----------------------------------------------------------------------------------
 class _NoStatCache:
-    def cached_hash(self, relpath, st):
+    def cached_hash(self, relpath, st, chunk_bytes):
         return None
 
-    def remember(self, relpath, st, digest):
+    def remember(self, relpath, st, chunk_bytes, digest):
         pass
 
 

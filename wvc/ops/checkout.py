@@ -42,11 +42,17 @@ def checkout(repo, rev: str, *, force: bool = False, output=None, progress: Prog
         return _to_directory(repo, commit_id, target, Path(output), force, progress)
 
     head = repo.refs.head_commit()
-    current = repo.read_tree(repo.read_commit(head).tree).by_path() if head else {}
-    wanted = target.by_path()
+    current_tree = repo.read_tree(repo.read_commit(head).tree) if head else target
+    # entries by content id (.hash of format 2): comparable with working files' content ids
+    current = {p: f.with_content_id() for p, f in current_tree.by_path().items()} if head else {}
+    target_entries = target.by_path()
+    wanted = {p: f.with_content_id() for p, f in target_entries.items()}
     present = scan(repo.root).files
     cache = StatCache(repo.db, repo.root)
-    hashes = {p: cache.hash(p) for p in present}
+    hashes = {p: cache.hash(p, target.chunk_bytes) for p in present}
+    mine_hashes = hashes  # against HEAD's entries: the same unless HEAD was chunked otherwise
+    if current_tree.chunk_bytes != target.chunk_bytes:
+        mine_hashes = {p: cache.hash(p, current_tree.chunk_bytes) for p in present}
 
     conflicts = []
     for path, digest in hashes.items():
@@ -55,7 +61,8 @@ def checkout(repo, rev: str, *, force: bool = False, output=None, progress: Prog
         if mine is None:  # untracked: only a problem if the target puts a different file there
             if theirs is not None and theirs.hash != digest:
                 conflicts.append(path)
-        elif digest != mine.hash and (theirs is None or theirs.hash != mine.hash) and (theirs is None or theirs.hash != digest):
+        elif (mine_hashes[path] != mine.hash and (theirs is None or theirs.hash != mine.hash)
+              and (theirs is None or theirs.hash != digest)):
             conflicts.append(path)
     if conflicts and not force:
         shown = ", ".join(conflicts[:5]) + (" ..." if len(conflicts) > 5 else "")
@@ -67,14 +74,15 @@ def checkout(repo, rev: str, *, force: bool = False, output=None, progress: Prog
         return not force and path in hashes and path in current and current[path].hash == entry.hash
 
     to_write = [e for p, e in wanted.items() if hashes.get(p) != e.hash and not carried(p, e)]
-    to_remove = [p for p in current if p not in wanted and p in hashes and (force or hashes[p] == current[p].hash)]
+    to_remove = [p for p in current if p not in wanted and p in hashes and (force or mine_hashes[p] == current[p].hash)]
     repo.ensure_objects((c for e in to_write for c in e.chunk_ids()), progress)  # lazy clones
     progress.start(sum(e.size for e in to_write), "checkout")
     for entry in to_write:
         dest = resolve_inside(repo.root, entry.path)
         if dest.is_dir():
             raise WvcError(f"cannot check out {entry.path}: a directory is in the way")
-        cache.remember(entry.path, write_file(repo.store, entry, dest, progress), entry.hash)
+        written = write_file(repo.store, target_entries[entry.path], dest, progress)  # as recorded
+        cache.remember(entry.path, written, target.chunk_bytes, entry.hash)
     for path in to_remove:
         dest = resolve_inside(repo.root, path)
         dest.unlink(missing_ok=True)

@@ -94,7 +94,7 @@ def commit(
         snap = Snapshotter(writer, parent_tree, chunk_bytes, progress)
         if isinstance(source, Mapping):
             entry = snap.state_dict_file(source, state_dict_path)
-            files = {f.path: f for f in (parent_tree.files if parent_tree else ())}
+            files = {f.path: f.with_content_id() for f in (parent_tree.files if parent_tree else ())}
             files[entry.path] = entry
             tree = Tree(tuple(files[p] for p in sorted(files)), chunk_bytes)
         else:

@@ -52,7 +52,7 @@ class _TreeSide:
 
     def __init__(self, repo, tree):
         self.repo = repo
-        self.files = tree.by_path()
+        self.files = {p: f.with_content_id() for p, f in tree.by_path().items()}  # hash: content id
 
     def chunks(self, path, tensor):
         return list(tensor.chunks)
@@ -64,12 +64,12 @@ class _TreeSide:
 class _WorkSide:
     """Tensors of the working tree, read from the files themselves (nothing is stored)."""
 
-    def __init__(self, repo):
+    def __init__(self, repo, chunk_bytes: int):
         self.repo = repo
         self.files = {}
         self.headers = {}
         files = scan(repo.root).files
-        hashes = working_hashes(repo, files)
+        hashes = working_hashes(repo, files, chunk_bytes)  # content ids, comparable with the tree's
         for path in files:
             full = repo.root / path
             entry = FileEntry(path, "blob", os.path.getsize(full), hashes[path])
@@ -97,8 +97,9 @@ class _WorkSide:
 
 
 def diff(repo, rev_a=None, rev_b=None, *, stat: bool = False) -> dict:
-    a = _TreeSide(repo, repo.tree_of(rev_a or "HEAD"))
-    b = _TreeSide(repo, repo.tree_of(rev_b)) if rev_b else _WorkSide(repo)
+    tree_a = repo.tree_of(rev_a or "HEAD")
+    a = _TreeSide(repo, tree_a)
+    b = _TreeSide(repo, repo.tree_of(rev_b)) if rev_b else _WorkSide(repo, tree_a.chunk_bytes)
     known_a = {c for f in a.files.values() for c in f.chunk_ids()}
     files, tensors = [], []
     for path in sorted(set(a.files) | set(b.files)):

@@ -2,8 +2,9 @@
 
 Streaming: one chunk is in memory at a time (plus its base), whatever the model size.
 Each tensor chunk is offered to the store with the id of the same chunk of the same
-tensor in the parent tree as its delta base. A file whose cached hash equals the parent's
-is not read at all: its entry is reused.
+tensor in the parent tree as its delta base. A file whose cached content id equals the
+parent's is not read at all: its entry is reused. A file's id comes from its chunk list
+(FileEntry.content_id), so each byte is hashed once, for its chunk's id.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import ids
 from ..errors import SafetensorsFormatError, WvcError
 from ..formats import safetensors as st
 from ..formats.dtypes import BYTES, by_torch_dtype
@@ -74,9 +74,9 @@ class Snapshotter:
             full = root / path
             before = os.stat(full)
             parent_entry = self.parent.by_path.get(path)
-            cached = stat_cache.cached_hash(path, before)
-            if parent_entry is not None and cached == parent_entry.hash:
-                files.append(parent_entry)
+            cached = stat_cache.cached_hash(path, before, self.chunk_bytes)
+            if parent_entry is not None and cached == parent_entry.content_id:
+                files.append(parent_entry.with_content_id())
                 self.progress.advance(before.st_size)
                 continue
             with open(full, "rb") as fh:
@@ -87,7 +87,7 @@ class Snapshotter:
             after = os.stat(full)
             if StatCache.signature(after) != StatCache.signature(before) or entry.size != after.st_size:
                 raise WvcError(f"{path} changed while it was being committed; commit again when it is written")
-            stat_cache.remember(path, after, entry.hash)
+            stat_cache.remember(path, after, self.chunk_bytes, entry.hash)
             files.append(entry)
         self.progress.close()
         return Tree(tuple(files), self.chunk_bytes)
@@ -95,22 +95,16 @@ class Snapshotter:
     def _blob_file(self, path: str, fh, size: int) -> FileEntry:
         parent = self.parent.by_path.get(path)
         parent_chunks = parent.chunks if parent is not None and parent.kind == "blob" else None
-        file_hash = ids.hasher(ids.FILE)
         chunks = []
         for i, (begin, end) in enumerate(chunk_spans(size, 1, self.chunk_bytes)):
             raw = fh.read(end - begin)
             if len(raw) != end - begin:
                 raise WvcError(f"{path} was truncated while it was being committed")
-            file_hash.update(raw)
             chunks.append(self.writer.put(raw, BYTES, _base(parent_chunks, i), (path, begin)))
             self.progress.advance(len(raw))
-        return FileEntry(path, "blob", size, file_hash.hexdigest(), chunks=tuple(chunks))
+        return FileEntry.of(path, "blob", size, chunks=tuple(chunks))
 
     def _safetensors_file(self, path: str, fh, header: st.SafetensorsHeader) -> FileEntry:
-        file_hash = ids.hasher(ids.FILE)
-        prefix = len(header.header_bytes).to_bytes(8, "little")
-        file_hash.update(prefix)
-        file_hash.update(header.header_bytes)
         parent = self.parent.by_path.get(path)
         header_id = self.writer.put(header.header_bytes, BYTES, parent.header if parent and parent.header else None,
                                     (path, 8))
@@ -124,18 +118,17 @@ class Snapshotter:
                     raise SafetensorsFormatError(f"{path}: truncated inside tensor {info.name!r}")
                 return raw
 
-            tensors.append(self._tensor(path, info.name, info.dtype, info.shape, info.nbytes, read, file_hash,
+            tensors.append(self._tensor(path, info.name, info.dtype, info.shape, info.nbytes, read,
                                         header.data_start + info.begin))
-        return FileEntry(path, "safetensors", header.file_size, file_hash.hexdigest(), header=header_id, tensors=tuple(tensors))
+        return FileEntry.of(path, "safetensors", header.file_size, header=header_id, tensors=tuple(tensors))
 
-    def _tensor(self, path, name, dtype, shape, nbytes, read, file_hash, start: int | None = None) -> TensorEntry:
+    def _tensor(self, path, name, dtype, shape, nbytes, read, start: int | None = None) -> TensorEntry:
         """One tensor's chunks; ``start`` is its offset in the file (None: from memory)."""
         parent = self.parent.tensor(path, name)
         parent_chunks = parent.chunks if parent is not None and parent.dtype == dtype.name else None
         chunks = []
         for i, (begin, end) in enumerate(chunk_spans(nbytes, dtype.width, self.chunk_bytes)):
             raw = read(end - begin)
-            file_hash.update(raw)
             origin = (path, start + begin) if start is not None else None
             chunks.append(self.writer.put(raw, dtype, _base(parent_chunks, i), origin))
             self.progress.advance(len(raw))
@@ -158,9 +151,6 @@ class Snapshotter:
             tensors[name] = tensor.detach()
         header_bytes, layout = st.build_header(specs, metadata)
         header = st.parse_header(header_bytes, layout[-1].end if layout else 0, path)
-        file_hash = ids.hasher(ids.FILE)
-        file_hash.update(len(header_bytes).to_bytes(8, "little"))
-        file_hash.update(header_bytes)
         parent = self.parent.by_path.get(path)
         header_id = self.writer.put(header_bytes, BYTES, parent.header if parent and parent.header else None)
         self.progress.start(header.file_size, "commit")
@@ -174,6 +164,6 @@ class Snapshotter:
                 cursor[0] += n
                 return part
 
-            entries.append(self._tensor(path, info.name, info.dtype, info.shape, info.nbytes, read, file_hash))
+            entries.append(self._tensor(path, info.name, info.dtype, info.shape, info.nbytes, read))
         self.progress.close()
-        return FileEntry(path, "safetensors", header.file_size, file_hash.hexdigest(), header=header_id, tensors=tuple(entries))
+        return FileEntry.of(path, "safetensors", header.file_size, header=header_id, tensors=tuple(entries))

@@ -1,4 +1,4 @@
-"""Status: the working tree against HEAD, by file content hash (stat cache first)."""
+"""Status: the working tree against HEAD, by file content id (stat cache first)."""
 
 from __future__ import annotations
 
@@ -32,23 +32,25 @@ class Status:
         }
 
 
-def working_hashes(repo, paths) -> dict[str, str]:
+def working_hashes(repo, paths, chunk_bytes: int) -> dict[str, str]:
+    """Content ids of working files as a tree with ``chunk_bytes`` records them."""
     cache = StatCache(repo.db, repo.root)
-    hashes = {p: cache.hash(p) for p in paths}
+    hashes = {p: cache.hash(p, chunk_bytes) for p in paths}
     cache.flush()
     return hashes
 
 
 def status(repo) -> Status:
     head = repo.refs.head_commit()
-    tracked = repo.read_tree(repo.read_commit(head).tree).by_path() if head else {}
+    tree = repo.read_tree(repo.read_commit(head).tree) if head else None
+    tracked = tree.by_path() if tree else {}
     result = scan(repo.root)
     out = Status(repo.refs.head_branch(), head, skipped_symlinks=result.skipped_symlinks)
-    hashes = working_hashes(repo, result.files)
+    hashes = working_hashes(repo, result.files, tree.chunk_bytes if tree else repo.chunk_bytes)
     for path, digest in hashes.items():
         if path not in tracked:
             out.added.append(path)
-        elif tracked[path].hash != digest:
+        elif tracked[path].content_id != digest:
             out.modified.append(path)
     out.deleted = sorted(set(tracked) - set(hashes))
     return out

@@ -63,7 +63,18 @@ def _m0002_external_objects(db: "sqlite_utils.Database") -> None:
                                   not_null={"path", "offset", "length"})
 
 
-MIGRATIONS = [("0001_initial", _m0001_initial), ("0002_external_objects", _m0002_external_objects)]
+def _m0003_stat_cache_content_ids(db: "sqlite_utils.Database") -> None:
+    # tree format 2 compares files by content id (from the chunk list, so per chunk size);
+    # the cached hashes of file bytes are of no use to it
+    db.execute("DELETE FROM stat_cache")
+    db["stat_cache"].add_column("chunk_bytes", int)
+
+
+MIGRATIONS = [
+    ("0001_initial", _m0001_initial),
+    ("0002_external_objects", _m0002_external_objects),
+    ("0003_stat_cache_content_ids", _m0003_stat_cache_content_ids),
+]
 
 
 class Database:
