@@ -183,3 +183,29 @@ def test_the_writer_works_ahead_by_bytes_not_by_chunk_count(repo, monkeypatch):
     # ... and what is in flight stays within the byte bound plus the chunk just offered
     assert max(b for _, b in seen) < 64 * 1024 + 60 * 1024
     assert [repo.store.get(i) for i in ids] == [big, *smalls]
+
+
+@needs_o_direct
+def test_a_failing_tail_write_leaves_the_target_as_it_was_and_no_writer_thread(tmp_path, monkeypatch):
+    import threading
+
+    monkeypatch.setattr(fsutil, "DIRECT_BUFFER", 8192)
+    monkeypatch.setattr(fsutil, "DIRECT_MIN_BYTES", 0)
+    real_pwrite = os.pwrite
+
+    def pwrite(fd, data, offset):
+        if len(data) < 8192:  # the padded tail
+            raise OSError(28, "No space left on device")
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(fsutil.os, "pwrite", pwrite)
+    target = tmp_path / "f"
+    target.write_bytes(b"old")
+    with pytest.raises(OSError, match="No space"):
+        with fsutil.atomic_writer(target, size_hint=1) as fh:
+            if not isinstance(fh, fsutil.DirectWriter):
+                pytest.skip("this file system refuses O_DIRECT already at open")
+            fh.write(os.urandom(20_000))  # two full buffers and a tail
+    assert target.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["f"]
+    assert not [t for t in threading.enumerate() if t.name.startswith("wvc-write")]

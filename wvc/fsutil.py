@@ -175,14 +175,16 @@ class DirectWriter:
 
     def finish(self) -> None:
         """Write the tail and give the file its exact length (the caller fsyncs)."""
-        size = self.flushed + self.fill
-        if self.fill:
-            padded = -(-self.fill // DIRECT_ALIGN) * DIRECT_ALIGN
-            self.buffers[self.current][self.fill : padded] = bytes(padded - self.fill)
-            self._hand_over(padded)
-        self._wait()
-        os.ftruncate(self.fd, size)
-        self.close()
+        try:
+            size = self.flushed + self.fill
+            if self.fill:
+                padded = -(-self.fill // DIRECT_ALIGN) * DIRECT_ALIGN
+                self.buffers[self.current][self.fill : padded] = bytes(padded - self.fill)
+                self._hand_over(padded)
+            self._wait()
+            os.ftruncate(self.fd, size)
+        finally:
+            self.close()
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -191,9 +193,6 @@ class DirectWriter:
         for buf in self.buffers:
             with contextlib.suppress(BufferError):  # an error's traceback may still view it;
                 buf.close()  # then it is unmapped when collected
-
-    def flush(self) -> None:  # file-object protocol; writes are flushed by finish()
-        pass
 
 
 @contextlib.contextmanager

@@ -21,7 +21,6 @@ import pathspec
 from . import ids
 from .errors import UnsafePath, WvcError
 from .formats import safetensors as st
-from .formats.dtypes import DTYPES
 from .fsutil import TEMP_PREFIX
 from .objects import FileEntry, TensorEntry, chunk_spans
 
@@ -117,8 +116,7 @@ def _safetensors_entry(fh, relpath: str, header, chunk_bytes: int) -> FileEntry:
     fh.seek(header.data_start)
     tensors = []
     for info in header.tensors:
-        width = DTYPES[info.dtype.name].width
-        chunks = tuple(_chunk_id(fh, end - begin) for begin, end in chunk_spans(info.nbytes, width, chunk_bytes))
+        chunks = tuple(_chunk_id(fh, end - begin) for begin, end in chunk_spans(info.nbytes, info.dtype.width, chunk_bytes))
         tensors.append(TensorEntry(info.name, info.dtype.name, tuple(info.shape), chunks))
     return FileEntry.of(relpath, "safetensors", header.file_size, header=header_id, tensors=tuple(tensors))
 

@@ -371,10 +371,8 @@ def _gap_streams(gaps) -> list:
 
 
 def _decode_sparse_native(payload, info, base) -> bytes:
-    if len(info.streams) != 5 + info.width:
+    if len(info.streams) != 5 + info.width:  # before decompressing any (peek checked the inner method)
         raise CorruptObject("sparse payload has the wrong stream count")
-    if info.param not in _NATIVE_CODE or _NATIVE_CODE[Method(info.param)] not in (1, 2, 3):
-        raise CorruptObject(f"bad inner method {info.param} for a sparse payload")
     streams = [stream_bytes(payload, info, k) for k in range(len(info.streams))]
     try:
         return native.kernels.sparse_decode(streams, base, info.width, _NATIVE_CODE[Method(info.param)])
