@@ -71,6 +71,7 @@ needs_o_direct = pytest.mark.skipif(not hasattr(os, "O_DIRECT"), reason="no O_DI
 def test_direct_writes_keep_every_byte_and_the_exact_length(tmp_path, monkeypatch, sizes):
     monkeypatch.setattr(fsutil, "DIRECT_BUFFER", 16384)
     monkeypatch.setattr(fsutil, "DIRECT_MIN_BYTES", 0)
+    monkeypatch.setenv("WVC_DIRECT_IO", "1")
     blocks = [os.urandom(n) for n in sizes]
     target = tmp_path / "model.safetensors"
     with fsutil.atomic_writer(target, size_hint=1) as fh:
@@ -87,6 +88,7 @@ def test_direct_writes_keep_every_byte_and_the_exact_length(tmp_path, monkeypatc
 def test_a_file_system_refusing_o_direct_writes_falls_back_to_ordinary_writes(tmp_path, monkeypatch):
     monkeypatch.setattr(fsutil, "DIRECT_BUFFER", 8192)
     monkeypatch.setattr(fsutil, "DIRECT_MIN_BYTES", 0)
+    monkeypatch.setenv("WVC_DIRECT_IO", "1")
     real_pwrite, refused = os.pwrite, []
 
     def pwrite(fd, data, offset):
@@ -113,6 +115,7 @@ def test_a_file_system_refusing_o_direct_writes_falls_back_to_ordinary_writes(tm
 def test_a_failing_direct_write_leaves_the_target_as_it_was(tmp_path, monkeypatch):
     monkeypatch.setattr(fsutil, "DIRECT_BUFFER", 8192)
     monkeypatch.setattr(fsutil, "DIRECT_MIN_BYTES", 0)
+    monkeypatch.setenv("WVC_DIRECT_IO", "1")
 
     def pwrite(fd, data, offset):
         raise OSError(28, "No space left on device")
@@ -130,12 +133,24 @@ def test_a_failing_direct_write_leaves_the_target_as_it_was(tmp_path, monkeypatc
 
 
 def test_direct_io_can_be_turned_off(tmp_path, monkeypatch):
-    monkeypatch.setenv("WVC_DIRECT_IO", "0")
     monkeypatch.setattr(fsutil, "DIRECT_MIN_BYTES", 0)
+    monkeypatch.setenv("WVC_DIRECT_IO", "0")
+    monkeypatch.setattr(fsutil, "physical_memory", lambda: 0)  # auto would pick O_DIRECT
     with fsutil.atomic_writer(tmp_path / "f", size_hint=1) as fh:
         assert isinstance(fh, fsutil.EarlyWriteback)
         fh.write(b"x")
     assert (tmp_path / "f").read_bytes() == b"x"
+
+
+@needs_o_direct
+def test_by_default_only_files_too_big_to_stay_cached_bypass_the_page_cache(monkeypatch):
+    monkeypatch.delenv("WVC_DIRECT_IO", raising=False)
+    monkeypatch.setattr(fsutil, "physical_memory", lambda: 8 << 30)
+    assert not fsutil.wants_direct_io(1 << 30)  # stays in the cache for the load that follows
+    assert fsutil.wants_direct_io(5 << 30)  # larger than half the memory
+    assert not fsutil.wants_direct_io(32 << 20)  # never below DIRECT_MIN_BYTES
+    monkeypatch.setenv("WVC_DIRECT_IO", "1")
+    assert fsutil.wants_direct_io(1 << 30) and not fsutil.wants_direct_io(32 << 20)
 
 
 def test_checkout_through_direct_writes_is_byte_identical(repo, monkeypatch):
@@ -145,6 +160,7 @@ def test_checkout_through_direct_writes_is_byte_identical(repo, monkeypatch):
     from tests.conftest import sha256
 
     monkeypatch.setattr(fsutil, "DIRECT_MIN_BYTES", 0)  # every durable file takes the direct path
+    monkeypatch.setenv("WVC_DIRECT_IO", "1")
     monkeypatch.setattr(fsutil, "DIRECT_BUFFER", 64 * 1024)  # several buffers and a ragged tail
     path = repo.root / "model.safetensors"
     g = torch.Generator().manual_seed(0)
@@ -191,6 +207,7 @@ def test_a_failing_tail_write_leaves_the_target_as_it_was_and_no_writer_thread(t
 
     monkeypatch.setattr(fsutil, "DIRECT_BUFFER", 8192)
     monkeypatch.setattr(fsutil, "DIRECT_MIN_BYTES", 0)
+    monkeypatch.setenv("WVC_DIRECT_IO", "1")
     real_pwrite = os.pwrite
 
     def pwrite(fd, data, offset):
