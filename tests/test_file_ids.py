@@ -120,3 +120,23 @@ def test_a_format_1_file_hash_that_does_not_match_the_bytes_fails_checkout(small
     with pytest.raises(CorruptObject, match="config.json: rebuilt file does not match"):
         small_repo.checkout("old", output=out)
     assert not (out / "config.json").exists()
+
+
+def test_a_base_recorded_in_tree_format_1_still_attaches_and_a_changed_one_is_refused(tmp_path):
+    from tests.test_base_model import make_base
+    from wvc.ops.base_model import BaseError, BaseRef, attach, base_commit
+
+    base_folder = tmp_path / "base"
+    make_base(base_folder)
+    first = Repo.init(tmp_path / "a", base=str(base_folder))
+    tree = first.tree_of(first.base().commit)
+    old = Tree(tuple(dataclasses.replace(f, hash=ids.digest(ids.FILE, (base_folder / f.path).read_bytes()))
+                     for f in tree.files), tree.chunk_bytes, format=1)
+    recorded = BaseRef(str(base_folder), old.id, base_commit(str(base_folder), old.id).id)  # as an older wvc
+    second = Repo.init(tmp_path / "b")
+    ref = attach(second, str(base_folder), expected=recorded, expected_tree=old)
+    assert (ref.tree, ref.commit) == (recorded.tree, recorded.commit)  # the history's ids hold
+    assert second.tree_of(ref.commit).format == 1
+    (base_folder / "config.json").write_text("{}")
+    with pytest.raises(BaseError, match="does not match the one this history was made from"):
+        attach(Repo.init(tmp_path / "c"), str(base_folder), expected=recorded, expected_tree=old)

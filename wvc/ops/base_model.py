@@ -350,6 +350,8 @@ def attach(repo, spec: str, *, expected: BaseRef | None = None, expected_tree: T
     paths = [f.path for f in expected_tree.files] if expected_tree is not None else None
     chunk_bytes = expected_tree.chunk_bytes if expected_tree is not None else repo.chunk_bytes
     url, root, tree, locations = resolve(spec, chunk_bytes=chunk_bytes, paths=paths, progress=progress)
+    if expected is not None and tree.id != expected.tree and _same_files(tree, expected_tree):
+        tree = expected_tree  # recorded by an older wvc (tree format 1): the same files, its ids
     if expected is not None and tree.id != expected.tree:
         raise BaseError(f"base {url} does not match the one this history was made from: its files give tree "
                         f"{ids.short(tree.id)}, the remote recorded {ids.short(expected.tree)} (base files changed?)")
@@ -367,6 +369,13 @@ def attach(repo, spec: str, *, expected: BaseRef | None = None, expected_tree: T
             branch = repo.refs.head_branch()
             repo.refs.set(HEADS + branch, commit.id, repo.refs.get(HEADS + branch), f"base: {url}")
     return BaseRef(url, tree.id, commit.id)
+
+
+def _same_files(tree: Tree, recorded: Tree | None) -> bool:
+    """Whether ``recorded`` (a verified tree of another format) lists exactly the files of
+    ``tree``, compared by content id, which depends only on the chunk lists."""
+    return (recorded is not None and recorded.format != tree.format and recorded.chunk_bytes == tree.chunk_bytes
+            and [(f.path, f.content_id) for f in recorded.files] == [(f.path, f.content_id) for f in tree.files])
 
 
 def base_json(ref: BaseRef) -> bytes:
