@@ -110,14 +110,16 @@ class ObjectStore:
         return None
 
     def has(self, object_id: str) -> bool:
-        return (self.db.one("SELECT 1 FROM objects WHERE id = ?", (object_id,)) is not None
-                or self.db.one("SELECT 1 FROM external_objects WHERE id = ?", (object_id,)) is not None)
+        return self.db.one("SELECT 1 FROM objects WHERE id = ? UNION ALL "
+                           "SELECT 1 FROM external_objects WHERE id = ? LIMIT 1", (object_id, object_id)) is not None
 
-    def chain(self, object_id: str) -> list[ObjectRow]:
-        """The rows to decode for ``object_id``: itself first, its keyframe last."""
+    def chain(self, object_id: str, row: ObjectRow | None = None) -> list[ObjectRow]:
+        """The rows to decode for ``object_id`` (whose ``row`` the caller may have): itself
+        first, its keyframe last."""
         rows, cursor = [], object_id
         while cursor is not None:
-            row = self.row(cursor)
+            if row is None or row.id != cursor:
+                row = self.row(cursor)
             if row is None and self.fetch_missing is not None:
                 self.fetch_missing([cursor])
                 row = self.row(cursor)
@@ -230,7 +232,7 @@ class ChunkWriter:
             row = self.store.row(base_id)
         if row is None or row.raw_size == 0:
             return None
-        chain = self.store.chain(base_id)
+        chain = self.store.chain(base_id, row)
         if row.depth >= self.max_chain:
             chain = chain[-1:]  # the keyframe: depth 0
         return chain
