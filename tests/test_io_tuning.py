@@ -111,27 +111,6 @@ def test_a_file_system_refusing_o_direct_writes_falls_back_to_ordinary_writes(tm
     assert target.read_bytes() == data
 
 
-@needs_o_direct
-def test_a_failing_direct_write_leaves_the_target_as_it_was(tmp_path, monkeypatch):
-    monkeypatch.setattr(fsutil, "DIRECT_BUFFER", 8192)
-    monkeypatch.setattr(fsutil, "DIRECT_MIN_BYTES", 0)
-    monkeypatch.setenv("WVC_DIRECT_IO", "1")
-
-    def pwrite(fd, data, offset):
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(fsutil.os, "pwrite", pwrite)
-    target = tmp_path / "f"
-    target.write_bytes(b"old")
-    with pytest.raises(OSError, match="No space"):
-        with fsutil.atomic_writer(target, size_hint=1) as fh:
-            if not isinstance(fh, fsutil.DirectWriter):
-                pytest.skip("this file system refuses O_DIRECT already at open")
-            fh.write(os.urandom(50_000))
-    assert target.read_bytes() == b"old"
-    assert [p.name for p in tmp_path.iterdir()] == ["f"]  # the temp file is gone
-
-
 def test_direct_io_can_be_turned_off(tmp_path, monkeypatch):
     monkeypatch.setattr(fsutil, "DIRECT_MIN_BYTES", 0)
     monkeypatch.setenv("WVC_DIRECT_IO", "0")
@@ -202,7 +181,8 @@ def test_the_writer_works_ahead_by_bytes_not_by_chunk_count(repo, monkeypatch):
 
 
 @needs_o_direct
-def test_a_failing_tail_write_leaves_the_target_as_it_was_and_no_writer_thread(tmp_path, monkeypatch):
+@pytest.mark.parametrize("failing", ["every write", "the padded tail"])
+def test_a_failing_direct_write_leaves_the_target_as_it_was_and_no_writer_thread(tmp_path, monkeypatch, failing):
     import threading
 
     monkeypatch.setattr(fsutil, "DIRECT_BUFFER", 8192)
@@ -211,7 +191,7 @@ def test_a_failing_tail_write_leaves_the_target_as_it_was_and_no_writer_thread(t
     real_pwrite = os.pwrite
 
     def pwrite(fd, data, offset):
-        if len(data) < 8192:  # the padded tail
+        if failing == "every write" or len(data) < 8192:
             raise OSError(28, "No space left on device")
         return real_pwrite(fd, data, offset)
 
@@ -224,5 +204,5 @@ def test_a_failing_tail_write_leaves_the_target_as_it_was_and_no_writer_thread(t
                 pytest.skip("this file system refuses O_DIRECT already at open")
             fh.write(os.urandom(20_000))  # two full buffers and a tail
     assert target.read_bytes() == b"old"
-    assert [p.name for p in tmp_path.iterdir()] == ["f"]
+    assert [p.name for p in tmp_path.iterdir()] == ["f"]  # the temp file is gone
     assert not [t for t in threading.enumerate() if t.name.startswith("wvc-write")]
