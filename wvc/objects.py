@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from functools import cached_property
 from dataclasses import dataclass, field, replace
 
 from . import ids
@@ -77,7 +78,7 @@ class FileEntry:
         content_id = self.content_id
         return self if self.hash == content_id else replace(self, hash=content_id)
 
-    @property
+    @cached_property  # a tree's parse, checkout, status and write_file all ask for it
     def content_id(self) -> str:
         """The file's id, derived from its chunk list: the file is the concatenation of its
         chunks (safetensors: length prefix, header chunk, tensor chunks in order), and each
