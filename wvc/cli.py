@@ -514,7 +514,9 @@ def cat(spec, output):
 
         atomic_write(output, data)
     else:
-        click.get_binary_stream("stdout").write(data)
+        sys.stdout.flush()  # anything already printed goes first
+        sys.stdout.buffer.write(data)  # (click.get_binary_stream is deprecated in click 8.2)
+        sys.stdout.buffer.flush()
 
 
 @main.command()
