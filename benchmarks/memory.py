@@ -24,10 +24,10 @@ def main(argv=None):
     with tempfile.TemporaryDirectory(prefix="wvc-mem-", dir=C.CACHE) as tmp:
         repo = Path(tmp) / "repo"
         Repo.init(repo).close()
-        first, _, _ = wvc_op("commit", repo, versions[0])
-        second, _, _ = wvc_op("commit", repo, versions[1])
+        first = wvc_op("commit", repo, versions[0]).out
+        second = wvc_op("commit", repo, versions[1]).out
         out = Path(tmp) / "out"
-        checkout, _, _ = wvc_op("checkout", repo, second["commit"], out)
+        checkout = wvc_op("checkout", repo, second["commit"], out).out
         same = (out / "model.safetensors").read_bytes() == (versions[1] / "model.safetensors").read_bytes()
         shutil.rmtree(out)
     report = {"model_gb": (versions[1] / "model.safetensors").stat().st_size / 1e9,

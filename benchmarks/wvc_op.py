@@ -2,6 +2,7 @@
 
     python -m benchmarks.wvc_op commit REPO SRC_DIR [MESSAGE]
     python -m benchmarks.wvc_op checkout REPO REV OUT_DIR
+    python -m benchmarks.wvc_op startup      # only the imports a commit and a checkout need
 """
 
 import json
@@ -15,8 +16,19 @@ from wvc import Repo  # noqa: E402
 
 
 def main(argv):
-    op, repo_path = argv[0], argv[1]
+    op = argv[0]
     t = time.perf_counter()
+    if op == "startup":
+        import blake3  # noqa: F401
+        import zstandard  # noqa: F401
+
+        import wvc.codec.transforms  # noqa: F401
+        import wvc.ops.checkout  # noqa: F401
+        import wvc.ops.commit  # noqa: F401
+
+        print(json.dumps({"seconds": time.perf_counter() - t}))
+        return
+    repo_path = argv[1]
     if op == "commit":
         repo = Repo.open(repo_path)
         res = repo.commit(argv[3] if len(argv) > 3 else "bench", source=argv[2], allow_empty=True)

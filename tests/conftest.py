@@ -1,5 +1,6 @@
 import hashlib
 import json
+import os
 import sqlite3
 import struct
 from pathlib import Path
@@ -11,6 +12,11 @@ from safetensors.torch import save_file
 
 from wvc import Repo
 from wvc.cli import main
+
+# Child processes (the CLI run as a user runs it, crash drivers, import probes) must import
+# the wvc under test, not whichever checkout an editable install points at.
+REPO_ROOT = Path(__file__).resolve().parent.parent
+os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 ALL_DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
