@@ -93,17 +93,16 @@ def bit_length(v: np.ndarray) -> np.ndarray:
 
 def tensor_code_lengths(new: np.ndarray, base: np.ndarray, spec) -> dict[str, float]:
     name, _, sign_bit, exp_shift = spec
-    x1, x0 = new, base
-    d = ulp_delta(x1, x0, sign_bit)
+    d = ulp_delta(new, base, sign_bit)
     zz = ((d << 1) ^ (d >> 63)).astype(np.uint64)
-    exponent = (x0.astype(np.int64) >> exp_shift) & 0xFF
+    exponent = (base.astype(np.int64) >> exp_shift) & 0xFF
     length = bit_length(zz)
     wide = length >= 3
     top2 = np.zeros(zz.size, np.int64)
     top2[wide] = (zz[wide] >> (length[wide] - 3).astype(np.uint64)).astype(np.int64) & 3
     prev = np.concatenate([[0, 0], length[:-2]]), np.concatenate([[0], length[:-1]])
     neighbour = np.minimum((prev[0] + prev[1]) // 2, 63)
-    width = x1.dtype.itemsize
+    width = new.dtype.itemsize
     out = dict.fromkeys(["planes", "classes", "context", "plugin", "plugin_halves"], 0.0)
     for e in np.unique(exponent):
         sel = exponent == e
