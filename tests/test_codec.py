@@ -99,6 +99,55 @@ def test_large_chunk_sampled_selection_still_round_trips():
     assert codec.decode(enc.payload, len(b), a if enc.uses_base else None) == b
 
 
+def bf16_pair_with_changed_share(share: float, n: int = 1 << 18, seed: int = 0):
+    """(new, base) bf16 chunks where ``share`` of the elements differ by one unit in the last place."""
+    g = torch.Generator().manual_seed(seed)
+    base = (torch.randn(n, generator=g) * 0.02).to(torch.bfloat16).view(torch.int16)
+    new = base.clone()
+    moved = torch.rand(n, generator=g) < share
+    new[moved] += 1
+    return new.view(torch.uint8).numpy().tobytes(), base.view(torch.uint8).numpy().tobytes()
+
+
+def encoded_methods(monkeypatch) -> list:
+    """Records every method the encoder encodes with (trials included), on either path."""
+    from wvc.codec import transforms
+
+    tried = []
+    real_native, real_backend = transforms._encode_native, transforms._encode_with
+    monkeypatch.setattr(transforms, "_encode_native", lambda m, *a: tried.append(m) or real_native(m, *a))
+    monkeypatch.setattr(transforms, "_encode_with", lambda xp, m, *a: tried.append(m) or real_backend(xp, m, *a))
+    return tried
+
+
+def test_sparse_is_not_tried_on_a_mostly_changed_chunk(monkeypatch):
+    tried = encoded_methods(monkeypatch)
+    new, base = bf16_pair_with_changed_share(0.7)
+    enc = codec.encode(new, DTYPES["BF16"], base)
+    assert Method.SPARSE not in tried and enc.method is Method.ULP_EXP
+    assert codec.decode(enc.payload, len(new), base) == new
+    tried.clear()
+    new, base = bf16_pair_with_changed_share(0.01)
+    assert codec.encode(new, DTYPES["BF16"], base).method is Method.SPARSE
+    assert Method.SPARSE in tried
+
+
+@pytest.mark.parametrize("share", [0.01, 0.55, 0.65, 1.0])
+def test_every_path_selects_the_same_method(share):
+    """Selection (the sampled trials, and the cut-off on the changed share) is made alike by
+    the C kernels, numpy and torch, so they write the same payload."""
+    new, base = bf16_pair_with_changed_share(share, seed=3)
+    payloads = {"torch": codec.encode(new, DTYPES["BF16"], base, device="torch-cpu").payload}
+    kernels = native.kernels
+    payloads["default"] = codec.encode(new, DTYPES["BF16"], base).payload
+    native.kernels = None
+    try:
+        payloads["numpy"] = codec.encode(new, DTYPES["BF16"], base).payload
+    finally:
+        native.kernels = kernels
+    assert len(set(payloads.values())) == 1, {k: len(v) for k, v in payloads.items()}
+
+
 def test_decode_checks_recorded_size_and_base():
     raw = bytes(range(256)) * 4
     enc = codec.encode(raw, BYTES)

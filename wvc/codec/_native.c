@@ -696,6 +696,33 @@ static PyObject *sparse_encode(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* changed_count(x, base, width) -> how many elements differ from the base's (the method
+ * trials' cheap look at a sample: SPARSE is not tried on a mostly changed chunk). */
+static PyObject *changed_count(PyObject *self, PyObject *args) {
+    Py_buffer x, b;
+    int width;
+    if (!PyArg_ParseTuple(args, "y*y*i", &x, &b, &width)) return NULL;
+    Py_ssize_t nz = 0, end = 0;
+    if ((width != 1 && width != 2 && width != 4 && width != 8) || x.len != b.len || x.len % width) {
+        PyBuffer_Release(&x);
+        PyBuffer_Release(&b);
+        PyErr_SetString(PyExc_ValueError, "changed_count: sizes or width do not match");
+        return NULL;
+    }
+    const Py_ssize_t n = x.len / width;
+    Py_BEGIN_ALLOW_THREADS
+    switch (width) {
+    case 1: sparse_count_8(x.buf, b.buf, n, &nz, &end); break;
+    case 2: sparse_count_16(x.buf, b.buf, n, &nz, &end); break;
+    case 4: sparse_count_32(x.buf, b.buf, n, &nz, &end); break;
+    default: sparse_count_64(x.buf, b.buf, n, &nz, &end); break;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&x);
+    PyBuffer_Release(&b);
+    return PyLong_FromSsize_t(nz);
+}
+
 /* stream_stats(data, stride, min_top) -> (largest byte, order-0 entropy in bits per byte or
  * None): the entropy is estimated on every stride-th byte when there are at least 64 * stride
  * bytes, and only when the largest byte is at least min_top (below it the caller packs bits
@@ -827,6 +854,8 @@ static PyMethodDef methods[] = {
      "stride-th byte, or None when the largest byte is below min_top)"},
     {"sparse_encode", sparse_encode, METH_VARARGS,
      "sparse_encode(x, base, width, transform) -> (gap bytes, escaped gaps (4 planes), value planes)"},
+    {"changed_count", changed_count, METH_VARARGS,
+     "changed_count(x, base, width) -> the number of elements that differ from the base's"},
     {"pack_bits", pack_bits, METH_VARARGS, "pack_bits(values, bits) -> bytes"},
     {"unpack_bits", unpack_bits, METH_VARARGS, "unpack_bits(packed, bits, n) -> bytes"},
     {"encode_planes", encode_planes, METH_VARARGS,

@@ -63,6 +63,9 @@ class NumpyBackend:
     def sample(self, x, starts, per: int):
         return np.concatenate([x[s : s + per] for s in starts])
 
+    def count_changed(self, x, b) -> int:
+        return int(np.count_nonzero(x != b))
+
     def nonzero_gaps(self, y):
         """(gaps between nonzero positions as uint32, the nonzero values)."""
         pos = np.flatnonzero(y)
@@ -132,6 +135,9 @@ class TorchBackend:
 
     def sample(self, x, starts, per: int):
         return self.torch.cat([x[s : s + per] for s in starts])
+
+    def count_changed(self, x, b) -> int:
+        return int(self.torch.count_nonzero(x != b).item())
 
     def nonzero_gaps(self, y):
         t = self.torch
