@@ -41,6 +41,32 @@ def test_wvcignore_excludes_paths(repo):
     assert paths == [".wvcignore", "keep.json"]
 
 
+def test_ignore_patterns_from_the_file_and_the_caller_combine(repo, tmp_path):
+    from wvc.worktree import scan
+
+    for name in ("a.txt", "b.log", "c.tmp"):
+        (repo.root / name).write_text(name)
+    assert scan(repo.root, ("*.log",)).files == ["a.txt", "c.tmp"]  # no ignore file: the caller's only
+    (repo.root / ".wvcignore").write_text("# comments and blank lines match nothing\n\n")
+    assert scan(repo.root).files == [".wvcignore", "a.txt", "b.log", "c.tmp"]
+    (repo.root / ".wvcignore").write_text("*.tmp\n")
+    assert scan(repo.root, ("*.log",)).files == [".wvcignore", "a.txt"]
+
+
+def test_status_without_ignore_patterns_does_not_import_pathspec(repo):
+    """pathspec costs ~15 ms of every command's start; a tree with nothing to ignore skips it."""
+    import subprocess
+    import sys
+
+    (repo.root / "a.txt").write_text("a")
+    probe = "import sys, wvc; wvc.Repo.open(sys.argv[1]).status(); print('pathspec' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", probe, str(repo.root)], capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == "False", r.stderr
+    (repo.root / ".wvcignore").write_text("*.tmp\n")
+    r = subprocess.run([sys.executable, "-c", probe, str(repo.root)], capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == "True", r.stderr
+
+
 def test_symlinks_are_not_followed_or_tracked(repo, tmp_path):
     outside = tmp_path / "secret"
     outside.write_text("do not commit me")

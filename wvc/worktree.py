@@ -15,14 +15,16 @@ import stat as statmod
 import time
 from dataclasses import dataclass
 from pathlib import Path
-
-import pathspec
+from typing import TYPE_CHECKING, Callable
 
 from . import ids
 from .errors import UnsafePath, WvcError
 from .formats import safetensors as st
 from .fsutil import TEMP_PREFIX
 from .objects import FileEntry, TensorEntry, chunk_spans
+
+if TYPE_CHECKING:
+    import pathspec
 
 IGNORE_FILE = ".wvcignore"
 RACY_MARGIN_NS = 2_000_000_000  # coarser than any common file-system timestamp
@@ -34,10 +36,21 @@ class ScanResult:
     skipped_symlinks: list[str]
 
 
-def load_ignore(root: Path, extra: tuple[str, ...] = ()) -> pathspec.PathSpec:
+def load_ignore(root: Path, extra: tuple[str, ...] = ()) -> pathspec.PathSpec | None:
+    """The ``.wvcignore`` patterns and ``extra``; None when there are none (then pathspec,
+    ~15 ms of every command's start, is not imported)."""
     path = root / IGNORE_FILE
     lines = path.read_text(encoding="utf-8", errors="replace").splitlines() if path.is_file() else []
-    return pathspec.GitIgnoreSpec.from_lines([*lines, *extra])
+    lines += extra
+    if not any(line.strip() and not line.lstrip().startswith("#") for line in lines):
+        return None
+    import pathspec
+
+    return pathspec.GitIgnoreSpec.from_lines(lines)
+
+
+def _never(_: str) -> bool:
+    return False
 
 
 def scan(root: Path, exclude: tuple[str, ...] = ()) -> ScanResult:
@@ -47,6 +60,7 @@ def scan(root: Path, exclude: tuple[str, ...] = ()) -> ScanResult:
     foreign files into a commit.
     """
     spec = load_ignore(root, exclude)
+    ignored: Callable[[str], bool] = spec.match_file if spec is not None else _never
     files, links = [], []
     for dirpath, dirnames, filenames in os.walk(root):
         rel_dir = os.path.relpath(dirpath, root).replace(os.sep, "/")
@@ -55,7 +69,7 @@ def scan(root: Path, exclude: tuple[str, ...] = ()) -> ScanResult:
         for d in sorted(dirnames):
             rel = rel_dir + d
             _check_name(rel)
-            if (rel_dir == "" and d == ".wvc") or spec.match_file(rel + "/"):
+            if (rel_dir == "" and d == ".wvc") or ignored(rel + "/"):
                 continue
             if os.path.islink(os.path.join(dirpath, d)):
                 links.append(rel)
@@ -65,7 +79,7 @@ def scan(root: Path, exclude: tuple[str, ...] = ()) -> ScanResult:
         for f in filenames:
             rel = rel_dir + f
             _check_name(rel)
-            if f.startswith(TEMP_PREFIX) or spec.match_file(rel):
+            if f.startswith(TEMP_PREFIX) or ignored(rel):
                 continue
             full = os.path.join(dirpath, f)
             st = os.lstat(full)
