@@ -132,6 +132,17 @@ def test_sparse_is_not_tried_on_a_mostly_changed_chunk(monkeypatch):
     assert Method.SPARSE in tried
 
 
+def test_a_chunk_against_an_unrelated_base_is_stored_in_full():
+    """Re-initialised weights: every element changed and the delta is no smaller than the
+    value, so the full encoding wins the (short) trial."""
+    g = torch.Generator().manual_seed(5)
+    base, new = ((torch.randn(1 << 19, generator=g) * 0.02).to(torch.bfloat16).view(torch.uint8).numpy().tobytes()
+                 for _ in range(2))
+    enc = codec.encode(new, DTYPES["BF16"], base)
+    assert enc.method is Method.PLANES and not enc.uses_base
+    assert codec.decode(enc.payload, len(new)) == new
+
+
 @pytest.mark.parametrize("share", [0.01, 0.55, 0.65, 1.0])
 def test_every_path_selects_the_same_method(share):
     """Selection (the sampled trials, and the cut-off on the changed share) is made alike by
