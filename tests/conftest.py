@@ -5,13 +5,17 @@ import sqlite3
 import struct
 from pathlib import Path
 
-import pytest
-import torch
-from click.testing import CliRunner
-from safetensors.torch import save_file
+# The local Hub server speaks LFS, not Xet. huggingface_hub reads this once, at import, and
+# wvc no longer sets it for the process (a library must not), so the suite sets it first.
+os.environ["HF_HUB_DISABLE_XET"] = "1"
 
-from wvc import Repo
-from wvc.cli import main
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from click.testing import CliRunner  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
+
+from wvc import Repo  # noqa: E402
+from wvc.cli import main  # noqa: E402
 
 # Child processes (the CLI run as a user runs it, crash drivers, import probes) must import
 # the wvc under test, not whichever checkout an editable install points at.

@@ -9,7 +9,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from wvc import Repo, clone
-from wvc.remotes.base import NonFastForward, RemoteChanged
+from wvc.errors import NonFastForward, RemoteChanged
 
 COMMITTER = r"""
 import sys, numpy as np

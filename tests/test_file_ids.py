@@ -124,7 +124,9 @@ def test_a_format_1_file_hash_that_does_not_match_the_bytes_fails_checkout(small
 
 def test_a_base_recorded_in_tree_format_1_still_attaches_and_a_changed_one_is_refused(tmp_path):
     from tests.test_base_model import make_base
-    from wvc.ops.base_model import BaseError, BaseRef, attach, base_commit
+    from wvc.basemodel.attach import attach
+    from wvc.basemodel.record import BaseRef, base_commit
+    from wvc.errors import BaseModelError as BaseError
 
     base_folder = tmp_path / "base"
     make_base(base_folder)

@@ -111,7 +111,7 @@ def test_crash_between_pack_and_transaction_leaves_repo_unchanged(repo, monkeypa
 
 def test_concurrent_commit_to_same_branch_is_refused(repo, monkeypatch):
     from wvc.errors import ConcurrentUpdate
-    from wvc.repo import Repo
+    from wvc.api import Repo
 
     commit_steps(repo, 1)
     other = Repo.open(repo.root)

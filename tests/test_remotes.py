@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 
 from wvc import Repo, clone
 from wvc.errors import CorruptObject, InvalidRefName, WvcError
-from wvc.remotes.base import NonFastForward, RemoteError
+from wvc.errors import NonFastForward, RemoteError
 from wvc.testing.hub import HubServer
 
 from .conftest import repo_state, tree_digests

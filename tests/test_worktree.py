@@ -114,7 +114,7 @@ def test_unchanged_shards_are_not_reread_on_commit(repo, monkeypatch):
     repo.commit("one")
     repo.status()
     save_file({"w": torch.randn(256)}, str(repo.root / "s1.safetensors"))
-    import wvc.ops.snapshot as snap
+    import wvc.snapshot as snap
 
     read = []
     real = snap.Snapshotter._safetensors_file

@@ -6,12 +6,23 @@
     repo.checkout("HEAD~1")
     weights = repo.load_state_dict("main", device="cuda")
 
-Importing wvc does not import torch.
+Importing wvc does not import torch, nor the verbs (wvc/api.py) until one is asked for:
+``wvc --help`` stays fast.
 """
 
 from .errors import WvcError
-from .repo import Repo, clone
-from .view import open_version as open  # noqa: A001 - wvc.open(url_or_path, rev), as the spec names it
 
 __all__ = ["Repo", "WvcError", "clone", "open", "__version__"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name in ("Repo", "clone"):
+        from . import api
+
+        return getattr(api, name)
+    if name == "open":  # wvc.open(url_or_path, rev), as the spec names it
+        from .view import open_version
+
+        return open_version
+    raise AttributeError(f"module 'wvc' has no attribute {name!r}")

@@ -82,6 +82,7 @@ class WvcGroup(click.Group):
         sys.exit(rv if isinstance(rv, int) else 0)
 
     def invoke(self, ctx):
+        quiet_hub_client()
         try:
             return super().invoke(ctx)
         except WvcError as exc:
@@ -108,8 +109,20 @@ class WvcGroup(click.Group):
             sys.exit(3)
 
 
+def quiet_hub_client() -> None:
+    """wvc draws its own progress; huggingface_hub's bars would interleave with it (and with
+    --json output where stderr is captured with stdout). The CLI owns its process, so it may
+    say so process-wide; the library never does (a training script keeps its bars)."""
+    if "huggingface_hub" in sys.modules:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+    else:
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
 def open_repo():
-    from .repo import Repo
+    from .api import Repo
 
     return Repo.open(os.environ.get("WVC_DIR", "."))
 
@@ -136,7 +149,7 @@ def main():
 @json_option
 def init(path, branch, base, chunk_size, max_chain, as_json):
     """Create an empty repository (.wvc/) in PATH, optionally on a base model."""
-    from .repo import Repo
+    from .api import Repo
 
     kwargs = {"max_chain": max_chain} if max_chain is not None else {}
     repo = Repo.init(path, chunk_bytes=chunk_size, branch=branch, base=base,
@@ -434,9 +447,9 @@ def pull(remote_name, branch, rebase, as_json):
 @json_option
 def clone(url, directory, branch, lazy, as_json):
     """Copy a remote repository into DIRECTORY and check out a branch."""
-    from .ops.sync import clone as do_clone
+    from .api import clone_with_report
 
-    repo, info = do_clone(url, directory, branch=branch, lazy=lazy, progress=BarProgress())
+    repo, info = clone_with_report(url, directory, branch=branch, lazy=lazy, progress=BarProgress())
     if as_json:
         return emit_json(info)
     what = "that version (lazy: other versions on first use)" if lazy else "that version with all its history"

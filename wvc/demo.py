@@ -13,7 +13,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from .repo import Repo
+from .api import Repo
 
 
 def build_model(seed: int = 0, vocab: int = 4096, hidden: int = 256, layers: int = 4):

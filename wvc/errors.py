@@ -65,3 +65,40 @@ class UnsafePath(FormatError):
 
 class NothingToCommit(WvcError):
     """The working tree equals HEAD and ``--allow-empty`` was not given."""
+
+
+class InvalidArgument(WvcError, ValueError):
+    """A setting or argument out of its allowed range (``--chunk-size 4``, ``--device gpu``)."""
+
+    exit_code = 2
+
+
+class UnsupportedTensor(WvcError, TypeError):
+    """A tensor wvc cannot store (a dtype with no safetensors name, such as complex64)."""
+
+
+class DeviceUnavailable(WvcError):
+    """``--device cuda`` on a machine where torch sees no usable GPU."""
+
+
+class RemoteError(WvcError):
+    """A remote is unreachable, refuses us, or holds something invalid."""
+
+
+class NonFastForward(RemoteError):
+    """A push or pull that would drop commits on one side."""
+
+
+class RemoteChanged(RemoteError):
+    """The remote's refs moved between reading them and publishing (a concurrent push)."""
+
+
+class BaseModelError(WvcError):
+    """A base model that cannot be resolved, downloaded or verified."""
+
+
+class MissingEntry(WvcError, KeyError):
+    """A file or tensor name that the version does not have."""
+
+    def __str__(self):  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""

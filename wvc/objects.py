@@ -22,6 +22,23 @@ TREE_FORMAT = 2  # 2: a file's hash is its content id (FileEntry.content_id); 1:
 TREE_FORMATS = (1, 2)
 MAX_OBJECT_BYTES = 1 << 30
 MAX_METADATA_BYTES = 1 << 20
+# Chunk sizes a new repository may use: every dtype width (1, 2, 4, 8 bytes) divides a
+# multiple of 8, so chunk i of a tensor covers the same elements in every commit.
+MIN_CHUNK_BYTES = 64
+MAX_CHUNK_BYTES = 256 << 20
+# The largest raw chunk wvc ever decodes: a chunk, or a safetensors header (at most 100 MB
+# plus its 8 length bytes) stored whole. A declared size above it is refused before anything
+# is allocated; an encoded payload never needs more than this plus its container's overhead.
+MAX_RAW_CHUNK = MAX_CHUNK_BYTES
+MAX_PAYLOAD = MAX_RAW_CHUNK + (1 << 20)
+
+
+def check_chunk_bytes(n) -> int:
+    """A new repository's chunk size, or FormatError naming the allowed range."""
+    if type(n) is not int or not MIN_CHUNK_BYTES <= n <= MAX_CHUNK_BYTES or n % 8:
+        raise FormatError(f"chunk size {n!r} is not allowed: use a multiple of 8 from {MIN_CHUNK_BYTES} "
+                          f"to {MAX_CHUNK_BYTES} bytes")
+    return n
 
 
 def canonical_json(value) -> bytes:

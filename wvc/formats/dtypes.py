@@ -12,6 +12,8 @@ file it writes (by rank descending, then by name); we need it to rebuild the exa
 
 from __future__ import annotations
 
+from ..errors import UnsupportedTensor
+
 from dataclasses import dataclass
 
 
@@ -56,4 +58,5 @@ def by_torch_dtype(torch_dtype) -> DType:
     for dt in DTYPES.values():
         if dt.torch_name == name:
             return dt
-    raise KeyError(f"torch dtype {torch_dtype} has no safetensors equivalent")
+    raise UnsupportedTensor(f"torch dtype {name} has no safetensors equivalent: wvc cannot store it "
+                            "(convert the tensor, e.g. a complex one to torch.view_as_real)")

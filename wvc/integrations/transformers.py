@@ -25,7 +25,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from ..repo import Repo
+from ..api import Repo
 
 log = logging.getLogger("wvc")
 

@@ -75,7 +75,7 @@ def checkout(repo, rev: str, *, force: bool = False, output=None, progress: Prog
 
     to_write = [e for p, e in wanted.items() if hashes.get(p) != e.hash and not carried(p, e)]
     to_remove = [p for p in current if p not in wanted and p in hashes and (force or mine_hashes[p] == current[p].hash)]
-    repo.ensure_objects((c for e in to_write for c in e.chunk_ids()), progress)  # lazy clones
+    repo.store.ensure_local((c for e in to_write for c in e.chunk_ids()), progress)  # lazy clones
     progress.start(sum(e.size for e in to_write), "checkout")
     for entry in to_write:
         dest = resolve_inside(repo.root, entry.path)
@@ -103,7 +103,7 @@ def _to_directory(repo, commit_id, tree, out: Path, force: bool, progress: Progr
     if out.exists() and any(out.iterdir()) and not force:
         raise WvcError(f"output directory {out} is not empty (use --force to write into it)")
     out.mkdir(parents=True, exist_ok=True)
-    repo.ensure_objects(tree.chunk_ids(), progress)
+    repo.store.ensure_local(tree.chunk_ids(), progress)
     progress.start(tree.logical_bytes, "checkout")
     for entry in tree.files:
         write_file(repo.store, entry, resolve_inside(out, entry.path), progress)

@@ -17,11 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConcurrentUpdate, MissingObject, NothingToCommit
+from ..codec.devices import resolve_device
 from ..objects import Commit, Tree, check_metadata
 from ..progress import NULL, Progress
 from ..store.refs import HEADS
 from ..worktree import StatCache, scan
-from .snapshot import STATE_DICT_PATH, Snapshotter
+from ..snapshot import STATE_DICT_PATH, Snapshotter
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,7 @@ def commit(
         root = Path(source).resolve()
     stat_cache = StatCache(repo.db, root) if root == repo.root else None
 
-    with repo.store.writer(device=repo.resolve_device(device), max_chain=repo.max_chain) as writer:
+    with repo.store.writer(device=resolve_device(device), max_chain=repo.max_chain) as writer:
         snap = Snapshotter(writer, parent_tree, chunk_bytes, progress)
         if isinstance(source, Mapping):
             entry = snap.state_dict_file(source, state_dict_path)
@@ -108,14 +109,8 @@ def commit(
     with repo.db.write():
         repo.store.insert_rows(pack, rows)
         _check_objects_present(repo, tree)
-        repo.db.conn.execute("INSERT OR IGNORE INTO trees VALUES (?, ?)", (tree.id, tree.to_bytes()))
-        repo.db.conn.execute(
-            "INSERT OR IGNORE INTO commits VALUES (?, ?, ?, ?, ?)",
-            (new.id, tree.id, new.timestamp, writer.stored_bytes, new.to_bytes()),
-        )
-        repo.db.conn.executemany(
-            "INSERT OR IGNORE INTO commit_parents VALUES (?, ?, ?)", [(new.id, i, p) for i, p in enumerate(parents)]
-        )
+        repo.graph.add_tree(tree)
+        repo.graph.add_commit(new, writer.stored_bytes)
         if branch is not None:
             repo.refs.set(HEADS + branch, new.id, branch_before, f"commit: {new.summary}")  # CAS
             stat_cache = None  # the working tree was not the source

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 
 from ..store.refs import HEADS, TAGS
@@ -58,27 +57,12 @@ def log(repo, rev: str = "HEAD", n: int | None = None, all_refs: bool = False) -
             return []
         starts = {repo.resolve(rev)}
     labels = ref_labels(repo)
-    out, seen = [], set(starts)
-    heap = []
-    for cid in starts:
-        heapq.heappush(heap, _key(repo, cid))
-    while heap and (n is None or len(out) < n):
-        _, cid = heapq.heappop(heap)
+    out = []
+    for cid in repo.graph.newest_first(starts, n):
         c = repo.read_commit(cid)
-        stored = repo.db.one("SELECT stored_bytes FROM commits WHERE id = ?", (cid,))
-        out.append(LogEntry(cid, c.parents, c.author, c.timestamp, c.message, c.metadata, stored, tuple(labels.get(cid, ()))))
-        for p in c.parents:
-            if p not in seen and repo.db.one("SELECT 1 FROM commits WHERE id = ?", (p,)):
-                seen.add(p)
-                heapq.heappush(heap, _key(repo, p))
+        out.append(LogEntry(cid, c.parents, c.author, c.timestamp, c.message, c.metadata,
+                            repo.graph.stored_bytes(cid), tuple(labels.get(cid, ()))))
     return out
-
-
-def _key(repo, cid: str):
-    ts = repo.db.one("SELECT timestamp FROM commits WHERE id = ?", (cid,))
-    # newest first; the rowid breaks ties so a child (inserted later) precedes its parent
-    rowid = repo.db.one("SELECT rowid FROM commits WHERE id = ?", (cid,))
-    return ((-(ts or 0), -(rowid or 0)), cid)
 
 
 def graph_lines(entries: list[LogEntry]) -> list[tuple[str, LogEntry | None]]:
@@ -112,7 +96,7 @@ def show(repo, rev: str = "HEAD") -> dict:
     cid = repo.resolve(rev)
     c = repo.read_commit(cid)
     tree = repo.read_tree(c.tree)
-    stored = repo.db.one("SELECT stored_bytes FROM commits WHERE id = ?", (cid,))
+    stored = repo.graph.stored_bytes(cid)
     return {
         "commit": cid,
         "tree": c.tree,

@@ -17,6 +17,8 @@ from .. import ids
 from ..errors import WvcError
 from ..fsutil import TEMP_PREFIX
 from ..objects import Commit, Tree
+from ..basemodel.attach import verify as verify_base
+from ..remotes.lazy import lazy_remote_name
 from ..store.packs import pack_filename, read_pack_index
 from ..store.refs import HEADS, TAGS
 
@@ -26,13 +28,7 @@ def reachable(repo) -> tuple[set[str], set[str], set[str]]:
     starts = set(repo.refs.list("refs/").values())
     if head := repo.refs.head_commit():
         starts.add(head)
-    commits, stack = set(), list(starts)
-    while stack:
-        cid = stack.pop()
-        if cid in commits or repo.db.one("SELECT 1 FROM commits WHERE id = ?", (cid,)) is None:
-            continue
-        commits.add(cid)
-        stack.extend(repo.read_commit(cid).parents)
+    commits = set(repo.graph.ancestors(starts))
     trees = {repo.read_commit(c).tree for c in commits}
     objects = set()
     for t in trees:
@@ -69,25 +65,21 @@ def gc(repo, *, grace_seconds: int = 3600) -> GcResult:
     # Phase 1, from a snapshot: which old packs hold unreachable objects; copy their live
     # objects into a new pack. Nothing is deleted yet.
     _, _, live = reachable(repo)
-    packs = {name: created for name, created in repo.db.query("SELECT name, created_at FROM packs")}
+    packs = repo.store.pack_ages()
     old_packs = {n for n, created in packs.items() if now - created >= grace_seconds}
-    rows = repo.db.query("SELECT id, pack FROM objects")
+    rows = repo.store.object_packs()
     dead_ids = {oid for oid, pack in rows if oid not in live and pack in old_packs}
     dead_packs = {pack for oid, pack in rows if oid in dead_ids}
 
     new_pack, moved = None, []
     if dead_packs:
         with repo.store.writer() as writer:
-            for oid, pack, offset, length, raw_size, method, base in repo.db.query(
-                "SELECT id, pack, offset, length, raw_size, method, base FROM objects "
-                f"WHERE pack IN ({','.join('?' * len(dead_packs))}) ORDER BY pack, offset",
-                tuple(dead_packs),
-            ):
-                if oid in dead_ids:
+            for row in repo.store.rows_in_packs(dead_packs):
+                if row.id in dead_ids:
                     continue
-                payload = repo.store.reader.read(pack, offset, length)
-                entry = writer.pack.add(oid, payload, raw_size, method, base)
-                moved.append((oid, entry.offset))
+                payload = repo.store.reader.read(row.pack, row.offset, row.length)
+                entry = writer.pack.add(row.id, payload, row.raw_size, row.method, row.base)
+                moved.append((row.id, entry.offset))
             writer.finished = writer.pack.finish()
             new_pack = writer.finished
     # Phase 2, under the write lock (committers wait): reachability again, from the refs as
@@ -98,16 +90,11 @@ def gc(repo, *, grace_seconds: int = 3600) -> GcResult:
         resurrected = dead_ids & live_now
         kept_packs = {p for oid, p in rows if oid in resurrected}
         if new_pack:
-            repo.db.conn.execute("INSERT OR IGNORE INTO packs VALUES (?, ?, ?, ?)", (*new_pack, len(moved), int(now)))
-            repo.db.conn.executemany(
-                "UPDATE objects SET pack = ?, offset = ? WHERE id = ?", [(new_pack[0], off, oid) for oid, off in moved]
-            )
-        repo.db.conn.executemany("DELETE FROM objects WHERE id = ?", [(o,) for o in dead_ids - resurrected])
-        repo.db.conn.executemany("DELETE FROM packs WHERE name = ?", [(p,) for p in dead_packs - kept_packs])
-        dead_commits = [c for (c,) in repo.db.query("SELECT id FROM commits") if c not in commits]
-        repo.db.conn.executemany("DELETE FROM commits WHERE id = ?", [(c,) for c in dead_commits])
-        repo.db.conn.executemany("DELETE FROM commit_parents WHERE commit_id = ?", [(c,) for c in dead_commits])
-        repo.db.conn.execute("DELETE FROM trees WHERE id NOT IN (SELECT tree FROM commits)")
+            repo.store.relocate(new_pack, moved, int(now))
+        repo.store.forget(dead_ids - resurrected, dead_packs - kept_packs)
+        dead_commits = [c for c in repo.graph.commit_ids() if c not in commits]
+        repo.graph.delete_commits(dead_commits)
+        repo.graph.delete_unreferenced_trees()
     repo.store.reader.close()
     result.commits_removed = len(dead_commits)
     result.objects_removed = len(dead_ids - resurrected)
@@ -119,7 +106,7 @@ def gc(repo, *, grace_seconds: int = 3600) -> GcResult:
 
 def _remove_leftovers(repo, now: float, grace_seconds: int, retired: set[str]) -> int:
     """Unlink packs this gc retired, and leftovers older than the grace period."""
-    known = {pack_filename(n) for (n,) in repo.db.query("SELECT name FROM packs")}
+    known = {pack_filename(n) for n in repo.store.pack_names()}
     retired_files = {pack_filename(n) for n in retired}
     removed = 0
     for path in leftovers(repo, known):
@@ -137,7 +124,7 @@ def leftovers(repo, known: set[str] | None = None):
     """Pack files the database does not know, and temp files of interrupted writes (in
     .wvc and in the working tree, where a killed checkout leaves its half-written file)."""
     if known is None:
-        known = {pack_filename(n) for (n,) in repo.db.query("SELECT name FROM packs")}
+        known = {pack_filename(n) for n in repo.store.pack_names()}
     for path in sorted(repo.store.packs_dir.iterdir()):
         if path.name.startswith(TEMP_PREFIX) or (path.name.startswith("pack-") and path.name not in known):
             yield path
@@ -173,13 +160,13 @@ def fsck(repo) -> FsckResult:
 
     res = FsckResult()
     try:
-        integrity = repo.db.one("PRAGMA integrity_check")
+        integrity = repo.db.integrity_check()
     except sqlite3.DatabaseError as exc:
         res.errors.append(f"database: {exc}")
         return res
     if integrity != "ok":
         res.errors.append(f"database: {integrity}")
-    for (name,) in repo.db.query("SELECT name FROM packs"):
+    for name in repo.store.pack_names():
         res.packs += 1
         path = repo.store.packs_dir / pack_filename(name)
         try:
@@ -188,10 +175,8 @@ def fsck(repo) -> FsckResult:
                 res.errors.append(f"pack {name[:12]}: name does not match its checksum")
         except (WvcError, OSError) as exc:
             res.errors.append(f"pack {name[:12]}: {exc}")
-    from .partial import lazy_remote
-
-    lazy = lazy_remote(repo) is not None
-    for (oid,) in repo.db.query("SELECT id FROM objects"):
+    lazy = lazy_remote_name(repo.db) is not None
+    for oid in repo.store.object_ids():
         res.objects += 1
         try:
             repo.store.get(oid)
@@ -199,11 +184,11 @@ def fsck(repo) -> FsckResult:
             res.errors.append(str(exc))
         except Exception as exc:  # noqa: BLE001 - fsck reports damage, it must not die of it
             res.errors.append(f"object {ids.short(oid)}: {type(exc).__name__}: {exc}")
-    for cid, data in repo.db.query("SELECT id, data FROM commits"):
+    for cid, data in repo.graph.raw_commits():
         res.commits += 1
         try:
             c = Commit.from_bytes(data, expected_id=cid)
-            tree_data = repo.db.one("SELECT data FROM trees WHERE id = ?", (c.tree,))
+            tree_data = repo.graph.tree_bytes(c.tree)
             if tree_data is None:
                 res.errors.append(f"commit {ids.short(cid)}: tree {ids.short(c.tree)} missing")
                 continue
@@ -215,31 +200,27 @@ def fsck(repo) -> FsckResult:
                 res.errors.append(f"commit {ids.short(cid)}: {len(missing)} objects missing, e.g. {ids.short(missing[0])}")
         except WvcError as exc:
             res.errors.append(f"commit {ids.short(cid)}: {exc}")
-    from .base_model import verify as verify_base
-
     for error in verify_base(repo):  # the base's files, read in place: still what was indexed?
         if error not in res.errors:
             res.errors.append(error)
-    res.base_objects = repo.db.one("SELECT COUNT(*) FROM external_objects")
+    res.base_objects = repo.store.count_external()
     for name, target in repo.refs.list("refs/").items():
-        if repo.db.one("SELECT 1 FROM commits WHERE id = ?", (target,)) is None:
+        if not repo.graph.has_commit(target):
             res.errors.append(f"ref {name} points to missing commit {ids.short(target)}")
     res.leftovers = [os.path.relpath(p, repo.root) for p in leftovers(repo)]
     return res
 
 
 def stats(repo) -> dict:
-    commits = repo.db.one("SELECT COUNT(*) FROM commits")
+    commits = repo.graph.count()
     logical_total = 0
     base = repo.base()
-    for cid, data in repo.db.query("SELECT c.id, t.data FROM commits c JOIN trees t ON t.id = c.tree"):
+    for cid, data in repo.graph.trees_of_commits():
         if base is None or cid != base.commit:  # the base costs nothing: it is not in the ratio
             logical_total += Tree.from_bytes(data).logical_bytes
     stored = _pack_bytes(repo)
     head = repo.refs.head_commit()
-    by_method = {
-        m: (n, b) for m, n, b in repo.db.query("SELECT method, COUNT(*), SUM(length) FROM objects GROUP BY method")
-    }
+    by_method = repo.store.bytes_by_method()
     from ..codec.container import Method
 
     return {
@@ -248,8 +229,8 @@ def stats(repo) -> dict:
         "commits": commits,
         "branches": len(repo.refs.list(HEADS)),
         "tags": len(repo.refs.list(TAGS)),
-        "objects": repo.db.one("SELECT COUNT(*) FROM objects"),
-        "packs": repo.db.one("SELECT COUNT(*) FROM packs"),
+        "objects": repo.store.count_objects(),
+        "packs": repo.store.count_packs(),
         "head_logical_bytes": repo.tree_of("HEAD").logical_bytes if head else 0,
         "logical_bytes": logical_total,
         "stored_bytes": stored,

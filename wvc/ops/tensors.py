@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ..codec.devices import resolve_device
 from ..formats.dtypes import DTYPES
 from .materialize import tensor_bytes
 
@@ -38,6 +39,7 @@ class LazyStateDict(Mapping):
 
 def load_state_dict(repo, rev: str = "HEAD", *, device: str = "cpu", lazy: bool = False):
     """Every tensor of every safetensors file of ``rev`` (shards merged), by name."""
+    device = resolve_device(device, allow_test_backend=False)
     tree = repo.tree_of(rev)
     entries = {}
     for f in tree.files:
@@ -45,5 +47,5 @@ def load_state_dict(repo, rev: str = "HEAD", *, device: str = "cpu", lazy: bool 
             entries.setdefault(t.name, t)
     if lazy:
         return LazyStateDict(repo, entries, device)
-    repo.ensure_objects(c for e in entries.values() for c in e.chunks)
+    repo.store.ensure_local(c for e in entries.values() for c in e.chunks)
     return {name: tensor_from_chunks(repo.store, e, device) for name, e in entries.items()}

@@ -1,10 +1,11 @@
-"""Remotes: where repositories meet. One interface (``base.Remote``), two backends:
+"""Remotes: where repositories meet. One interface (``interface.Remote``), two backends:
 a directory (``path``: a shared disk or NFS team folder) and a Hugging Face Hub model repo
-(``hub``). ``wvc.ops.sync`` implements push, fetch, pull and clone on top of it."""
+(``hub``). ``transfer`` moves and verifies what crosses; ``lazy`` supplies a lazy clone's
+chunks on first use. The verbs (push, fetch, pull, clone) are in ``wvc.ops``."""
 
 from __future__ import annotations
 
-from ..errors import WvcError
+from ..errors import RemoteError
 
 
 def open_remote(url: str):
@@ -16,7 +17,15 @@ def open_remote(url: str):
     if url.startswith("file://"):
         url = url[len("file://"):]
     if "://" in url:
-        raise WvcError(f"unsupported remote URL {url!r}: use hf://user/repo, a path or file:///path")
+        raise RemoteError(f"unsupported remote URL {url!r}: use hf://user/repo, a path or file:///path")
     from .path import PathRemote
 
     return PathRemote(url)
+
+
+def remote_url(db, name: str) -> str:
+    """The URL of the remote ``name`` configured in a repository's database."""
+    url = db.get_config(f"remote.{name}.url")
+    if url is None:
+        raise RemoteError(f"no remote named {name!r} (see `wvc remote add`)")
+    return url

@@ -1,7 +1,7 @@
 """A Hugging Face Hub model repo as a remote (``hf://user/repo``).
 
 All wvc state lives on the Hub repo's ``main`` git branch as plain files (layout in
-base.py). Reads are pinned to the Hub commit sha read at the start, so a fetch sees one
+interface.py). Reads are pinned to the Hub commit sha read at the start, so a fetch sees one
 consistent snapshot. A push is one ``create_commit`` with ``parent_commit`` = that sha:
 the Hub refuses it (412) if anyone pushed in between, which makes the ref move an atomic
 compare-and-swap. Endpoint and token follow huggingface_hub's usual rules (``HF_ENDPOINT``,
@@ -14,9 +14,14 @@ import contextlib
 import io
 from pathlib import Path
 
-from .base import BASE_RECORD, MAX_BASE_RECORD, Remote, RemoteChanged, RemoteError, RemoteState, pack_names, parse_refs
+from .interface import (BASE_RECORD, MAX_BASE_RECORD, Remote, RemoteChanged, RemoteError, RemoteState, pack_names,
+                        parse_refs)
 
 HUB_BRANCH = "main"
+
+
+class RemoteFileNotFound(RemoteError):
+    """The Hub answered 404 for a file of the repo (decided by status code, never by text)."""
 
 
 def _transport_errors() -> tuple[type, ...]:
@@ -45,6 +50,8 @@ def hub_errors(what: str):
         raise RemoteError(f"{what}: revision not found") from None
     except errors.HfHubHTTPError as exc:
         status = exc.response.status_code if exc.response is not None else None
+        if status == 404 or isinstance(exc, errors.EntryNotFoundError):
+            raise RemoteFileNotFound(f"{what}: not found") from None
         if status == 412:
             raise RemoteChanged(f"{what}: the remote changed while pushing (another push won); fetch and retry") from None
         if status in (401, 403):
@@ -59,18 +66,13 @@ class HubRemote(Remote):
         import os
 
         from huggingface_hub import HfApi
-        from huggingface_hub.utils import disable_progress_bars
 
-        disable_progress_bars()  # wvc draws its own; the client's would garble --json output
-
+        # Nothing process-wide is changed here (progress bars, Xet): a training script that
+        # pushes through wvc keeps its own huggingface_hub settings. The endpoint is read
+        # per remote, so one set after huggingface_hub was imported still counts.
         self.repo_id = repo_id
         self.url = f"hf://{repo_id}"
-        # huggingface_hub reads these at import; read them again so a later setting counts
         self.endpoint = os.environ.get("HF_ENDPOINT") or None
-        if os.environ.get("HF_HUB_DISABLE_XET", "").upper() in ("1", "ON", "YES", "TRUE"):
-            from huggingface_hub import constants
-
-            constants.HF_HUB_DISABLE_XET = True
         self.api = HfApi(endpoint=self.endpoint)
         self.sha: str | None = None  # the snapshot our reads are pinned to
 
@@ -100,19 +102,31 @@ class HubRemote(Remote):
         return RemoteState(refs, self.sha, pack_names(paths), base)
 
     def read_range(self, path: str, offset: int, length: int) -> bytes:
+        """Exactly ``length`` bytes from ``offset``, streamed: never more than ``length`` bytes
+        are read, whatever the endpoint sends. An endpoint that ignores Range (200 instead of
+        206) is refused unless the range starts at 0, rather than downloading a whole pack."""
         from huggingface_hub import get_session, hf_hub_url
         from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
 
+        if length <= 0:
+            return b""
         url = hf_hub_url(self.repo_id, path, revision=self.sha or HUB_BRANCH, endpoint=self.endpoint)
         headers = {**build_hf_headers(), "Range": f"bytes={offset}-{offset + length - 1}"}
+        buf = bytearray()
         with hub_errors(f"{self.url}/{path}"):
-            resp = get_session().get(url, headers=headers, follow_redirects=True)
-            hf_raise_for_status(resp)
-            data = resp.content if resp.status_code == 206 else resp.content[offset : offset + length]
-        if len(data) != length:
+            with get_session().stream("GET", url, headers=headers, follow_redirects=True) as resp:
+                hf_raise_for_status(resp)
+                if resp.status_code != 206 and offset != 0:
+                    raise RemoteError(f"{self.url}/{path}: the endpoint ignored a range request (HTTP "
+                                      f"{resp.status_code}); refusing to download the whole file for {length} bytes")
+                for block in resp.iter_bytes(1 << 20):
+                    buf += block[: length - len(buf)]
+                    if len(buf) >= length:
+                        break
+        if len(buf) != length:
             raise RemoteError(f"remote file {path} is shorter than its index says")
-        self.bytes_downloaded += len(data)
-        return data
+        self.bytes_downloaded += len(buf)
+        return bytes(buf)
 
     def _get(self, path: str, limit: int, sink) -> None:
         from huggingface_hub import get_session, hf_hub_url
@@ -134,15 +148,11 @@ class HubRemote(Remote):
                 self.bytes_downloaded += total
 
     def read(self, path: str, limit: int) -> bytes | None:
-        from huggingface_hub import errors
-
         buf = io.BytesIO()
         try:
             self._get(path, limit, buf.write)
-        except RemoteError as exc:
-            if isinstance(exc.__context__, errors.EntryNotFoundError) or "404" in str(exc):
-                return None
-            raise
+        except RemoteFileNotFound:
+            return None
         return buf.getvalue()
 
     def download(self, path: str, dest: Path, limit: int) -> None:

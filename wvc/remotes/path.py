@@ -16,10 +16,16 @@ import time
 from pathlib import Path
 
 from ..fsutil import TEMP_PREFIX, atomic_write, atomic_writer, validate_relpath
-from .base import BASE_RECORD, FORMAT, MAX_BASE_RECORD, Remote, RemoteChanged, RemoteError, RemoteState, pack_names, parse_refs
+from .interface import (BASE_RECORD, FORMAT, MAX_BASE_RECORD, MAX_REF_BYTES, Remote, RemoteChanged, RemoteError,
+                        RemoteState, pack_names, parse_refs)
 
 LOCK = "refs.lock"
 LOCK_STALE_SECONDS = 600
+
+
+def _read_at_most(path: Path, n: int) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read(n)
 
 
 class PathRemote(Remote):
@@ -48,7 +54,9 @@ class PathRemote(Remote):
             for p in refs_dir.rglob("*"):
                 # a pusher's ref being written is a temp file until its rename: not a ref
                 if p.is_file() and not p.is_symlink() and not p.name.startswith(TEMP_PREFIX):
-                    files[p.relative_to(self.root).as_posix()] = p.read_bytes()[:256]
+                    # at most one byte past what a ref may hold: a huge (or sparse) file is
+                    # refused by parse_refs without being read
+                    files[p.relative_to(self.root).as_posix()] = _read_at_most(p, MAX_REF_BYTES + 1)
         return parse_refs(files)
 
     def state(self, create: bool = False) -> RemoteState:
@@ -63,9 +71,9 @@ class PathRemote(Remote):
         p = self._file(path)
         if not p.is_file():
             return None
-        if p.stat().st_size > limit:
+        data = _read_at_most(p, limit + 1)  # the size is checked on what was read: no stat-then-read race
+        if len(data) > limit:
             raise RemoteError(f"remote file {path} is larger than allowed")
-        data = p.read_bytes()
         self.bytes_downloaded += len(data)
         return data
 

@@ -141,3 +141,13 @@ class Database:
 
     def set_config(self, key: str, value: str) -> None:
         self.conn.execute("INSERT OR REPLACE INTO config VALUES (?, ?)", (key, value))
+
+    def delete_config(self, key: str) -> None:
+        self.conn.execute("DELETE FROM config WHERE key = ?", (key,))
+
+    def config_like(self, pattern: str) -> list[tuple[str, str]]:
+        """(key, value) of the settings whose key matches the SQL LIKE ``pattern``, by key."""
+        return self.query("SELECT key, value FROM config WHERE key LIKE ? ORDER BY key", (pattern,))
+
+    def integrity_check(self) -> str:
+        return self.one("PRAGMA integrity_check")

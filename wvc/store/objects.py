@@ -24,9 +24,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from .. import allocator, ids
 from ..errors import CorruptObject, MissingObject
+from ..progress import NULL, Progress
+from .chains import resolve_chain
 from .database import Database
 from .external import BASE_PACK, EXTERNAL_METHOD, ExternalFiles
 from .packs import PackReader, PackWriter
@@ -89,13 +92,27 @@ def pool() -> ThreadPoolExecutor:
         return _POOL
 
 
+class ChunkSupply(Protocol):
+    """Where a store turns for chunks that none of its packs hold (a lazy clone's remote).
+
+    Handed to the store when it is built (wvc/repo.py); the store calls it from the thread
+    that asked for the chunks, never from a decode worker.
+    """
+
+    downloaded_bytes: int
+
+    def supply(self, store: "ObjectStore", object_ids: list[str], progress: Progress) -> None:
+        """Make ``object_ids``, and the delta bases they need, local in ``store`` (or raise)."""
+
+
 class ObjectStore:
-    def __init__(self, db: Database, packs_dir: Path, external: ExternalFiles | None = None):
+    def __init__(self, db: Database, packs_dir: Path, external: ExternalFiles | None = None,
+                 supply: ChunkSupply | None = None):
         self.db = db
         self.packs_dir = packs_dir
         self.reader = PackReader(packs_dir)
         self.external = external  # a base model's files, when the repository has one
-        self.fetch_missing = None  # set by a lazy clone's Repo: fetches chunks it lacks
+        self.supply = supply  # a lazy clone's remote: chunks not fetched yet
 
     def row(self, object_id: str) -> ObjectRow | None:
         r = self.db.conn.execute(
@@ -113,23 +130,28 @@ class ObjectStore:
         return self.db.one("SELECT 1 FROM objects WHERE id = ? UNION ALL "
                            "SELECT 1 FROM external_objects WHERE id = ? LIMIT 1", (object_id, object_id)) is not None
 
+    def ensure_local(self, object_ids, progress: Progress = NULL) -> None:
+        """Have the supply fetch whichever of ``object_ids`` the store lacks (a lazy clone)."""
+        if self.supply is None:
+            return
+        missing = [o for o in dict.fromkeys(object_ids) if not self.has(o)]
+        if missing:
+            self.supply.supply(self, missing, progress)
+
+    def _row_or_supplied(self, object_id: str) -> ObjectRow | None:
+        row = self.row(object_id)
+        if row is None and self.supply is not None:
+            self.supply.supply(self, [object_id], NULL)
+            row = self.row(object_id)
+        return row
+
     def chain(self, object_id: str, row: ObjectRow | None = None) -> list[ObjectRow]:
         """The rows to decode for ``object_id`` (whose ``row`` the caller may have): itself
-        first, its keyframe last."""
-        rows, cursor = [], object_id
-        while cursor is not None:
-            if row is None or row.id != cursor:
-                row = self.row(cursor)
-            if row is None and self.fetch_missing is not None:
-                self.fetch_missing([cursor])
-                row = self.row(cursor)
-            if row is None:
-                raise MissingObject(f"object {ids.short(cursor)} is missing from the store")
-            rows.append(row)
-            if len(rows) > 10_000:
-                raise CorruptObject(f"object {ids.short(object_id)} has a cyclic delta chain")
-            cursor = row.base
-        return rows
+        first, its keyframe last (store/chains.py)."""
+        def lookup(oid: str) -> ObjectRow | None:
+            return row if row is not None and row.id == oid else self._row_or_supplied(oid)
+
+        return resolve_chain(object_id, lookup)
 
     def decode_chain(self, chain: list[ObjectRow]) -> bytes:
         """Decode rows from :meth:`chain` (no database access: safe on a worker thread).
@@ -194,6 +216,66 @@ class ObjectStore:
         )
 
 
+    # -- what gc, fsck and stats ask of the store -----------------------------------------------
+    def has_pack(self, name: str) -> bool:
+        return self.db.one("SELECT 1 FROM packs WHERE name = ?", (name,)) is not None
+
+    def pack_names(self) -> list[str]:
+        return [n for (n,) in self.db.query("SELECT name FROM packs")]
+
+    def pack_ages(self) -> dict[str, int]:
+        """Pack name -> the time its rows were recorded."""
+        return dict(self.db.query("SELECT name, created_at FROM packs"))
+
+    def object_packs(self) -> list[tuple[str, str]]:
+        """(object id, pack) of every object in a pack."""
+        return self.db.query("SELECT id, pack FROM objects")
+
+    def object_ids(self) -> list[str]:
+        return [o for (o,) in self.db.query("SELECT id FROM objects")]
+
+    def rows_in_packs(self, packs) -> list[ObjectRow]:
+        packs = tuple(packs)
+        return [ObjectRow(*r) for r in self.db.query(
+            "SELECT id, pack, offset, length, raw_size, method, base, depth FROM objects "
+            f"WHERE pack IN ({','.join('?' * len(packs))}) ORDER BY pack, offset", packs)] if packs else []
+
+    def relocate(self, pack: tuple[str, int], moved: list[tuple[str, int]], created_at: int) -> None:
+        """Point the rows of ``moved`` (id, offset) at ``pack``; inside the caller's transaction."""
+        name, size = pack
+        self.db.conn.execute("INSERT OR IGNORE INTO packs VALUES (?, ?, ?, ?)", (name, size, len(moved), created_at))
+        self.db.conn.executemany("UPDATE objects SET pack = ?, offset = ? WHERE id = ?",
+                                 [(name, off, oid) for oid, off in moved])
+
+    def forget(self, object_ids, packs) -> None:
+        """Delete rows of objects and packs (gc); inside the caller's transaction."""
+        self.db.conn.executemany("DELETE FROM objects WHERE id = ?", [(o,) for o in object_ids])
+        self.db.conn.executemany("DELETE FROM packs WHERE name = ?", [(p,) for p in packs])
+
+    def count_objects(self) -> int:
+        return self.db.one("SELECT COUNT(*) FROM objects")
+
+    def count_packs(self) -> int:
+        return self.db.one("SELECT COUNT(*) FROM packs")
+
+    def bytes_by_method(self) -> dict[int, tuple[int, int]]:
+        """method -> (objects, stored bytes)."""
+        return {m: (n, b) for m, n, b in self.db.query(
+            "SELECT method, COUNT(*), SUM(length) FROM objects GROUP BY method")}
+
+    def add_external(self, locations: dict[str, tuple[str, int, int]]) -> None:
+        """Record where a base model's chunks lie in its files; inside the caller's transaction."""
+        self.db.conn.executemany("INSERT OR IGNORE INTO external_objects VALUES (?, ?, ?, ?)",
+                                 [(cid, p, off, n) for cid, (p, off, n) in locations.items()])
+
+    def external_rows(self) -> list[tuple[str, str, int, int]]:
+        """(id, path, offset, length) of every base chunk, in file order."""
+        return self.db.query("SELECT id, path, offset, length FROM external_objects ORDER BY path, offset")
+
+    def count_external(self) -> int:
+        return self.db.one("SELECT COUNT(*) FROM external_objects")
+
+
 class ChunkWriter:
     """Collects new chunks of one operation into one pack, encoding them in parallel."""
 
@@ -226,10 +308,7 @@ class ChunkWriter:
         """The chain to decode for the delta base, re-anchored to the keyframe when full."""
         if base_id is None or base_id == object_id:
             return None
-        row = self.store.row(base_id)
-        if row is None and self.store.fetch_missing is not None:  # a lazy clone's unfetched parent
-            self.store.fetch_missing([base_id])
-            row = self.store.row(base_id)
+        row = self.store._row_or_supplied(base_id)  # a lazy clone's parent may not be fetched yet
         if row is None or row.raw_size == 0:
             return None
         chain = self.store.chain(base_id, row)
@@ -240,8 +319,8 @@ class ChunkWriter:
     def put(self, raw, dtype, base_id: str | None = None, origin: tuple[str, int] | None = None) -> str:
         """Offer a chunk; returns its id. New chunks are encoded in the background.
 
-        ``origin`` (file path, offset) says where the bytes came from; only a base index
-        (ops/base.py) records it.
+        ``origin`` (file path, offset) says where the bytes came from; only a base model's
+        index (basemodel/index.py) records it.
         """
         object_id = ids.chunk_id(raw)
         if self.known(object_id):

@@ -27,12 +27,14 @@ from pathlib import Path
 from .. import ids
 from ..errors import CorruptObject
 from ..fsutil import TEMP_PREFIX, EarlyWriteback, fsync_dir
-from ..objects import canonical_json
+from ..objects import MAX_PAYLOAD, MAX_RAW_CHUNK, canonical_json
 
 MAGIC = b"WVCPACK\x01"
 END = b"WVCPEND\x01"
 _TRAILER = struct.Struct("<QQ32s8s")
-MAX_INDEX_BYTES = 1 << 30
+# A pack's index (embedded, or a remote's .idx copy): about 250 bytes an object, so this
+# admits ~250k objects, far more than one pack of at most 64 GiB of chunks holds.
+MAX_INDEX_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,27 @@ class PackEntry:
             "method": self.method,
             "base": self.base,
         }
+
+
+def parse_index(data: bytes, where: str, payload_end: int | None = None) -> list[PackEntry]:
+    """A pack index (untrusted JSON) -> entries whose every field is checked and bounded:
+    ids well formed, sizes within what wvc ever decodes, offsets inside the payload area."""
+    if len(data) > MAX_INDEX_BYTES:
+        raise CorruptObject(f"{where}: pack index larger than {MAX_INDEX_BYTES} bytes")
+    try:
+        raw = json.loads(data)
+        if not isinstance(raw, list):
+            raise TypeError("not a list")
+        entries = [PackEntry(**e) for e in raw]
+    except (ValueError, TypeError) as exc:
+        raise CorruptObject(f"{where}: bad pack index ({exc})") from None
+    for e in entries:
+        if not (ids.is_object_id(e.id) and (e.base is None or ids.is_object_id(e.base))
+                and all(type(v) is int and v >= 0 for v in (e.offset, e.length, e.raw_size, e.method))
+                and e.offset >= len(MAGIC) and e.length <= MAX_PAYLOAD and e.raw_size <= MAX_RAW_CHUNK
+                and (payload_end is None or e.offset + e.length <= payload_end)):
+            raise CorruptObject(f"{where}: pack index entry out of bounds (object {str(e.id)[:12]})")
+    return entries
 
 
 def pack_filename(name: str) -> str:
@@ -141,14 +164,7 @@ def read_pack_index(path: Path, verify: bool = True) -> tuple[str, list[PackEntr
             if h.digest() != checksum:
                 raise CorruptObject(f"{path.name}: checksum mismatch (the pack is damaged)")
         fh.seek(index_offset)
-        try:
-            raw = json.loads(fh.read(index_len))
-            entries = [PackEntry(**e) for e in raw]
-        except (ValueError, TypeError) as exc:
-            raise CorruptObject(f"{path.name}: bad pack index ({exc})") from None
-    for e in entries:
-        if not ids.is_object_id(e.id) or e.offset < len(MAGIC) or e.offset + e.length > index_offset:
-            raise CorruptObject(f"{path.name}: index entry out of bounds")
+        entries = parse_index(fh.read(index_len), path.name, payload_end=index_offset)
     return checksum.hex(), entries
 
 

@@ -13,13 +13,13 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import SafetensorsFormatError, WvcError
-from ..formats import safetensors as st
-from ..formats.dtypes import BYTES, by_torch_dtype
-from ..objects import FileEntry, TensorEntry, Tree, chunk_spans
-from ..progress import Progress
-from ..store.objects import ChunkWriter
-from ..worktree import StatCache
+from .errors import SafetensorsFormatError, UnsupportedTensor, WvcError
+from .formats import safetensors as st
+from .formats.dtypes import BYTES, by_torch_dtype
+from .objects import FileEntry, TensorEntry, Tree, chunk_spans
+from .progress import Progress
+from .store.objects import ChunkWriter
+from .worktree import StatCache
 
 STATE_DICT_PATH = "model.safetensors"
 
@@ -146,7 +146,7 @@ class Snapshotter:
         specs, tensors = [], {}
         for name, tensor in state_dict.items():
             if not isinstance(tensor, torch.Tensor):
-                raise WvcError(f"state dict entry {name!r} is not a tensor")
+                raise UnsupportedTensor(f"state dict entry {name!r} is not a tensor")
             specs.append((name, by_torch_dtype(tensor.dtype), tuple(tensor.shape)))
             tensors[name] = tensor.detach()
         header_bytes, layout = st.build_header(specs, metadata)

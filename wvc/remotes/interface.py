@@ -1,7 +1,7 @@
 """The remote interface and layout. Remotes hold plain files, so any store can hold them:
 
     wvc.json                              {"format": 1}
-    base.json                             the base model, if any: {"url", "tree", "commit"} (ops/base_model.py)
+    base.json                             the base model, if any: {"url", "tree", "commit"} (basemodel/record.py)
     packs/pack-<hex>.pack, .idx           immutable packs (see store/packs.py) and their index
     objects/commits/<2 hex>/<id>          immutable commit objects (canonical bytes)
     objects/trees/<2 hex>/<id>            immutable tree objects
@@ -20,29 +20,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import ids
-from ..errors import WvcError
+from ..errors import NonFastForward, RemoteChanged, RemoteError  # noqa: F401 - the backends' vocabulary
 from ..store.refs import check_ref_name
 
 FORMAT = 1
 MAX_REF_BYTES = 200
 MAX_SMALL_OBJECT = 256 << 20  # commits and trees
-MAX_INDEX_BYTES = 1 << 30
 MAX_BASE_RECORD = 64 << 10
-MAX_OBJECT_BYTES = 1 << 30  # one chunk's payload: range reads hold it in memory
 BASE_RECORD = "base.json"
 _PACK = re.compile(r"^pack-([0-9a-f]{64})\.(pack|idx)$")
-
-
-class RemoteError(WvcError):
-    """A remote is unreachable, refuses us, or holds something invalid."""
-
-
-class NonFastForward(RemoteError):
-    pass
-
-
-class RemoteChanged(RemoteError):
-    """The remote's refs moved between reading them and publishing (a concurrent push)."""
 
 
 @dataclass
@@ -50,7 +36,7 @@ class RemoteState:
     refs: dict[str, str]  # "refs/heads/main" -> commit id
     version: str | None  # what publish's compare-and-swap checks (hub commit sha, or refs digest)
     packs: list[str] = field(default_factory=list)  # pack names
-    base: bytes | None = None  # base.json as stored (untrusted: ops/base_model.py parses it)
+    base: bytes | None = None  # base.json as stored (untrusted: basemodel/record.py parses it)
 
 
 def commit_path(cid: str) -> str:
@@ -78,24 +64,6 @@ def parse_refs(files: dict[str, bytes]) -> dict[str, str]:
             raise RemoteError(f"remote ref {path} does not hold a commit id")
         refs[path] = value
     return refs
-
-
-def parse_pack_index(data: bytes, name: str) -> list:
-    """A remote ``.idx`` file (untrusted) -> validated PackEntry list."""
-    import json
-
-    from ..store.packs import PackEntry
-
-    try:
-        entries = [PackEntry(**e) for e in json.loads(data)]
-    except (ValueError, TypeError) as exc:
-        raise RemoteError(f"remote pack index {name[:12]} is malformed: {exc}") from None
-    for e in entries:
-        if not (ids.is_object_id(e.id) and (e.base is None or ids.is_object_id(e.base))
-                and all(type(v) is int and v >= 0 for v in (e.offset, e.length, e.raw_size, e.method))
-                and e.length <= MAX_OBJECT_BYTES and e.raw_size <= MAX_OBJECT_BYTES):
-            raise RemoteError(f"remote pack index {name[:12]} holds invalid entries")
-    return entries
 
 
 def pack_names(paths) -> list[str]:

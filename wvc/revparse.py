@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import re
 
-from .. import ids
-from ..errors import RevisionNotFound
-from ..store.refs import HEADS, TAGS
+from . import ids
+from .errors import RevisionNotFound
+from .store.graph import CommitGraph
+from .store.refs import HEADS, TAGS, Refs
 
 _SUFFIX = re.compile(r"(~\d*|\^\d*)$")
 MIN_PREFIX = 4
 
 
-def resolve(repo, rev: str) -> str:
+def resolve(refs: Refs, graph: CommitGraph, rev: str) -> str:
     """The commit id that ``rev`` names, or RevisionNotFound."""
     if not isinstance(rev, str) or not rev or len(rev) > 1024:
         raise RevisionNotFound("empty or oversized revision")
@@ -21,36 +22,36 @@ def resolve(repo, rev: str) -> str:
     while (m := _SUFFIX.search(base)) and m.start() > 0:
         steps.append(m.group(0))
         base = base[: m.start()]
-    commit = _resolve_base(repo, base, rev)
+    commit = _resolve_base(refs, graph, base, rev)
     for step in reversed(steps):
         n = int(step[1:] or 1)
         if step[0] == "~":
             for _ in range(n):
-                commit = _parent(repo, commit, 1, rev)
+                commit = _parent(graph, commit, 1, rev)
         else:
-            commit = _parent(repo, commit, n, rev) if n else commit
+            commit = _parent(graph, commit, n, rev) if n else commit
     return commit
 
 
-def _parent(repo, commit: str, n: int, rev: str) -> str:
-    parents = repo.read_commit(commit).parents
+def _parent(graph: CommitGraph, commit: str, n: int, rev: str) -> str:
+    parents = graph.read_commit(commit).parents
     if len(parents) < n:
         raise RevisionNotFound(f"revision {rev!r} goes past the start of history")
     return parents[n - 1]
 
 
-def _resolve_base(repo, base: str, rev: str) -> str:
+def _resolve_base(refs: Refs, graph: CommitGraph, base: str, rev: str) -> str:
     if base == "HEAD":
-        head = repo.refs.head_commit()
+        head = refs.head_commit()
         if head is None:
             raise RevisionNotFound("HEAD has no commits yet")
         return head
     for prefix in (HEADS, TAGS, "refs/remotes/", ""):
-        target = repo.refs.get(prefix + base) if prefix else None
+        target = refs.get(prefix + base) if prefix else None
         if target is not None:
             return target
     if re.fullmatch(r"[0-9a-f]+", base) and MIN_PREFIX <= len(base) <= ids.ID_HEX_LEN:
-        matches = [r[0] for r in repo.db.query("SELECT id FROM commits WHERE id >= ? AND id < ? LIMIT 2", (base, base + "g"))]
+        matches = graph.with_prefix(base)
         if len(matches) == 1:
             return matches[0]
         if len(matches) > 1:

@@ -1,0 +1,6 @@
+"""Base models: the model a history starts from, referenced in place and never stored.
+
+``record`` (the reference and its hf:// form), ``download`` (the Hub cache), ``index``
+(where each chunk lies in the base's files), ``remote_chunks`` (base chunks for a remote
+view), ``attach`` (record a base in a repository, find its files again, fsck them).
+"""

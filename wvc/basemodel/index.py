@@ -1,0 +1,72 @@
+"""Indexing a base model's files: where each chunk lies, so it is read in place."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import ids
+from ..errors import CorruptObject
+from ..formats.dtypes import DTYPES
+from ..objects import Tree, chunk_spans
+from ..progress import NULL, Progress
+from ..snapshot import Snapshotter
+
+
+class _NoStatCache:
+    def cached_hash(self, relpath, st, chunk_bytes):
+        return None
+
+    def remember(self, relpath, st, chunk_bytes, digest):
+        pass
+
+
+class _LocationRecorder:
+    """Stands in for a ChunkWriter: records where each chunk is instead of storing it."""
+
+    def __init__(self):
+        self.locations: dict[str, tuple[str, int, int]] = {}
+
+    def put(self, raw, dtype, base_id=None, origin=None) -> str:
+        object_id = ids.chunk_id(raw)
+        self.locations.setdefault(object_id, (origin[0], origin[1], len(raw)))
+        return object_id
+
+
+def index(root: Path, paths: list[str], chunk_bytes: int, progress: Progress = NULL):
+    """(tree, {chunk id: (path, offset, length)}) of the files ``paths`` under ``root``."""
+    recorder = _LocationRecorder()
+    tree = Snapshotter(recorder, None, chunk_bytes, progress).directory(root, sorted(paths), _NoStatCache())
+    return tree, recorder.locations
+
+
+def chunk_locations(tree: Tree) -> dict[str, tuple[str, int, int]]:
+    """Where each chunk of ``tree`` lies in its file, from the tree alone (no file read).
+
+    A safetensors file is 8 length bytes, the header, then the tensors back to back in
+    tree order; the header's length is what the tensors leave of the file size.
+    """
+    out: dict[str, tuple[str, int, int]] = {}
+    for f in tree.files:
+        if f.kind == "blob":
+            for cid, (b, e) in zip(f.chunks, chunk_spans(f.size, 1, tree.chunk_bytes)):
+                out.setdefault(cid, (f.path, b, e - b))
+            continue
+        sizes = []
+        for t in f.tensors:
+            dtype = DTYPES.get(t.dtype)
+            if dtype is None:
+                raise CorruptObject(f"{f.path}: unknown dtype {t.dtype!r}")
+            numel = 1
+            for d in t.shape:
+                numel *= d
+            sizes.append(numel * dtype.width)
+        cursor = f.size - sum(sizes)
+        if cursor < 8:
+            raise CorruptObject(f"{f.path}: tensors larger than the file")
+        out.setdefault(f.header, (f.path, 8, cursor - 8))
+        for t, nbytes in zip(f.tensors, sizes):
+            width = DTYPES[t.dtype].width
+            for cid, (b, e) in zip(t.chunks, chunk_spans(nbytes, width, tree.chunk_bytes)):
+                out.setdefault(cid, (f.path, cursor + b, e - b))
+            cursor += nbytes
+    return out

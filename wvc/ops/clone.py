@@ -1,0 +1,53 @@
+"""Clone: a new repository, the remote's base attached (verified against its record), then
+fetch and check out one branch. ``lazy``: commits and trees now, chunks on first use."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import RemoteError, RevisionNotFound, WvcError
+from ..progress import NULL, Progress
+from ..remotes import open_remote
+from ..remotes.lazy import LAZY_REMOTE_KEY
+from ..repo import Repository, remove_new_repository
+from ..store.refs import HEADS
+from .fetch import fetch
+from .pull import pull
+from .remote_base import attach_remote_base, remote_base
+from .remote_config import remote_add
+
+
+def clone(url: str, directory=None, *, branch: str | None = None, lazy: bool = False,
+          progress: Progress = NULL) -> tuple[Repository, dict]:
+    remote = open_remote(url)
+    if directory is None:
+        directory = url.rstrip("/").rpartition("/")[2].removesuffix(".wvc") or "model"
+    target = Path(directory)
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise WvcError(f"destination {target} exists and is not an empty directory")
+    state = remote.state()  # fail before creating anything if the remote is unusable
+    heads = [r[len(HEADS):] for r in state.refs if r.startswith(HEADS)]
+    if not heads:
+        raise RemoteError(f"{url} has no branches")
+    branch = branch or ("main" if "main" in heads else sorted(heads)[0])
+    if branch not in heads:
+        raise RevisionNotFound(f"{url} has no branch {branch!r}")
+    base = remote_base(state, url)
+    created = not target.exists()
+    repo = None
+    try:
+        repo = Repository.create(target, branch=branch, settings={LAZY_REMOTE_KEY: "origin"} if lazy else None)
+        if base is not None:
+            attach_remote_base(repo, remote, base, progress)
+        remote_add(repo, "origin", url)
+        fetched = fetch(repo, "origin", progress=progress)
+        pull(repo, "origin", branch, progress=progress)
+    except BaseException:
+        if repo is not None:
+            repo.close()
+        remove_new_repository(target.resolve(), created)
+        raise
+    head = repo.refs.head_commit()
+    return repo, {"path": str(repo.root), "branch": branch, "commit": head, "lazy": lazy,
+                  "downloaded_bytes": fetched.downloaded_bytes + repo.lazy_downloaded,
+                  "logical_bytes": repo.read_tree(repo.read_commit(head).tree).logical_bytes}

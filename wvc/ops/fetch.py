@@ -1,0 +1,153 @@
+"""Fetch: refs -> missing commits (verified against their ids) -> missing trees (verified)
+-> the packs holding missing chunks, downloaded and checked (pack checksum, every object
+decoded and hashed, streaming: remotes/transfer.py) -> one local transaction records it all
+and moves the remote-tracking refs ``refs/remotes/<remote>/<branch>``. Nothing unverified
+is ever recorded."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import ids
+from ..errors import RemoteError
+from ..fsutil import fsync_dir
+from ..objects import Commit, Tree
+from ..progress import NULL, Progress
+from ..remotes.interface import MAX_SMALL_OBJECT, commit_path, pack_path, tree_path
+from ..remotes.lazy import lazy_remote_name
+from ..remotes.transfer import remote_index, verify_packs
+from ..store.graph import UNKNOWN
+from ..store.packs import pack_filename
+from ..store.refs import HEADS
+from .remote_base import check_same_base, remote_base, verified
+from .remote_config import REMOTES, index_cache, open_remote_named
+
+MAX_PACK_BYTES = 64 << 30
+
+
+@dataclass
+class FetchResult:
+    remote: str
+    refs: dict[str, str]
+    commits: int
+    objects: int
+    downloaded_bytes: int
+
+    def to_json(self):
+        return dict(self.__dict__)
+
+
+def fetch(repo, remote_name: str = "origin", *, progress: Progress = NULL) -> FetchResult:
+    remote = open_remote_named(repo, remote_name)
+    state = remote.state()
+    check_same_base(remote_name, remote_base(state, remote.url), repo.base())
+    commits, raw_commits = _missing_commits(repo, remote, state)
+    trees: dict[str, Tree] = {}
+    for commit in commits.values():
+        if commit.tree in trees or repo.graph.has_tree(commit.tree):
+            continue
+        data = remote.read(tree_path(commit.tree), MAX_SMALL_OBJECT)
+        if data is None:
+            raise RemoteError(f"remote is missing tree {ids.short(commit.tree)}")
+        trees[commit.tree] = verified(Tree.from_bytes, data, commit.tree, "tree")
+
+    # a lazy clone takes commits and trees only; chunks come on first use (remotes/lazy.py)
+    lazy = lazy_remote_name(repo.db) is not None
+    needed = set() if lazy else {c for t in trees.values() for c in t.chunk_ids() if not repo.store.has(c)}
+    cache = index_cache(repo)
+    packs_to_get, lengths = [], {}
+    for name in state.packs:
+        if needed and not repo.store.has_pack(name):
+            entries = remote_index(remote, name, cache)
+            if needed & {e.id for e in entries}:
+                packs_to_get.append(name)
+                needed -= {e.id for e in entries}
+                lengths.update((e.id, e.length) for e in entries)
+    if needed:
+        raise RemoteError(f"remote is missing {len(needed)} objects, e.g. {ids.short(next(iter(needed)))}")
+
+    staged = []
+    tmp = Path(tempfile.mkdtemp(prefix="wvc-fetch-", dir=repo.wvc_dir))
+    try:
+        downloaded = []
+        sizes = {name: sum(e.length for e in remote_index(remote, name, cache)) for name in packs_to_get}
+        progress.start(sum(sizes.values()), "downloading")
+        for name in packs_to_get:
+            dest = tmp / pack_filename(name)
+            remote.download(pack_path(name), dest, MAX_PACK_BYTES)
+            downloaded.append((name, dest))
+            progress.advance(sizes[name])
+        progress.close()
+        staged = [(name, dest, rows) for (name, dest), rows in zip(downloaded, verify_packs(repo.store, downloaded))]
+        for name, dest, _ in staged:
+            os.replace(dest, repo.store.packs_dir / pack_filename(name))
+        if staged:
+            fsync_dir(repo.store.packs_dir)
+        with repo.db.write():
+            for name, dest, rows in staged:
+                repo.store.insert_rows((name, (repo.store.packs_dir / pack_filename(name)).stat().st_size), rows)
+            for tid, tree in trees.items():
+                repo.graph.add_tree(tree)
+            for cid, commit in commits.items():
+                repo.graph.add_commit(commit, _introduced_bytes(repo, commit, commits, trees, lengths),
+                                      raw_commits[cid])
+            tracked = _move_tracking_refs(repo, remote_name, state.refs)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return FetchResult(remote_name, tracked, len(commits), sum(len(r) for _, _, r in staged), remote.bytes_downloaded)
+
+
+def _missing_commits(repo, remote, state):
+    commits: dict[str, Commit] = {}
+    raw: dict[str, bytes] = {}
+    stack = [c for c in state.refs.values() if not repo.graph.has_commit(c)]
+    while stack:
+        cid = stack.pop()
+        if cid in commits or repo.graph.has_commit(cid):
+            continue
+        data = remote.read(commit_path(cid), MAX_SMALL_OBJECT)
+        if data is None:
+            raise RemoteError(f"remote is missing commit {ids.short(cid)} (a ref or parent points to it)")
+        commits[cid], raw[cid] = verified(Commit.from_bytes, data, cid, "commit"), data
+        stack.extend(commits[cid].parents)
+    return commits, raw
+
+
+def _introduced_bytes(repo, commit: Commit, commits: dict[str, Commit], trees: dict[str, Tree],
+                      lengths: dict[str, int]) -> int | None:
+    """What the commit's new chunks (in its tree, in none of its parents') take in the packs
+    this fetch downloaded: the figure a local commit records. UNKNOWN when a chunk's size is
+    not known here (a lazy clone fetches no chunks)."""
+    def tree_of(tree_id: str) -> Tree:
+        return trees.get(tree_id) or repo.read_tree(tree_id)
+
+    inherited: set[str] = set()
+    for p in commit.parents:
+        parent = commits.get(p) or (repo.read_commit(p) if repo.graph.has_commit(p) else None)
+        if parent is not None:
+            inherited |= tree_of(parent.tree).chunk_ids()
+    total = 0
+    for c in tree_of(commit.tree).chunk_ids() - inherited:
+        if c in lengths:
+            total += lengths[c]
+        elif not repo.store.has(c):
+            return UNKNOWN
+    return total
+
+
+def _move_tracking_refs(repo, remote_name: str, remote_refs: dict[str, str]) -> dict[str, str]:
+    tracked = {}
+    for ref, target in remote_refs.items():
+        if ref.startswith(HEADS):
+            local_ref = f"{REMOTES}{remote_name}/{ref[len(HEADS):]}"
+            tracked[ref[len(HEADS):]] = target
+            if repo.refs.get(local_ref) != target:
+                repo.refs.set(local_ref, target, repo.refs.get(local_ref), f"fetch from {remote_name}")
+    for branch in repo.refs.list(f"{REMOTES}{remote_name}/"):
+        if branch not in tracked:  # deleted on the remote
+            repo.refs.delete(f"{REMOTES}{remote_name}/{branch}", f"fetch from {remote_name}: pruned")
+    return tracked

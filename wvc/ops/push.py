@@ -1,0 +1,117 @@
+"""Push: objects the remote lacks (closed over delta bases) go up in one new pack, with the
+commits and trees; the branch moves last, by compare-and-swap against the remote state read
+at the start. Not a fast-forward: refused unless ``force``."""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import ids
+from ..basemodel.record import base_json
+from ..errors import NonFastForward, RemoteError, RevisionNotFound, WvcError
+from ..objects import canonical_json
+from ..progress import NULL, Progress
+from ..remotes.interface import BASE_RECORD, commit_path, pack_path, tree_path
+from ..remotes.transfer import remote_index
+from ..store.packs import PackWriter, pack_filename
+from ..store.refs import HEADS
+from .remote_config import REMOTES, index_cache, open_remote_named
+from .remote_base import check_same_base, remote_base
+
+
+@dataclass
+class PushResult:
+    remote: str
+    branch: str
+    old: str | None
+    new: str
+    commits: int
+    objects: int
+    uploaded_bytes: int
+    forced: bool
+    logical_bytes: int = 0  # size of the pushed version's files: what a full upload would send
+
+    def to_json(self):
+        return dict(self.__dict__)
+
+
+def push(repo, remote_name: str = "origin", branch: str | None = None, *, force: bool = False,
+         progress: Progress = NULL) -> PushResult:
+    branch = branch or repo.refs.head_branch()
+    if branch is None:
+        raise WvcError("HEAD is detached: name the branch to push")
+    local = repo.refs.get(HEADS + branch)
+    if local is None:
+        raise RevisionNotFound(f"no local branch {branch!r}")
+    remote = open_remote_named(repo, remote_name)
+    state = remote.state(create=True)
+    ours, theirs = repo.base(), remote_base(state, remote.url)
+    check_same_base(remote_name, theirs, ours)
+    graph = repo.graph
+    ref = HEADS + branch
+    old = state.refs.get(ref)
+    logical = repo.read_tree(repo.read_commit(local).tree).logical_bytes
+    if old == local:
+        return PushResult(remote_name, branch, old, local, 0, 0, 0, False, logical)
+    if old is not None and not force and not (graph.has_commit(old) and graph.is_ancestor(old, local)):
+        raise NonFastForward(
+            f"push to {remote_name}/{branch} rejected: the remote has commits you do not have "
+            f"(not a fast-forward); run `wvc pull {remote_name} {branch}` first, or push --force"
+        )
+    known = set(graph.ancestors([t for t in state.refs.values() if graph.has_commit(t)]))
+    new_commits = graph.ancestors(local, stop=known)
+
+    cache = index_cache(repo)
+    remote_objects = {e.id for name in state.packs for e in remote_index(remote, name, cache)}
+    wanted = _objects_to_send(repo, new_commits, remote_objects)
+    repo.store.ensure_local(wanted, progress)  # a lazy clone pushing to another remote
+    files: dict[str, Path | bytes] = {}
+    with tempfile.TemporaryDirectory(prefix="wvc-push-", dir=repo.wvc_dir) as tmp:
+        if wanted:
+            writer = PackWriter(Path(tmp))
+            rows = [repo.store.row(oid) for oid in wanted]
+            progress.start(sum(r.length for r in rows), "packing")
+            for row in rows:
+                writer.add(row.id, repo.store.reader.read(row.pack, row.offset, row.length), row.raw_size,
+                           row.method, row.base)
+                progress.advance(row.length)
+            progress.close()
+            entries = list(writer.entries)
+            name, _ = writer.finish()
+            files[pack_path(name, "pack")] = Path(tmp) / pack_filename(name)
+            files[pack_path(name, "idx")] = canonical_json([e.to_json() for e in entries])
+        if ours is not None and theirs is None:
+            files[BASE_RECORD] = base_json(ours)
+        for cid in new_commits:
+            commit = repo.read_commit(cid)
+            files[commit_path(cid)] = commit.to_bytes()
+            files[tree_path(commit.tree)] = repo.read_tree(commit.tree).to_bytes()
+        remote.publish(files, {ref: local}, state, f"wvc push {branch} {ids.short(local)}")
+    with repo.db.write():
+        tracking = f"{REMOTES}{remote_name}/{branch}"
+        repo.refs.set(tracking, local, repo.refs.get(tracking), f"push to {remote_name}")
+    return PushResult(remote_name, branch, old, local, len(new_commits), len(wanted), remote.bytes_uploaded,
+                      old is not None and force and not graph.is_ancestor(old, local), logical)
+
+
+def _objects_to_send(repo, new_commits: list[str], remote_objects: set[str]) -> list[str]:
+    """Chunks of the new commits' trees that the remote lacks, and the delta bases they need
+    (never a base model's chunks: the other side reads those from the base itself)."""
+    wanted: list[str] = []
+    seen = set(remote_objects)
+    for cid in new_commits:
+        for chunk in sorted(repo.read_tree(repo.read_commit(cid).tree).chunk_ids()):
+            links = 0
+            while chunk is not None and chunk not in seen:
+                seen.add(chunk)
+                row = repo.store.row(chunk)
+                if row is not None and row.external:
+                    break
+                wanted.append(chunk)
+                chunk = row.base if row else None
+                links += 1
+                if links > 100_000:
+                    raise RemoteError("local delta chain is cyclic; run `wvc fsck`")
+    return wanted

@@ -1,0 +1,50 @@
+"""The base model a remote records, checked against this repository's and attached on clone."""
+
+from __future__ import annotations
+
+from .. import ids
+from ..basemodel.attach import attach
+from ..basemodel.record import base_commit, parse_base_json
+from ..errors import BaseModelError, CorruptObject, RemoteError, WvcError
+from ..objects import Tree
+from ..progress import Progress
+from ..remotes.interface import MAX_SMALL_OBJECT, tree_path
+
+
+def remote_base(state, url: str):
+    """The base a remote records (validated), or None."""
+    if state.base is None:
+        return None
+    try:
+        return parse_base_json(state.base)
+    except BaseModelError as exc:
+        raise RemoteError(f"{url}: {exc}") from None
+
+
+def check_same_base(remote_name: str, theirs, ours) -> None:
+    if theirs is None or theirs == ours:
+        return
+    if ours is None:
+        raise RemoteError(f"remote {remote_name} is based on {theirs.url}; this repository has no base "
+                          f"(clone the remote instead, or `wvc init --base {theirs.url}`)")
+    raise RemoteError(f"remote {remote_name} is based on {theirs.url}, this repository on {ours.url}")
+
+
+def verified(parse, data: bytes, expected: str, what: str):
+    """A commit or tree a remote sent, parsed and checked against the id it was asked for."""
+    try:
+        return parse(data, expected_id=expected)
+    except WvcError as exc:
+        raise CorruptObject(f"remote {what} {ids.short(expected)} is corrupt: {exc}") from None
+
+
+def attach_remote_base(repo, remote, base, progress: Progress) -> None:
+    """Find or download the base a remote records and check it gives the recorded tree."""
+    if base_commit(base.url, base.tree).id != base.commit:
+        raise RemoteError(f"remote base record is inconsistent: commit {ids.short(base.commit)} is not the root "
+                          f"commit of {base.url}")
+    data = remote.read(tree_path(base.tree), MAX_SMALL_OBJECT)
+    if data is None:
+        raise RemoteError(f"remote is missing the base's tree {ids.short(base.tree)}")
+    tree = verified(Tree.from_bytes, data, base.tree, "tree")
+    attach(repo, base.url, expected=base, expected_tree=tree, set_branch=False, progress=progress)

@@ -1,0 +1,280 @@
+"""What crosses from a remote into a repository: pack indexes, streamed verification of
+downloaded packs, range fetches of single objects, and chunk reads for remote views.
+
+Nothing a remote sends is trusted: a pack's index (embedded or ``.idx``) is parsed with
+every size bounded (store/packs.py) before anything is allocated; every object is decoded
+and hash-checked before a row names it. Verification streams: objects are decoded one
+chain at a time (store/chains.py) and only delta bases are kept, in a cache bounded in
+bytes, so a clone's memory does not grow with the model.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import ids
+from ..errors import CorruptObject, MissingObject, RemoteError, WvcError
+from ..fsutil import atomic_write, fsync_dir
+from ..progress import NULL, Progress
+from ..store.chains import resolve_chain
+from ..store.objects import ObjectRow, ObjectStore, decode_verified
+from ..store.packs import MAX_INDEX_BYTES, PackEntry, PackWriter, pack_filename, parse_index, read_pack_index
+from .interface import Remote, pack_path
+
+VERIFY_CACHE_BYTES = 32 << 20  # decoded delta bases kept while verifying a fetch
+VIEW_CACHE_BYTES = 64 << 20  # decoded chunks a remote view keeps
+COALESCE_GAP = 256 << 10  # a range fetch reads through gaps up to this size rather than open another request
+MAX_REQUEST = 64 << 20
+
+
+class DecodedCache:
+    """Decoded chunks by id, least recently used dropped first, bounded in bytes."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.items: collections.OrderedDict[str, bytes] = collections.OrderedDict()
+        self.size = 0
+
+    def __contains__(self, oid: str) -> bool:
+        return oid in self.items
+
+    def get(self, oid: str) -> bytes | None:
+        raw = self.items.get(oid)
+        if raw is not None:
+            self.items.move_to_end(oid)
+        return raw
+
+    def put(self, oid: str, raw: bytes) -> None:
+        if oid in self.items or len(raw) > self.max_bytes:
+            return
+        self.items[oid] = raw
+        self.size += len(raw)
+        while self.size > self.max_bytes:
+            _, old = self.items.popitem(last=False)
+            self.size -= len(old)
+
+
+def remote_index(remote: Remote, name: str, cache_dir: Path | None = None) -> list[PackEntry]:
+    """A remote pack's index, validated; kept in ``cache_dir`` (packs are immutable)."""
+    cache = cache_dir / f"{name}.idx" if cache_dir is not None else None
+    data = None
+    if cache is not None and cache.is_file() and cache.stat().st_size <= MAX_INDEX_BYTES:
+        data = cache.read_bytes()
+    cached = data is not None
+    if data is None:
+        data = remote.read(pack_path(name, "idx"), MAX_INDEX_BYTES)
+        if data is None:
+            raise RemoteError(f"remote pack index {name[:12]} is missing")
+    try:
+        entries = parse_index(data, f"remote pack index {name[:12]}")
+    except CorruptObject as exc:
+        raise RemoteError(str(exc)) from None
+    if cache is not None and not cached:
+        cache.parent.mkdir(exist_ok=True)
+        atomic_write(cache, data, durable=False)
+    return entries
+
+
+def object_index(remote: Remote, packs: list[str], cache_dir: Path | None = None) -> dict[str, tuple[str, PackEntry]]:
+    """Object id -> (pack, entry) over a remote's packs."""
+    index: dict[str, tuple[str, PackEntry]] = {}
+    for name in packs:
+        for entry in remote_index(remote, name, cache_dir):
+            index.setdefault(entry.id, (name, entry))
+    return index
+
+
+# -- verifying downloaded packs ------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Link:
+    id: str
+    base: str | None
+    pack: str
+    path: Path
+    entry: PackEntry
+
+
+def verify_packs(store: ObjectStore, packs: list[tuple[str, Path]],
+                 cache_bytes: int = VERIFY_CACHE_BYTES) -> list[list[ObjectRow]]:
+    """Check each downloaded pack's checksum, then decode every object against its id.
+
+    A delta's base may be in the same pack, in another pack of this fetch, or in ``store``.
+    Returns each pack's rows (with chain depths) for ObjectStore.insert_rows.
+    """
+    by_id: dict[str, _Link] = {}
+    per_pack = []
+    for name, path in packs:
+        try:
+            checksum, entries = read_pack_index(path)
+        except WvcError as exc:
+            raise CorruptObject(f"remote pack {name[:12]} is corrupt: {exc}") from None
+        if checksum != name:
+            raise CorruptObject(f"remote pack {name[:12]} does not match its name")
+        per_pack.append((name, entries))
+        for e in entries:
+            by_id.setdefault(e.id, _Link(e.id, e.base, name, path, e))
+    is_base = {e.base for _, entries in per_pack for e in entries if e.base}
+    cache = DecodedCache(cache_bytes)
+    depth: dict[str, int] = {}  # every object of this fetch decoded so far
+    files: dict[Path, object] = {}
+
+    def payload(link: _Link) -> bytes:
+        fh = files.get(link.path)
+        if fh is None:
+            fh = files[link.path] = open(link.path, "rb")
+        data = os.pread(fh.fileno(), link.entry.length, link.entry.offset)
+        if len(data) != link.entry.length:
+            raise CorruptObject(f"remote pack {link.pack[:12]} is truncated")
+        return data
+
+    def lookup(oid: str):
+        link = by_id.get(oid)
+        if link is None and store.has(oid):
+            return None  # never reached: stop() ends the walk at local objects
+        if link is None:
+            raise CorruptObject(f"remote object needs base {ids.short(oid)} that neither side has")
+        return link
+
+    def stop(oid: str) -> bool:  # bytes available without decoding further down
+        return oid in cache or (oid not in by_id and store.has(oid))
+
+    def decode(oid: str) -> None:
+        chain = resolve_chain(oid, lookup, stop=stop, where="the fetched packs")
+        below = chain[-1].base
+        if below is None:
+            raw, d = None, -1
+        elif below in by_id:
+            raw, d = cache.get(below), depth[below]
+        else:
+            row = store.row(below)
+            raw, d = store.get(below), row.depth
+        for link in reversed(chain):
+            raw = decode_verified(link.id, payload(link), link.entry.raw_size, raw, f"remote pack {link.pack[:12]}")
+            d += 1
+            depth[link.id] = d
+            if link.id in is_base:
+                cache.put(link.id, raw)
+
+    try:
+        out = []
+        for name, entries in per_pack:
+            rows = []
+            for e in entries:
+                if e.id not in depth:
+                    decode(e.id)
+                rows.append(ObjectRow(e.id, name, e.offset, e.length, e.raw_size, e.method, e.base, depth[e.id]))
+            out.append(rows)
+        return out
+    finally:
+        for fh in files.values():
+            fh.close()
+
+
+# -- range fetches (lazy clones) -----------------------------------------------------------------
+def _spans(entries):
+    """Group pack entries sorted by offset into ranges worth one request each."""
+    span = []
+    for e in entries:
+        if span and (e.offset - (span[-1].offset + span[-1].length) > COALESCE_GAP
+                     or e.offset + e.length - span[0].offset > MAX_REQUEST):
+            yield span
+            span = []
+        span.append(e)
+    if span:
+        yield span
+
+
+def fetch_objects(store: ObjectStore, remote: Remote, index: dict[str, tuple[str, PackEntry]],
+                  object_ids, work_dir: Path, progress: Progress = NULL) -> int:
+    """Make ``object_ids`` and the delta bases they need local, by range reads into the
+    remote's packs: written into one new pack, verified like any fetch, recorded in one
+    transaction. Returns the bytes downloaded."""
+    before = remote.bytes_downloaded
+    wanted: dict[str, tuple[str, PackEntry]] = {}
+
+    def lookup(oid: str):
+        found = index.get(oid)
+        if found is None:
+            raise RemoteError(f"object {ids.short(oid)} is neither local nor on the remote")
+        return found[1]
+
+    for oid in dict.fromkeys(object_ids):
+        if oid in wanted or store.has(oid):
+            continue
+        for entry in resolve_chain(oid, lookup, stop=lambda o: o in wanted or store.has(o), where="the remote"):
+            wanted[entry.id] = index[entry.id]
+    if not wanted:
+        return 0
+    by_pack: dict[str, list[PackEntry]] = {}
+    for name, entry in wanted.values():
+        by_pack.setdefault(name, []).append(entry)
+    tmp = Path(tempfile.mkdtemp(prefix="wvc-lazy-", dir=work_dir))
+    try:
+        writer = PackWriter(tmp)
+        progress.start(sum(e.length for _, e in wanted.values()), "fetching objects")
+        for name, entries in sorted(by_pack.items()):
+            for span in _spans(sorted(entries, key=lambda e: e.offset)):
+                start = span[0].offset
+                data = remote.read_range(pack_path(name), start, span[-1].offset + span[-1].length - start)
+                for e in span:
+                    writer.add(e.id, data[e.offset - start : e.offset - start + e.length], e.raw_size, e.method, e.base)
+                    progress.advance(e.length)
+        progress.close()
+        name, size = writer.finish()
+        staged = tmp / pack_filename(name)
+        (rows,) = verify_packs(store, [(name, staged)])  # every object decoded and hash-checked
+        os.replace(staged, store.packs_dir / pack_filename(name))
+        fsync_dir(store.packs_dir)
+        with store.db.write():
+            store.insert_rows((name, size), rows)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return remote.bytes_downloaded - before
+
+
+# -- remote views ----------------------------------------------------------------------------------
+class RemoteChunks:
+    """Chunk bytes of a remote by range reads into its packs, each verified, with a cache.
+
+    ``base_chunks`` (optional): chunks of the remote's base model, which are in no pack.
+    """
+
+    def __init__(self, remote: Remote, index: dict[str, tuple[str, PackEntry]], base_chunks=None,
+                 cache_bytes: int = VIEW_CACHE_BYTES):
+        self.remote = remote
+        self.index = index
+        self.base_chunks = base_chunks
+        self.cache = DecodedCache(cache_bytes)
+
+    def _from_base(self, oid: str) -> bool:
+        return oid not in self.index and self.base_chunks is not None and oid in self.base_chunks
+
+    def _lookup(self, oid: str):
+        found = self.index.get(oid)
+        if found is None:
+            raise MissingObject(f"remote has no object {ids.short(oid)}")
+        return found[1]
+
+    def __call__(self, oid: str) -> bytes:
+        raw = self.cache.get(oid)
+        if raw is not None:
+            return raw
+        if self._from_base(oid):
+            raw = self.base_chunks(oid)
+            self.cache.put(oid, raw)
+            return raw
+        chain = resolve_chain(oid, self._lookup, stop=lambda o: o in self.cache or self._from_base(o),
+                              where="the remote")
+        below = chain[-1].base
+        raw = None if below is None else self(below)
+        for entry in reversed(chain):
+            pack = self.index[entry.id][0]
+            payload = self.remote.read_range(pack_path(pack), entry.offset, entry.length)
+            raw = decode_verified(entry.id, payload, entry.raw_size, raw, f"remote pack {pack[:12]}")
+            self.cache.put(entry.id, raw)
+        return raw
