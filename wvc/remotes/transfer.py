@@ -26,7 +26,7 @@ from ..store.objects import ObjectRow, ObjectStore, decode_verified
 from ..store.packs import MAX_INDEX_BYTES, PackEntry, PackWriter, pack_filename, parse_index, read_pack_index
 from .interface import Remote, pack_path
 
-VERIFY_CACHE_BYTES = 32 << 20  # decoded delta bases kept while verifying a fetch
+VERIFY_CACHE_BYTES = 16 << 20  # decoded delta bases kept while verifying a fetch
 VIEW_CACHE_BYTES = 64 << 20  # decoded chunks a remote view keeps
 COALESCE_GAP = 256 << 10  # a range fetch reads through gaps up to this size rather than open another request
 MAX_REQUEST = 64 << 20
