@@ -87,6 +87,29 @@ def repo(tmp_path):
     r.close()
 
 
+TOKEN = "test-token"
+
+
+@pytest.fixture(scope="session")
+def hub(tmp_path_factory):
+    """The local Hub-compatible server (wvc.testing.hub), one for the session, token required."""
+    from wvc.testing.hub import HubServer
+
+    server = HubServer(tmp_path_factory.mktemp("hub"), token=TOKEN).start()
+    yield server
+    server.shutdown()
+
+
+@pytest.fixture
+def hub_env(hub, monkeypatch, tmp_path):
+    """The real huggingface_hub client pointed at ``hub``, with a cache of this test's own."""
+    monkeypatch.setenv("HF_ENDPOINT", hub.base_url)
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    return hub
+
+
 @pytest.fixture
 def cli(monkeypatch):
     """Run the CLI in-process in a given directory; returns the click Result."""
@@ -98,4 +121,4 @@ def cli(monkeypatch):
     return run
 
 
-__all__ = ["ALL_DTYPES", "random_tensor", "sha256", "tree_digests", "repo_state", "write_raw_safetensors", "save_file"]
+__all__ = ["TOKEN", "ALL_DTYPES", "random_tensor", "sha256", "tree_digests", "repo_state", "write_raw_safetensors", "save_file"]

@@ -16,9 +16,9 @@ import wvc
 from wvc import Repo, clone
 from wvc.errors import WvcError
 
-from .conftest import sha256, tree_digests
-from .test_remotes import TOKEN, hub, hub_env  # noqa: F401 - shared fixtures
+from .conftest import TOKEN, sha256, tree_digests
 
+pytestmark = pytest.mark.usefixtures("hub_env")
 _names = itertools.count()
 BASE_FILES = ("config.json", "model.safetensors", "tokenizer.json")
 
@@ -41,9 +41,6 @@ def publish_base(hub, tmp_path, name: str | None = None, extra_files: dict | Non
     make_base(folder)
     for rel, data in (extra_files or {}).items():
         (folder / rel).write_bytes(data)
-    from huggingface_hub import constants
-
-    constants.HF_HUB_DISABLE_XET = True  # read at import; the server speaks LFS, as HF_HUB_DISABLE_XET=1 asks
     api = HfApi(endpoint=hub.base_url, token=TOKEN)
     api.create_repo(name, private=False)
     api.upload_folder(folder_path=str(folder), repo_id=name)

@@ -12,28 +12,12 @@ from safetensors.torch import save_file
 from wvc import Repo, clone
 from wvc.errors import CorruptObject, InvalidRefName, WvcError
 from wvc.errors import NonFastForward, RemoteError
-from wvc.testing.hub import HubServer
 
-from .conftest import repo_state, tree_digests
-
-TOKEN = "test-token"
+from .conftest import TOKEN, repo_state, tree_digests
 _names = itertools.count()
 
 
-@pytest.fixture(scope="session")
-def hub(tmp_path_factory):
-    server = HubServer(tmp_path_factory.mktemp("hub"), token=TOKEN).start()
-    yield server
-    server.shutdown()
-
-
-@pytest.fixture(autouse=True)
-def hub_env(hub, monkeypatch, tmp_path):
-    monkeypatch.setenv("HF_ENDPOINT", hub.base_url)
-    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
-    monkeypatch.setenv("HF_TOKEN", TOKEN)
-    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+pytestmark = pytest.mark.usefixtures("hub_env")
 
 
 @pytest.fixture(params=["path", "hub"])
