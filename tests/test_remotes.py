@@ -280,3 +280,55 @@ def test_truncated_pack_and_oversized_ref_are_refused(tmp_path, remote_url, hub)
     with pytest.raises(CorruptObject):
         target.fetch()
     assert repo_state(target.root) == before
+
+
+def test_creating_a_hub_remote_changes_nothing_process_wide(monkeypatch):
+    """A training script that pushes through wvc keeps its own huggingface_hub settings."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import are_progress_bars_disabled, enable_progress_bars
+
+    from wvc.remotes import open_remote
+
+    enable_progress_bars()
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", False)
+    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
+    open_remote("hf://team/anything")
+    assert not are_progress_bars_disabled()
+    assert constants.HF_HUB_DISABLE_XET is False
+
+
+def test_a_hub_error_on_a_path_with_404_in_it_is_not_taken_for_a_missing_file(hub):
+    from wvc.remotes import open_remote
+
+    repo_remote = open_remote("hf://team/err404")
+    repo_remote.state(create=True)
+    path = "objects/trees/40/" + "404" + "a" * 61  # hex ids contain "404" about 1.5% of the time
+    assert repo_remote.read(path, 1 << 20) is None  # really missing: None
+    _write_remote_file("hf://team/err404", hub, path, b"{}")
+    repo_remote.state()
+    assert repo_remote.read(path, 1 << 20) == b"{}"
+    hub.fail["resolve"] = 1  # the next file read is refused (403)
+    with pytest.raises(RemoteError, match="403"):
+        repo_remote.read(path, 1 << 20)
+
+
+def test_stored_bytes_of_a_commit_are_the_same_however_it_arrived(tmp_path, remote_url):
+    repo = Repo.init(tmp_path / "a")
+    t = Trainer(repo)
+    t.step_and_commit()
+    t.step_and_commit()
+    repo.remote_add("origin", remote_url)
+    repo.push()
+    other = clone(remote_url, tmp_path / "b")
+    theirs = {e.id: e.stored_bytes for e in other.log()}
+    assert theirs == {e.id: e.stored_bytes for e in repo.log()}
+    assert all(v > 0 for v in theirs.values())
+    # a rebase replays a commit onto new parents: it keeps the figure of the commit it replays
+    Trainer(other, seed=7).step_and_commit()
+    mine = other.log()[0]
+    t.step_and_commit()
+    repo.push()
+    other.pull(rebase=True)
+    replayed = other.log()[0]
+    assert replayed.id != mine.id and replayed.message == mine.message
+    assert replayed.stored_bytes == mine.stored_bytes > 0

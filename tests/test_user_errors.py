@@ -1,0 +1,91 @@
+"""User mistakes are WvcErrors: one line, exit 1 or 2, never "internal error", nothing
+created or changed (architecture issue)."""
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from wvc import Repo
+from wvc.errors import DeviceUnavailable, InvalidArgument, UnsupportedTensor, WvcError
+
+from .conftest import repo_state
+from .test_cli import one_line_error
+
+
+@pytest.mark.parametrize("args", [
+    ("--chunk-size", "4"), ("--chunk-size", "0"), ("--chunk-size", "-5"), ("--chunk-size", str(2 ** 31)),
+    ("--chunk-size", "1001"), ("--max-chain", "100000"), ("--max-chain", "-1"),
+], ids=lambda a: " ".join(a))
+def test_init_refuses_settings_out_of_range_and_creates_nothing(tmp_path, cli, args):
+    r = cli(tmp_path, "init", "model", *args)
+    line = one_line_error(r)
+    assert r.exit_code == 2 and ("chunk size" in line or "max chain" in line), line
+    assert not (tmp_path / "model").exists()
+
+
+def test_init_settings_in_range_are_kept(tmp_path):
+    with Repo.init(tmp_path / "m", chunk_bytes=64, max_chain=1000) as repo:
+        assert (repo.chunk_bytes, repo.max_chain) == (64, 1000)
+
+
+def test_init_in_an_existing_directory_refused_leaves_it_as_it_was(tmp_path, cli):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "keep.txt").write_text("mine")
+    one_line_error(cli(tmp_path, "init", "model", "--chunk-size", "4"))
+    assert [p.name for p in (tmp_path / "model").iterdir()] == ["keep.txt"]
+
+
+def _model(repo_root):
+    save_file({"w": torch.arange(64, dtype=torch.float32)}, str(repo_root / "model.safetensors"))
+
+
+def test_a_device_name_that_does_not_exist_is_a_usage_error(tmp_path, cli):
+    repo = Repo.init(tmp_path / "m")
+    _model(repo.root)
+    before = repo_state(repo.root)
+    r = cli(repo.root, "commit", "-m", "x", "--device", "gpu")
+    assert r.exit_code == 2 and "device must be" in one_line_error(r)
+    assert repo_state(repo.root) == before
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_without_a_gpu_is_a_clear_error(tmp_path, cli):
+    repo = Repo.init(tmp_path / "m")
+    _model(repo.root)
+    r = cli(repo.root, "commit", "-m", "x", "--device", "cuda")
+    assert r.exit_code == 1 and "no usable CUDA GPU" in one_line_error(r)
+    with pytest.raises(DeviceUnavailable):
+        repo.load_state_dict(device="cuda")
+
+
+def test_load_state_dict_on_auto_picks_a_device(tmp_path):
+    repo = Repo.init(tmp_path / "m")
+    _model(repo.root)
+    repo.commit("v1")
+    sd = repo.load_state_dict(device="auto")
+    assert torch.equal(sd["w"].cpu(), torch.arange(64, dtype=torch.float32))
+    with pytest.raises(InvalidArgument):
+        repo.load_state_dict(device="gpu")
+
+
+def test_a_tensor_wvc_cannot_store_is_named(tmp_path):
+    repo = Repo.init(tmp_path / "m")
+    before = repo_state(repo.root)
+    with pytest.raises(UnsupportedTensor, match="complex64"):
+        repo.commit("c", source={"z": torch.zeros(4, dtype=torch.complex64)})
+    with pytest.raises(WvcError, match="not a tensor"):
+        repo.commit("c", source={"z": [1, 2]})
+    assert repo_state(repo.root) == before
+
+
+def test_a_missing_tensor_name_is_a_wvc_error_and_a_key_error(tmp_path):
+    import wvc
+
+    repo = Repo.init(tmp_path / "m")
+    _model(repo.root)
+    repo.commit("v1")
+    view = wvc.open(repo.root)
+    with pytest.raises(KeyError):
+        view.tensor("nope")
+    with pytest.raises(WvcError, match="no tensor 'nope'"):
+        view.tensor("nope")
