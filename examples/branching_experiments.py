@@ -34,6 +34,7 @@ def main():
     repo = wvc.Repo.init(root)
     save(base, root)
     repo.commit("base model")
+    expected = {}  # branch -> the bytes of its last version, to check every checkout against
     for name, lr in (("lr-1e-4", 1e-4), ("lr-1e-3", 1e-3)):
         repo.create_branch(name, "main")
         repo.checkout(name)
@@ -42,13 +43,21 @@ def main():
             train_steps(weights, lr, 1, seed=step)
             save(weights, root)
             res = repo.commit(f"{name} step {step}", metadata={"lr": lr, "step": step})
+            expected[name] = (root / "model.safetensors").read_bytes()
             print(f"{name} step {step}: {res.stored_bytes / 1e3:.0f} KB stored of {res.logical_bytes / 1e6:.1f} MB")
     diff = repo.diff("lr-1e-4", "lr-1e-3")
     for t in diff["tensors"]:
         print(f"{t['name']}: {t['changed']}/{t['numel']} elements differ, max |delta| {t['max_abs_delta']:.2e}, "
               f"relative L2 {t['rel_l2']:.2e}")
+    ok = True
+    for name, data in expected.items():  # every branch checks out byte for byte
+        repo.checkout(name)
+        ok &= (root / "model.safetensors").read_bytes() == data
     repo.checkout("main")
     print("branches:", ", ".join(f"{b} {c[:12]}" for b, c in repo.branches().items()))
+    print("every branch checks out byte-identical:", ok)
+    if not ok or len(diff["tensors"]) != len(base):
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

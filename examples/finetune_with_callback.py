@@ -59,6 +59,16 @@ def main():
           f"mean commit {sum(c['seconds'] for c in callback.commits) / len(callback.commits):.2f} s")
     if callback.push_errors:
         print("push errors:", *callback.push_errors, sep="\n  ")
+    # every saved checkpoint's weights come back byte for byte from its commit
+    ok = len(callback.commits) == args.steps // 2
+    for c in callback.commits:
+        saved = root / "checkpoints" / f"checkpoint-{c['step']}" / "model.safetensors"
+        out = root / "restored" / str(c["step"])
+        repo.checkout(c["commit"], output=out)
+        ok &= (out / "model.safetensors").read_bytes() == saved.read_bytes()
+    print("every checkpoint restores byte-identical:", ok)
+    if not ok or callback.push_errors:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":
