@@ -1,4 +1,5 @@
 import hashlib
+import itertools
 import json
 import os
 import sqlite3
@@ -108,6 +109,16 @@ def hub_env(hub, monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
     return hub
+
+
+_remote_names = itertools.count()
+
+
+@pytest.fixture(params=["path", "hub"])
+def remote_url(request, tmp_path):
+    """Each remote test runs against a directory remote and a Hub remote."""
+    n = next(_remote_names)
+    return str(tmp_path / f"remote-{n}") if request.param == "path" else f"hf://team/model-{n}"
 
 
 @pytest.fixture

@@ -1,7 +1,6 @@
 """One conformance suite for every remote backend: a directory and a Hub repo (the local
 Hub-compatible server, spoken to by the real huggingface_hub client)."""
 
-import itertools
 import json
 from pathlib import Path
 
@@ -14,16 +13,9 @@ from wvc.errors import CorruptObject, InvalidRefName, WvcError
 from wvc.errors import NonFastForward, RemoteError
 
 from .conftest import TOKEN, repo_state, tree_digests
-_names = itertools.count()
 
 
 pytestmark = pytest.mark.usefixtures("hub_env")
-
-
-@pytest.fixture(params=["path", "hub"])
-def remote_url(request, tmp_path):
-    n = next(_names)
-    return str(tmp_path / f"remote-{n}") if request.param == "path" else f"hf://team/model-{n}"
 
 
 class Trainer:

@@ -6,7 +6,11 @@ from safetensors.torch import save_file
 import wvc
 from wvc import Repo
 
-from .test_remotes import Trainer, hub, hub_env, remote_url  # noqa: F401 - shared fixtures
+import pytest
+
+from .test_remotes import Trainer
+
+pytestmark = pytest.mark.usefixtures("hub_env")
 
 
 def test_remote_view_reads_one_tensor_without_the_model(tmp_path, remote_url, hub):
