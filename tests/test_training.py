@@ -9,7 +9,6 @@ transformers = pytest.importorskip("transformers")
 
 from wvc import Repo, clone  # noqa: E402
 from wvc.integrations.transformers import WvcCallback  # noqa: E402
-from wvc.testing.hub import HubServer  # noqa: E402
 
 
 class TokenDataset(torch.utils.data.Dataset):
@@ -39,18 +38,7 @@ def sha(path):
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-@pytest.fixture
-def hub(tmp_path, monkeypatch):
-    server = HubServer(tmp_path / "hub").start()
-    monkeypatch.setenv("HF_ENDPOINT", server.base_url)
-    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
-    monkeypatch.setenv("HF_TOKEN", "t")
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
-    yield server
-    server.shutdown()
-
-
-def test_callback_commits_every_save_exactly_and_pushes_them_all(tmp_path, hub):
+def test_callback_commits_every_save_exactly_and_pushes_them_all(tmp_path, hub_env):
     cb = WvcCallback(tmp_path / "versions", push_to="hf://team/run", branch="run/tiny")
     tiny_trainer(tmp_path / "out", cb).train()
     assert [c["step"] for c in cb.commits] == [2, 4, 6]
@@ -72,8 +60,8 @@ def test_callback_commits_every_save_exactly_and_pushes_them_all(tmp_path, hub):
     assert [e.id for e in copy.log()] == [c["commit"] for c in reversed(cb.commits)]
 
 
-def test_push_failures_are_retried_and_never_block_or_lose_commits(tmp_path, hub):
-    hub.fail["commit"] = 2  # the first two pushes fail
+def test_push_failures_are_retried_and_never_block_or_lose_commits(tmp_path, hub_env):
+    hub_env.fail["commit"] = 2  # the first two pushes fail
     cb = WvcCallback(tmp_path / "versions", push_to="hf://team/flaky", branch="run/flaky", retry_seconds=0.01)
     tiny_trainer(tmp_path / "out", cb).train()
     assert len(cb.push_errors) >= 1

@@ -3,14 +3,12 @@
 Every verb of the CLI is a method here with the same name, and each is one call into
 :mod:`wvc.ops` (dulwich's ``porcelain`` over its ``repo``): the composition root
 (wvc/repo.py) builds the parts, ``ops`` does the work, this module only names it.
-Importing it does not import torch: only verbs that touch tensor bytes do.
+Each verb imports its module when called, so ``wvc status`` loads status alone (and no
+verb imports torch until it touches tensor bytes).
 """
 
 from __future__ import annotations
 
-from .basemodel.attach import attach
-from .ops import branches, checkout, clone as clone_op, commit, diff, fetch, history, maintenance, pull, push
-from .ops import remote_config, status, tensors
 from .progress import NULL, Progress
 from .repo import DEFAULT_CHUNK_BYTES, Repository, remove_new_repository
 from .store.objects import DEFAULT_MAX_CHAIN
@@ -30,6 +28,8 @@ class Repo(Repository):
         created_root = not Path(path).exists()
         repo = cls.create(path, chunk_bytes=chunk_bytes, max_chain=max_chain, branch=branch)
         if base is not None:
+            from .basemodel.attach import attach
+
             try:
                 attach(repo, base, progress=progress)
             except BaseException:
@@ -40,83 +40,125 @@ class Repo(Repository):
 
     # -- verbs -----------------------------------------------------------------------------
     def status(self):
+        from .ops import status
+
         return status.status(self)
 
     def commit(self, message: str, source=None, **kwargs):
         """Commit the working tree, another directory, or a state dict (``source``)."""
+        from .ops import commit
+
         return commit.commit(self, message, source, **kwargs)
 
     def checkout(self, rev: str, *, force: bool = False, output=None, progress: Progress = NULL):
+        from .ops import checkout
+
         return checkout.checkout(self, rev, force=force, output=output, progress=progress)
 
     def log(self, rev: str = "HEAD", n: int | None = None, all_refs: bool = False):
+        from .ops import history
+
         return history.log(self, rev, n, all_refs)
 
     def show(self, rev: str = "HEAD"):
+        from .ops import history
+
         return history.show(self, rev)
 
     def diff(self, rev_a: str | None = None, rev_b: str | None = None, *, stat: bool = False):
+        from .ops import diff
+
         return diff.diff(self, rev_a, rev_b, stat=stat)
 
     def load_state_dict(self, rev: str = "HEAD", *, device: str = "cpu", lazy: bool = False):
+        from .ops import tensors
+
         return tensors.load_state_dict(self, rev, device=device, lazy=lazy)
 
     def branches(self) -> dict[str, str]:
         return self.refs.list(HEADS)
 
     def create_branch(self, name: str, start: str = "HEAD") -> str:
+        from .ops import branches
+
         return branches.create_ref(self, HEADS, name, start, "branch")
 
     def delete_branch(self, name: str) -> str:
+        from .ops import branches
+
         return branches.delete_branch(self, name)
 
     def tags(self) -> dict[str, str]:
         return self.refs.list(TAGS)
 
     def create_tag(self, name: str, rev: str = "HEAD") -> str:
+        from .ops import branches
+
         return branches.create_ref(self, TAGS, name, rev, "tag")
 
     def delete_tag(self, name: str) -> str:
+        from .ops import branches
+
         return branches.delete_tag(self, name)
 
     # -- remotes ---------------------------------------------------------------------------
     def remotes(self) -> dict[str, str]:
+        from .ops import remote_config
+
         return remote_config.remotes(self)
 
     def remote_add(self, name: str, url: str) -> None:
+        from .ops import remote_config
+
         remote_config.remote_add(self, name, url)
 
     def remote_remove(self, name: str) -> None:
+        from .ops import remote_config
+
         remote_config.remote_remove(self, name)
 
     def remote_branches(self) -> dict[str, str]:
-        return self.refs.list(remote_config.REMOTES)
+        return self.refs.list("refs/remotes/")
 
     def push(self, remote: str = "origin", branch: str | None = None, *, force: bool = False,
              progress: Progress = NULL):
+        from .ops import push
+
         return push.push(self, remote, branch, force=force, progress=progress)
 
     def fetch(self, remote: str = "origin", *, progress: Progress = NULL):
+        from .ops import fetch
+
         return fetch.fetch(self, remote, progress=progress)
 
     def pull(self, remote: str = "origin", branch: str | None = None, *, rebase: bool = False,
              progress: Progress = NULL):
+        from .ops import pull
+
         return pull.pull(self, remote, branch, rebase=rebase, progress=progress)
 
     # -- maintenance -----------------------------------------------------------------------
     def gc(self, *, grace_seconds: int = 3600):
+        from .ops import maintenance
+
         return maintenance.gc(self, grace_seconds=grace_seconds)
 
     def fsck(self):
+        from .ops import maintenance
+
         return maintenance.fsck(self)
 
     def stats(self):
+        from .ops import maintenance
+
         return maintenance.stats(self)
 
 
 def clone_with_report(url: str, directory=None, *, branch: str | None = None, lazy: bool = False,
                       progress: Progress = NULL) -> tuple[Repo, dict]:
     """Clone, returning the new Repo and what the clone did (for ``clone --json``)."""
+    from .ops import clone as clone_op
+
     made, report = clone_op.clone(url, directory, branch=branch, lazy=lazy, progress=progress)
     made.close()  # ops build a bare Repository; the caller gets the one with verbs
     return Repo(made.root), report

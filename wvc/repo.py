@@ -11,11 +11,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from .basemodel.attach import locate
 from .basemodel.record import BaseRef, current
 from .errors import FormatError, InvalidArgument, NotARepository, RepositoryExists
 from .objects import Commit, Tree, check_chunk_bytes
-from .remotes.lazy import LazyRemote, lazy_remote_name
+from .remotes import lazy_remote_name
 from .revparse import resolve
 from .store.chains import MAX_CHAIN_LIMIT
 from .store.database import Database
@@ -46,8 +45,16 @@ class Repository:
         self.refs = Refs(self.db)
         supply = None
         if lazy_remote_name(self.db) is not None:
+            from .remotes.lazy import LazyRemote  # the transfer machinery: loaded by lazy clones only
+
             supply = LazyRemote(self.db, self.wvc_dir / "remote-idx", self.wvc_dir)
-        self.store = ObjectStore(self.db, self.wvc_dir / "packs", ExternalFiles(lambda: locate(self.db)), supply)
+        self.store = ObjectStore(self.db, self.wvc_dir / "packs", ExternalFiles(self._locate_base_files), supply)
+
+    def _locate_base_files(self):
+        """Where the base model's files are (found, or downloaded again, on the first read of one)."""
+        from .basemodel.attach import locate
+
+        return locate(self.db)
 
     # -- creating and opening --------------------------------------------------------------
     @classmethod

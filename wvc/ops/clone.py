@@ -8,7 +8,7 @@ from pathlib import Path
 from ..errors import RemoteError, RevisionNotFound, WvcError
 from ..progress import NULL, Progress
 from ..remotes import open_remote
-from ..remotes.lazy import LAZY_REMOTE_KEY
+from ..remotes import LAZY_REMOTE_KEY
 from ..repo import Repository, remove_new_repository
 from ..store.refs import HEADS
 from .fetch import fetch

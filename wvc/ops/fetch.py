@@ -18,7 +18,7 @@ from ..fsutil import fsync_dir
 from ..objects import Commit, Tree
 from ..progress import NULL, Progress
 from ..remotes.interface import MAX_SMALL_OBJECT, commit_path, pack_path, tree_path
-from ..remotes.lazy import lazy_remote_name
+from ..remotes import lazy_remote_name
 from ..remotes.transfer import remote_index, verify_packs
 from ..store.graph import UNKNOWN
 from ..store.packs import pack_filename

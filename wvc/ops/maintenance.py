@@ -18,7 +18,7 @@ from ..errors import WvcError
 from ..fsutil import TEMP_PREFIX
 from ..objects import Commit, Tree
 from ..basemodel.attach import verify as verify_base
-from ..remotes.lazy import lazy_remote_name
+from ..remotes import lazy_remote_name
 from ..store.packs import pack_filename, read_pack_index
 from ..store.refs import HEADS, TAGS
 

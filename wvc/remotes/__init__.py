@@ -29,3 +29,11 @@ def remote_url(db, name: str) -> str:
     if url is None:
         raise RemoteError(f"no remote named {name!r} (see `wvc remote add`)")
     return url
+
+
+LAZY_REMOTE_KEY = "lazy.remote"
+
+
+def lazy_remote_name(db) -> str | None:
+    """The remote a lazy clone fetches chunks from (remotes/lazy.py), or None for a complete repository."""
+    return db.get_config(LAZY_REMOTE_KEY)

@@ -12,15 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..progress import NULL, Progress
-from . import open_remote, remote_url
+from . import lazy_remote_name, open_remote, remote_url
 from .transfer import fetch_objects, object_index
-
-LAZY_REMOTE_KEY = "lazy.remote"
-
-
-def lazy_remote_name(db) -> str | None:
-    """The remote a lazy clone fetches chunks from, or None for a complete repository."""
-    return db.get_config(LAZY_REMOTE_KEY)
 
 
 class LazyRemote:
