@@ -89,3 +89,40 @@ def test_a_missing_tensor_name_is_a_wvc_error_and_a_key_error(tmp_path):
         view.tensor("nope")
     with pytest.raises(WvcError, match="no tensor 'nope'"):
         view.tensor("nope")
+
+
+def test_a_repository_an_older_wvc_made_with_deeper_chains_stays_readable(tmp_path):
+    """Older wvc accepted any --max-chain: such a repository's own chains are still read
+    (remotes are held to the fixed bound, store/chains.py)."""
+    import struct
+
+    from wvc.errors import CorruptObject
+    from wvc.store.objects import ObjectRow
+    from wvc.store.packs import PackWriter
+
+    from .test_hostile_remotes import delta, keyframe
+
+    tail = bytes(range(60))
+    raws = [struct.pack("<I", i) + tail for i in range(1100)]
+    objects = [keyframe(raws[0])] + [delta(raws[i], raws[i - 1]) for i in range(1, len(raws))]
+
+    def store_chain(repo):
+        writer = PackWriter(repo.store.packs_dir)
+        entries = [writer.add(oid, payload, raw_size, method, base) for oid, payload, raw_size, method, base in objects]
+        name, size = writer.finish()
+        with repo.db.write():
+            repo.store.insert_rows((name, size), [ObjectRow(e.id, name, e.offset, e.length, e.raw_size, e.method,
+                                                            e.base, depth) for depth, e in enumerate(entries)])
+
+    deep = Repo.init(tmp_path / "deep")
+    with deep.db.write():
+        deep.db.set_config("max_chain", "5000")  # what `init --max-chain 5000` recorded before
+    deep.close()
+    deep = Repo.open(tmp_path / "deep")
+    store_chain(deep)
+    assert deep.store.get(objects[-1][0]) == raws[-1]
+
+    plain = Repo.init(tmp_path / "plain")  # the same chain in a repository of today's bound
+    store_chain(plain)
+    with pytest.raises(CorruptObject, match="deeper than"):
+        plain.store.get(objects[-1][0])

@@ -16,7 +16,7 @@ from .errors import FormatError, InvalidArgument, NotARepository, RepositoryExis
 from .objects import Commit, Tree, check_chunk_bytes
 from .remotes import lazy_remote_name
 from .revparse import resolve
-from .store.chains import MAX_CHAIN_LIMIT
+from .store.chains import MAX_CHAIN_LIMIT, MAX_CHAIN_LINKS
 from .store.database import Database
 from .store.external import ExternalFiles
 from .store.graph import CommitGraph
@@ -48,7 +48,9 @@ class Repository:
             from .remotes.lazy import LazyRemote  # the transfer machinery: loaded by lazy clones only
 
             supply = LazyRemote(self.db, self.wvc_dir / "remote-idx", self.wvc_dir)
-        self.store = ObjectStore(self.db, self.wvc_dir / "packs", ExternalFiles(self._locate_base_files), supply)
+        max_links = max(MAX_CHAIN_LINKS, self.max_chain + 1)
+        self.store = ObjectStore(self.db, self.wvc_dir / "packs", ExternalFiles(self._locate_base_files), supply,
+                                 max_links)
 
     def _locate_base_files(self):
         """Where the base model's files are (found, or downloaded again, on the first read of one)."""

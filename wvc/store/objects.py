@@ -29,7 +29,7 @@ from typing import Protocol
 from .. import allocator, ids
 from ..errors import CorruptObject, MissingObject
 from ..progress import NULL, Progress
-from .chains import resolve_chain
+from .chains import MAX_CHAIN_LINKS, resolve_chain
 from .database import Database
 from .external import BASE_PACK, EXTERNAL_METHOD, ExternalFiles
 from .packs import PackReader, PackWriter
@@ -107,8 +107,11 @@ class ChunkSupply(Protocol):
 
 class ObjectStore:
     def __init__(self, db: Database, packs_dir: Path, external: ExternalFiles | None = None,
-                 supply: ChunkSupply | None = None):
+                 supply: ChunkSupply | None = None, max_links: int = MAX_CHAIN_LINKS):
         self.db = db
+        # the longest chain this store reads: the hard bound, or more for a repository an
+        # older wvc made with a deeper --max-chain (its own chains stay readable)
+        self.max_links = max_links
         self.packs_dir = packs_dir
         self.reader = PackReader(packs_dir)
         self.external = external  # a base model's files, when the repository has one
@@ -151,7 +154,7 @@ class ObjectStore:
         def lookup(oid: str) -> ObjectRow | None:
             return row if row is not None and row.id == oid else self._row_or_supplied(oid)
 
-        return resolve_chain(object_id, lookup)
+        return resolve_chain(object_id, lookup, max_links=self.max_links)
 
     def decode_chain(self, chain: list[ObjectRow]) -> bytes:
         """Decode rows from :meth:`chain` (no database access: safe on a worker thread).
