@@ -10,11 +10,12 @@ from pathlib import Path
 
 from .. import ids
 from ..basemodel.record import base_json
-from ..errors import NonFastForward, RemoteError, RevisionNotFound, WvcError
+from ..errors import NonFastForward, RevisionNotFound, WvcError
 from ..objects import canonical_json
 from ..progress import NULL, Progress
 from ..remotes.interface import BASE_RECORD, commit_path, pack_path, tree_path
 from ..remotes.transfer import remote_index
+from ..store.chains import resolve_chain
 from ..store.packs import PackWriter, pack_filename
 from ..store.refs import HEADS
 from .remote_config import REMOTES, index_cache, open_remote_named
@@ -65,8 +66,10 @@ def push(repo, remote_name: str = "origin", branch: str | None = None, *, force:
 
     cache = index_cache(repo)
     remote_objects = {e.id for name in state.packs for e in remote_index(remote, name, cache)}
+    # a lazy clone pushing to another remote fetches what it lacks first, delta bases included
+    repo.store.ensure_local({c for cid in new_commits for c in repo.read_tree(repo.read_commit(cid).tree).chunk_ids()}
+                            - remote_objects, progress)
     wanted = _objects_to_send(repo, new_commits, remote_objects)
-    repo.store.ensure_local(wanted, progress)  # a lazy clone pushing to another remote
     files: dict[str, Path | bytes] = {}
     with tempfile.TemporaryDirectory(prefix="wvc-push-", dir=repo.wvc_dir) as tmp:
         if wanted:
@@ -97,21 +100,17 @@ def push(repo, remote_name: str = "origin", branch: str | None = None, *, force:
 
 
 def _objects_to_send(repo, new_commits: list[str], remote_objects: set[str]) -> list[str]:
-    """Chunks of the new commits' trees that the remote lacks, and the delta bases they need
-    (never a base model's chunks: the other side reads those from the base itself)."""
+    """Chunks of the new commits' trees that the remote lacks, each followed by the delta
+    bases it needs (store/chains.py); never a base model's chunk: the other side reads those
+    from the base itself."""
     wanted: list[str] = []
     seen = set(remote_objects)
+
     for cid in new_commits:
-        for chunk in sorted(repo.read_tree(repo.read_commit(cid).tree).chunk_ids()):
-            links = 0
-            while chunk is not None and chunk not in seen:
-                seen.add(chunk)
-                row = repo.store.row(chunk)
-                if row is not None and row.external:
+        for chunk in sorted(repo.read_tree(repo.read_commit(cid).tree).chunk_ids() - seen):
+            for link in resolve_chain(chunk, repo.store.row, stop=seen.__contains__, max_links=repo.store.max_links):
+                if link.external:
                     break
-                wanted.append(chunk)
-                chunk = row.base if row else None
-                links += 1
-                if links > 100_000:
-                    raise RemoteError("local delta chain is cyclic; run `wvc fsck`")
+                seen.add(link.id)
+                wanted.append(link.id)
     return wanted

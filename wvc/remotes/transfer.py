@@ -132,10 +132,8 @@ def verify_packs(store: ObjectStore, packs: list[tuple[str, Path]],
             raise CorruptObject(f"remote pack {link.pack[:12]} is truncated")
         return data
 
-    def lookup(oid: str):
+    def lookup(oid: str) -> _Link:  # stop() has already ended the walk at a local base
         link = by_id.get(oid)
-        if link is None and store.has(oid):
-            return None  # never reached: stop() ends the walk at local objects
         if link is None:
             raise CorruptObject(f"remote object needs base {ids.short(oid)} that neither side has")
         return link
