@@ -111,14 +111,119 @@ def hub_env(hub, monkeypatch, tmp_path):
     return hub
 
 
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3-protocol server process (moto's server mode) on 127.0.0.1: its endpoint URL."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).parent / "s3_server.py"), str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while True:  # ready when it accepts a connection
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the moto S3 server did not start") from None
+            time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+@pytest.fixture
+def s3_env(s3_server, monkeypatch):
+    """The standard AWS environment pointed at the local S3 server (what a MinIO user sets)."""
+    for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "wvc-test-key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wvc-test-secret")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    return s3_server
+
+
 _remote_names = itertools.count()
 
 
-@pytest.fixture(params=["path", "hub"])
+def new_bucket() -> str:
+    import boto3
+
+    name = f"wvc-test-{next(_remote_names)}"
+    boto3.client("s3").create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture(params=["path", "hub", "s3"])
 def remote_url(request, tmp_path):
-    """Each remote test runs against a directory remote and a Hub remote."""
+    """Each remote test runs against a directory remote, a Hub remote and an S3 bucket."""
+    if request.param == "s3":
+        request.getfixturevalue("s3_env")
+        return f"s3://{new_bucket()}/team/model"
     n = next(_remote_names)
     return str(tmp_path / f"remote-{n}") if request.param == "path" else f"hf://team/model-{n}"
+
+
+class RemoteFiles:
+    """The files of a remote as stored, whatever holds them, for tests that tamper with them."""
+
+    def __init__(self, url: str, hub):
+        self.url, self.hub = url, hub
+
+    def paths(self) -> list[str]:
+        if self.url.startswith("hf://"):
+            meta = self.hub.storage.load("models", self.url[len("hf://"):])
+            return sorted(meta["commits"][meta["branches"]["main"]]["files"])
+        if self.url.startswith("s3://"):
+            bucket, prefix = self._s3()
+            import boto3
+
+            pages = boto3.client("s3").get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+            return sorted(o["Key"][len(prefix):] for page in pages for o in page.get("Contents", ()))
+        root = Path(self.url)
+        return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+
+    def read(self, path: str) -> bytes:
+        if self.url.startswith("hf://"):
+            meta = self.hub.storage.load("models", self.url[len("hf://"):])
+            sha = meta["commits"][meta["branches"]["main"]]["files"][path]["sha256"]
+            return self.hub.storage.blob_path(sha).read_bytes()
+        if self.url.startswith("s3://"):
+            import boto3
+
+            bucket, prefix = self._s3()
+            return boto3.client("s3").get_object(Bucket=bucket, Key=prefix + path)["Body"].read()
+        return (Path(self.url) / path).read_bytes()
+
+    def write(self, path: str, data: bytes) -> None:
+        """Write or replace a file (on the Hub, as a commit that anyone with write access could make)."""
+        if self.url.startswith("hf://"):
+            from huggingface_hub import CommitOperationAdd, HfApi
+
+            HfApi(endpoint=self.hub.base_url, token=TOKEN).create_commit(
+                self.url[len("hf://"):], [CommitOperationAdd(path, data)], commit_message="tamper")
+        elif self.url.startswith("s3://"):
+            import boto3
+
+            bucket, prefix = self._s3()
+            boto3.client("s3").put_object(Bucket=bucket, Key=prefix + path, Body=data)
+        else:
+            p = Path(self.url) / path
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(data)
+
+    def _s3(self) -> tuple[str, str]:
+        bucket, _, prefix = self.url[len("s3://"):].partition("/")
+        return bucket, (prefix.strip("/") + "/") if prefix.strip("/") else ""
 
 
 @pytest.fixture
@@ -132,4 +237,4 @@ def cli(monkeypatch):
     return run
 
 
-__all__ = ["TOKEN", "ALL_DTYPES", "random_tensor", "sha256", "tree_digests", "repo_state", "write_raw_safetensors", "save_file"]
+__all__ = ["RemoteFiles", "TOKEN", "ALL_DTYPES", "random_tensor", "sha256", "tree_digests", "repo_state", "write_raw_safetensors", "save_file"]

@@ -6,6 +6,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 from safetensors.numpy import save_file
 
 from wvc import Repo, clone
@@ -83,8 +84,15 @@ def test_gc_beside_commits_keeps_everything_reachable(tmp_path):
     assert not repo.db.query("SELECT 1 FROM commits WHERE id IN (SELECT id FROM commits WHERE data LIKE '%junk%')")
 
 
-def test_concurrent_pushers_to_one_branch(tmp_path):
-    remote = tmp_path / "remote"
+@pytest.mark.parametrize("kind", ["path", "s3"])
+def test_concurrent_pushers_to_one_branch(tmp_path, kind, request):
+    if kind == "s3":
+        from .conftest import new_bucket
+
+        request.getfixturevalue("s3_env")
+        remote = f"s3://{new_bucket()}/shared"
+    else:
+        remote = str(tmp_path / "remote")
     seed = Repo.init(tmp_path / "seed")
     save_file({"w": np.zeros((64, 64), np.float16)}, str(seed.root / "model.safetensors"))
     seed.commit("base")

@@ -2,7 +2,6 @@
 Hub-compatible server, spoken to by the real huggingface_hub client)."""
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,7 +11,7 @@ from wvc import Repo, clone
 from wvc.errors import CorruptObject, InvalidRefName, WvcError
 from wvc.errors import NonFastForward, RemoteError
 
-from .conftest import TOKEN, repo_state, tree_digests
+from .conftest import RemoteFiles, repo_state, tree_digests
 
 
 pytestmark = pytest.mark.usefixtures("hub_env")
@@ -119,40 +118,34 @@ def test_interrupted_push_leaves_remote_refs_and_next_push_completes(tmp_path, r
     repo.remote_add("origin", remote_url)
     repo.push()
     t.step_and_commit()
+
+    def crash(*args, **kwargs):
+        raise WvcError("simulated crash after the objects were uploaded")
+
     if remote_url.startswith("hf://"):
         hub.fail["commit"] = 1  # the server fails the atomic commit
+    elif remote_url.startswith("s3://"):
+        from wvc.remotes.s3 import S3Remote
+
+        real_put = S3Remote._put
+        monkeypatch.setattr(S3Remote, "_put", lambda self, path, *a, **k:
+                            crash() if path.startswith("refs/") else real_put(self, path, *a, **k))
     else:
         from wvc.remotes.path import PathRemote
 
-        def crash(self):
-            raise WvcError("simulated crash after the objects were uploaded")
-
+        real_lock = PathRemote._lock
         monkeypatch.setattr(PathRemote, "_lock", crash)
     with pytest.raises(WvcError):
         repo.push()
-    monkeypatch.undo()
-    _set_hub_env(monkeypatch, hub)
+    if remote_url.startswith("s3://"):
+        monkeypatch.setattr(S3Remote, "_put", real_put)
+    elif not remote_url.startswith("hf://"):
+        monkeypatch.setattr(PathRemote, "_lock", real_lock)
     other = clone(remote_url, tmp_path / "b")
     assert other.refs.head_commit() == repo.log()[1].id  # still the first commit
     repo.push()
     other.pull()
     assert other.refs.head_commit() == repo.refs.head_commit()
-
-
-def _set_hub_env(monkeypatch, hub):
-    monkeypatch.setenv("HF_ENDPOINT", hub.base_url)
-    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
-    monkeypatch.setenv("HF_TOKEN", TOKEN)
-
-
-def _remote_files(remote_url, hub) -> dict[str, Path]:
-    """Where the remote's files live on disk (the hub server's blobs for a Hub repo)."""
-    if not remote_url.startswith("hf://"):
-        root = Path(remote_url)
-        return {p.relative_to(root).as_posix(): p for p in root.rglob("*") if p.is_file()}
-    meta = hub.storage.load("models", remote_url[len("hf://"):])
-    head = meta["commits"][meta["branches"]["main"]]["files"]
-    return {path: hub.storage.blob_path(f["sha256"]) for path, f in head.items()}
 
 
 def test_corrupted_object_on_remote_is_detected_and_nothing_enters(tmp_path, remote_url, hub):
@@ -161,11 +154,11 @@ def test_corrupted_object_on_remote_is_detected_and_nothing_enters(tmp_path, rem
     t.step_and_commit()
     repo.remote_add("origin", remote_url)
     repo.push()
-    files = _remote_files(remote_url, hub)
-    pack = next(p for name, p in files.items() if name.endswith(".pack"))
-    data = bytearray(pack.read_bytes())
+    files = RemoteFiles(remote_url, hub)
+    pack = next(p for p in files.paths() if p.endswith(".pack"))
+    data = bytearray(files.read(pack))
     data[len(data) // 2] ^= 0x01
-    pack.write_bytes(data)
+    files.write(pack, bytes(data))
     target = Repo.init(tmp_path / "b")
     target.remote_add("origin", remote_url)
     before = repo_state(target.root)
@@ -176,14 +169,7 @@ def test_corrupted_object_on_remote_is_detected_and_nothing_enters(tmp_path, rem
 
 
 def _write_remote_file(remote_url, hub, path: str, data: bytes):
-    if remote_url.startswith("hf://"):
-        from huggingface_hub import CommitOperationAdd, HfApi
-
-        HfApi(endpoint=hub.base_url).create_commit(remote_url[5:], [CommitOperationAdd(path, data)], commit_message="evil")
-    else:
-        p = Path(remote_url) / path
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(data)
+    RemoteFiles(remote_url, hub).write(path, data)
 
 
 def pushed_and_empty(tmp_path, remote_url) -> tuple[Repo, Repo]:
@@ -249,7 +235,7 @@ def test_push_json_and_model_card(tmp_path, cli, hub):
     assert cli(repo.root, "remote", "add", "origin", "hf://team/card").exit_code == 0
     out = json.loads(cli(repo.root, "push", "--json").output)
     assert out["uploaded_bytes"] > 0 and out["branch"] == "main"
-    card = _remote_files("hf://team/card", hub)["README.md"].read_text()
+    card = RemoteFiles("hf://team/card", hub).read("README.md").decode()
     assert "wvc clone hf://team/card" in card and out["new"][:12] in card
     meta = hub.storage.load("models", "team/card")
     assert meta["private"] is True
@@ -267,8 +253,9 @@ def test_truncated_pack_and_oversized_ref_are_refused(tmp_path, remote_url, hub)
         target.fetch()
     assert repo_state(target.root) == before
     _write_remote_file(remote_url, hub, "refs/heads/huge", repo.refs.head_commit().encode())
-    pack = next(p for name, p in _remote_files(remote_url, hub).items() if name.endswith(".pack"))
-    pack.write_bytes(pack.read_bytes()[:-100])
+    files = RemoteFiles(remote_url, hub)
+    pack = next(p for p in files.paths() if p.endswith(".pack"))
+    files.write(pack, files.read(pack)[:-100])
     with pytest.raises(CorruptObject):
         target.fetch()
     assert repo_state(target.root) == before

@@ -23,8 +23,9 @@ def test_remote_view_reads_one_tensor_without_the_model(tmp_path, remote_url, hu
     view = wvc.open(remote_url, "main")
     assert view.files == ["config.json", "model.safetensors"]
     assert view.tensors["layer1.weight"] == ("BF16", (256, 256))
-    before = hub.served_bytes
+    before, fetched_before = hub.served_bytes, view._get.remote.bytes_downloaded
     w = view.tensor("layer1.weight")
+    fetched = view._get.remote.bytes_downloaded - fetched_before
     local = repo.load_state_dict("main")
     assert torch.equal(w.view(torch.int16), local["layer1.weight"].view(torch.int16))
     if remote_url.startswith("hf://"):
@@ -41,6 +42,15 @@ def test_remote_view_reads_one_tensor_without_the_model(tmp_path, remote_url, hu
                 if index[oid][1].base:
                     stack.append(index[oid][1].base)
         assert served == sum(index[oid][1].length for oid in needed)
+    # on every remote: exactly the payloads of that tensor's chunks and of the bases they need
+    index = view._get.index
+    needed, stack = set(), list(view._entries["layer1.weight"].chunks)
+    while stack:
+        oid = stack.pop()
+        if oid not in needed:
+            needed.add(oid)
+            stack += [index[oid][1].base] if index[oid][1].base else []
+    assert fetched == sum(index[oid][1].length for oid in needed)
     full = view.state_dict()
     assert set(full) == set(local)
     assert view.read_file("model.safetensors") == (repo.root / "model.safetensors").read_bytes()

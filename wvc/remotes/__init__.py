@@ -1,6 +1,6 @@
-"""Remotes: where repositories meet. One interface (``interface.Remote``), two backends:
-a directory (``path``: a shared disk or NFS team folder) and a Hugging Face Hub model repo
-(``hub``). ``transfer`` moves and verifies what crosses; ``lazy`` supplies a lazy clone's
+"""Remotes: where repositories meet. One interface (``interface.Remote``), three backends:
+a directory (``path``: a shared disk or NFS team folder), a Hugging Face Hub model repo
+(``hub``) and an S3-protocol bucket (``s3``). ``transfer`` moves and verifies what crosses; ``lazy`` supplies a lazy clone's
 chunks on first use. The verbs (push, fetch, pull, clone) are in ``wvc.ops``."""
 
 from __future__ import annotations
@@ -14,10 +14,15 @@ def open_remote(url: str):
         from .hub import HubRemote
 
         return HubRemote.from_url(url)
+    if url.startswith("s3://"):
+        from .s3 import S3Remote  # boto3: imported only when an s3 remote is used
+
+        return S3Remote.from_url(url)
     if url.startswith("file://"):
         url = url[len("file://"):]
     if "://" in url:
-        raise RemoteError(f"unsupported remote URL {url!r}: use hf://user/repo, a path or file:///path")
+        raise RemoteError(f"unsupported remote URL {url!r}: use hf://user/repo, s3://bucket/prefix, a path or "
+                          "file:///path")
     from .path import PathRemote
 
     return PathRemote(url)

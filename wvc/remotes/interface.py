@@ -37,6 +37,7 @@ class RemoteState:
     version: str | None  # what publish's compare-and-swap checks (hub commit sha, or refs digest)
     packs: list[str] = field(default_factory=list)  # pack names
     base: bytes | None = None  # base.json as stored (untrusted: basemodel/record.py parses it)
+    tokens: dict[str, str] = field(default_factory=dict)  # per-ref compare-and-swap tokens (S3 ETags)
 
 
 def commit_path(cid: str) -> str:

@@ -1,0 +1,315 @@
+"""An object-storage bucket as a remote (``s3://bucket/prefix``): AWS S3, MinIO, Cloudflare
+R2, Ceph, or anything else that speaks the S3 protocol.
+
+The layout under the prefix is the one every remote has (remotes/interface.py). Endpoint,
+region and credentials come from the standard AWS configuration (``AWS_ENDPOINT_URL``,
+``AWS_REGION``, ``AWS_PROFILE``, ``AWS_ACCESS_KEY_ID``, the shared config files), read by
+boto3 itself, which is imported only when an s3 remote is used. boto3 also retries 5xx
+and throttling answers with exponential back-off ("standard" retry mode).
+
+Refs move by compare-and-swap with S3 conditional writes: a new ref is written with
+``If-None-Match: *``, an existing one with ``If-Match: <the ETag read with the state>``,
+and a deleted one deleted with ``If-Match``. Each ref is its own compare-and-swap (as in
+git); a push moves one. An endpoint that rejects conditional writes is refused with a
+message: without them two pushers could silently overwrite each other.
+
+Objects are written before refs and are immutable (named by their hash), so an
+interrupted push leaves the remote valid and the next push finishes it. Packs above
+``MULTIPART_THRESHOLD`` go up as multipart uploads with parts sent in parallel; an upload
+interrupted by a kill is found again by its key (a pack's name is its checksum, so a
+retried push writes the same key) and only its missing parts are sent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import RemoteChanged, RemoteError
+from .interface import FORMAT, MAX_BASE_RECORD, MAX_REF_BYTES, BASE_RECORD, Remote, RemoteState, pack_names, parse_refs
+
+MULTIPART_THRESHOLD = 64 << 20
+PART_BYTES = 16 << 20  # S3 wants parts of at least 5 MiB (but the last) and at most 10,000 of them
+PART_WORKERS = 4
+MAX_ATTEMPTS = 8  # per request, with boto3's exponential back-off between them
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+_CONDITIONAL_UNSUPPORTED = {"NotImplemented", "InvalidArgument", "InvalidRequest"}
+
+
+@dataclass(frozen=True)
+class S3Location:
+    bucket: str
+    prefix: str  # "" or "some/prefix/"
+
+    @classmethod
+    def parse(cls, url: str) -> "S3Location":
+        rest = url[len("s3://"):]
+        bucket, _, prefix = rest.partition("/")
+        prefix = prefix.strip("/")
+        if not _BUCKET.fullmatch(bucket) or ".." in bucket:
+            raise RemoteError(f"invalid S3 URL {url!r}: expected s3://bucket[/prefix] with a valid bucket name")
+        if any(part in ("", ".", "..") for part in prefix.split("/")) and prefix:
+            raise RemoteError(f"invalid S3 URL {url!r}: the prefix has an empty, '.' or '..' component")
+        return cls(bucket, prefix + "/" if prefix else "")
+
+
+def _client():
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client("s3", config=Config(retries={"mode": "standard", "max_attempts": MAX_ATTEMPTS},
+                                            max_pool_connections=2 * PART_WORKERS + 2))
+
+
+@contextlib.contextmanager
+def s3_errors(what: str):
+    """Client and transport failures as one RemoteError line (never a credential)."""
+    from botocore import exceptions as bx
+
+    try:
+        yield
+    except bx.ClientError as exc:
+        raise _client_error(what, exc) from None
+    except bx.NoCredentialsError:
+        raise RemoteError(f"{what}: no AWS credentials found (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+                          "or AWS_PROFILE)") from None
+    except (bx.EndpointConnectionError, bx.ConnectTimeoutError, bx.ReadTimeoutError, bx.ConnectionClosedError) as exc:
+        raise RemoteError(f"{what}: cannot reach the S3 endpoint ({type(exc).__name__})") from None
+    except bx.BotoCoreError as exc:
+        raise RemoteError(f"{what}: S3 client error ({type(exc).__name__})") from None
+
+
+class S3RequestError(RemoteError):
+    """An S3 request the endpoint refused; ``code`` and ``status`` are what it answered."""
+
+    def __init__(self, message: str, code: str = "", status: int | None = None):
+        super().__init__(message)
+        self.code, self.status = code, status
+
+
+class _NotFound(S3RequestError):
+    pass
+
+
+def _client_error(what: str, exc) -> RemoteError:
+    code = exc.response.get("Error", {}).get("Code", "")
+    status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    if code == "PreconditionFailed" or status == 412:
+        return RemoteChanged(f"{what}: the remote changed while pushing (another push won); fetch and retry")
+    if code in ("NoSuchKey", "404") or (status == 404 and code != "NoSuchBucket"):
+        return _NotFound(f"{what}: not found", code, status)
+    if code == "NoSuchBucket":
+        message = f"{what}: the bucket does not exist (wvc does not create buckets)"
+    elif code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAccessDisabled") or status == 403:
+        message = f"{what}: access denied (HTTP {status}, {code}); check the credentials and the bucket policy"
+    elif code in ("PermanentRedirect", "AuthorizationHeaderMalformed", "IllegalLocationConstraintException") \
+            or status == 301:
+        message = f"{what}: the bucket is in another region ({code}); set AWS_REGION to the bucket's region"
+    else:
+        message = f"{what}: S3 error HTTP {status} {code}".rstrip()
+    return S3RequestError(message, code, status)
+
+
+class S3Remote(Remote):
+    def __init__(self, location: S3Location, url: str):
+        self.location = location
+        self.url = url
+        self.client = _client()
+        self._count_lock = threading.Lock()  # parts are sent from several threads
+
+    @classmethod
+    def from_url(cls, url: str) -> "S3Remote":
+        location = S3Location.parse(url)
+        return cls(location, f"s3://{location.bucket}/{location.prefix}".rstrip("/"))
+
+    def _key(self, path: str) -> str:
+        return self.location.prefix + path
+
+    def _what(self, path: str = "") -> str:
+        return f"{self.url}/{path}" if path else self.url
+
+    # -- reading -----------------------------------------------------------------------------
+    def _list(self) -> dict[str, str]:
+        """path (under the prefix) -> ETag of every object."""
+        out = {}
+        with s3_errors(self._what()):
+            pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.location.bucket,
+                                                                            Prefix=self.location.prefix)
+            for page in pages:
+                for obj in page.get("Contents", ()):
+                    out[obj["Key"][len(self.location.prefix):]] = obj["ETag"]
+        return out
+
+    def _get(self, path: str, byte_range: str | None = None):
+        kwargs = {"Range": byte_range} if byte_range else {}
+        with s3_errors(self._what(path)):
+            return self.client.get_object(Bucket=self.location.bucket, Key=self._key(path), **kwargs)
+
+    def _read_upto(self, path: str, n: int) -> tuple[bytes, str]:
+        """At most ``n`` bytes from the start of a file, and its ETag (the Range bounds what
+        the endpoint sends, and the read bounds what is kept even if it ignores the Range)."""
+        resp = self._get(path, f"bytes=0-{n - 1}")
+        with s3_errors(self._what(path)):
+            data = resp["Body"].read(n)
+            resp["Body"].close()
+        self.bytes_downloaded += len(data)
+        return data, resp.get("ETag", "")
+
+    def state(self, create: bool = False) -> RemoteState:
+        listing = self._list()
+        if "wvc.json" not in listing:
+            if not create:
+                raise RemoteError(f"{self.url} is not a wvc remote (no wvc.json)")
+            if listing:
+                raise RemoteError(f"{self.url} holds other objects and is not a wvc remote")
+            self._put("wvc.json", f'{{"format": {FORMAT}}}'.encode(), if_none_match=True, exist_ok=True)
+        files, tokens = {}, {}
+        for path in listing:
+            if path.startswith("refs/"):
+                files[path], tokens[path] = self._read_upto(path, MAX_REF_BYTES + 1)
+        refs = parse_refs(files)
+        base = self.read(BASE_RECORD, MAX_BASE_RECORD) if BASE_RECORD in listing else None
+        version = hashlib.sha256(repr(sorted(tokens.items())).encode()).hexdigest()
+        return RemoteState(refs, version, pack_names(listing), base, tokens={r: tokens[r] for r in refs})
+
+    def read(self, path: str, limit: int) -> bytes | None:
+        try:
+            data, _ = self._read_upto(path, limit + 1)
+        except _NotFound:
+            return None
+        if len(data) > limit:
+            raise RemoteError(f"remote file {path} is larger than allowed")
+        return data
+
+    def download(self, path: str, dest: Path, limit: int) -> None:
+        resp = self._get(path)
+        if resp.get("ContentLength", 0) > limit:
+            resp["Body"].close()
+            raise RemoteError(f"remote file {path} is larger than allowed")
+        total = 0
+        with s3_errors(self._what(path)), open(dest, "wb") as fh:
+            for block in resp["Body"].iter_chunks(1 << 20):
+                total += len(block)
+                if total > limit:
+                    raise RemoteError(f"remote file {path} is larger than allowed")
+                fh.write(block)
+        self.bytes_downloaded += total
+
+    def read_range(self, path: str, offset: int, length: int) -> bytes:
+        if length <= 0:
+            return b""
+        resp = self._get(path, f"bytes={offset}-{offset + length - 1}")
+        if not resp.get("ContentRange") and offset != 0:
+            resp["Body"].close()
+            raise RemoteError(f"{self._what(path)}: the endpoint ignored a range request; refusing to download "
+                              f"the whole file for {length} bytes")
+        with s3_errors(self._what(path)):
+            data = resp["Body"].read(length)
+            resp["Body"].close()
+        if len(data) != length:
+            raise RemoteError(f"remote file {path} is shorter than its index says")
+        self.bytes_downloaded += len(data)
+        return data
+
+    # -- writing -----------------------------------------------------------------------------
+    def _put(self, path: str, data: bytes, *, if_match: str | None = None, if_none_match: bool = False,
+             exist_ok: bool = False) -> None:
+        kwargs = {}
+        if if_match is not None:
+            kwargs["IfMatch"] = if_match
+        if if_none_match:
+            kwargs["IfNoneMatch"] = "*"
+        try:
+            with s3_errors(self._what(path)):
+                self.client.put_object(Bucket=self.location.bucket, Key=self._key(path), Body=data, **kwargs)
+        except RemoteChanged:
+            if exist_ok:
+                return
+            raise
+        except S3RequestError as exc:
+            if kwargs and (exc.status == 501 or exc.code in _CONDITIONAL_UNSUPPORTED):
+                raise RemoteError(f"{self.url}: the endpoint refuses conditional writes (If-Match / If-None-Match), "
+                                  "which wvc needs to move refs safely; refusing to push (two pushers could "
+                                  "overwrite each other's work)") from None
+            raise
+        self.bytes_uploaded += len(data)
+
+    def _exists(self, path: str, size: int | None) -> bool:
+        try:
+            with s3_errors(self._what(path)):
+                head = self.client.head_object(Bucket=self.location.bucket, Key=self._key(path))
+        except _NotFound:
+            return False
+        return size is None or head.get("ContentLength") == size
+
+    def publish(self, files, refs, expected: RemoteState, message: str) -> None:
+        for path, content in files.items():  # objects first: immutable, so an existing one is kept
+            size = len(content) if isinstance(content, bytes) else Path(content).stat().st_size
+            if self._exists(path, size):
+                continue
+            if isinstance(content, bytes):
+                self._put(path, content)
+            elif size > MULTIPART_THRESHOLD:
+                self._multipart(path, Path(content), size)
+            else:
+                self._put(path, Path(content).read_bytes())
+        for ref, target in refs.items():  # then each ref, compare-and-swap against what we read
+            token = expected.tokens.get(ref)
+            if target is None:
+                if token is None:
+                    continue
+                with s3_errors(self._what(ref)):
+                    self.client.delete_object(Bucket=self.location.bucket, Key=self._key(ref), IfMatch=token)
+            elif token is None:
+                if ref in expected.refs:
+                    raise RemoteChanged(f"{self._what(ref)}: no compare-and-swap token for an existing ref")
+                self._put(ref, (target + "\n").encode(), if_none_match=True)
+            else:
+                self._put(ref, (target + "\n").encode(), if_match=token)
+
+    def _multipart(self, path: str, source: Path, size: int) -> None:
+        """Upload ``source`` in parts, in parallel; resume an upload of the same key that a
+        killed push left, sending only the parts it lacks (compared by MD5)."""
+        key, bucket = self._key(path), self.location.bucket
+        part_bytes = max(PART_BYTES, -(-size // 10_000))
+        count = -(-size // part_bytes)
+        with s3_errors(self._what(path)):
+            upload_id, done = self._resumable_upload(key)
+            if upload_id is None:
+                upload_id = self.client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+
+            def send(number: int) -> dict:
+                with open(source, "rb") as fh:
+                    fh.seek((number - 1) * part_bytes)
+                    data = fh.read(part_bytes)
+                etag = '"' + hashlib.md5(data, usedforsecurity=False).hexdigest() + '"'
+                if done.get(number) == etag:
+                    return {"PartNumber": number, "ETag": etag}
+                with s3_errors(self._what(path)):
+                    sent = self.client.upload_part(Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number,
+                                                   Body=data)
+                with self._count_lock:
+                    self.bytes_uploaded += len(data)
+                return {"PartNumber": number, "ETag": sent["ETag"]}
+
+            with ThreadPoolExecutor(PART_WORKERS, thread_name_prefix="wvc-s3-part") as pool:
+                parts = list(pool.map(send, range(1, count + 1)))
+            self.client.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id,
+                                                  MultipartUpload={"Parts": parts})
+
+    def _resumable_upload(self, key: str) -> tuple[str | None, dict[int, str]]:
+        uploads = self.client.list_multipart_uploads(Bucket=self.location.bucket, Prefix=key).get("Uploads", [])
+        mine = [u for u in uploads if u["Key"] == key]
+        if not mine:
+            return None, {}
+        upload_id = mine[-1]["UploadId"]
+        done = {}
+        for page in self.client.get_paginator("list_parts").paginate(Bucket=self.location.bucket, Key=key,
+                                                                     UploadId=upload_id):
+            done.update((p["PartNumber"], p["ETag"]) for p in page.get("Parts", ()))
+        return upload_id, done
