@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -59,11 +60,18 @@ class S3Location:
 
 
 def _client():
-    import boto3
-    from botocore.config import Config
-
-    return boto3.client("s3", config=Config(retries={"mode": "standard", "max_attempts": MAX_ATTEMPTS},
-                                            max_pool_connections=2 * PART_WORKERS + 2))
+    try:
+        import boto3
+        from botocore.config import Config
+    except ImportError:
+        raise RemoteError("s3:// remotes need boto3: pip install 'wvc[s3]'") from None
+    # The standard AWS settings win where the user gave them (AWS_MAX_ATTEMPTS,
+    # AWS_RETRY_MODE, or the config file); otherwise back off and retry a few more times
+    # than boto3's default, since a push is worth finishing.
+    retries = {"mode": os.environ.get("AWS_RETRY_MODE", "standard")}
+    if "AWS_MAX_ATTEMPTS" not in os.environ:
+        retries["max_attempts"] = MAX_ATTEMPTS
+    return boto3.client("s3", config=Config(retries=retries, max_pool_connections=2 * PART_WORKERS + 2))
 
 
 @contextlib.contextmanager
