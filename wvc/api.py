@@ -70,6 +70,19 @@ class Repo(Repository):
 
         return diff.diff(self, rev_a, rev_b, stat=stat)
 
+    def merge(self, rev: str, *, strategy: str | None = None, weights: tuple[float, float] = (0.5, 0.5),
+              density: float = 1.0, lam: float = 1.0, seed: int = 0, t: float = 0.5, no_commit: bool = False,
+              message: str | None = None, progress: Progress = NULL):
+        """Three-way merge of ``rev`` into HEAD (docs/merge.md); conflicts refuse it unless a
+        ``strategy`` (ours, theirs, linear, task-arithmetic, ties, dare-linear, dare-ties, slerp)
+        settles them."""
+        from .merge_methods import MergeParameters
+        from .ops import merge
+
+        params = MergeParameters(weights[0], weights[1], density, lam, seed, t)
+        return merge.merge(self, rev, strategy=strategy, params=params, no_commit=no_commit, message=message,
+                           progress=progress)
+
     def load_state_dict(self, rev: str = "HEAD", *, device: str = "cpu", lazy: bool = False):
         from .ops import tensors
 
@@ -131,11 +144,11 @@ class Repo(Repository):
 
         return fetch.fetch(self, remote, progress=progress)
 
-    def pull(self, remote: str = "origin", branch: str | None = None, *, rebase: bool = False,
-             progress: Progress = NULL):
+    def pull(self, remote: str = "origin", branch: str | None = None, *, rebase: bool = False, merge: bool = False,
+             strategy: str | None = None, progress: Progress = NULL):
         from .ops import pull
 
-        return pull.pull(self, remote, branch, rebase=rebase, progress=progress)
+        return pull.pull(self, remote, branch, rebase=rebase, merge=merge, strategy=strategy, progress=progress)
 
     # -- maintenance -----------------------------------------------------------------------
     def gc(self, *, grace_seconds: int = 3600):

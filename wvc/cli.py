@@ -426,16 +426,77 @@ def fetch(remote_name, as_json):
 @click.argument("remote_name", default="origin")
 @click.argument("branch", required=False)
 @click.option("--rebase", is_flag=True, help="If the branches diverged, replay your commits on top of the remote's.")
+@click.option("--merge", "do_merge", is_flag=True, help="If the branches diverged, merge the remote's into yours.")
+@click.option("--strategy", default=None, help="With --merge: how to settle conflicting tensors (see `wvc merge`).")
 @json_option
-def pull(remote_name, branch, rebase, as_json):
+def pull(remote_name, branch, rebase, do_merge, strategy, as_json):
     """Fetch, then fast-forward BRANCH (default: the current one) and the working tree."""
-    res = open_repo().pull(remote_name, branch, rebase=rebase, progress=BarProgress())
+    if rebase and do_merge:
+        raise click.UsageError("--rebase and --merge: choose one")
+    res = open_repo().pull(remote_name, branch, rebase=rebase, merge=do_merge, strategy=strategy,
+                           progress=BarProgress())
     if as_json:
         return emit_json(res)
     if res["old"] == res["new"]:
         return click.echo("Already up to date.")
+    if res.get("merged"):
+        return click.echo(f"Merged {remote_name}/{res['branch']} into {res['branch']}: {res['new'][:12]} "
+                          f"({human(res['downloaded_bytes'])} downloaded)")
     click.echo(f"Fast-forward {res['branch']} {(res['old'] or '(none)')[:12]}..{res['new'][:12]} "
                f"({human(res['downloaded_bytes'])} downloaded)")
+
+
+@main.command()
+@click.argument("rev")
+@click.option("--strategy", "-s", default=None,
+              type=click.Choice(["ours", "theirs", "linear", "task-arithmetic", "ties", "dare-linear", "dare-ties",
+                                 "slerp"]),
+              help="How to settle tensors both sides changed (none: such a conflict refuses the merge).")
+@click.option("--weight", "weights", multiple=True, metavar="ours=W|theirs=W",
+              help="Weight of a side for linear, task-arithmetic, ties and dare (default 0.5 each).")
+@click.option("--density", default=1.0, show_default=True, type=float, help="ties / dare: share of each task vector kept.")
+@click.option("--lambda", "lam", default=1.0, show_default=True, type=float, help="Scale of the merged task vector.")
+@click.option("--seed", default=0, show_default=True, type=int, help="dare: seed of the random drop.")
+@click.option("--t", "t", default=0.5, show_default=True, type=float, help="slerp: 0 is ours, 1 is theirs.")
+@click.option("--no-commit", is_flag=True, help="Write the result to the working tree; `wvc commit` records it.")
+@click.option("-m", "--message", default=None, help="Message of the merge commit.")
+@json_option
+def merge(rev, strategy, weights, density, lam, seed, t, no_commit, message, as_json):
+    """Three-way merge of REV into the current branch, per tensor (docs/merge.md)."""
+    from .ops.merge import MergeConflict
+
+    sides = {"ours": 0.5, "theirs": 0.5}
+    for item in weights:
+        side, _, value = item.partition("=")
+        try:
+            if side not in sides:
+                raise ValueError
+            sides[side] = float(value)
+        except ValueError:
+            raise click.UsageError(f"--weight {item!r}: expected ours=W or theirs=W") from None
+    try:
+        res = open_repo().merge(rev, strategy=strategy, weights=(sides["ours"], sides["theirs"]), density=density,
+                                lam=lam, seed=seed, t=t, no_commit=no_commit, message=message,
+                                progress=BarProgress())
+    except MergeConflict as exc:
+        if as_json:
+            emit_json({"status": "conflict", "conflicts": exc.conflicts})
+        raise
+    if as_json:
+        return emit_json(res.to_json())
+    if res.status == "up-to-date":
+        return click.echo("Already up to date.")
+    if res.status == "fast-forward":
+        return click.echo(f"Fast-forward to {res.commit[:12]}")
+    note = f" (criss-cross: {len(res.merge_bases)} merge bases, used the newest, {res.merge_base[:12]})" \
+        if len(res.merge_bases) > 1 else ""
+    computed = f", {len(res.computed)} tensors computed with {res.strategy}" if res.computed else ""
+    resolved = f", {len(res.resolved)} conflicts settled with {res.strategy}" if res.resolved else ""
+    if res.status == "written":
+        return click.echo(f"Merge result written to the working tree{computed}{resolved}{note}; "
+                          "`wvc commit` records it")
+    click.echo(f"Merged {rev}: {res.commit[:12]} ({len(res.from_theirs)} changes taken from {rev}{computed}{resolved}, "
+               f"{human(res.stored_bytes)} stored){note}")
 
 
 @main.command()

@@ -46,8 +46,8 @@ def _resolve_base(refs: Refs, graph: CommitGraph, base: str, rev: str) -> str:
         if head is None:
             raise RevisionNotFound("HEAD has no commits yet")
         return head
-    for prefix in (HEADS, TAGS, "refs/remotes/", ""):
-        target = refs.get(prefix + base) if prefix else None
+    for prefix in (HEADS, TAGS, "refs/remotes/", ""):  # "": a full ref name (refs/heads/main)
+        target = refs.get(prefix + base) if prefix or base.startswith("refs/") else None
         if target is not None:
             return target
     if re.fullmatch(r"[0-9a-f]+", base) and MIN_PREFIX <= len(base) <= ids.ID_HEX_LEN:

@@ -17,6 +17,7 @@ from ..fsutil import resolve_inside
 from ..progress import NULL, Progress
 from ..store.refs import HEADS
 from ..worktree import StatCache, scan
+from .commit import MERGE_HEAD, MERGE_RECIPE
 from .materialize import write_file
 
 
@@ -96,6 +97,8 @@ def checkout(repo, rev: str, *, force: bool = False, output=None, progress: Prog
             repo.refs.set_head(commit_id, f"checkout: moving to {commit_id}")
         cache.forget(to_remove)
         cache.flush(in_transaction=True)
+        repo.db.delete_config(MERGE_HEAD)  # a merge written with --no-commit ends with any checkout
+        repo.db.delete_config(MERGE_RECIPE)
     return CheckoutResult(commit_id, branch, len(to_write), len(to_remove), None)
 
 

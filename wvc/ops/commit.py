@@ -25,6 +25,12 @@ from ..worktree import StatCache, scan
 from ..snapshot import STATE_DICT_PATH, Snapshotter
 
 
+# A merge written with --no-commit (ops/merge.py) waits here for the next commit, which
+# takes the other parent and the recipe; any checkout drops it.
+MERGE_HEAD = "merge.head"
+MERGE_RECIPE = "merge.recipe"
+
+
 @dataclass(frozen=True)
 class CommitResult:
     commit: str
@@ -75,6 +81,11 @@ def commit(
     ``exclude`` adds gitignore-style patterns for a directory source.
     """
     metadata = check_metadata(metadata or {})
+    merge_head = repo.db.get_config(MERGE_HEAD) if branch is None and source is None else None
+    if merge_head is not None:
+        import json
+
+        metadata = {**metadata, "merge": json.loads(repo.db.get_config(MERGE_RECIPE) or "{}")}
     if branch is not None:
         from ..store.refs import check_ref_name
 
@@ -100,11 +111,11 @@ def commit(
             tree = Tree(tuple(files[p] for p in sorted(files)), chunk_bytes)
         else:
             tree = snap.directory(root, scan(root, exclude).files, stat_cache or StatCache(repo.db, root))
-        if parent_tree is not None and tree.id == parent_tree.id and not allow_empty:
+        if parent_tree is not None and tree.id == parent_tree.id and not allow_empty and merge_head is None:
             raise NothingToCommit("nothing to commit: the working tree matches HEAD (use --allow-empty)")
         pack, rows = writer.finish()
 
-    parents = (parent_id,) if parent_id else ()
+    parents = ((parent_id,) if parent_id else ()) + ((merge_head,) if merge_head else ())
     new = Commit(tree.id, parents, author or default_author(), int(time.time()), message, metadata)
     with repo.db.write():
         repo.store.insert_rows(pack, rows)
@@ -122,6 +133,9 @@ def commit(
             repo.refs.set_head(new.id, f"commit (detached): {new.summary}")
         if stat_cache is not None:
             stat_cache.flush(in_transaction=True)
+        if merge_head is not None:
+            repo.db.delete_config(MERGE_HEAD)
+            repo.db.delete_config(MERGE_RECIPE)
     return CommitResult(new.id, tree.id, parents, tree.logical_bytes, writer.stored_bytes, len(rows))
 
 

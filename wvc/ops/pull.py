@@ -14,7 +14,7 @@ from .remote_config import REMOTES
 
 
 def pull(repo, remote_name: str = "origin", branch: str | None = None, *, rebase: bool = False,
-         progress: Progress = NULL) -> dict:
+         merge: bool = False, strategy: str | None = None, progress: Progress = NULL) -> dict:
     fetched = fetch(repo, remote_name, progress=progress)
     branch = branch or repo.refs.head_branch()
     if branch is None:
@@ -30,11 +30,18 @@ def pull(repo, remote_name: str = "origin", branch: str | None = None, *, rebase
         result["new"] = local
         return result  # up to date, or ahead
     if local is not None and not graph.is_ancestor(local, upstream):
+        if merge and repo.refs.head_branch() == branch:
+            from .merge import merge as merge_into_head
+
+            done = merge_into_head(repo, f"{REMOTES}{remote_name}/{branch}", strategy=strategy, progress=progress,
+                                   message=f"Merge {remote_name}/{branch} into {branch}")
+            result.update(new=done.commit, fast_forward=False, merged=True, merge=done.to_json())
+            return result
         if not rebase:
             raise NonFastForward(
                 f"branches diverged: local {branch} ({ids.short(local)}) and {remote_name}/{branch} "
                 f"({ids.short(upstream)}) each have commits the other lacks; `wvc pull --rebase` replays "
-                f"your commits on top of {remote_name}/{branch}"
+                f"your commits on top of {remote_name}/{branch}, `wvc pull --merge [--strategy S]` merges them"
             )
         new_tip = replay(repo, local, upstream)
         result.update(new=new_tip, fast_forward=False, rebased=True)
