@@ -156,6 +156,12 @@ class Repo(Repository):
 
         return maintenance.gc(self, grace_seconds=grace_seconds)
 
+    def remote_gc(self, remote: str = "origin", *, dry_run: bool = False, progress: Progress = NULL):
+        """Remove from ``remote`` what none of its refs reaches (ops/remote_gc.py)."""
+        from .ops import remote_gc
+
+        return remote_gc.remote_gc(self, remote, dry_run=dry_run, progress=progress)
+
     def fsck(self):
         from .ops import maintenance
 

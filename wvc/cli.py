@@ -520,9 +520,22 @@ def clone(url, directory, branch, lazy, as_json):
 
 @main.command()
 @click.option("--grace", default=3600, show_default=True, help="Keep unreferenced files younger than this (seconds).")
+@click.option("--remote", "remote_name", default=None, metavar="NAME",
+              help="Collect garbage on that remote instead: remove what none of its refs reaches.")
+@click.option("--dry-run", is_flag=True, help="With --remote: report what would be freed, change nothing.")
 @json_option
-def gc(grace, as_json):
+def gc(grace, remote_name, dry_run, as_json):
     """Remove unreachable commits and objects, repack, and clear leftovers of crashes."""
+    if remote_name is not None:
+        res = open_repo().remote_gc(remote_name, dry_run=dry_run, progress=BarProgress())
+        if as_json:
+            return emit_json(res.to_json())
+        verb = "Would remove" if dry_run else "Removed"
+        return click.echo(f"{verb} {res.objects_removed} objects and {res.commits_removed} commits from {remote_name} "
+                          f"({human(res.bytes_freed)}): {res.segments_removed} of {res.segments_before} segments "
+                          f"deleted, {res.segments_rewritten} rewritten")
+    if dry_run:
+        raise click.UsageError("--dry-run goes with --remote")
     res = open_repo().gc(grace_seconds=grace)
     if as_json:
         return emit_json(res.to_json())

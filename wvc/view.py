@@ -27,7 +27,7 @@ from .ops.remote_base import remote_base, verified
 from .ops.tensors import tensor_from_chunks
 from .remotes import open_remote
 from .remotes.interface import MAX_SMALL_OBJECT, commit_path, tree_path
-from .remotes.transfer import RemoteChunks, object_index
+from .remotes.transfer import RemoteChunks, remote_contents
 
 
 class VersionView:
@@ -87,20 +87,21 @@ def _open_remote(url: str, rev: str) -> VersionView:
         if not ids.is_object_id(rev):
             raise RevisionNotFound(f"{url} has no branch or tag {rev!r}")
         commit_id = rev
-    data = remote.read(commit_path(commit_id), MAX_SMALL_OBJECT)
+    contents = remote_contents(remote, state)
+    data = contents.commits.get(commit_id) or remote.read(commit_path(commit_id), MAX_SMALL_OBJECT)
     if data is None:
         raise RevisionNotFound(f"{url} has no commit {ids.short(commit_id)}")
     commit = verified(Commit.from_bytes, data, commit_id, "commit")
-    tree = _remote_tree(remote, commit.tree)
+    tree = _remote_tree(remote, contents, commit.tree)
     base_chunks = None
     if (base := remote_base(state, url)) is not None:
-        base_tree = tree if base.tree == commit.tree else _remote_tree(remote, base.tree)
+        base_tree = tree if base.tree == commit.tree else _remote_tree(remote, contents, base.tree)
         base_chunks = RemoteBaseChunks(base, base_tree)
-    return VersionView(commit_id, tree, RemoteChunks(remote, object_index(remote, state.packs), base_chunks))
+    return VersionView(commit_id, tree, RemoteChunks(remote, contents.index, base_chunks))
 
 
-def _remote_tree(remote, tree_id: str) -> Tree:
-    data = remote.read(tree_path(tree_id), MAX_SMALL_OBJECT)
+def _remote_tree(remote, contents, tree_id: str) -> Tree:
+    data = contents.trees.get(tree_id) or remote.read(tree_path(tree_id), MAX_SMALL_OBJECT)
     if data is None:
         raise RemoteError(f"{remote.url} is missing tree {ids.short(tree_id)}")
     return verified(Tree.from_bytes, data, tree_id, "tree")

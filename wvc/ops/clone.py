@@ -38,7 +38,7 @@ def clone(url: str, directory=None, *, branch: str | None = None, lazy: bool = F
     try:
         repo = Repository.create(target, branch=branch, settings={LAZY_REMOTE_KEY: "origin"} if lazy else None)
         if base is not None:
-            attach_remote_base(repo, remote, base, progress)
+            attach_remote_base(repo, remote, state, base, progress)
         remote_add(repo, "origin", url)
         fetched = fetch(repo, "origin", progress=progress)
         pull(repo, "origin", branch, progress=progress)

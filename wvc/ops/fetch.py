@@ -19,15 +19,12 @@ from ..objects import Commit, Tree
 from ..progress import NULL, Progress
 from ..remotes.interface import MAX_SMALL_OBJECT, commit_path, pack_path, tree_path
 from ..remotes import lazy_remote_name
-from ..remotes.transfer import remote_index, verify_packs
+from ..remotes.transfer import MAX_PACK_BYTES, remote_contents, verify_packs
 from ..store.graph import UNKNOWN
 from ..store.packs import pack_filename
 from ..store.refs import HEADS
 from .remote_base import check_same_base, remote_base, verified
 from .remote_config import REMOTES, index_cache, open_remote_named
-
-MAX_PACK_BYTES = 64 << 30
-
 
 @dataclass
 class FetchResult:
@@ -45,12 +42,13 @@ def fetch(repo, remote_name: str = "origin", *, progress: Progress = NULL) -> Fe
     remote = open_remote_named(repo, remote_name)
     state = remote.state()
     check_same_base(remote_name, remote_base(state, remote.url), repo.base())
-    commits, raw_commits = _missing_commits(repo, remote, state)
+    contents = remote_contents(remote, state, index_cache(repo))
+    commits, raw_commits = _missing_commits(repo, remote, state, contents)
     trees: dict[str, Tree] = {}
     for commit in commits.values():
         if commit.tree in trees or repo.graph.has_tree(commit.tree):
             continue
-        data = remote.read(tree_path(commit.tree), MAX_SMALL_OBJECT)
+        data = contents.trees.get(commit.tree) or remote.read(tree_path(commit.tree), MAX_SMALL_OBJECT)
         if data is None:
             raise RemoteError(f"remote is missing tree {ids.short(commit.tree)}")
         trees[commit.tree] = verified(Tree.from_bytes, data, commit.tree, "tree")
@@ -58,15 +56,15 @@ def fetch(repo, remote_name: str = "origin", *, progress: Progress = NULL) -> Fe
     # a lazy clone takes commits and trees only; chunks come on first use (remotes/lazy.py)
     lazy = lazy_remote_name(repo.db) is not None
     needed = set() if lazy else {c for t in trees.values() for c in t.chunk_ids() if not repo.store.has(c)}
-    cache = index_cache(repo)
-    packs_to_get, lengths = [], {}
-    for name in state.packs:
-        if needed and not repo.store.has_pack(name):
-            entries = remote_index(remote, name, cache)
-            if needed & {e.id for e in entries}:
-                packs_to_get.append(name)
-                needed -= {e.id for e in entries}
-                lengths.update((e.id, e.length) for e in entries)
+    packs_to_get, lengths, sizes = [], {}, {}
+    for seg in contents.segments:
+        if needed and seg.pack and seg.pack not in sizes and not repo.store.has_pack(seg.pack):
+            ids_here = {e.id for e in seg.entries}
+            if needed & ids_here:
+                packs_to_get.append(seg.pack)
+                sizes[seg.pack] = seg.pack_bytes
+                needed -= ids_here
+                lengths.update((e.id, e.length) for e in seg.entries)
     if needed:
         raise RemoteError(f"remote is missing {len(needed)} objects, e.g. {ids.short(next(iter(needed)))}")
 
@@ -74,7 +72,6 @@ def fetch(repo, remote_name: str = "origin", *, progress: Progress = NULL) -> Fe
     tmp = Path(tempfile.mkdtemp(prefix="wvc-fetch-", dir=repo.wvc_dir))
     try:
         downloaded = []
-        sizes = {name: sum(e.length for e in remote_index(remote, name, cache)) for name in packs_to_get}
         progress.start(sum(sizes.values()), "downloading")
         for name in packs_to_get:
             dest = tmp / pack_filename(name)
@@ -101,7 +98,7 @@ def fetch(repo, remote_name: str = "origin", *, progress: Progress = NULL) -> Fe
     return FetchResult(remote_name, tracked, len(commits), sum(len(r) for _, _, r in staged), remote.bytes_downloaded)
 
 
-def _missing_commits(repo, remote, state):
+def _missing_commits(repo, remote, state, contents):
     commits: dict[str, Commit] = {}
     raw: dict[str, bytes] = {}
     stack = [c for c in state.refs.values() if not repo.graph.has_commit(c)]
@@ -109,7 +106,7 @@ def _missing_commits(repo, remote, state):
         cid = stack.pop()
         if cid in commits or repo.graph.has_commit(cid):
             continue
-        data = remote.read(commit_path(cid), MAX_SMALL_OBJECT)
+        data = contents.commits.get(cid) or remote.read(commit_path(cid), MAX_SMALL_OBJECT)
         if data is None:
             raise RemoteError(f"remote is missing commit {ids.short(cid)} (a ref or parent points to it)")
         commits[cid], raw[cid] = verified(Commit.from_bytes, data, cid, "commit"), data

@@ -11,10 +11,11 @@ from pathlib import Path
 from .. import ids
 from ..basemodel.record import base_json
 from ..errors import NonFastForward, RevisionNotFound, WvcError
-from ..objects import canonical_json
 from ..progress import NULL, Progress
-from ..remotes.interface import BASE_RECORD, commit_path, pack_path, tree_path
-from ..remotes.transfer import remote_index
+from ..remotes import compaction
+from ..remotes.catalog import Catalog, catalog_name, catalog_path
+from ..remotes.interface import BASE_RECORD, pack_path
+from ..remotes.transfer import remote_contents
 from ..store.chains import resolve_chain
 from ..store.packs import PackWriter, pack_filename
 from ..store.refs import HEADS
@@ -33,6 +34,7 @@ class PushResult:
     uploaded_bytes: int
     forced: bool
     logical_bytes: int = 0  # size of the pushed version's files: what a full upload would send
+    files_replaced: int = 0  # remote files this push's compaction replaced
 
     def to_json(self):
         return dict(self.__dict__)
@@ -64,39 +66,67 @@ def push(repo, remote_name: str = "origin", branch: str | None = None, *, force:
     known = set(graph.ancestors([t for t in state.refs.values() if graph.has_commit(t)]))
     new_commits = graph.ancestors(local, stop=known)
 
-    cache = index_cache(repo)
-    remote_objects = {e.id for name in state.packs for e in remote_index(remote, name, cache)}
+    contents = remote_contents(remote, state, index_cache(repo))
+    live = contents.live_segments  # objects only in retired segments are sent again
+    remote_objects = {e.id for seg in live for e in seg.entries}
     # a lazy clone pushing to another remote fetches what it lacks first, delta bases included
     repo.store.ensure_local({c for cid in new_commits for c in repo.read_tree(repo.read_commit(cid).tree).chunk_ids()}
                             - remote_objects, progress)
     wanted = _objects_to_send(repo, new_commits, remote_objects)
-    files: dict[str, Path | bytes] = {}
     with tempfile.TemporaryDirectory(prefix="wvc-push-", dir=repo.wvc_dir) as tmp:
-        if wanted:
-            writer = PackWriter(Path(tmp))
-            rows = [repo.store.row(oid) for oid in wanted]
-            progress.start(sum(r.length for r in rows), "packing")
-            for row in rows:
-                writer.add(row.id, repo.store.reader.read(row.pack, row.offset, row.length), row.raw_size,
-                           row.method, row.base)
-                progress.advance(row.length)
+        pack_file, catalog = _new_segment(repo, wanted, new_commits, Path(tmp), progress)
+        new_size = sum(e.length for e in catalog.entries) + sum(map(len, catalog.commits.values())) \
+            + sum(map(len, catalog.trees.values()))
+        merging = compaction.to_merge(live, new_size)
+        retired: list[str] = []
+        if merging:  # keep the remote's file count bounded (remotes/compaction.py)
+            progress.start(len(merging), "compacting the remote")
+            pack_file, catalog = compaction.merge_segments(remote, merging, pack_file, catalog, Path(tmp))
+            retired = [f for seg in merging for f in seg.files()]
             progress.close()
-            entries = list(writer.entries)
-            name, _ = writer.finish()
-            files[pack_path(name, "pack")] = Path(tmp) / pack_filename(name)
-            files[pack_path(name, "idx")] = canonical_json([e.to_json() for e in entries])
+        files: dict[str, Path | bytes] = {}
+        if pack_file is not None:
+            files[pack_path(catalog.pack)] = pack_file
+        data = catalog.to_bytes()
+        files[catalog_path(catalog_name(data))] = data
         if ours is not None and theirs is None:
             files[BASE_RECORD] = base_json(ours)
-        for cid in new_commits:
-            commit = repo.read_commit(cid)
-            files[commit_path(cid)] = commit.to_bytes()
-            files[tree_path(commit.tree)] = repo.read_tree(commit.tree).to_bytes()
-        remote.publish(files, {ref: local}, state, f"wvc push {branch} {ids.short(local)}")
+        delete: tuple[str, ...] = ()
+        if retired and remote.deletes_atomically:
+            delete = tuple(retired)
+        elif retired:
+            path, record = compaction.retired_record(retired)
+            files[path] = record
+        remote.publish(files, {ref: local}, state, f"wvc push {branch} {ids.short(local)}", delete=delete)
+    if not remote.deletes_atomically and state.retired:
+        compaction.purge(remote, state, contents)  # files retired long enough ago
     with repo.db.write():
         tracking = f"{REMOTES}{remote_name}/{branch}"
         repo.refs.set(tracking, local, repo.refs.get(tracking), f"push to {remote_name}")
     return PushResult(remote_name, branch, old, local, len(new_commits), len(wanted), remote.bytes_uploaded,
-                      old is not None and force and not graph.is_ancestor(old, local), logical)
+                      old is not None and force and not graph.is_ancestor(old, local), logical, len(retired))
+
+
+def _new_segment(repo, wanted: list[str], new_commits: list[str], tmp: Path, progress: Progress):
+    """This push's pack (None when every chunk is on the remote already) and its catalog:
+    the pack's index and the new commits and trees."""
+    catalog = Catalog(None)
+    for cid in new_commits:
+        commit = repo.read_commit(cid)
+        catalog.commits[cid] = commit.to_bytes()
+        catalog.trees[commit.tree] = repo.graph.tree_bytes(commit.tree)
+    if not wanted:
+        return None, catalog
+    writer = PackWriter(tmp)
+    rows = [repo.store.row(oid) for oid in wanted]
+    progress.start(sum(r.length for r in rows), "packing")
+    for row in rows:
+        writer.add(row.id, repo.store.reader.read(row.pack, row.offset, row.length), row.raw_size, row.method, row.base)
+        progress.advance(row.length)
+    progress.close()
+    name, _ = writer.finish()
+    catalog.pack, catalog.entries = name, list(writer.entries)
+    return tmp / pack_filename(name), catalog
 
 
 def _objects_to_send(repo, new_commits: list[str], remote_objects: set[str]) -> list[str]:

@@ -38,12 +38,19 @@ def verified(parse, data: bytes, expected: str, what: str):
         raise CorruptObject(f"remote {what} {ids.short(expected)} is corrupt: {exc}") from None
 
 
-def attach_remote_base(repo, remote, base, progress: Progress) -> None:
+def attach_remote_base(repo, remote, state, base, progress: Progress) -> None:
     """Find or download the base a remote records and check it gives the recorded tree."""
+    from ..remotes.catalog import MAX_CATALOG_BYTES, catalog_path, parse_catalog
+
     if base_commit(base.url, base.tree).id != base.commit:
         raise RemoteError(f"remote base record is inconsistent: commit {ids.short(base.commit)} is not the root "
                           f"commit of {base.url}")
-    data = remote.read(tree_path(base.tree), MAX_SMALL_OBJECT)
+    data = None
+    for name in state.catalogs:  # format 2: the base's tree is in the catalog of the first push
+        catalog = remote.read(catalog_path(name), MAX_CATALOG_BYTES)
+        if catalog is not None and (data := parse_catalog(catalog, name).trees.get(base.tree)) is not None:
+            break
+    data = data or remote.read(tree_path(base.tree), MAX_SMALL_OBJECT)
     if data is None:
         raise RemoteError(f"remote is missing the base's tree {ids.short(base.tree)}")
     tree = verified(Tree.from_bytes, data, base.tree, "tree")

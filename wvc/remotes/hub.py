@@ -14,7 +14,7 @@ import contextlib
 import io
 from pathlib import Path
 
-from .interface import (BASE_RECORD, MAX_BASE_RECORD, Remote, RemoteChanged, RemoteError, RemoteState, pack_names,
+from .interface import (BASE_RECORD, MAX_BASE_RECORD, Remote, RemoteChanged, RemoteError, RemoteState, listing_state,
                         parse_refs)
 
 HUB_BRANCH = "main"
@@ -62,6 +62,8 @@ def hub_errors(what: str):
 
 
 class HubRemote(Remote):
+    deletes_atomically = True  # one create_commit adds and deletes; readers pinned to a sha keep theirs
+
     def __init__(self, repo_id: str):
         import os
 
@@ -99,7 +101,7 @@ class HubRemote(Remote):
             paths = self.api.list_repo_files(self.repo_id, revision=self.sha)
         refs = parse_refs({p: self.read(p, 256) or b"" for p in paths if p.startswith("refs/")})
         base = self.read(BASE_RECORD, MAX_BASE_RECORD) if BASE_RECORD in paths else None
-        return RemoteState(refs, self.sha, pack_names(paths), base)
+        return listing_state(refs, self.sha, paths, base)
 
     def read_range(self, path: str, offset: int, length: int) -> bytes:
         """Exactly ``length`` bytes from ``offset``, streamed: never more than ``length`` bytes
@@ -159,7 +161,7 @@ class HubRemote(Remote):
         with open(dest, "wb") as fh:
             self._get(path, limit, fh.write)
 
-    def publish(self, files, refs, expected: RemoteState, message: str) -> None:
+    def publish(self, files, refs, expected: RemoteState, message: str, delete=()) -> None:
         from huggingface_hub import CommitOperationAdd, CommitOperationDelete
 
         new_refs = {**expected.refs, **{r: t for r, t in refs.items() if t is not None}}
@@ -170,6 +172,7 @@ class HubRemote(Remote):
                for p, c in files.items()]
         ops += [CommitOperationAdd(path_in_repo=r, path_or_fileobj=(t + "\n").encode()) for r, t in refs.items() if t]
         ops += [CommitOperationDelete(path_in_repo=r) for r, t in refs.items() if t is None]
+        ops += [CommitOperationDelete(path_in_repo=p) for p in delete]
         ops.append(CommitOperationAdd(path_in_repo="README.md", path_or_fileobj=model_card(self.repo_id, new_refs).encode()))
         with hub_errors(self.url):
             self.api.create_commit(self.repo_id, ops, commit_message=message, parent_commit=expected.version,

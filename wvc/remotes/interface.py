@@ -29,15 +29,28 @@ MAX_SMALL_OBJECT = 256 << 20  # commits and trees
 MAX_BASE_RECORD = 64 << 10
 BASE_RECORD = "base.json"
 _PACK = re.compile(r"^pack-([0-9a-f]{64})\.(pack|idx)$")
+_CATALOG = re.compile(r"^catalogs/([0-9a-f]{64})\.cat$")
+_RETIRED = re.compile(r"^retired/([0-9]{10}-[0-9a-f]{16})\.json$")
 
 
 @dataclass
 class RemoteState:
     refs: dict[str, str]  # "refs/heads/main" -> commit id
     version: str | None  # what publish's compare-and-swap checks (hub commit sha, or refs digest)
-    packs: list[str] = field(default_factory=list)  # pack names
+    packs: list[str] = field(default_factory=list)  # names of packs with a format-1 .idx
     base: bytes | None = None  # base.json as stored (untrusted: basemodel/record.py parses it)
     tokens: dict[str, str] = field(default_factory=dict)  # per-ref compare-and-swap tokens (S3 ETags)
+    catalogs: list[str] = field(default_factory=list)  # format 2: one a segment (remotes/catalog.py)
+    retired: list[str] = field(default_factory=list)  # retired/ records: files compaction replaced
+    files: frozenset = frozenset()  # every path listed (what a pinned reader may read)
+
+
+def listing_state(refs, version, paths, base, tokens=None) -> RemoteState:
+    """A RemoteState from a backend's listing of every path."""
+    paths = frozenset(paths)
+    catalogs = sorted(m.group(1) for p in paths if (m := _CATALOG.match(p)))
+    retired = sorted(m.group(1) for p in paths if (m := _RETIRED.match(p)))
+    return RemoteState(refs, version, pack_names(paths), base, tokens or {}, catalogs, retired, paths)
 
 
 def commit_path(cid: str) -> str:
@@ -98,7 +111,16 @@ class Remote:
         """Exactly ``length`` bytes of a file from ``offset`` (streaming reads into packs)."""
         raise NotImplementedError
 
+    # Whether publish can delete files in the same atomic step (the Hub: one commit). Other
+    # backends retire replaced files and delete them after a grace period (remotes/compaction.py).
+    deletes_atomically = False
+
     def publish(self, files: dict[str, Path | bytes], refs: dict[str, str | None], expected: RemoteState,
-                message: str) -> None:
-        """Upload ``files``, then set ``refs`` (None deletes) iff the remote is still ``expected``."""
+                message: str, delete: tuple[str, ...] = ()) -> None:
+        """Upload ``files``, then set ``refs`` (None deletes) iff the remote is still ``expected``;
+        ``delete`` (only where ``deletes_atomically``) goes in the same step."""
+        raise NotImplementedError
+
+    def delete(self, paths: list[str]) -> None:
+        """Remove files (retired ones, after their grace period); absent ones are no error."""
         raise NotImplementedError

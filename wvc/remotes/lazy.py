@@ -30,5 +30,5 @@ class LazyRemote:
         if name is None:
             return
         remote = open_remote(remote_url(self.db, name))
-        index = object_index(remote, remote.state().packs, self.index_cache)
+        index = object_index(remote, remote.state(), self.index_cache)
         self.downloaded_bytes += fetch_objects(store, remote, index, object_ids, self.work_dir, progress)

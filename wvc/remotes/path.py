@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..fsutil import TEMP_PREFIX, atomic_write, atomic_writer, validate_relpath
 from .interface import (BASE_RECORD, FORMAT, MAX_BASE_RECORD, MAX_REF_BYTES, Remote, RemoteChanged, RemoteError,
-                        RemoteState, pack_names, parse_refs)
+                        RemoteState, listing_state, parse_refs)
 
 LOCK = "refs.lock"
 LOCK_STALE_SECONDS = 600
@@ -62,10 +62,10 @@ class PathRemote(Remote):
     def state(self, create: bool = False) -> RemoteState:
         self._ensure(create)
         refs = self._refs()
-        packs_dir = self.root / "packs"
-        packs = pack_names(f"packs/{p.name}" for p in packs_dir.iterdir()) if packs_dir.is_dir() else []
+        paths = [f"{d}/{p.name}" for d in ("packs", "catalogs", "retired") if (self.root / d).is_dir()
+                 for p in (self.root / d).iterdir() if not p.name.startswith(TEMP_PREFIX)]
         version = hashlib.sha256(json.dumps(refs, sort_keys=True).encode()).hexdigest()
-        return RemoteState(refs, version, packs, self.read(BASE_RECORD, MAX_BASE_RECORD))
+        return listing_state(refs, version, paths, self.read(BASE_RECORD, MAX_BASE_RECORD))
 
     def read(self, path: str, limit: int) -> bytes | None:
         p = self._file(path)
@@ -95,7 +95,11 @@ class PathRemote(Remote):
         self.bytes_downloaded += len(data)
         return data
 
-    def publish(self, files, refs, expected: RemoteState, message: str) -> None:
+    def delete(self, paths) -> None:
+        for path in paths:
+            self._file(path).unlink(missing_ok=True)
+
+    def publish(self, files, refs, expected: RemoteState, message: str, delete=()) -> None:
         self._ensure(create=True)
         for path, content in files.items():  # objects first: immutable, so rewriting is harmless
             target = self._file(path)

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import RemoteChanged, RemoteError
-from .interface import FORMAT, MAX_BASE_RECORD, MAX_REF_BYTES, BASE_RECORD, Remote, RemoteState, pack_names, parse_refs
+from .interface import (BASE_RECORD, FORMAT, MAX_BASE_RECORD, MAX_REF_BYTES, Remote, RemoteState, listing_state,
+                        parse_refs)
 
 MULTIPART_THRESHOLD = 64 << 20
 PART_BYTES = 16 << 20  # S3 wants parts of at least 5 MiB (but the last) and at most 10,000 of them
@@ -183,7 +184,7 @@ class S3Remote(Remote):
         refs = parse_refs(files)
         base = self.read(BASE_RECORD, MAX_BASE_RECORD) if BASE_RECORD in listing else None
         version = hashlib.sha256(repr(sorted(tokens.items())).encode()).hexdigest()
-        return RemoteState(refs, version, pack_names(listing), base, tokens={r: tokens[r] for r in refs})
+        return listing_state(refs, version, listing, base, {r: tokens[r] for r in refs})
 
     def read(self, path: str, limit: int) -> bytes | None:
         try:
@@ -255,7 +256,12 @@ class S3Remote(Remote):
             return False
         return size is None or head.get("ContentLength") == size
 
-    def publish(self, files, refs, expected: RemoteState, message: str) -> None:
+    def delete(self, paths) -> None:
+        for path in paths:
+            with s3_errors(self._what(path)):
+                self.client.delete_object(Bucket=self.location.bucket, Key=self._key(path))
+
+    def publish(self, files, refs, expected: RemoteState, message: str, delete=()) -> None:
         for path, content in files.items():  # objects first: immutable, so an existing one is kept
             size = len(content) if isinstance(content, bytes) else Path(content).stat().st_size
             if self._exists(path, size):

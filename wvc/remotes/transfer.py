@@ -14,7 +14,7 @@ import collections
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import ids
@@ -26,6 +26,7 @@ from ..store.objects import ObjectRow, ObjectStore, decode_verified
 from ..store.packs import MAX_INDEX_BYTES, PackEntry, PackWriter, pack_filename, parse_index, read_pack_index
 from .interface import Remote, pack_path
 
+MAX_PACK_BYTES = 64 << 30  # one pack a push (or a compaction) writes
 VERIFY_CACHE_BYTES = 16 << 20  # decoded delta bases kept while verifying a fetch
 VIEW_CACHE_BYTES = 64 << 20  # decoded chunks a remote view keeps
 COALESCE_GAP = 256 << 10  # a range fetch reads through gaps up to this size rather than open another request
@@ -80,13 +81,111 @@ def remote_index(remote: Remote, name: str, cache_dir: Path | None = None) -> li
     return entries
 
 
-def object_index(remote: Remote, packs: list[str], cache_dir: Path | None = None) -> dict[str, tuple[str, PackEntry]]:
-    """Object id -> (pack, entry) over a remote's packs."""
+def object_index(remote: Remote, state, cache_dir: Path | None = None) -> dict[str, tuple[str, PackEntry]]:
+    """Object id -> (pack, entry) over a remote's packs (catalogs and format-1 indexes)."""
+    return remote_contents(remote, state, cache_dir).index
+
+
+@dataclass
+class Segment:
+    """What one push (or one compaction) left on a remote: a pack and what describes it."""
+    catalog: str | None  # format 2: the catalog's name; None for a format-1 pack (.idx)
+    pack: str | None
+    entries: list[PackEntry]
+    commits: dict[str, bytes]
+    trees: dict[str, bytes]
+
+    @property
+    def pack_bytes(self) -> int:
+        return sum(e.length for e in self.entries)
+
+    @property
+    def size(self) -> int:
+        """What rewriting the segment costs: its payloads, commits and trees."""
+        return self.pack_bytes + sum(map(len, self.commits.values())) + sum(map(len, self.trees.values()))
+
+    def files(self) -> list[str]:
+        from .catalog import catalog_path
+
+        out = [catalog_path(self.catalog)] if self.catalog else []
+        if self.pack:
+            out.append(pack_path(self.pack))
+            if self.catalog is None:
+                out.append(pack_path(self.pack, "idx"))
+        return out
+
+
+@dataclass
+class RemoteContents:
+    """Everything a remote's catalogs and indexes say, read in one pass (a request a file)."""
+    segments: list[Segment]
+    index: dict[str, tuple[str, PackEntry]]  # object id -> (pack, entry), over every segment
+    commits: dict[str, bytes]  # canonical bytes, unverified: parse with expected_id before use
+    trees: dict[str, bytes]
+    retired: set[str] = field(default_factory=set)  # files retired records list (compaction.py)
+
+    @property
+    def live_segments(self) -> list[Segment]:
+        """Segments no retired record lists: what a push may rely on and compaction may merge
+        (a retired one is still read until it is deleted, but nothing new builds on it)."""
+        return [s for s in self.segments if not set(s.files()) & self.retired]
+
+
+def remote_contents(remote: Remote, state, cache_dir: Path | None = None) -> RemoteContents:
+    """Read every catalog (cached locally by name: they are immutable) and format-1 index."""
+    from .catalog import MAX_CATALOG_BYTES, catalog_path, parse_catalog
+
+    segments = []
+    for name in state.catalogs:
+        cache = cache_dir / f"{name}.cat" if cache_dir is not None else None
+        data = cache.read_bytes() if cache is not None and cache.is_file() and \
+            cache.stat().st_size <= MAX_CATALOG_BYTES else None
+        fresh = data is None
+        if fresh:
+            data = remote.read(catalog_path(name), MAX_CATALOG_BYTES)
+            if data is None:
+                raise RemoteError(f"remote catalog {name[:12]} is missing")
+        try:
+            cat = parse_catalog(data, name)
+        except CorruptObject as exc:
+            raise CorruptObject(str(exc)) from None
+        if cache is not None and fresh:
+            cache.parent.mkdir(exist_ok=True)
+            atomic_write(cache, data, durable=False)
+        segments.append(Segment(name, cat.pack, cat.entries, cat.commits, cat.trees))
+    for name in state.packs:
+        segments.append(Segment(None, name, remote_index(remote, name, cache_dir), {}, {}))
     index: dict[str, tuple[str, PackEntry]] = {}
-    for name in packs:
-        for entry in remote_index(remote, name, cache_dir):
-            index.setdefault(entry.id, (name, entry))
-    return index
+    commits: dict[str, bytes] = {}
+    trees: dict[str, bytes] = {}
+    for seg in segments:
+        for entry in seg.entries:
+            index.setdefault(entry.id, (seg.pack, entry))
+        commits.update(seg.commits)
+        trees.update(seg.trees)
+    return RemoteContents(segments, index, commits, trees, retired_paths(remote, state.retired))
+
+
+MAX_RETIRED_RECORD = 16 << 20
+
+
+def retired_paths(remote: Remote, records: list[str]) -> set[str]:
+    """Every file these retired/ records list (remotes/compaction.py)."""
+    import json
+
+    out: set[str] = set()
+    for record in records:
+        data = remote.read(f"retired/{record}.json", MAX_RETIRED_RECORD)
+        if data is None:
+            continue  # deleted by a purge since the listing
+        try:
+            paths = json.loads(data)["paths"]
+            if not (isinstance(paths, list) and all(isinstance(p, str) for p in paths)):
+                raise ValueError
+        except (ValueError, KeyError, TypeError):
+            raise RemoteError(f"remote retired record {record} is malformed") from None
+        out.update(paths)
+    return out
 
 
 # -- verifying downloaded packs ------------------------------------------------------------------

@@ -1,0 +1,260 @@
+"""Long histories (remote format 2): segments with catalogs, compaction that keeps the file
+count bounded, clones and fetches in a bounded number of requests, format-1 remotes still
+read, compaction racing pushers and failing at any step, and ``gc --remote``.
+``python -m benchmarks.long_history`` measures 1,000 pushes."""
+
+import threading
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from wvc import Repo, clone
+from wvc.errors import NonFastForward, RemoteChanged, WvcError
+from wvc.remotes import compaction, open_remote
+
+from .conftest import RemoteFiles, tree_digests
+
+pytestmark = pytest.mark.usefixtures("hub_env")
+
+
+class TinyTrainer:
+    """A 16 KB bf16 model that moves a little each step: one small commit a push."""
+
+    def __init__(self, repo: Repo, seed: int = 0):
+        self.repo = repo
+        g = torch.Generator().manual_seed(seed)
+        self.w = torch.randn(64, 64, generator=g) * 0.02
+        self.g = g
+
+    def commit(self, msg: str = "step") -> str:
+        self.w += torch.randn(self.w.shape, generator=self.g) * 1e-3
+        save_file({"w": self.w.to(torch.bfloat16), "b": torch.zeros(64, dtype=torch.bfloat16)},
+                  str(self.repo.root / "model.safetensors"))
+        return self.repo.commit(msg).commit
+
+
+def remote_file_count(url: str, hub) -> int:
+    return len(RemoteFiles(url, hub).paths())
+
+
+def test_a_hundred_pushes_leave_few_files_and_clone_in_few_requests(tmp_path, hub):
+    url = "hf://team/long-history"
+    repo = Repo.init(tmp_path / "a")
+    trainer = TinyTrainer(repo)
+    repo.remote_add("origin", url)
+    for i in range(100):
+        trainer.commit(f"step {i}")
+        repo.push()
+    files = remote_file_count(url, hub)
+    assert files <= 40, files  # format 1: 405 files for the same history
+    before = len(hub.requests)
+    copy = clone(url, tmp_path / "copy")
+    clone_requests = len(hub.requests) - before
+    assert clone_requests <= 50, clone_requests
+    assert len(copy.log()) == 100 and tree_digests(copy.root) == tree_digests(repo.root)
+    trainer.commit("one more")
+    repo.push()
+    before = len(hub.requests)
+    fetched = copy.fetch()
+    assert fetched.commits == 1 and len(hub.requests) - before <= 10, hub.requests[before:]
+
+
+def test_a_directory_remote_deletes_retired_files_after_the_grace_period(tmp_path, monkeypatch):
+    url = str(tmp_path / "remote")
+    repo = Repo.init(tmp_path / "a")
+    trainer = TinyTrainer(repo)
+    repo.remote_add("origin", url)
+    for i in range(12):
+        trainer.commit(f"step {i}")
+        repo.push()
+    kept = remote_file_count(url, None)
+    retired = [p for p in RemoteFiles(url, None).paths() if p.startswith("retired/")]
+    assert retired  # compaction happened, its replaced files wait out the grace period
+    monkeypatch.setattr(compaction, "GRACE_SECONDS", 0)
+    for i in range(12, 40):
+        trainer.commit(f"step {i}")
+        repo.push()
+    paths = RemoteFiles(url, None).paths()
+    assert len(paths) <= kept and len([p for p in paths if p.startswith("retired/")]) <= 1
+    copy = clone(url, tmp_path / "copy")
+    assert len(copy.log()) == 40 and tree_digests(copy.root) == tree_digests(repo.root)
+
+
+def _push_format_1(repo: Repo, url: str) -> None:
+    """What wvc wrote before format 2: a pack with its .idx, one file a commit and a tree."""
+    from wvc.objects import canonical_json
+    from wvc.remotes.interface import commit_path, pack_path, tree_path
+    from wvc.store.packs import PackWriter, pack_filename
+
+    remote = open_remote(url)
+    state = remote.state(create=True)
+    head = repo.refs.head_commit()
+    commits = repo.graph.ancestors(head)
+    chunks = {c for cid in commits for c in repo.read_tree(repo.read_commit(cid).tree).chunk_ids()}
+    writer = PackWriter(tmp := repo.wvc_dir)
+    for oid in sorted(chunks):
+        for row in repo.store.chain(oid):
+            if row.id not in {e.id for e in writer.entries}:
+                writer.add(row.id, repo.store.reader.read(row.pack, row.offset, row.length), row.raw_size,
+                           row.method, row.base)
+    entries = list(writer.entries)
+    name, _ = writer.finish()
+    files = {pack_path(name): tmp / pack_filename(name), pack_path(name, "idx"): canonical_json([e.to_json()
+                                                                                                  for e in entries])}
+    for cid in commits:
+        commit = repo.read_commit(cid)
+        files[commit_path(cid)] = commit.to_bytes()
+        files[tree_path(commit.tree)] = repo.read_tree(commit.tree).to_bytes()
+    remote.publish(files, {"refs/heads/main": head}, state, "format 1")
+
+
+@pytest.mark.parametrize("kind", ["path", "hub"])
+def test_a_format_1_remote_is_read_and_pushed_onto(tmp_path, kind, hub):
+    url = str(tmp_path / "remote") if kind == "path" else f"hf://team/format-1-{tmp_path.name}"
+    repo = Repo.init(tmp_path / "a")
+    trainer = TinyTrainer(repo)
+    for i in range(3):
+        trainer.commit(f"old {i}")
+    _push_format_1(repo, url)
+    old = clone(url, tmp_path / "old")
+    assert len(old.log()) == 3 and tree_digests(old.root) == tree_digests(repo.root)
+    repo.remote_add("origin", url)
+    repo.fetch()
+    for i in range(6):  # enough pushes to compact the format-1 pack with the new segments
+        trainer.commit(f"new {i}")
+        repo.push()
+    copy = clone(url, tmp_path / "copy")
+    assert len(copy.log()) == 9 and tree_digests(copy.root) == tree_digests(repo.root)
+    lazy = clone(url, tmp_path / "lazy", lazy=True)
+    lazy.checkout("main~7", output=tmp_path / "lazy-old")
+    assert (tmp_path / "lazy-old" / "model.safetensors").stat().st_size > 0
+
+
+@pytest.mark.parametrize("kind", ["path", "hub"])
+def test_compaction_racing_another_pusher_loses_nothing(tmp_path, kind, hub):
+    url = str(tmp_path / "remote") if kind == "path" else f"hf://team/race-{tmp_path.name}"
+    seed = Repo.init(tmp_path / "seed")
+    TinyTrainer(seed).commit("base")
+    seed.remote_add("origin", url)
+    seed.push()
+    clients = [clone(url, tmp_path / f"c{i}") for i in range(2)]
+    errors = []
+
+    def work(i):
+        repo = Repo.open(clients[i].root)
+        trainer = TinyTrainer(repo, seed=10 + i)
+        try:
+            for k in range(8):
+                trainer.commit(f"c{i}-{k}")
+                for _ in range(200):
+                    try:
+                        repo.push()
+                        break
+                    except NonFastForward:
+                        repo.pull(rebase=True)
+                    except RemoteChanged:
+                        pass
+        except Exception as exc:  # noqa: BLE001
+            errors.append(f"client {i}: {exc!r}")
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    assert errors == []
+    final = clone(url, tmp_path / "final")
+    assert sorted(e.message for e in final.log()[:-1]) == sorted(f"c{i}-{k}" for i in range(2) for k in range(8))
+    assert final.fsck().ok
+
+
+@pytest.mark.parametrize("where", ["after merging", "while publishing", "while purging"])
+def test_compaction_failing_at_any_step_leaves_the_remote_valid(tmp_path, monkeypatch, where):
+    url = str(tmp_path / "remote")
+    repo = Repo.init(tmp_path / "a")
+    trainer = TinyTrainer(repo)
+    repo.remote_add("origin", url)
+    for i in range(3):
+        trainer.commit(f"step {i}")
+        repo.push()
+    last_good = repo.refs.head_commit()
+    trainer.commit("step 3")  # this push compacts
+
+    def crash(*args, **kwargs):
+        raise WvcError(f"simulated crash {where}")
+
+    if where == "after merging":
+        real = compaction.merge_segments
+        monkeypatch.setattr(compaction, "merge_segments", lambda *a, **k: (real(*a, **k), crash())[1])
+    elif where == "while publishing":
+        from wvc.remotes.path import PathRemote
+
+        monkeypatch.setattr(PathRemote, "_lock", crash)
+    else:
+        repo.push()  # compacted; the next push purges what it retired
+        last_good = repo.refs.head_commit()
+        trainer.commit("step 4")
+        monkeypatch.setattr(compaction, "GRACE_SECONDS", 0)
+        from wvc.remotes.path import PathRemote
+
+        real_delete = PathRemote.delete
+
+        def half_delete(self, paths):
+            real_delete(self, paths[:1])
+            crash()
+
+        monkeypatch.setattr(PathRemote, "delete", half_delete)
+    with pytest.raises(WvcError, match="simulated crash"):
+        repo.push()
+    monkeypatch.undo()
+    if where != "while purging":
+        check = clone(url, tmp_path / "check")
+        assert check.refs.head_commit() == last_good and check.fsck().ok
+    monkeypatch.setattr(compaction, "GRACE_SECONDS", 0)
+    trainer.commit("after the crash")
+    repo.push()
+    copy = clone(url, tmp_path / "copy")
+    assert copy.refs.head_commit() == repo.refs.head_commit()
+    assert tree_digests(copy.root) == tree_digests(repo.root) and copy.fsck().ok
+
+
+@pytest.mark.parametrize("kind", ["path", "hub"])
+def test_gc_remote_frees_a_deleted_branch_and_nothing_reachable(tmp_path, kind, hub, cli, monkeypatch):
+    import json
+
+    url = str(tmp_path / "remote") if kind == "path" else f"hf://team/gc-{tmp_path.name}"
+    repo = Repo.init(tmp_path / "a")
+    trainer = TinyTrainer(repo)
+    trainer.commit("base")
+    repo.remote_add("origin", url)
+    repo.push()
+    repo.create_branch("exp")
+    repo.checkout("exp")
+    exp = TinyTrainer(repo, seed=99)  # an experiment with weights of its own
+    for i in range(3):
+        exp.commit(f"exp {i}")
+    repo.push("origin", "exp")
+    repo.checkout("main")
+    trainer.commit("main 1")
+    repo.push()
+    before = clone(url, tmp_path / "before")
+    remote = open_remote(url)
+    state = remote.state()
+    remote.publish({}, {"refs/heads/exp": None}, state, "delete exp")  # the branch is deleted on the remote
+
+    dry = json.loads(cli(repo.root, "gc", "--remote", "origin", "--dry-run", "--json").output)
+    assert dry["dry_run"] and dry["objects_removed"] > 0 and dry["commits_removed"] == 3
+    assert clone(url, tmp_path / "still").fsck().ok  # a dry run changes nothing
+    res = repo.remote_gc("origin")
+    assert res.objects_removed == dry["objects_removed"] and res.bytes_freed > 0
+    monkeypatch.setattr(compaction, "GRACE_SECONDS", 0)
+    trainer.commit("main 2")
+    repo.push()  # a directory remote deletes the retired files now
+    after = clone(url, tmp_path / "after")
+    assert after.fsck().ok and "origin/exp" not in after.remote_branches()
+    after.checkout("main~1", output=tmp_path / "after-old")
+    before.checkout("main", output=tmp_path / "before-main")
+    assert tree_digests(tmp_path / "after-old") == tree_digests(tmp_path / "before-main")
+    again = repo.remote_gc("origin", dry_run=True)
+    assert again.objects_removed == 0 and again.commits_removed == 0

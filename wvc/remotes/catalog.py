@@ -1,0 +1,110 @@
+"""Catalogs: what a remote segment holds, in one file (remote format 2).
+
+A push writes one segment: a pack (store/packs.py, unchanged) and its catalog,
+``catalogs/<hash>.cat``: the pack's index entries and the canonical bytes of every commit
+and tree the push carried. A reader lists the remote once and reads each catalog: the
+whole history's graph and object index in a handful of requests, where format 1 needed one
+request per commit, per tree and per pack index. Compaction (remotes/compaction.py)
+merges segments, so the count of files stays bounded however many pushes there were.
+
+File: zstd frame of ``b"WVCCAT\\x01\\n"``, u32 JSON length, canonical JSON
+``{"pack": name or null, "entries": [...], "objects": [[kind, id, length], ...]}``,
+then the objects' bytes back to back in that order. Named by the blake3 (PACK context) of
+the whole file, like a pack. Untrusted when read: the decompressed size is bounded, every
+field checked (entries as a pack index is, store/packs.parse_index), and every commit and
+tree is verified against its id by the caller before use.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass, field
+
+from .. import ids
+from ..errors import CorruptObject, RemoteError
+from ..objects import canonical_json
+from ..store.packs import PackEntry, parse_index
+
+MAGIC = b"WVCCAT\x01\n"
+MAX_CATALOG_BYTES = 1 << 30  # decompressed; a catalog holds trees, which grow with the model
+KINDS = ("commit", "tree")
+
+
+@dataclass
+class Catalog:
+    pack: str | None
+    entries: list[PackEntry] = field(default_factory=list)
+    commits: dict[str, bytes] = field(default_factory=dict)
+    trees: dict[str, bytes] = field(default_factory=dict)
+
+    def to_bytes(self) -> bytes:
+        import zstandard
+
+        objects = [["commit", i, len(d)] for i, d in sorted(self.commits.items())]
+        objects += [["tree", i, len(d)] for i, d in sorted(self.trees.items())]
+        meta = canonical_json({"pack": self.pack, "entries": [e.to_json() for e in self.entries], "objects": objects})
+        body = b"".join([MAGIC, struct.pack("<I", len(meta)), meta,
+                         *(self.commits[i] for i in sorted(self.commits)), *(self.trees[i] for i in sorted(self.trees))])
+        return zstandard.ZstdCompressor(level=10).compress(body)
+
+    @property
+    def name(self) -> str:
+        return catalog_name(self.to_bytes())
+
+
+def catalog_name(data: bytes) -> str:
+    return ids.digest(ids.PACK, data)
+
+
+def parse_catalog(data: bytes, name: str) -> Catalog:
+    """A remote catalog (untrusted) -> Catalog; its name must be the hash of its bytes."""
+    import zstandard
+
+    where = f"remote catalog {name[:12]}"
+    if catalog_name(data) != name:
+        raise CorruptObject(f"{where} does not match its name")
+    try:
+        declared = zstandard.frame_content_size(data)
+        if declared < 0 or declared > MAX_CATALOG_BYTES:
+            raise CorruptObject(f"{where} declares no size or more than {MAX_CATALOG_BYTES} bytes")
+        body = zstandard.ZstdDecompressor().decompress(data, max_output_size=declared)
+    except zstandard.ZstdError as exc:
+        raise CorruptObject(f"{where} is not a valid zstd frame ({exc})") from None
+    if not body.startswith(MAGIC) or len(body) < len(MAGIC) + 4:
+        raise CorruptObject(f"{where} is not a wvc catalog")
+    (meta_len,) = struct.unpack_from("<I", body, len(MAGIC))
+    start = len(MAGIC) + 4
+    try:
+        meta = json.loads(body[start : start + meta_len])
+        pack, raw_entries, objects = meta["pack"], meta["entries"], meta["objects"]
+        if set(meta) != {"pack", "entries", "objects"} or not isinstance(objects, list):
+            raise ValueError("unexpected fields")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CorruptObject(f"{where} has a malformed header ({exc})") from None
+    if pack is not None and not ids.is_object_id(pack):
+        raise CorruptObject(f"{where} names an invalid pack")
+    entries = parse_index(canonical_json(raw_entries), where)
+    catalog = Catalog(pack, entries)
+    cursor = start + meta_len
+    for item in objects:
+        if not (isinstance(item, list) and len(item) == 3 and item[0] in KINDS and ids.is_object_id(item[1])
+                and type(item[2]) is int and 0 <= item[2] <= len(body) - cursor):
+            raise CorruptObject(f"{where} lists an invalid object")
+        kind, oid, length = item
+        (catalog.commits if kind == "commit" else catalog.trees)[oid] = body[cursor : cursor + length]
+        cursor += length
+    if cursor != len(body):
+        raise CorruptObject(f"{where} has trailing bytes")
+    return catalog
+
+
+def read_catalog(remote, name: str) -> Catalog:
+    data = remote.read(catalog_path(name), MAX_CATALOG_BYTES)
+    if data is None:
+        raise RemoteError(f"remote catalog {name[:12]} is missing")
+    return parse_catalog(data, name)
+
+
+def catalog_path(name: str) -> str:
+    return f"catalogs/{name}.cat"

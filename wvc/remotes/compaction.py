@@ -1,0 +1,163 @@
+"""Remote compaction: the number of files on a remote stays bounded however many pushes.
+
+Segments (a pack and its catalog, remotes/catalog.py) are sorted into tiers by their size
+(payloads, commits and trees), each tier ``FANOUT`` times the one below (tier 0: under 1 MiB). When a push would
+leave ``FANOUT`` segments in its tier, it merges them, with its own new objects, into one
+segment of the next tier, and so on up (an LSM tree, as in restic's and git's repacking):
+each byte is rewritten at most once per tier, and a remote of N pushes holds at most
+``FANOUT - 1`` segments a tier, O(log N) files. Format-1 packs (a ``.idx`` each) take part
+like any segment; format-1 commit and tree files are left as they are and still read.
+
+Replaced files go in the same step as the push when the backend can (the Hub: one commit,
+so a reader pinned to the previous commit keeps every file it listed). Elsewhere they are
+listed in a ``retired/<time>-<hash>.json`` record published with the push, and deleted by
+a later push once ``GRACE_SECONDS`` have passed, after checking that everything the refs
+reach is still in a live segment (a push racing a ``gc --remote`` may have come to rely on
+a retired one; then nothing is deleted yet).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from pathlib import Path
+
+from ..errors import CorruptObject
+from ..objects import Commit, Tree, canonical_json
+from ..store.packs import PackWriter, pack_filename, read_pack_index
+from .catalog import Catalog
+from .interface import Remote, pack_path
+from .transfer import MAX_PACK_BYTES, RemoteContents, Segment, retired_paths
+
+FANOUT = int(os.environ.get("WVC_COMPACT_FANOUT", "4"))  # 0: never compact (benchmarks compare)
+TIER0_BYTES = 1 << 20
+GRACE_SECONDS = int(os.environ.get("WVC_REMOTE_GRACE_SECONDS", "3600"))
+
+
+def tier(size: int) -> int:
+    t, limit = 0, TIER0_BYTES
+    while size >= limit:
+        t += 1
+        limit *= max(FANOUT, 2)
+    return t
+
+
+def to_merge(existing: list[Segment], new_size: int) -> list[Segment]:
+    """The existing segments a new one of ``new_size`` (Segment.size) merges with (cascading)."""
+    if FANOUT < 2:
+        return []
+    chosen: list[Segment] = []
+    size = new_size
+    pool = list(existing)
+    while True:
+        same = [s for s in pool if tier(s.size) == tier(size)]
+        if len(same) + 1 < FANOUT:
+            return chosen
+        chosen += same
+        pool = [s for s in pool if s not in same]
+        size += sum(s.size for s in same)
+
+
+def merge_segments(remote: Remote, old: list[Segment], new_pack: Path | None, new: Catalog,
+                   work_dir: Path) -> tuple[Path | None, Catalog]:
+    """One segment holding ``new`` (its pack at ``new_pack``) and every object, commit and tree
+    of ``old``: their packs are downloaded, checked against their checksums, and their
+    payloads copied verbatim (each object is verified again by whoever decodes it)."""
+    sources: list[tuple[Path, list]] = []
+    if new_pack is not None:
+        sources.append((new_pack, new.entries))
+    for seg in old:
+        if seg.pack is None:
+            continue
+        dest = work_dir / pack_filename(seg.pack)
+        remote.download(pack_path(seg.pack), dest, MAX_PACK_BYTES)
+        checksum, _ = read_pack_index(dest)
+        if checksum != seg.pack:
+            raise CorruptObject(f"remote pack {seg.pack[:12]} does not match its name")
+        sources.append((dest, seg.entries))
+    merged = Catalog(None, [], dict(new.commits), dict(new.trees))
+    for seg in old:
+        for cid, data in seg.commits.items():
+            merged.commits.setdefault(cid, data)
+        for tid, data in seg.trees.items():
+            merged.trees.setdefault(tid, data)
+    if not sources:
+        return None, merged
+    writer = PackWriter(work_dir)
+    seen = set()
+    try:
+        for path, entries in sources:
+            with open(path, "rb") as fh:
+                for e in entries:
+                    if e.id in seen:
+                        continue
+                    seen.add(e.id)
+                    payload = os.pread(fh.fileno(), e.length, e.offset)
+                    if len(payload) != e.length:
+                        raise CorruptObject(f"{path.name} is truncated")
+                    writer.add(e.id, payload, e.raw_size, e.method, e.base)
+        name, _ = writer.finish()
+    except BaseException:
+        writer.abort()
+        raise
+    merged.pack = name
+    merged.entries = list(writer.entries)
+    return work_dir / pack_filename(name), merged
+
+
+def retired_record(paths: list[str]) -> tuple[str, bytes]:
+    """A record of files replaced at this moment (deleted after the grace period)."""
+    name = f"{int(time.time()):010d}-{secrets.token_hex(8)}"
+    return f"retired/{name}.json", canonical_json({"paths": sorted(paths)})
+
+
+def purge(remote: Remote, state, contents: RemoteContents) -> int:
+    """Delete what retired records older than the grace period list, if the refs no longer
+    need any of it; returns the number of files deleted."""
+    now = time.time()
+    old = [r for r in state.retired if now - int(r.split("-")[0]) >= GRACE_SECONDS]
+    if not old:
+        return 0
+    doomed = {p for p in retired_paths(remote, old) if p.startswith(("packs/", "catalogs/"))}
+    live = [s for s in contents.segments if not set(s.files()) & doomed]
+    if not _refs_covered(remote, state, contents, live):
+        return 0  # a push that raced the retirement relies on a retired segment: keep it all
+    targets = sorted(doomed & state.files) + [f"retired/{r}.json" for r in old]
+    remote.delete(targets)
+    return len(targets)
+
+
+def _refs_covered(remote: Remote, state, contents: RemoteContents, live: list[Segment]) -> bool:
+    """Whether every commit, tree and chunk the refs reach is in ``live`` segments (or, for
+    commits and trees, a format-1 file)."""
+    from .interface import MAX_SMALL_OBJECT, commit_path, tree_path
+
+    objects = {e.id: e for s in live for e in s.entries}
+    commits = {c: d for s in live for c, d in s.commits.items()}
+    trees = {t: d for s in live for t, d in s.trees.items()}
+    stack, seen = list(state.refs.values()), set()
+    while stack:
+        cid = stack.pop()
+        if cid in seen:
+            continue
+        seen.add(cid)
+        data = commits.get(cid) or remote.read(commit_path(cid), MAX_SMALL_OBJECT)
+        if data is None:
+            return False
+        commit = Commit.from_bytes(data, expected_id=cid)
+        tdata = trees.get(commit.tree) or remote.read(tree_path(commit.tree), MAX_SMALL_OBJECT)
+        if tdata is None:
+            return False
+        for chunk in Tree.from_bytes(tdata, expected_id=commit.tree).chunk_ids():
+            while chunk is not None and chunk in objects:
+                chunk = objects[chunk].base
+            if chunk is not None and chunk not in objects and not _external(chunk, contents):
+                return False
+        stack.extend(commit.parents)
+    return True
+
+
+def _external(chunk: str, contents: RemoteContents) -> bool:
+    """A base model's chunk is in no pack (it is read from the base): not a missing object."""
+    return chunk not in contents.index
