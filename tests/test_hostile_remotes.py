@@ -22,17 +22,7 @@ from wvc.remotes.interface import commit_path, pack_path, tree_path
 from wvc.store.chains import MAX_CHAIN_LINKS
 from wvc.store.packs import END, MAGIC, PackEntry
 
-PROBE = """
-import atexit, os, re, sys
-def report():
-    hwm = re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)
-    open(os.environ["WVC_HWM_FILE"], "w").write(hwm)
-atexit.register(report)
-from wvc.cli import main
-sys.argv = ["wvc", *sys.argv[1:]]
-main()
-"""
-
+from benchmarks.clone_memory import PROBE  # runs the CLI and reports its VmHWM
 
 def run_wvc(cwd: Path, *args) -> tuple[subprocess.CompletedProcess, int]:
     """``wvc ARGS`` in its own process: (result, peak RSS in MB)."""

@@ -169,9 +169,11 @@ def test_compaction_racing_another_pusher_loses_nothing(tmp_path, kind, hub):
     assert final.fsck().ok
 
 
-@pytest.mark.parametrize("where", ["after merging", "while publishing", "while purging"])
-def test_compaction_failing_at_any_step_leaves_the_remote_valid(tmp_path, monkeypatch, where):
-    url = str(tmp_path / "remote")
+@pytest.mark.parametrize("kind, where", [("path", "after merging"), ("path", "while publishing"),
+                                         ("path", "while purging"), ("hub", "after merging"),
+                                         ("hub", "while publishing")])
+def test_compaction_failing_at_any_step_leaves_the_remote_valid(tmp_path, monkeypatch, hub, kind, where):
+    url = str(tmp_path / "remote") if kind == "path" else f"hf://team/crash-{tmp_path.name}"
     repo = Repo.init(tmp_path / "a")
     trainer = TinyTrainer(repo)
     repo.remote_add("origin", url)
@@ -184,30 +186,34 @@ def test_compaction_failing_at_any_step_leaves_the_remote_valid(tmp_path, monkey
     def crash(*args, **kwargs):
         raise WvcError(f"simulated crash {where}")
 
-    if where == "after merging":
-        real = compaction.merge_segments
-        monkeypatch.setattr(compaction, "merge_segments", lambda *a, **k: (real(*a, **k), crash())[1])
-    elif where == "while publishing":
-        from wvc.remotes.path import PathRemote
-
-        monkeypatch.setattr(PathRemote, "_lock", crash)
-    else:
+    if where == "while purging":
         repo.push()  # compacted; the next push purges what it retired
         last_good = repo.refs.head_commit()
         trainer.commit("step 4")
-        monkeypatch.setattr(compaction, "GRACE_SECONDS", 0)
-        from wvc.remotes.path import PathRemote
+    with pytest.MonkeyPatch.context() as mp:  # the crash, and nothing else, is undone after it
+        if where == "after merging":
+            real = compaction.merge_segments
+            mp.setattr(compaction, "merge_segments", lambda *a, **k: (real(*a, **k), crash())[1])
+        elif where == "while publishing" and kind == "hub":
+            hub.fail["commit"] = 1  # the Hub refuses the commit that adds the merged segment
+        elif where == "while publishing":
+            from wvc.remotes.path import PathRemote
 
-        real_delete = PathRemote.delete
+            mp.setattr(PathRemote, "_lock", crash)
+        else:
+            from wvc.remotes.path import PathRemote
 
-        def half_delete(self, paths):
-            real_delete(self, paths[:1])
-            crash()
+            mp.setattr(compaction, "GRACE_SECONDS", 0)
+            real_delete = PathRemote.delete
 
-        monkeypatch.setattr(PathRemote, "delete", half_delete)
-    with pytest.raises(WvcError, match="simulated crash"):
-        repo.push()
-    monkeypatch.undo()
+            def half_delete(self, paths):
+                real_delete(self, paths[:1])
+                crash()
+
+            mp.setattr(PathRemote, "delete", half_delete)
+        expected = "403" if (kind, where) == ("hub", "while publishing") else "simulated crash"
+        with pytest.raises(WvcError, match=expected):
+            repo.push()
     if where != "while purging":
         check = clone(url, tmp_path / "check")
         assert check.refs.head_commit() == last_good and check.fsck().ok
