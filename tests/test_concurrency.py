@@ -106,7 +106,7 @@ def test_concurrent_pushers_to_one_branch(tmp_path, kind, request):
             for k in range(2):
                 save_file({"w": np.full((64, 64), i * 10 + k + 1, np.float16)}, str(repo.root / "model.safetensors"))
                 repo.commit(f"c{i}-{k}")
-                for _ in range(100):
+                for _ in range(1000):
                     try:
                         repo.push()
                         pushed.append(f"c{i}-{k}")
@@ -115,6 +115,8 @@ def test_concurrent_pushers_to_one_branch(tmp_path, kind, request):
                         repo.pull(rebase=True)
                     except RemoteChanged:
                         time.sleep(0.01)  # the other pusher holds the ref lock; back off briefly
+                else:
+                    errors.append(f"client {i}: c{i}-{k} never got pushed in 1000 attempts")
         except Exception as exc:  # noqa: BLE001
             errors.append(f"client {i}: {exc!r}")
 

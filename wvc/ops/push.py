@@ -63,11 +63,16 @@ def push(repo, remote_name: str = "origin", branch: str | None = None, *, force:
             f"push to {remote_name}/{branch} rejected: the remote has commits you do not have "
             f"(not a fast-forward); run `wvc pull {remote_name} {branch}` first, or push --force"
         )
-    known = set(graph.ancestors([t for t in state.refs.values() if graph.has_commit(t)]))
+    contents = remote_contents(remote, state, index_cache(repo))
+    # Commits the remote has: its catalogs list them, so the walk from our tip stops at the
+    # first one (not walking the whole history every push). A format-1 remote lists none:
+    # there, everything its refs reach.
+    live = contents.live_segments  # what is in retired segments only is sent again
+    known = {c for seg in live for c in seg.commits} | set(state.refs.values())
+    if not contents.commits:
+        known |= set(graph.ancestors([t for t in state.refs.values() if graph.has_commit(t)]))
     new_commits = graph.ancestors(local, stop=known)
 
-    contents = remote_contents(remote, state, index_cache(repo))
-    live = contents.live_segments  # objects only in retired segments are sent again
     remote_objects = {e.id for seg in live for e in seg.entries}
     # a lazy clone pushing to another remote fetches what it lacks first, delta bases included
     repo.store.ensure_local({c for cid in new_commits for c in repo.read_tree(repo.read_commit(cid).tree).chunk_ids()}
