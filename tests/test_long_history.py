@@ -60,8 +60,17 @@ def test_a_hundred_pushes_leave_few_files_and_clone_in_few_requests(tmp_path, hu
     assert fetched.commits == 1 and len(hub.requests) - before <= 10, hub.requests[before:]
 
 
-def test_a_directory_remote_deletes_retired_files_after_the_grace_period(tmp_path, monkeypatch):
-    url = str(tmp_path / "remote")
+@pytest.mark.parametrize("kind", ["path", "s3"])
+def test_retired_files_are_deleted_after_the_grace_period(tmp_path, monkeypatch, kind, request):
+    """Directory and S3 remotes cannot delete in the push's own step: compaction retires
+    what it replaced, and a later push deletes it once the grace period has passed."""
+    if kind == "s3":
+        from .conftest import new_bucket
+
+        request.getfixturevalue("s3_env")
+        url = f"s3://{new_bucket()}/runs/long"
+    else:
+        url = str(tmp_path / "remote")
     repo = Repo.init(tmp_path / "a")
     trainer = TinyTrainer(repo)
     repo.remote_add("origin", url)
@@ -225,11 +234,16 @@ def test_compaction_failing_at_any_step_leaves_the_remote_valid(tmp_path, monkey
     assert tree_digests(copy.root) == tree_digests(repo.root) and copy.fsck().ok
 
 
-@pytest.mark.parametrize("kind", ["path", "hub"])
-def test_gc_remote_frees_a_deleted_branch_and_nothing_reachable(tmp_path, kind, hub, cli, monkeypatch):
+@pytest.mark.parametrize("kind", ["path", "hub", "s3"])
+def test_gc_remote_frees_a_deleted_branch_and_nothing_reachable(tmp_path, kind, hub, cli, monkeypatch, request):
     import json
 
     url = str(tmp_path / "remote") if kind == "path" else f"hf://team/gc-{tmp_path.name}"
+    if kind == "s3":
+        from .conftest import new_bucket
+
+        request.getfixturevalue("s3_env")
+        url = f"s3://{new_bucket()}/gc"
     repo = Repo.init(tmp_path / "a")
     trainer = TinyTrainer(repo)
     trainer.commit("base")
