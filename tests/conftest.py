@@ -173,6 +173,31 @@ def remote_url(request, tmp_path):
     return str(tmp_path / f"remote-{n}") if request.param == "path" else f"hf://team/model-{n}"
 
 
+def url_of(kind: str, tmp_path, request, name: str) -> str:
+    """A fresh remote of ``kind`` ("path", "hub" or "s3") for one test."""
+    if kind == "s3":
+        request.getfixturevalue("s3_env")
+        return f"s3://{new_bucket()}/{name}"
+    return str(tmp_path / "remote") if kind == "path" else f"hf://team/{name}-{tmp_path.name}"
+
+
+def push_until_landed(repo, attempts: int = 1000) -> bool:
+    """Push, rebasing onto what other pushers landed meanwhile; False if it never lands."""
+    import time
+
+    from wvc.errors import NonFastForward, RemoteChanged
+
+    for _ in range(attempts):
+        try:
+            repo.push()
+            return True
+        except NonFastForward:
+            repo.pull(rebase=True)
+        except RemoteChanged:
+            time.sleep(0.01)  # another pusher holds the ref lock; back off briefly
+    return False
+
+
 class RemoteFiles:
     """The files of a remote as stored, whatever holds them, for tests that tamper with them."""
 

@@ -3,14 +3,12 @@
 import subprocess
 import sys
 import threading
-import time
 
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
 from wvc import Repo, clone
-from wvc.errors import NonFastForward, RemoteChanged
 
 COMMITTER = r"""
 import sys, numpy as np
@@ -86,13 +84,9 @@ def test_gc_beside_commits_keeps_everything_reachable(tmp_path):
 
 @pytest.mark.parametrize("kind", ["path", "s3"])
 def test_concurrent_pushers_to_one_branch(tmp_path, kind, request):
-    if kind == "s3":
-        from .conftest import new_bucket
+    from .conftest import push_until_landed, url_of
 
-        request.getfixturevalue("s3_env")
-        remote = f"s3://{new_bucket()}/shared"
-    else:
-        remote = str(tmp_path / "remote")
+    remote = url_of(kind, tmp_path, request, "shared")
     seed = Repo.init(tmp_path / "seed")
     save_file({"w": np.zeros((64, 64), np.float16)}, str(seed.root / "model.safetensors"))
     seed.commit("base")
@@ -106,15 +100,8 @@ def test_concurrent_pushers_to_one_branch(tmp_path, kind, request):
             for k in range(2):
                 save_file({"w": np.full((64, 64), i * 10 + k + 1, np.float16)}, str(repo.root / "model.safetensors"))
                 repo.commit(f"c{i}-{k}")
-                for _ in range(1000):
-                    try:
-                        repo.push()
-                        pushed.append(f"c{i}-{k}")
-                        break
-                    except NonFastForward:
-                        repo.pull(rebase=True)
-                    except RemoteChanged:
-                        time.sleep(0.01)  # the other pusher holds the ref lock; back off briefly
+                if push_until_landed(repo):
+                    pushed.append(f"c{i}-{k}")
                 else:
                     errors.append(f"client {i}: c{i}-{k} never got pushed in 1000 attempts")
         except Exception as exc:  # noqa: BLE001

@@ -10,10 +10,10 @@ import torch
 from safetensors.torch import save_file
 
 from wvc import Repo, clone
-from wvc.errors import NonFastForward, RemoteChanged, WvcError
+from wvc.errors import WvcError
 from wvc.remotes import compaction, open_remote
 
-from .conftest import RemoteFiles, tree_digests
+from .conftest import RemoteFiles, push_until_landed, tree_digests, url_of
 
 pytestmark = pytest.mark.usefixtures("hub_env")
 
@@ -26,6 +26,12 @@ class TinyTrainer:
         g = torch.Generator().manual_seed(seed)
         self.w = torch.randn(64, 64, generator=g) * 0.02
         self.g = g
+
+    def push_steps(self, names) -> None:
+        """Commit and push once a name."""
+        for name in names:
+            self.commit(name)
+            self.repo.push()
 
     def commit(self, msg: str = "step") -> str:
         self.w += torch.randn(self.w.shape, generator=self.g) * 1e-3
@@ -43,9 +49,7 @@ def test_a_hundred_pushes_leave_few_files_and_clone_in_few_requests(tmp_path, hu
     repo = Repo.init(tmp_path / "a")
     trainer = TinyTrainer(repo)
     repo.remote_add("origin", url)
-    for i in range(100):
-        trainer.commit(f"step {i}")
-        repo.push()
+    trainer.push_steps(f"step {i}" for i in range(100))
     files = remote_file_count(url, hub)
     assert files <= 40, files  # format 1: 405 files for the same history
     before = len(hub.requests)
@@ -64,26 +68,16 @@ def test_a_hundred_pushes_leave_few_files_and_clone_in_few_requests(tmp_path, hu
 def test_retired_files_are_deleted_after_the_grace_period(tmp_path, monkeypatch, kind, request):
     """Directory and S3 remotes cannot delete in the push's own step: compaction retires
     what it replaced, and a later push deletes it once the grace period has passed."""
-    if kind == "s3":
-        from .conftest import new_bucket
-
-        request.getfixturevalue("s3_env")
-        url = f"s3://{new_bucket()}/runs/long"
-    else:
-        url = str(tmp_path / "remote")
+    url = url_of(kind, tmp_path, request, "long")
     repo = Repo.init(tmp_path / "a")
     trainer = TinyTrainer(repo)
     repo.remote_add("origin", url)
-    for i in range(12):
-        trainer.commit(f"step {i}")
-        repo.push()
+    trainer.push_steps(f"step {i}" for i in range(12))
     kept = remote_file_count(url, None)
     retired = [p for p in RemoteFiles(url, None).paths() if p.startswith("retired/")]
     assert retired  # compaction happened, its replaced files wait out the grace period
     monkeypatch.setattr(compaction, "GRACE_SECONDS", 0)
-    for i in range(12, 40):
-        trainer.commit(f"step {i}")
-        repo.push()
+    trainer.push_steps(f"step {i}" for i in range(12, 40))
     paths = RemoteFiles(url, None).paths()
     assert len(paths) <= kept and len([p for p in paths if p.startswith("retired/")]) <= 1
     copy = clone(url, tmp_path / "copy")
@@ -119,8 +113,8 @@ def _push_format_1(repo: Repo, url: str) -> None:
 
 
 @pytest.mark.parametrize("kind", ["path", "hub"])
-def test_a_format_1_remote_is_read_and_pushed_onto(tmp_path, kind, hub):
-    url = str(tmp_path / "remote") if kind == "path" else f"hf://team/format-1-{tmp_path.name}"
+def test_a_format_1_remote_is_read_and_pushed_onto(tmp_path, kind, hub, request):
+    url = url_of(kind, tmp_path, request, "format-1")
     repo = Repo.init(tmp_path / "a")
     trainer = TinyTrainer(repo)
     for i in range(3):
@@ -130,9 +124,7 @@ def test_a_format_1_remote_is_read_and_pushed_onto(tmp_path, kind, hub):
     assert len(old.log()) == 3 and tree_digests(old.root) == tree_digests(repo.root)
     repo.remote_add("origin", url)
     repo.fetch()
-    for i in range(6):  # enough pushes to compact the format-1 pack with the new segments
-        trainer.commit(f"new {i}")
-        repo.push()
+    trainer.push_steps(f"new {i}" for i in range(6))  # enough to compact the format-1 pack too
     copy = clone(url, tmp_path / "copy")
     assert len(copy.log()) == 9 and tree_digests(copy.root) == tree_digests(repo.root)
     lazy = clone(url, tmp_path / "lazy", lazy=True)
@@ -141,8 +133,8 @@ def test_a_format_1_remote_is_read_and_pushed_onto(tmp_path, kind, hub):
 
 
 @pytest.mark.parametrize("kind", ["path", "hub"])
-def test_compaction_racing_another_pusher_loses_nothing(tmp_path, kind, hub):
-    url = str(tmp_path / "remote") if kind == "path" else f"hf://team/race-{tmp_path.name}"
+def test_compaction_racing_another_pusher_loses_nothing(tmp_path, kind, hub, request):
+    url = url_of(kind, tmp_path, request, "race")
     seed = Repo.init(tmp_path / "seed")
     TinyTrainer(seed).commit("base")
     seed.remote_add("origin", url)
@@ -156,14 +148,8 @@ def test_compaction_racing_another_pusher_loses_nothing(tmp_path, kind, hub):
         try:
             for k in range(8):
                 trainer.commit(f"c{i}-{k}")
-                for _ in range(200):
-                    try:
-                        repo.push()
-                        break
-                    except NonFastForward:
-                        repo.pull(rebase=True)
-                    except RemoteChanged:
-                        pass
+                if not push_until_landed(repo):
+                    errors.append(f"client {i}: c{i}-{k} never got pushed")
         except Exception as exc:  # noqa: BLE001
             errors.append(f"client {i}: {exc!r}")
 
@@ -181,14 +167,12 @@ def test_compaction_racing_another_pusher_loses_nothing(tmp_path, kind, hub):
 @pytest.mark.parametrize("kind, where", [("path", "after merging"), ("path", "while publishing"),
                                          ("path", "while purging"), ("hub", "after merging"),
                                          ("hub", "while publishing")])
-def test_compaction_failing_at_any_step_leaves_the_remote_valid(tmp_path, monkeypatch, hub, kind, where):
-    url = str(tmp_path / "remote") if kind == "path" else f"hf://team/crash-{tmp_path.name}"
+def test_compaction_failing_at_any_step_leaves_the_remote_valid(tmp_path, monkeypatch, hub, kind, where, request):
+    url = url_of(kind, tmp_path, request, "crash")
     repo = Repo.init(tmp_path / "a")
     trainer = TinyTrainer(repo)
     repo.remote_add("origin", url)
-    for i in range(3):
-        trainer.commit(f"step {i}")
-        repo.push()
+    trainer.push_steps(f"step {i}" for i in range(3))
     last_good = repo.refs.head_commit()
     trainer.commit("step 3")  # this push compacts
 
@@ -238,12 +222,7 @@ def test_compaction_failing_at_any_step_leaves_the_remote_valid(tmp_path, monkey
 def test_gc_remote_frees_a_deleted_branch_and_nothing_reachable(tmp_path, kind, hub, cli, monkeypatch, request):
     import json
 
-    url = str(tmp_path / "remote") if kind == "path" else f"hf://team/gc-{tmp_path.name}"
-    if kind == "s3":
-        from .conftest import new_bucket
-
-        request.getfixturevalue("s3_env")
-        url = f"s3://{new_bucket()}/gc"
+    url = url_of(kind, tmp_path, request, "gc")
     repo = Repo.init(tmp_path / "a")
     trainer = TinyTrainer(repo)
     trainer.commit("base")

@@ -23,11 +23,11 @@ from .codec.devices import resolve_device
 from .errors import MissingEntry, RemoteError, RevisionNotFound
 from .objects import Commit, Tree
 from .ops.materialize import file_blocks
-from .ops.remote_base import remote_base, verified
+from .ops.remote_base import remote_base
 from .ops.tensors import tensor_from_chunks
 from .remotes import open_remote
 from .remotes.interface import MAX_SMALL_OBJECT, commit_path, tree_path
-from .remotes.transfer import RemoteChunks, remote_contents
+from .remotes.transfer import RemoteChunks, remote_contents, verified
 
 
 class VersionView:

@@ -19,11 +19,11 @@ from ..objects import Commit, Tree
 from ..progress import NULL, Progress
 from ..remotes.interface import MAX_SMALL_OBJECT, commit_path, pack_path, tree_path
 from ..remotes import lazy_remote_name
-from ..remotes.transfer import MAX_PACK_BYTES, remote_contents, verify_packs
+from ..remotes.transfer import MAX_PACK_BYTES, remote_contents, verified, verify_packs
 from ..store.graph import UNKNOWN
 from ..store.packs import pack_filename
 from ..store.refs import HEADS
-from .remote_base import check_same_base, remote_base, verified
+from .remote_base import check_same_base, remote_base
 from .remote_config import REMOTES, index_cache, open_remote_named
 
 @dataclass

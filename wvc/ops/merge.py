@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from .. import ids
 from ..codec.devices import resolve_device
-from ..errors import ConcurrentUpdate, UncommittedChanges, WvcError
+from ..errors import UncommittedChanges, WvcError
 from ..formats.dtypes import DTYPES
 from ..merge_methods import COMPUTED, TAKE_SIDE, MergeParameters, merge_tensor
 from ..objects import Commit, FileEntry, TensorEntry, Tree, chunk_spans
@@ -71,7 +71,9 @@ class _Plan:
 def merge(repo, rev: str, *, strategy: str | None = None, params: MergeParameters | None = None,
           no_commit: bool = False, message: str | None = None, author: str | None = None,
           device: str = "auto", progress: Progress = NULL) -> MergeResult:
-    params = (params or MergeParameters()).check(strategy) if strategy else (params or MergeParameters())
+    params = params or MergeParameters()
+    if strategy is not None:
+        params.check(strategy)
     ours = repo.refs.head_commit()
     if ours is None:
         raise WvcError("nothing to merge into: HEAD has no commits yet")
@@ -144,10 +146,7 @@ def _move_to(repo, old: str, new: str, reason: str, progress: Progress) -> None:
         if branch is None:
             repo.refs.set_head(new, reason)
             return
-        if repo.refs.get(HEADS + branch) != old:
-            raise ConcurrentUpdate(f"{branch} moved during the merge; the merge commit {ids.short(new)} is recorded, "
-                                   f"check it out to retry")
-        repo.refs.set(HEADS + branch, new, old, reason)
+        repo.refs.set(HEADS + branch, new, old, reason)  # CAS: a branch moved meanwhile is a ConcurrentUpdate
         repo.refs.set_head("ref: " + HEADS + branch, reason)
 
 

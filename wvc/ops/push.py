@@ -75,14 +75,12 @@ def push(repo, remote_name: str = "origin", branch: str | None = None, *, force:
 
     remote_objects = {e.id for seg in live for e in seg.entries}
     # a lazy clone pushing to another remote fetches what it lacks first, delta bases included
-    repo.store.ensure_local({c for cid in new_commits for c in repo.read_tree(repo.read_commit(cid).tree).chunk_ids()}
-                            - remote_objects, progress)
-    wanted = _objects_to_send(repo, new_commits, remote_objects)
+    chunks_of = {cid: repo.read_tree(repo.read_commit(cid).tree).chunk_ids() for cid in new_commits}
+    repo.store.ensure_local(set().union(*chunks_of.values()) - remote_objects, progress)
+    wanted = _objects_to_send(repo, chunks_of, remote_objects)
     with tempfile.TemporaryDirectory(prefix="wvc-push-", dir=repo.wvc_dir) as tmp:
         pack_file, catalog = _new_segment(repo, wanted, new_commits, Path(tmp), progress)
-        new_size = sum(e.length for e in catalog.entries) + sum(map(len, catalog.commits.values())) \
-            + sum(map(len, catalog.trees.values()))
-        merging = compaction.to_merge(live, new_size)
+        merging = compaction.to_merge(live, catalog.size)
         retired: list[str] = []
         if merging:  # keep the remote's file count bounded (remotes/compaction.py)
             progress.start(len(merging), "compacting the remote")
@@ -134,15 +132,14 @@ def _new_segment(repo, wanted: list[str], new_commits: list[str], tmp: Path, pro
     return tmp / pack_filename(name), catalog
 
 
-def _objects_to_send(repo, new_commits: list[str], remote_objects: set[str]) -> list[str]:
-    """Chunks of the new commits' trees that the remote lacks, each followed by the delta
-    bases it needs (store/chains.py); never a base model's chunk: the other side reads those
-    from the base itself."""
+def _objects_to_send(repo, chunks_of: dict[str, set[str]], remote_objects: set[str]) -> list[str]:
+    """Chunks of the new commits' trees (``chunks_of``, by commit) that the remote lacks, each
+    followed by the delta bases it needs (store/chains.py); never a base model's chunk: the
+    other side reads those from the base itself."""
     wanted: list[str] = []
     seen = set(remote_objects)
-
-    for cid in new_commits:
-        for chunk in sorted(repo.read_tree(repo.read_commit(cid).tree).chunk_ids() - seen):
+    for chunks in chunks_of.values():
+        for chunk in sorted(chunks - seen):
             for link in resolve_chain(chunk, repo.store.row, stop=seen.__contains__, max_links=repo.store.max_links):
                 if link.external:
                     break

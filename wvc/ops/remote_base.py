@@ -5,10 +5,12 @@ from __future__ import annotations
 from .. import ids
 from ..basemodel.attach import attach
 from ..basemodel.record import base_commit, parse_base_json
-from ..errors import BaseModelError, CorruptObject, RemoteError, WvcError
+from ..errors import BaseModelError, RemoteError
 from ..objects import Tree
 from ..progress import Progress
 from ..remotes.interface import MAX_SMALL_OBJECT, tree_path
+from ..remotes.transfer import remote_contents, verified
+from .remote_config import index_cache
 
 
 def remote_base(state, url: str):
@@ -30,27 +32,15 @@ def check_same_base(remote_name: str, theirs, ours) -> None:
     raise RemoteError(f"remote {remote_name} is based on {theirs.url}, this repository on {ours.url}")
 
 
-def verified(parse, data: bytes, expected: str, what: str):
-    """A commit or tree a remote sent, parsed and checked against the id it was asked for."""
-    try:
-        return parse(data, expected_id=expected)
-    except WvcError as exc:
-        raise CorruptObject(f"remote {what} {ids.short(expected)} is corrupt: {exc}") from None
-
-
 def attach_remote_base(repo, remote, state, base, progress: Progress) -> None:
     """Find or download the base a remote records and check it gives the recorded tree."""
-    from ..remotes.catalog import MAX_CATALOG_BYTES, catalog_path, parse_catalog
-
     if base_commit(base.url, base.tree).id != base.commit:
         raise RemoteError(f"remote base record is inconsistent: commit {ids.short(base.commit)} is not the root "
                           f"commit of {base.url}")
-    data = None
-    for name in state.catalogs:  # format 2: the base's tree is in the catalog of the first push
-        catalog = remote.read(catalog_path(name), MAX_CATALOG_BYTES)
-        if catalog is not None and (data := parse_catalog(catalog, name).trees.get(base.tree)) is not None:
-            break
-    data = data or remote.read(tree_path(base.tree), MAX_SMALL_OBJECT)
+    # format 2: the base's tree is in the catalog of the first push (read once: the fetch that
+    # follows finds the catalogs in the local cache)
+    contents = remote_contents(remote, state, index_cache(repo))
+    data = contents.trees.get(base.tree) or remote.read(tree_path(base.tree), MAX_SMALL_OBJECT)
     if data is None:
         raise RemoteError(f"remote is missing the base's tree {ids.short(base.tree)}")
     tree = verified(Tree.from_bytes, data, base.tree, "tree")

@@ -16,15 +16,12 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import ids
 from ..errors import RemoteError
-from ..objects import Commit, Tree
 from ..progress import NULL, Progress
 from ..remotes import compaction
 from ..remotes.catalog import Catalog, catalog_name, catalog_path
-from ..remotes.interface import MAX_SMALL_OBJECT, commit_path, pack_path, tree_path
-from ..remotes.transfer import RemoteContents, Segment, remote_contents
-from .remote_base import verified
+from ..remotes.interface import pack_path
+from ..remotes.transfer import Segment, remote_contents
 from .remote_config import index_cache, open_remote_named
 
 
@@ -43,40 +40,14 @@ class RemoteGcResult:
         return dict(self.__dict__)
 
 
-def live_set(remote, state, contents: RemoteContents) -> tuple[set[str], set[str], set[str]]:
-    """(commits, trees, objects) the remote's refs reach; objects closed over delta bases."""
-    commits, trees, objects = set(), set(), set()
-    stack = list(state.refs.values())
-    while stack:
-        cid = stack.pop()
-        if cid in commits:
-            continue
-        data = contents.commits.get(cid) or remote.read(commit_path(cid), MAX_SMALL_OBJECT)
-        if data is None:
-            raise RemoteError(f"remote is missing commit {ids.short(cid)}: refusing to collect garbage on it")
-        commit = verified(Commit.from_bytes, data, cid, "commit")
-        commits.add(cid)
-        stack.extend(commit.parents)
-        if commit.tree not in trees:
-            tdata = contents.trees.get(commit.tree) or remote.read(tree_path(commit.tree), MAX_SMALL_OBJECT)
-            if tdata is None:
-                raise RemoteError(f"remote is missing tree {ids.short(commit.tree)}: refusing to collect garbage")
-            trees.add(commit.tree)
-            objects |= verified(Tree.from_bytes, tdata, commit.tree, "tree").chunk_ids()
-    frontier = list(objects)
-    while frontier:  # delta bases
-        found = contents.index.get(frontier.pop())
-        if found and found[1].base and found[1].base not in objects:
-            objects.add(found[1].base)
-            frontier.append(found[1].base)
-    return commits, trees, objects
-
-
 def remote_gc(repo, remote_name: str, *, dry_run: bool = False, progress: Progress = NULL) -> RemoteGcResult:
     remote = open_remote_named(repo, remote_name)
     state = remote.state()
     contents = remote_contents(remote, state, index_cache(repo))
-    live_commits, live_trees, live_objects = live_set(remote, state, contents)
+    try:
+        live_commits, live_trees, live_objects = contents.reachable(remote, state.refs.values())
+    except RemoteError as exc:
+        raise RemoteError(f"{exc}: refusing to collect garbage on {remote_name}") from None
     dead, partial = [], []
     objects_removed = commits_removed = bytes_freed = 0
     for seg in contents.live_segments:  # retired ones are on their way out already

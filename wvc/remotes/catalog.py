@@ -22,7 +22,7 @@ import struct
 from dataclasses import dataclass, field
 
 from .. import ids
-from ..errors import CorruptObject, RemoteError
+from ..errors import CorruptObject
 from ..objects import canonical_json
 from ..store.packs import PackEntry, parse_index
 
@@ -49,8 +49,13 @@ class Catalog:
         return zstandard.ZstdCompressor(level=10).compress(body)
 
     @property
-    def name(self) -> str:
-        return catalog_name(self.to_bytes())
+    def size(self) -> int:
+        """What rewriting the segment costs (compaction's tiers): payloads, commits and trees."""
+        return segment_size(self.entries, self.commits, self.trees)
+
+
+def segment_size(entries, commits: dict[str, bytes], trees: dict[str, bytes]) -> int:
+    return sum(e.length for e in entries) + sum(map(len, commits.values())) + sum(map(len, trees.values()))
 
 
 def catalog_name(data: bytes) -> str:
@@ -97,13 +102,6 @@ def parse_catalog(data: bytes, name: str) -> Catalog:
     if cursor != len(body):
         raise CorruptObject(f"{where} has trailing bytes")
     return catalog
-
-
-def read_catalog(remote, name: str) -> Catalog:
-    data = remote.read(catalog_path(name), MAX_CATALOG_BYTES)
-    if data is None:
-        raise RemoteError(f"remote catalog {name[:12]} is missing")
-    return parse_catalog(data, name)
 
 
 def catalog_path(name: str) -> str:

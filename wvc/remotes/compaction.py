@@ -23,12 +23,12 @@ import secrets
 import time
 from pathlib import Path
 
-from ..errors import CorruptObject
-from ..objects import Commit, Tree, canonical_json
+from ..errors import CorruptObject, WvcError
+from ..objects import canonical_json
 from ..store.packs import PackWriter, pack_filename, read_pack_index
 from .catalog import Catalog
 from .interface import Remote, pack_path
-from .transfer import MAX_PACK_BYTES, RemoteContents, Segment, retired_paths
+from .transfer import MAX_PACK_BYTES, RemoteContents, Segment
 
 FANOUT = int(os.environ.get("WVC_COMPACT_FANOUT", "4"))  # 0: never compact (benchmarks compare)
 TIER0_BYTES = 1 << 20
@@ -116,10 +116,10 @@ def purge(remote: Remote, state, contents: RemoteContents) -> int:
     """Delete what retired records older than the grace period list, if the refs no longer
     need any of it; returns the number of files deleted."""
     now = time.time()
-    old = [r for r in state.retired if now - int(r.split("-")[0]) >= GRACE_SECONDS]
+    old = [r for r in contents.retired_records if now - int(r.split("-")[0]) >= GRACE_SECONDS]
     if not old:
         return 0
-    doomed = {p for p in retired_paths(remote, old) if p.startswith(("packs/", "catalogs/"))}
+    doomed = {p for r in old for p in contents.retired_records[r] if p.startswith(("packs/", "catalogs/"))}
     live = [s for s in contents.segments if not set(s.files()) & doomed]
     if not _refs_covered(remote, state, contents, live):
         return 0  # a push that raced the retirement relies on a retired segment: keep it all
@@ -130,34 +130,18 @@ def purge(remote: Remote, state, contents: RemoteContents) -> int:
 
 def _refs_covered(remote: Remote, state, contents: RemoteContents, live: list[Segment]) -> bool:
     """Whether every commit, tree and chunk the refs reach is in ``live`` segments (or, for
-    commits and trees, a format-1 file)."""
+    commits and trees, a format-1 file). A chunk in no segment at all is a base model's."""
     from .interface import MAX_SMALL_OBJECT, commit_path, tree_path
 
-    objects = {e.id: e for s in live for e in s.entries}
-    commits = {c: d for s in live for c, d in s.commits.items()}
-    trees = {t: d for s in live for t, d in s.trees.items()}
-    stack, seen = list(state.refs.values()), set()
-    while stack:
-        cid = stack.pop()
-        if cid in seen:
-            continue
-        seen.add(cid)
-        data = commits.get(cid) or remote.read(commit_path(cid), MAX_SMALL_OBJECT)
-        if data is None:
-            return False
-        commit = Commit.from_bytes(data, expected_id=cid)
-        tdata = trees.get(commit.tree) or remote.read(tree_path(commit.tree), MAX_SMALL_OBJECT)
-        if tdata is None:
-            return False
-        for chunk in Tree.from_bytes(tdata, expected_id=commit.tree).chunk_ids():
-            while chunk is not None and chunk in objects:
-                chunk = objects[chunk].base
-            if chunk is not None and chunk not in objects and not _external(chunk, contents):
-                return False
-        stack.extend(commit.parents)
-    return True
-
-
-def _external(chunk: str, contents: RemoteContents) -> bool:
-    """A base model's chunk is in no pack (it is read from the base): not a missing object."""
-    return chunk not in contents.index
+    try:
+        commits, trees, objects = contents.reachable(remote, state.refs.values())
+    except WvcError:
+        return False
+    live_commits = {c for s in live for c in s.commits}
+    live_trees = {t for s in live for t in s.trees}
+    live_objects = {e.id for s in live for e in s.entries}
+    if any(remote.read(commit_path(c), MAX_SMALL_OBJECT) is None for c in commits - live_commits):
+        return False
+    if any(remote.read(tree_path(t), MAX_SMALL_OBJECT) is None for t in trees - live_trees):
+        return False
+    return not {o for o in objects if o in contents.index} - live_objects

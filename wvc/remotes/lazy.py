@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..progress import NULL, Progress
 from . import lazy_remote_name, open_remote, remote_url
-from .transfer import fetch_objects, object_index
+from .transfer import fetch_objects, remote_contents
 
 
 class LazyRemote:
@@ -30,5 +30,5 @@ class LazyRemote:
         if name is None:
             return
         remote = open_remote(remote_url(self.db, name))
-        index = object_index(remote, remote.state(), self.index_cache)
+        index = remote_contents(remote, remote.state(), self.index_cache).index
         self.downloaded_bytes += fetch_objects(store, remote, index, object_ids, self.work_dir, progress)

@@ -20,10 +20,12 @@ from pathlib import Path
 from .. import ids
 from ..errors import CorruptObject, MissingObject, RemoteError, WvcError
 from ..fsutil import atomic_write, fsync_dir
+from ..objects import Commit, Tree
 from ..progress import NULL, Progress
 from ..store.chains import resolve_chain
 from ..store.objects import ObjectRow, ObjectStore, decode_verified
 from ..store.packs import MAX_INDEX_BYTES, PackEntry, PackWriter, pack_filename, parse_index, read_pack_index
+from .catalog import MAX_CATALOG_BYTES, catalog_path, parse_catalog, segment_size
 from .interface import Remote, pack_path
 
 MAX_PACK_BYTES = 64 << 30  # one pack a push (or a compaction) writes
@@ -60,30 +62,35 @@ class DecodedCache:
             self.size -= len(old)
 
 
-def remote_index(remote: Remote, name: str, cache_dir: Path | None = None) -> list[PackEntry]:
-    """A remote pack's index, validated; kept in ``cache_dir`` (packs are immutable)."""
-    cache = cache_dir / f"{name}.idx" if cache_dir is not None else None
-    data = None
-    if cache is not None and cache.is_file() and cache.stat().st_size <= MAX_INDEX_BYTES:
-        data = cache.read_bytes()
-    cached = data is not None
+def _cached_read(remote: Remote, path: str, cache: Path | None, limit: int, what: str) -> tuple[bytes, bool]:
+    """An immutable remote file, from ``cache`` when it is there; (bytes, read from the remote)."""
+    if cache is not None and cache.is_file() and cache.stat().st_size <= limit:
+        return cache.read_bytes(), False
+    data = remote.read(path, limit)
     if data is None:
-        data = remote.read(pack_path(name, "idx"), MAX_INDEX_BYTES)
-        if data is None:
-            raise RemoteError(f"remote pack index {name[:12]} is missing")
-    try:
-        entries = parse_index(data, f"remote pack index {name[:12]}")
-    except CorruptObject as exc:
-        raise RemoteError(str(exc)) from None
-    if cache is not None and not cached:
+        raise RemoteError(f"{what} is missing")
+    return data, True
+
+
+def _keep(cache: Path | None, data: bytes) -> None:
+    """Cache a remote file once it has been validated."""
+    if cache is not None:
         cache.parent.mkdir(exist_ok=True)
         atomic_write(cache, data, durable=False)
+
+
+def remote_index(remote: Remote, name: str, cache_dir: Path | None = None) -> list[PackEntry]:
+    """A remote pack's format-1 index, validated; kept in ``cache_dir`` (packs are immutable)."""
+    cache = cache_dir / f"{name}.idx" if cache_dir is not None else None
+    what = f"remote pack index {name[:12]}"
+    data, fresh = _cached_read(remote, pack_path(name, "idx"), cache, MAX_INDEX_BYTES, what)
+    try:
+        entries = parse_index(data, what)
+    except CorruptObject as exc:
+        raise RemoteError(str(exc)) from None
+    if fresh:
+        _keep(cache, data)
     return entries
-
-
-def object_index(remote: Remote, state, cache_dir: Path | None = None) -> dict[str, tuple[str, PackEntry]]:
-    """Object id -> (pack, entry) over a remote's packs (catalogs and format-1 indexes)."""
-    return remote_contents(remote, state, cache_dir).index
 
 
 @dataclass
@@ -102,11 +109,9 @@ class Segment:
     @property
     def size(self) -> int:
         """What rewriting the segment costs: its payloads, commits and trees."""
-        return self.pack_bytes + sum(map(len, self.commits.values())) + sum(map(len, self.trees.values()))
+        return segment_size(self.entries, self.commits, self.trees)
 
     def files(self) -> list[str]:
-        from .catalog import catalog_path
-
         out = [catalog_path(self.catalog)] if self.catalog else []
         if self.pack:
             out.append(pack_path(self.pack))
@@ -122,36 +127,71 @@ class RemoteContents:
     index: dict[str, tuple[str, PackEntry]]  # object id -> (pack, entry), over every segment
     commits: dict[str, bytes]  # canonical bytes, unverified: parse with expected_id before use
     trees: dict[str, bytes]
-    retired: set[str] = field(default_factory=set)  # files retired records list (compaction.py)
+    retired_records: dict[str, list[str]] = field(default_factory=dict)  # record -> the files it retires
+
+    @property
+    def retired(self) -> set[str]:
+        """Every file a retired record lists (compaction.py)."""
+        return {p for paths in self.retired_records.values() for p in paths}
 
     @property
     def live_segments(self) -> list[Segment]:
         """Segments no retired record lists: what a push may rely on and compaction may merge
         (a retired one is still read until it is deleted, but nothing new builds on it)."""
-        return [s for s in self.segments if not set(s.files()) & self.retired]
+        retired = self.retired
+        return [s for s in self.segments if not set(s.files()) & retired]
+
+    def reachable(self, remote: Remote, refs) -> tuple[set[str], set[str], set[str]]:
+        """(commits, trees, objects) ``refs`` reach, objects closed over delta bases; commits
+        and trees from the catalogs, else format-1 files; each verified against its id.
+        A commit or tree the remote lacks is a RemoteError."""
+        from .interface import MAX_SMALL_OBJECT, commit_path, tree_path
+
+        commits, trees, objects = set(), set(), set()
+        stack = list(refs)
+        while stack:
+            cid = stack.pop()
+            if cid in commits:
+                continue
+            data = self.commits.get(cid) or remote.read(commit_path(cid), MAX_SMALL_OBJECT)
+            if data is None:
+                raise RemoteError(f"remote is missing commit {ids.short(cid)}")
+            commit = verified(Commit.from_bytes, data, cid, "commit")
+            commits.add(cid)
+            stack.extend(commit.parents)
+            if commit.tree not in trees:
+                tdata = self.trees.get(commit.tree) or remote.read(tree_path(commit.tree), MAX_SMALL_OBJECT)
+                if tdata is None:
+                    raise RemoteError(f"remote is missing tree {ids.short(commit.tree)}")
+                trees.add(commit.tree)
+                objects |= verified(Tree.from_bytes, tdata, commit.tree, "tree").chunk_ids()
+        frontier = list(objects)
+        while frontier:  # delta bases
+            found = self.index.get(frontier.pop())
+            if found and found[1].base and found[1].base not in objects:
+                objects.add(found[1].base)
+                frontier.append(found[1].base)
+        return commits, trees, objects
+
+
+def verified(parse, data: bytes, expected: str, what: str):
+    """A commit or tree a remote sent, parsed and checked against the id it was asked for."""
+    try:
+        return parse(data, expected_id=expected)
+    except WvcError as exc:
+        raise CorruptObject(f"remote {what} {ids.short(expected)} is corrupt: {exc}") from None
 
 
 def remote_contents(remote: Remote, state, cache_dir: Path | None = None) -> RemoteContents:
     """Read every catalog (cached locally by name: they are immutable) and format-1 index."""
-    from .catalog import MAX_CATALOG_BYTES, catalog_path, parse_catalog
-
     segments = []
     for name in state.catalogs:
         cache = cache_dir / f"{name}.cat" if cache_dir is not None else None
-        data = cache.read_bytes() if cache is not None and cache.is_file() and \
-            cache.stat().st_size <= MAX_CATALOG_BYTES else None
-        fresh = data is None
+        data, fresh = _cached_read(remote, catalog_path(name), cache, MAX_CATALOG_BYTES,
+                                   f"remote catalog {name[:12]}")
+        cat = parse_catalog(data, name)
         if fresh:
-            data = remote.read(catalog_path(name), MAX_CATALOG_BYTES)
-            if data is None:
-                raise RemoteError(f"remote catalog {name[:12]} is missing")
-        try:
-            cat = parse_catalog(data, name)
-        except CorruptObject as exc:
-            raise CorruptObject(str(exc)) from None
-        if cache is not None and fresh:
-            cache.parent.mkdir(exist_ok=True)
-            atomic_write(cache, data, durable=False)
+            _keep(cache, data)
         segments.append(Segment(name, cat.pack, cat.entries, cat.commits, cat.trees))
     for name in state.packs:
         segments.append(Segment(None, name, remote_index(remote, name, cache_dir), {}, {}))
@@ -163,17 +203,17 @@ def remote_contents(remote: Remote, state, cache_dir: Path | None = None) -> Rem
             index.setdefault(entry.id, (seg.pack, entry))
         commits.update(seg.commits)
         trees.update(seg.trees)
-    return RemoteContents(segments, index, commits, trees, retired_paths(remote, state.retired))
+    return RemoteContents(segments, index, commits, trees, _retired_records(remote, state.retired))
 
 
 MAX_RETIRED_RECORD = 16 << 20
 
 
-def retired_paths(remote: Remote, records: list[str]) -> set[str]:
-    """Every file these retired/ records list (remotes/compaction.py)."""
+def _retired_records(remote: Remote, records: list[str]) -> dict[str, list[str]]:
+    """What each retired/ record lists (remotes/compaction.py)."""
     import json
 
-    out: set[str] = set()
+    out: dict[str, list[str]] = {}
     for record in records:
         data = remote.read(f"retired/{record}.json", MAX_RETIRED_RECORD)
         if data is None:
@@ -184,7 +224,7 @@ def retired_paths(remote: Remote, records: list[str]) -> set[str]:
                 raise ValueError
         except (ValueError, KeyError, TypeError):
             raise RemoteError(f"remote retired record {record} is malformed") from None
-        out.update(paths)
+        out[record] = paths
     return out
 
 
