@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 from tests.conftest import sha256
 from wvc import Repo, ids
 from wvc.errors import CorruptObject, FormatError
-from wvc.objects import Commit, Tree
+from wvc.objects import TREE_FORMAT, Commit, Tree
 from wvc.store.refs import HEADS
 from wvc.worktree import content_id
 
@@ -41,7 +41,7 @@ def test_a_working_file_has_the_id_its_commit_records(small_repo):
     write_model(small_repo.root, 0)
     small_repo.commit("c")
     tree = small_repo.tree_of("HEAD")
-    assert tree.format == 2
+    assert tree.format == TREE_FORMAT
     for entry in tree.files:
         assert entry.hash == entry.content_id
         assert content_id(small_repo.root / entry.path, entry.path, tree.chunk_bytes) == entry.hash, entry.path
@@ -105,7 +105,7 @@ def test_a_format_1_history_checks_out_reads_clean_and_commits_on(small_repo):
     (small_repo.root / "empty.txt").unlink()
     res = small_repo.commit("on top of a format-1 commit")
     tree = small_repo.tree_of(res.commit)
-    assert tree.format == 2 and all(f.hash == f.content_id for f in tree.files)
+    assert tree.format == TREE_FORMAT and all(f.hash == f.content_id for f in tree.files)
     assert small_repo.status().clean
     out = small_repo.root.parent / "back"
     small_repo.checkout(old, output=out)

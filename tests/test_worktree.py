@@ -67,15 +67,21 @@ def test_status_without_ignore_patterns_does_not_import_pathspec(repo):
     assert r.stdout.strip() == "True", r.stderr
 
 
-def test_symlinks_are_not_followed_or_tracked(repo, tmp_path):
-    outside = tmp_path / "secret"
-    outside.write_text("do not commit me")
-    (repo.root / "link").symlink_to(outside)
+def test_file_symlinks_commit_their_content_and_directory_symlinks_are_reported(repo, tmp_path):
+    target = tmp_path / "blob"
+    target.write_text("the file's content")
+    (repo.root / "link").symlink_to(target)
     (repo.root / "dirlink").symlink_to(tmp_path)
+    (repo.root / "dangling").symlink_to(tmp_path / "nothing-here")
     (repo.root / "real.txt").write_text("real")
-    repo.commit("c")
-    assert [f.path for f in repo.tree_of("HEAD").files] == ["real.txt"]
-    assert repo.status().skipped_symlinks == ["dirlink", "link"]
+    res = repo.commit("c")
+    assert [f.path for f in repo.tree_of("HEAD").files] == ["link", "real.txt"]
+    assert res.linked_files == ["link"] and res.skipped_symlinks == ["dangling", "dirlink"]
+    from wvc.view import open_version
+
+    assert open_version(repo.root).read_file("link") == b"the file's content"
+    st = repo.status()
+    assert st.skipped_symlinks == ["dangling", "dirlink"] and st.clean
 
 
 def test_stat_cache_avoids_rehashing_unchanged_files(repo, monkeypatch):
@@ -118,7 +124,7 @@ def test_unchanged_shards_are_not_reread_on_commit(repo, monkeypatch):
 
     read = []
     real = snap.Snapshotter._safetensors_file
-    monkeypatch.setattr(snap.Snapshotter, "_safetensors_file", lambda self, path, fh, h: read.append(path) or real(self, path, fh, h))
+    monkeypatch.setattr(snap.Snapshotter, "_safetensors_file", lambda self, path, *a: read.append(path) or real(self, path, *a))
     repo.commit("two")
     assert read == ["s1.safetensors"]
 

@@ -34,6 +34,20 @@ def human(n: int | float | None) -> str:
     return str(n)
 
 
+def plural(n: int, word: str, many: str | None = None) -> str:
+    return f"{n} {word if n == 1 else (many or word + 's')}"
+
+
+def ratio_note(whole: int, actual: int, what: str = "stored") -> str:
+    """" (12.3x smaller)" when ``actual`` is under ``whole``; otherwise the honest figure."""
+    if not actual or not whole:
+        return ""
+    if actual < whole:
+        return f" ({whole / actual:.1f}x smaller)" if what == "stored" else f" ({whole / actual:.1f}x less than {what})"
+    return f" ({actual / whole:.2f}x the size of the files: container overhead)" if what == "stored" \
+        else f" (no saving over {what})"
+
+
 def emit_json(obj) -> None:
     click.echo(json.dumps(obj, indent=2, sort_keys=True))
 
@@ -181,7 +195,11 @@ def status(as_json):
         for p in paths:
             click.echo(f"  {label}: {p}")
     for p in st.skipped_symlinks:
-        click.echo(f"  skipped symlink: {p}")
+        click.echo(f"  skipped symlink (dangling or to a directory): {p}")
+    for p in st.nested_repositories:
+        click.echo(f"  skipped nested repository: {p}/")
+    for p, why in st.bad_names:
+        click.echo(f"  cannot be committed: {p} ({why})")
     if st.clean:
         click.echo("nothing to commit, working tree clean")
 
@@ -210,9 +228,16 @@ def commit(message, author, allow_empty, meta, device, as_json):
                       progress=BarProgress())
     if as_json:
         return emit_json({**res.to_json(), "seconds": round(time.perf_counter() - t0, 3)})
-    ratio = f" ({res.logical_bytes / res.stored_bytes:.1f}x smaller)" if res.stored_bytes else ""
+    ratio = ratio_note(res.logical_bytes, res.stored_bytes)
     click.echo(f"[{repo.refs.head_branch() or 'detached'} {res.commit[:12]}] {message.splitlines()[0] if message else ''}")
     click.echo(f"  {human(res.logical_bytes)} of files, {human(res.stored_bytes)} stored{ratio}")
+    if res.linked_files:
+        click.echo(f"  {plural(len(res.linked_files), 'symlinked file')} committed as their content: "
+                   + ", ".join(res.linked_files[:5]) + (" ..." if len(res.linked_files) > 5 else ""))
+    for p in res.skipped_symlinks:
+        click.echo(f"  skipped symlink (dangling or to a directory): {p}")
+    for p in res.nested_repositories:
+        click.echo(f"  skipped nested repository: {p}/")
 
 
 @main.command()
@@ -403,10 +428,10 @@ def push(remote_name, branch, force, as_json):
         return emit_json(res.to_json())
     if res.old == res.new:
         return click.echo(f"{remote_name}/{res.branch} is up to date")
-    saved = f" for a {human(res.logical_bytes)} version ({res.logical_bytes / res.uploaded_bytes:.1f}x less than a full upload)" \
+    saved = f" for a {human(res.logical_bytes)} version{ratio_note(res.logical_bytes, res.uploaded_bytes, 'a full upload')}" \
         if res.uploaded_bytes else ""
     click.echo(f"{(res.old or '(new)')[:12]}..{res.new[:12]} {res.branch} -> {remote_name}/{res.branch}"
-               f"{' (forced)' if res.forced else ''}: {res.commits} commits, {human(res.uploaded_bytes)} uploaded{saved}")
+               f"{' (forced)' if res.forced else ''}: {plural(res.commits, 'commit')}, {human(res.uploaded_bytes)} uploaded{saved}")
 
 
 @main.command()
@@ -417,7 +442,7 @@ def fetch(remote_name, as_json):
     res = open_repo().fetch(remote_name, progress=BarProgress())
     if as_json:
         return emit_json(res.to_json())
-    click.echo(f"fetched {res.commits} commits, {human(res.downloaded_bytes)} from {remote_name}")
+    click.echo(f"fetched {plural(res.commits, 'commit')}, {human(res.downloaded_bytes)} from {remote_name}")
     for branch, target in sorted(res.refs.items()):
         click.echo(f"  {remote_name}/{branch} -> {target[:12]}")
 

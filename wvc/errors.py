@@ -102,3 +102,11 @@ class MissingEntry(WvcError, KeyError):
 
     def __str__(self):  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
+
+
+class LockedError(WvcError):
+    """Another process holds the working-tree lock (a commit, checkout, pull or reset)."""
+
+
+class NoSpace(WvcError, OSError):
+    """The disk filled up; what was being written was removed, nothing recorded."""

@@ -22,6 +22,27 @@ MAX_PATH_BYTES = 4096
 MAX_COMPONENT_BYTES = 255
 
 
+def umask() -> int:
+    """The process's umask, without changing it where the kernel reports it (Linux 4.7+)."""
+    try:
+        with open("/proc/self/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # elsewhere: read it by setting it, and put it back at once
+    os.umask(mask)
+    return mask
+
+
+def file_mode(executable: bool = False) -> int:
+    """The mode a new file gets, as ``open()`` would give it: 0666 (0777 for an executable)
+    less the umask. A temp file starts at 0600 (mkstemp); renamed into place as it is, a
+    checked-out file or a directory remote's pack would be unreadable to everyone else."""
+    return (0o777 if executable else 0o666) & ~umask()
+
+
 def fsync_dir(path: os.PathLike | str) -> None:
     fd = os.open(os.fspath(path), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
@@ -214,15 +235,16 @@ class DirectWriter:
 
 
 @contextlib.contextmanager
-def atomic_writer(target: os.PathLike | str, durable: bool = True, size_hint: int = 0):
+def atomic_writer(target: os.PathLike | str, durable: bool = True, size_hint: int = 0, executable: bool = False):
     """Yield a binary file object; on clean exit it atomically replaces ``target``.
 
     ``size_hint``: the expected size; a durable file may be written with O_DIRECT
-    (DirectWriter; see wants_direct_io).
+    (DirectWriter; see wants_direct_io). The file gets the umask's mode (file_mode).
     """
     target = Path(target)
     fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=target.parent)
     try:
+        os.fchmod(fd, file_mode(executable))
         with os.fdopen(fd, "wb") as fh:
             direct = None
             if durable and wants_direct_io(size_hint):
@@ -253,6 +275,41 @@ def atomic_write(target: os.PathLike | str, data: bytes, durable: bool = True) -
         fh.write(data)
 
 
+LOCK_WAIT_SECONDS = 60.0  # WVC_LOCK_TIMEOUT overrides
+
+
+@contextlib.contextmanager
+def file_lock(path: Path, holder: str):
+    """An exclusive advisory lock (flock) on ``path``, waited for up to WVC_LOCK_TIMEOUT
+    seconds; ``holder`` (pid and verb) is written into the file for the next waiter's
+    message. The kernel drops the lock when its process dies: a killed holder never
+    leaves a stale lock behind."""
+    import fcntl
+    import time
+
+    from .errors import LockedError
+
+    limit = float(os.environ.get("WVC_LOCK_TIMEOUT", LOCK_WAIT_SECONDS))
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        deadline = time.monotonic() + limit
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    other = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
+                    raise LockedError(f"the working tree is locked by {other}; wait for it to finish "
+                                      f"(waited {limit:g} s)") from None
+                time.sleep(0.05)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, holder.encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def validate_relpath(path: str) -> str:
     """Check a repository-relative POSIX path from an untrusted source; return it.
 
@@ -278,8 +335,8 @@ def validate_relpath(path: str) -> str:
             raise UnsafePath(f"path has an empty, '.' or '..' component: {path!r}")
         if len(part.encode("utf-8")) > MAX_COMPONENT_BYTES:
             raise UnsafePath(f"path component too long: {part[:40]!r}...")
-    if parts[0].lower() == ".wvc":
-        raise UnsafePath(f"path inside .wvc: {path!r}")
+    if any(part.lower() == ".wvc" for part in parts):  # ours, or a nested repository's, in any case
+        raise UnsafePath(f"path names a .wvc directory: {path!r}")
     return path
 
 
@@ -287,6 +344,8 @@ def resolve_inside(root: Path, relpath: str) -> Path:
     """``root/relpath`` after validation, refusing any symlinked parent directory.
 
     A symlink planted in the working tree (``weights -> /etc``) must not redirect a write.
+    A symlink at ``relpath`` itself is refused too; callers that replace it by rename
+    (which replaces the link, never its target) use ``resolve_parent_inside``.
     """
     validate_relpath(relpath)
     target = root.joinpath(*PurePosixPath(relpath).parts)
@@ -298,3 +357,13 @@ def resolve_inside(root: Path, relpath: str) -> Path:
     if target.is_symlink():
         raise UnsafePath(f"refusing to overwrite symlink {target}")
     return target
+
+
+def resolve_parent_inside(root: Path, relpath: str) -> Path:
+    """``root/relpath`` with every parent checked as resolve_inside does; the last component
+    may be a symlink (a committed symlinked file), which a rename or unlink replaces itself."""
+    parent = resolve_inside(root, relpath.rsplit("/", 1)[0]) if "/" in relpath else root
+    validate_relpath(relpath)
+    if parent != root and parent.is_symlink():
+        raise UnsafePath(f"refusing to write through symlinked directory {parent}")
+    return parent / relpath.rsplit("/", 1)[-1]

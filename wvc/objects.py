@@ -18,8 +18,10 @@ from .formats.dtypes import DTYPES
 from .fsutil import validate_relpath
 
 FORMAT = 1  # commits
-TREE_FORMAT = 2  # 2: a file's hash is its content id (FileEntry.content_id); 1: a hash of its bytes
-TREE_FORMATS = (1, 2)
+# 3: an entry may say "executable": true; 2: a file's hash is its content id
+# (FileEntry.content_id); 1: a hash of its bytes. Every format is still read.
+TREE_FORMAT = 3
+TREE_FORMATS = (1, 2, 3)
 MAX_OBJECT_BYTES = 1 << 30
 MAX_METADATA_BYTES = 1 << 20
 # Chunk sizes a new repository may use: every dtype width (1, 2, 4, 8 bytes) divides a
@@ -83,6 +85,7 @@ class FileEntry:
     chunks: tuple[str, ...] = ()  # blob chunks
     header: str | None = None  # safetensors: chunk id of the exact header bytes
     tensors: tuple[TensorEntry, ...] = ()  # safetensors: in data-offset order
+    executable: bool = False  # the owner's x bit, as git records it (tree format 3)
 
     @classmethod
     def of(cls, path: str, kind: str, size: int, **listing) -> "FileEntry":
@@ -100,13 +103,16 @@ class FileEntry:
         """The file's id, derived from its chunk list: the file is the concatenation of its
         chunks (safetensors: length prefix, header chunk, tensor chunks in order), and each
         chunk id is the hash of the chunk's bytes, so this identifies the bytes as a hash of
-        them would, without a second pass over them (see docs/design.md, "Ids")."""
+        them would, without a second pass over them (see docs/design.md, "Ids"). The
+        executable bit is part of it, so a chmod +x is a change, as in git."""
         listing = self.to_json()
         del listing["path"], listing["hash"]
         return ids.digest(ids.FILE_LISTING, canonical_json(listing))
 
     def to_json(self):
         out = {"path": self.path, "kind": self.kind, "size": self.size, "hash": self.hash}
+        if self.executable:  # absent when false: a plain file's entry reads as in format 2
+            out["executable"] = True
         if self.kind == "blob":
             out["chunks"] = list(self.chunks)
         else:
@@ -160,7 +166,7 @@ class Tree:
             raise FormatError("tree chunk_bytes out of range")
         if not isinstance(raw["files"], list):
             raise FormatError("tree files must be a list")
-        files = tuple(_parse_file(f, chunk_bytes) for f in raw["files"])
+        files = tuple(_parse_file(f, chunk_bytes, raw["format"]) for f in raw["files"])
         paths = [f.path for f in files]
         if paths != sorted(paths) or len(set(paths)) != len(paths):
             raise FormatError("tree paths must be unique and sorted")
@@ -262,9 +268,15 @@ def _ids(value, what) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _parse_file(raw, chunk_bytes: int) -> FileEntry:
+def _parse_file(raw, chunk_bytes: int, tree_format: int) -> FileEntry:
     if not isinstance(raw, dict):
         raise FormatError("tree file entry is not an object")
+    executable = False
+    if tree_format >= 3 and "executable" in raw:
+        if raw["executable"] is not True:  # written only when true: one spelling, one tree id
+            raise FormatError("tree entry's executable must be true or absent")
+        raw = {k: v for k, v in raw.items() if k != "executable"}
+        executable = True
     kind = raw.get("kind")
     if kind == "blob":
         _expect(raw, {"path", "kind", "size", "hash", "chunks"}, "blob entry")
@@ -282,13 +294,13 @@ def _parse_file(raw, chunk_bytes: int) -> FileEntry:
         chunks = _ids(raw["chunks"], f"{path}: chunks")
         if len(chunks) != len(chunk_spans(size, 1, chunk_bytes)):
             raise FormatError(f"{path}: chunk count does not match its size")
-        return FileEntry(path, kind, size, raw["hash"], chunks=chunks)
+        return FileEntry(path, kind, size, raw["hash"], chunks=chunks, executable=executable)
     if not ids.is_object_id(raw["header"]):
         raise FormatError(f"{path}: header is not an object id")
     if not isinstance(raw["tensors"], list):
         raise FormatError(f"{path}: tensors must be a list")
     tensors = tuple(_parse_tensor(t, path, chunk_bytes) for t in raw["tensors"])
-    return FileEntry(path, kind, size, raw["hash"], header=raw["header"], tensors=tensors)
+    return FileEntry(path, kind, size, raw["hash"], header=raw["header"], tensors=tensors, executable=executable)
 
 
 def _parse_tensor(raw, path: str, chunk_bytes: int) -> TensorEntry:

@@ -8,22 +8,28 @@ and reads commits and trees. It runs no verb: those are in :mod:`wvc.ops`, and t
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import tempfile
 from pathlib import Path
 
 from .basemodel.record import BaseRef, current
 from .errors import FormatError, InvalidArgument, NotARepository, RepositoryExists
+from .fsutil import file_lock, fsync_dir, umask
 from .objects import Commit, Tree, check_chunk_bytes
 from .remotes import lazy_remote_name
 from .revparse import resolve
 from .store.chains import MAX_CHAIN_LIMIT, MAX_CHAIN_LINKS
-from .store.database import Database
+from .store.database import Database, peek_config
 from .store.external import ExternalFiles
 from .store.graph import CommitGraph
 from .store.objects import DEFAULT_MAX_CHAIN, ObjectStore
 from .store.refs import HEADS, Refs, check_ref_name
 
 WVC_DIR = ".wvc"
+WORKTREE_LOCK = "worktree.lock"
+INIT_PREFIX = ".wvc-tmp-init-"  # an init under way (fsutil.TEMP_PREFIX: scans skip it)
 DEFAULT_CHUNK_BYTES = 4 << 20
 FORMAT_VERSION = "1"
 
@@ -41,6 +47,7 @@ class Repository:
         self.wvc_dir = self.root / WVC_DIR
         self.db = Database(self.wvc_dir / "wvc.db")
         self.db.migrate()
+        self._worktree_locks = 0
         self.graph = CommitGraph(self.db)
         self.refs = Refs(self.db)
         supply = None
@@ -71,24 +78,39 @@ class Repository:
         check_max_chain(max_chain)
         check_ref_name(branch)
         root = Path(path).resolve()
-        if (root / WVC_DIR).exists():
+        if (root / WVC_DIR).exists() and not _interrupted_init(root / WVC_DIR):
             raise RepositoryExists(f"{root} already holds a wvc repository")
         created_root = not root.exists()
+        # Built whole in a temp directory and renamed to .wvc last: a killed init leaves no
+        # half-made repository (that nothing would open and init would refuse), only a
+        # temp directory that the next init removes.
+        root.mkdir(parents=True, exist_ok=True)
+        for stale in root.glob(INIT_PREFIX + "*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        if (root / WVC_DIR).exists():  # an older wvc's interrupted init: no format row, no refs
+            shutil.rmtree(root / WVC_DIR)
+        staging = Path(tempfile.mkdtemp(prefix=INIT_PREFIX, dir=root))
         try:
-            (root / WVC_DIR / "packs").mkdir(parents=True)
-            repo = cls(root)
-            with repo.db.write():
-                for key, value in {"format": FORMAT_VERSION, "chunk_bytes": str(chunk_bytes),
-                                   "max_chain": str(max_chain), "HEAD": "ref: " + HEADS + branch,
-                                   **(settings or {})}.items():
-                    repo.db.set_config(key, value)
+            (staging / "packs").mkdir()
+            db = Database(staging / "wvc.db")
+            try:
+                db.migrate()
+                with db.write():
+                    for key, value in {"format": FORMAT_VERSION, "chunk_bytes": str(chunk_bytes),
+                                       "max_chain": str(max_chain), "HEAD": "ref: " + HEADS + branch,
+                                       **(settings or {})}.items():
+                        db.set_config(key, value)
+            finally:
+                db.close()
+            os.chmod(staging, 0o777 & ~umask())  # mkdtemp's 0700 would hide it from a team
+            os.rename(staging, root / WVC_DIR)
+            fsync_dir(root)
         except BaseException:
-            remove_new_repository(root, created_root)
+            shutil.rmtree(staging, ignore_errors=True)
+            if created_root:
+                shutil.rmtree(root, ignore_errors=True)
             raise
-        if settings:  # settings that change how the repository is built (lazy.remote)
-            repo.close()
-            repo = cls(root)
-        return repo
+        return cls(root)
 
     @classmethod
     def open(cls, path="."):
@@ -96,6 +118,9 @@ class Repository:
         start = Path(path).resolve()
         for candidate in (start, *start.parents):
             if (candidate / WVC_DIR / "wvc.db").is_file():
+                if _interrupted_init(candidate / WVC_DIR):
+                    raise FormatError(f"{candidate / WVC_DIR} was left by an interrupted `wvc init`: "
+                                      "run `wvc init` again")
                 repo = cls(candidate)
                 fmt = repo.db.get_config("format")
                 if fmt != FORMAT_VERSION:
@@ -103,6 +128,25 @@ class Repository:
                     raise FormatError(f"repository format {fmt!r} is not supported by this wvc")
                 return repo
         raise NotARepository(f"not a wvc repository (or any parent up to /): {start}")
+
+    @contextlib.contextmanager
+    def worktree_lock(self, verb: str):
+        """Held by every verb that reads or writes the working tree as a whole (commit,
+        checkout, pull, merge, reset): a commit never records half of a checkout. Re-entrant
+        within one Repository (pull's checkout, merge's)."""
+        if self._worktree_locks:
+            self._worktree_locks += 1
+            try:
+                yield
+            finally:
+                self._worktree_locks -= 1
+            return
+        with file_lock(self.wvc_dir / WORKTREE_LOCK, f"wvc {verb} (pid {os.getpid()})"):
+            self._worktree_locks = 1
+            try:
+                yield
+            finally:
+                self._worktree_locks = 0
 
     def close(self) -> None:
         self.store.reader.close()
@@ -145,6 +189,16 @@ class Repository:
 
     def tree_of(self, rev: str) -> Tree:
         return self.read_tree(self.read_commit(self.resolve(rev)).tree)
+
+
+def _interrupted_init(wvc_dir: Path) -> bool:
+    """Whether ``wvc_dir`` is what an older wvc's killed init left: a database without the
+    format row that init writes in its only transaction (so: no refs, no commits either)."""
+    db = wvc_dir / "wvc.db"
+    if not db.is_file():  # killed between mkdir and the database: nothing but empty folders
+        return wvc_dir.is_dir() and all(p.is_dir() and not any(p.iterdir()) for p in wvc_dir.iterdir())
+    has_config, fmt = peek_config(db, "format")
+    return not has_config or fmt is None
 
 
 def remove_new_repository(root: Path, created_root: bool) -> None:

@@ -19,7 +19,7 @@ from .formats.dtypes import BYTES, by_torch_dtype
 from .objects import FileEntry, TensorEntry, Tree, chunk_spans
 from .progress import Progress
 from .store.objects import ChunkWriter
-from .worktree import StatCache
+from .worktree import StatCache, is_executable
 
 STATE_DICT_PATH = "model.safetensors"
 
@@ -62,12 +62,10 @@ class Snapshotter:
 
     # -- working tree --------------------------------------------------------------------
     def directory(self, root: Path, paths: list[str], stat_cache: StatCache) -> Tree:
-        headers = {}
         for path in paths:  # validate every header before writing anything
             if path.endswith(".safetensors"):
-                full = root / path
-                with open(full, "rb") as fh:
-                    headers[path] = st.read_header(fh, os.fstat(fh.fileno()).st_size, path)
+                with open(root / path, "rb") as fh:
+                    st.read_header(fh, os.fstat(fh.fileno()).st_size, path)
         self.progress.start(sum(os.stat(root / p).st_size for p in paths), "commit")
         files = []
         for path in paths:
@@ -80,19 +78,25 @@ class Snapshotter:
                 self.progress.advance(before.st_size)
                 continue
             with open(full, "rb") as fh:
-                if path in headers:
-                    entry = self._safetensors_file(path, fh, headers[path])
+                # Header and data come from this one open file, and its signature is checked
+                # against the path's after reading: a file replaced at any point is refused,
+                # never stored as one version's header over another's data.
+                opened = os.fstat(fh.fileno())
+                executable = is_executable(opened)
+                if path.endswith(".safetensors"):
+                    header = st.read_header(fh, opened.st_size, path)
+                    entry = self._safetensors_file(path, fh, header, executable)
                 else:
-                    entry = self._blob_file(path, fh, before.st_size)
+                    entry = self._blob_file(path, fh, opened.st_size, executable)
             after = os.stat(full)
-            if StatCache.signature(after) != StatCache.signature(before) or entry.size != after.st_size:
+            if StatCache.signature(after) != StatCache.signature(opened) or entry.size != after.st_size:
                 raise WvcError(f"{path} changed while it was being committed; commit again when it is written")
             stat_cache.remember(path, after, self.chunk_bytes, entry.hash)
             files.append(entry)
         self.progress.close()
         return Tree(tuple(files), self.chunk_bytes)
 
-    def _blob_file(self, path: str, fh, size: int) -> FileEntry:
+    def _blob_file(self, path: str, fh, size: int, executable: bool = False) -> FileEntry:
         parent = self.parent.by_path.get(path)
         parent_chunks = parent.chunks if parent is not None and parent.kind == "blob" else None
         chunks = []
@@ -102,9 +106,9 @@ class Snapshotter:
                 raise WvcError(f"{path} was truncated while it was being committed")
             chunks.append(self.writer.put(raw, BYTES, _base(parent_chunks, i), (path, begin)))
             self.progress.advance(len(raw))
-        return FileEntry.of(path, "blob", size, chunks=tuple(chunks))
+        return FileEntry.of(path, "blob", size, chunks=tuple(chunks), executable=executable)
 
-    def _safetensors_file(self, path: str, fh, header: st.SafetensorsHeader) -> FileEntry:
+    def _safetensors_file(self, path: str, fh, header: st.SafetensorsHeader, executable: bool = False) -> FileEntry:
         parent = self.parent.by_path.get(path)
         header_id = self.writer.put(header.header_bytes, BYTES, parent.header if parent and parent.header else None,
                                     (path, 8))
@@ -120,7 +124,8 @@ class Snapshotter:
 
             tensors.append(self._tensor(path, info.name, info.dtype, info.shape, info.nbytes, read,
                                         header.data_start + info.begin))
-        return FileEntry.of(path, "safetensors", header.file_size, header=header_id, tensors=tuple(tensors))
+        return FileEntry.of(path, "safetensors", header.file_size, header=header_id, tensors=tuple(tensors),
+                            executable=executable)
 
     def _tensor(self, path, name, dtype, shape, nbytes, read, start: int | None = None) -> TensorEntry:
         """One tensor's chunks; ``start`` is its offset in the file (None: from memory)."""

@@ -13,14 +13,14 @@ from __future__ import annotations
 import os
 import stat as statmod
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from . import ids
 from .errors import UnsafePath, WvcError
 from .formats import safetensors as st
-from .fsutil import TEMP_PREFIX
+from .fsutil import TEMP_PREFIX, validate_relpath
 from .objects import FileEntry, TensorEntry, chunk_spans
 
 if TYPE_CHECKING:
@@ -30,15 +30,33 @@ IGNORE_FILE = ".wvcignore"
 RACY_MARGIN_NS = 2_000_000_000  # coarser than any common file-system timestamp
 
 
+# Ignored unless .wvcignore re-includes them with "!": a git repository's own store (with
+# .git/lfs/objects, the weights a second time) and huggingface_hub's cache inside a model
+# directory. docs/design.md lists them.
+DEFAULT_IGNORES = (".git/", ".cache/huggingface/")
+
+
 @dataclass(frozen=True)
 class ScanResult:
-    files: list[str]  # sorted repository-relative POSIX paths
-    skipped_symlinks: list[str]
+    files: list[str]  # sorted repository-relative POSIX paths (symlinked files included)
+    skipped_symlinks: list[str]  # dangling, or to a directory: never committed, always reported
+    linked_files: list[str] = field(default_factory=list)  # symlinks to files: committed as their content
+    nested_repositories: list[str] = field(default_factory=list)  # directories with their own .wvc/
+    bad_names: list[tuple[str, str]] = field(default_factory=list)  # (path, why no tree can hold it)
+
+    def refuse_bad_names(self) -> None:
+        """A commit stops at the first name a tree would refuse: storing it would make the
+        repository unreadable, and skipping it would lose the file silently."""
+        if self.bad_names:
+            path, why = self.bad_names[0]
+            more = f" (and {len(self.bad_names) - 1} more)" if len(self.bad_names) > 1 else ""
+            raise UnsafePath(f"cannot commit {path!r}{more}: {why}; rename it or add it to {IGNORE_FILE}")
 
 
 def load_ignore(root: Path, extra: tuple[str, ...] = ()) -> pathspec.PathSpec | None:
-    """The ``.wvcignore`` patterns and ``extra``; None when there are none (then pathspec,
-    ~15 ms of every command's start, is not imported)."""
+    """The default ignores, ``.wvcignore``'s patterns and ``extra``; None when there are no
+    patterns beyond the defaults (then pathspec, ~15 ms of every command's start, is not
+    imported and ``default_ignored`` applies the defaults)."""
     path = root / IGNORE_FILE
     lines = path.read_text(encoding="utf-8", errors="replace").splitlines() if path.is_file() else []
     lines += extra
@@ -46,56 +64,96 @@ def load_ignore(root: Path, extra: tuple[str, ...] = ()) -> pathspec.PathSpec | 
         return None
     import pathspec
 
-    return pathspec.GitIgnoreSpec.from_lines(lines)
+    return pathspec.GitIgnoreSpec.from_lines([*DEFAULT_IGNORES, *lines])
 
 
-def _never(_: str) -> bool:
-    return False
+def default_ignored(rel: str) -> bool:
+    """DEFAULT_IGNORES without pathspec (``rel`` of a directory ends with "/")."""
+    return rel.endswith("/") and (rel.rsplit("/", 2)[-2] == ".git" or rel == ".cache/huggingface/")
+
+
+def _reserved(name: str) -> bool:
+    return name.lower() == ".wvc"
 
 
 def scan(root: Path, exclude: tuple[str, ...] = ()) -> ScanResult:
-    """Regular files under ``root``, minus ``.wvc``, temp files and ``.wvcignore`` matches.
+    """Files under ``root`` a commit would record, minus ``.wvc``, temp files and ignores.
 
-    Symlinks are never followed nor tracked: one pointing outside the tree must not pull
-    foreign files into a commit.
+    A symlink to a regular file counts as that file (its content is committed: the layout
+    of huggingface_hub's cache and ``snapshot_download``); a symlink to a directory, or a
+    dangling one, is reported and never followed. A directory holding its own ``.wvc`` is
+    a nested repository, skipped whole like a git submodule. Names no tree can hold are
+    collected in ``bad_names`` (commit refuses them, status reports them).
     """
     spec = load_ignore(root, exclude)
-    ignored: Callable[[str], bool] = spec.match_file if spec is not None else _never
-    files, links = [], []
+    ignored: Callable[[str], bool] = spec.match_file if spec is not None else default_ignored
+    files, linked, links, nested, bad = [], [], [], [], []
     for dirpath, dirnames, filenames in os.walk(root):
         rel_dir = os.path.relpath(dirpath, root).replace(os.sep, "/")
         rel_dir = "" if rel_dir == "." else rel_dir + "/"
         keep = []
         for d in sorted(dirnames):
             rel = rel_dir + d
-            _check_name(rel)
-            if (rel_dir == "" and d == ".wvc") or ignored(rel + "/"):
+            full = os.path.join(dirpath, d)
+            if _reserved(d):  # ours at the top; elsewhere the parent was a nested repository
+                if rel_dir and not os.path.islink(full):
+                    nested.append(rel_dir.rstrip("/"))
                 continue
-            if os.path.islink(os.path.join(dirpath, d)):
+            if ignored(rel + "/"):
+                continue
+            if os.path.islink(full):
                 links.append(rel)
+                continue
+            if (why := _name_problem(rel)) is not None:
+                bad.append((rel + "/", why))
+                continue
+            if any(_reserved(name) and os.path.isdir(os.path.join(full, name)) for name in _listdir(full)):
+                nested.append(rel)
                 continue
             keep.append(d)
         dirnames[:] = keep
         for f in filenames:
             rel = rel_dir + f
-            _check_name(rel)
-            if f.startswith(TEMP_PREFIX) or ignored(rel):
+            if f.startswith(TEMP_PREFIX) or _reserved(f) or ignored(rel):
+                continue
+            if (why := _name_problem(rel)) is not None:
+                bad.append((rel, why))
                 continue
             full = os.path.join(dirpath, f)
             st = os.lstat(full)
             if statmod.S_ISLNK(st.st_mode):
-                links.append(rel)
+                try:
+                    regular = statmod.S_ISREG(os.stat(full).st_mode)
+                except OSError:  # dangling, or a loop
+                    regular = False
+                if regular:
+                    files.append(rel)
+                    linked.append(rel)
+                else:
+                    links.append(rel)
             elif statmod.S_ISREG(st.st_mode):
                 files.append(rel)
-    return ScanResult(sorted(files), sorted(links))
+    return ScanResult(sorted(files), sorted(links), sorted(linked), sorted(set(nested)), sorted(bad))
 
 
-def _check_name(rel: str) -> None:
-    """Names must be UTF-8: a tree is JSON, and a name we cannot write down we cannot restore."""
+def _listdir(path: str) -> list[str]:
     try:
-        rel.encode("utf-8")
-    except UnicodeEncodeError:
-        raise UnsafePath(f"file name is not valid UTF-8: {rel!r} (rename it or add it to .wvcignore)") from None
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def _name_problem(rel: str) -> str | None:
+    """Why a tree could not hold ``rel`` (the rules of fsutil.validate_relpath), or None."""
+    try:
+        validate_relpath(rel)
+    except UnsafePath as exc:
+        return str(exc)
+    return None
+
+
+def is_executable(st: os.stat_result) -> bool:
+    return bool(st.st_mode & statmod.S_IXUSR)
 
 
 def content_id(path: Path, relpath: str, chunk_bytes: int) -> str:
@@ -106,17 +164,18 @@ def content_id(path: Path, relpath: str, chunk_bytes: int) -> str:
     such a file, so no tracked entry can match it and status calls it modified.
     """
     with open(path, "rb") as fh:
-        size = os.fstat(fh.fileno()).st_size
+        stat = os.fstat(fh.fileno())
+        size, executable = stat.st_size, is_executable(stat)
         if relpath.endswith(".safetensors"):
             try:
                 header = st.read_header(fh, size, relpath)
             except WvcError:
                 header = None
             if header is not None:
-                return _safetensors_entry(fh, relpath, header, chunk_bytes).content_id
+                return _safetensors_entry(fh, relpath, header, chunk_bytes, executable).content_id
             fh.seek(0)
         chunks = tuple(_chunk_id(fh, end - begin) for begin, end in chunk_spans(size, 1, chunk_bytes))
-        return FileEntry.of(relpath, "blob", size, chunks=chunks).content_id
+        return FileEntry.of(relpath, "blob", size, chunks=chunks, executable=executable).content_id
 
 
 def _chunk_id(fh, n: int) -> str:
@@ -125,14 +184,15 @@ def _chunk_id(fh, n: int) -> str:
     return h.hexdigest()
 
 
-def _safetensors_entry(fh, relpath: str, header, chunk_bytes: int) -> FileEntry:
+def _safetensors_entry(fh, relpath: str, header, chunk_bytes: int, executable: bool) -> FileEntry:
     header_id = ids.chunk_id(header.header_bytes)
     fh.seek(header.data_start)
     tensors = []
     for info in header.tensors:
         chunks = tuple(_chunk_id(fh, end - begin) for begin, end in chunk_spans(info.nbytes, info.dtype.width, chunk_bytes))
         tensors.append(TensorEntry(info.name, info.dtype.name, tuple(info.shape), chunks))
-    return FileEntry.of(relpath, "safetensors", header.file_size, header=header_id, tensors=tuple(tensors))
+    return FileEntry.of(relpath, "safetensors", header.file_size, header=header_id, tensors=tuple(tensors),
+                        executable=executable)
 
 
 class StatCache:

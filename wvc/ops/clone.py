@@ -3,6 +3,7 @@ fetch and check out one branch. ``lazy``: commits and trees now, chunks on first
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from ..errors import RemoteError, RevisionNotFound, WvcError
@@ -10,11 +11,24 @@ from ..progress import NULL, Progress
 from ..remotes import open_remote
 from ..remotes import LAZY_REMOTE_KEY
 from ..repo import Repository, remove_new_repository
+from ..store.database import peek_config
 from ..store.refs import HEADS
 from .fetch import fetch
 from .pull import pull
 from .remote_base import attach_remote_base, remote_base
 from .remote_config import remote_add
+
+
+# Set when the clone's repository is created, cleared when the clone is done: a clone that
+# was killed (no chance to clean up) is recognised by it, and a re-run starts afresh.
+CLONE_INCOMPLETE = "clone.incomplete"
+
+
+def _interrupted_clone(target: Path) -> bool:
+    db = target / ".wvc" / "wvc.db"
+    if not db.is_file():
+        return False
+    return peek_config(db, CLONE_INCOMPLETE)[1] is not None
 
 
 def clone(url: str, directory=None, *, branch: str | None = None, lazy: bool = False,
@@ -23,6 +37,9 @@ def clone(url: str, directory=None, *, branch: str | None = None, lazy: bool = F
     if directory is None:
         directory = url.rstrip("/").rpartition("/")[2].removesuffix(".wvc") or "model"
     target = Path(directory)
+    if _interrupted_clone(target):  # everything in it came from that clone: start again
+        for child in target.iterdir():
+            shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise WvcError(f"destination {target} exists and is not an empty directory")
     state = remote.state()  # fail before creating anything if the remote is unusable
@@ -36,7 +53,8 @@ def clone(url: str, directory=None, *, branch: str | None = None, lazy: bool = F
     created = not target.exists()
     repo = None
     try:
-        repo = Repository.create(target, branch=branch, settings={LAZY_REMOTE_KEY: "origin"} if lazy else None)
+        settings = {CLONE_INCOMPLETE: url, **({LAZY_REMOTE_KEY: "origin"} if lazy else {})}
+        repo = Repository.create(target, branch=branch, settings=settings)
         if base is not None:
             attach_remote_base(repo, remote, state, base, progress)
         remote_add(repo, "origin", url)
@@ -47,6 +65,8 @@ def clone(url: str, directory=None, *, branch: str | None = None, lazy: bool = F
             repo.close()
         remove_new_repository(target.resolve(), created)
         raise
+    with repo.db.write():
+        repo.db.delete_config(CLONE_INCOMPLETE)
     head = repo.refs.head_commit()
     return repo, {"path": str(repo.root), "branch": branch, "commit": head, "lazy": lazy,
                   "downloaded_bytes": fetched.downloaded_bytes + repo.lazy_downloaded,

@@ -13,7 +13,7 @@ import os
 import socket
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConcurrentUpdate, MissingObject, NothingToCommit
@@ -31,7 +31,7 @@ MERGE_HEAD = "merge.head"
 MERGE_RECIPE = "merge.recipe"
 
 
-@dataclass(frozen=True)
+@dataclass
 class CommitResult:
     commit: str
     tree: str
@@ -39,9 +39,15 @@ class CommitResult:
     logical_bytes: int
     stored_bytes: int
     new_objects: int
+    linked_files: list[str] = field(default_factory=list)  # symlinks committed as their files' content
+    skipped_symlinks: list[str] = field(default_factory=list)  # dangling or to a directory: not committed
+    nested_repositories: list[str] = field(default_factory=list)  # skipped, like git submodules
 
     def to_json(self):
         return {
+            "linked_files": self.linked_files,
+            "skipped_symlinks": self.skipped_symlinks,
+            "nested_repositories": self.nested_repositories,
             "commit": self.commit,
             "tree": self.tree,
             "parents": list(self.parents),
@@ -78,8 +84,20 @@ def commit(
 
     ``branch`` commits onto that branch (created from HEAD if missing) without checking
     it out: the training callback records a run this way while the working tree stays.
-    ``exclude`` adds gitignore-style patterns for a directory source.
+    ``exclude`` adds gitignore-style patterns for a directory source. Committing the
+    working tree holds its lock: a checkout in another process cannot change it meanwhile.
     """
+    if source is None or (isinstance(source, (str, os.PathLike)) and Path(source).resolve() == repo.root):
+        with repo.worktree_lock("commit"):
+            return _commit(repo, message, source, author=author, metadata=metadata, allow_empty=allow_empty,
+                           device=device, state_dict_path=state_dict_path, branch=branch, exclude=exclude,
+                           progress=progress)
+    return _commit(repo, message, source, author=author, metadata=metadata, allow_empty=allow_empty, device=device,
+                   state_dict_path=state_dict_path, branch=branch, exclude=exclude, progress=progress)
+
+
+def _commit(repo, message, source, *, author, metadata, allow_empty, device, state_dict_path, branch, exclude,
+            progress) -> CommitResult:
     metadata = check_metadata(metadata or {})
     merge_head = repo.db.get_config(MERGE_HEAD) if branch is None and source is None else None
     if merge_head is not None:
@@ -101,6 +119,10 @@ def commit(
     if root is not None and source is not None:
         root = Path(source).resolve()
     stat_cache = StatCache(repo.db, root) if root == repo.root else None
+    scanned = None
+    if root is not None:
+        scanned = scan(root, exclude)
+        scanned.refuse_bad_names()  # before anything is written
 
     with repo.store.writer(device=resolve_device(device), max_chain=repo.max_chain) as writer:
         snap = Snapshotter(writer, parent_tree, chunk_bytes, progress)
@@ -110,7 +132,7 @@ def commit(
             files[entry.path] = entry
             tree = Tree(tuple(files[p] for p in sorted(files)), chunk_bytes)
         else:
-            tree = snap.directory(root, scan(root, exclude).files, stat_cache or StatCache(repo.db, root))
+            tree = snap.directory(root, scanned.files, stat_cache or StatCache(repo.db, root))
         if parent_tree is not None and tree.id == parent_tree.id and not allow_empty and merge_head is None:
             raise NothingToCommit("nothing to commit: the working tree matches HEAD (use --allow-empty)")
         pack, rows = writer.finish()
@@ -136,7 +158,12 @@ def commit(
         if merge_head is not None:
             repo.db.delete_config(MERGE_HEAD)
             repo.db.delete_config(MERGE_RECIPE)
-    return CommitResult(new.id, tree.id, parents, tree.logical_bytes, writer.stored_bytes, len(rows))
+    result = CommitResult(new.id, tree.id, parents, tree.logical_bytes, writer.stored_bytes, len(rows))
+    if scanned is not None:
+        result.linked_files = scanned.linked_files
+        result.skipped_symlinks = scanned.skipped_symlinks
+        result.nested_repositories = scanned.nested_repositories
+    return result
 
 
 def _check_objects_present(repo, tree: Tree) -> None:

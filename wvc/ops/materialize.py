@@ -54,7 +54,7 @@ def write_file(store: ObjectStore, entry: FileEntry, target: Path, progress: Pro
     target.parent.mkdir(parents=True, exist_ok=True)
     h = ids.hasher(ids.FILE) if entry.hash != entry.content_id else None
     size = 0
-    with atomic_writer(target, size_hint=entry.size) as fh:
+    with atomic_writer(target, size_hint=entry.size, executable=entry.executable) as fh:
         for block in file_blocks(store, entry):
             fh.write(block)
             if h is not None:

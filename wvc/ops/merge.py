@@ -219,7 +219,9 @@ def _plan_tensors(path: str, fb, fo: FileEntry, ft: FileEntry, strategy, plan: _
                                               else " (no merge-base version to take task vectors from)")
             plan.conflicts.append(name + why)
     size = fo.size if header == fo.header else ft.size  # same tensors: only the header's length may differ
-    plan.files[path] = FileEntry.of(path, "safetensors", size, header=header, tensors=tuple(merged))
+    plan.files[path] = FileEntry.of(path, "safetensors", size, header=header, tensors=tuple(merged),
+                                    executable=_three_way(fb.executable if fb else None, fo.executable, ft.executable)
+                                    or False)
 
 
 def _three_way(b, o, t):
@@ -281,7 +283,8 @@ def _fill_computed(repo, plan: _Plan, b_tree, o_tree, t_tree, strategy, params, 
                 chunks.append(writer.put(raw[start:end], dtype, base_id))
             tensors.append(TensorEntry(x.name, x.dtype, x.shape, tuple(chunks)))
             progress.advance(1)
-        files[path] = FileEntry.of(path, "safetensors", entry.size, header=entry.header, tensors=tuple(tensors))
+        files[path] = FileEntry.of(path, "safetensors", entry.size, header=entry.header, tensors=tuple(tensors),
+                                   executable=entry.executable)
     progress.close()
     return files
 

@@ -15,6 +15,9 @@ class Status:
     modified: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     skipped_symlinks: list[str] = field(default_factory=list)
+    linked_files: list[str] = field(default_factory=list)
+    nested_repositories: list[str] = field(default_factory=list)
+    bad_names: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def clean(self) -> bool:
@@ -29,6 +32,9 @@ class Status:
             "modified": self.modified,
             "deleted": self.deleted,
             "skipped_symlinks": self.skipped_symlinks,
+            "linked_files": self.linked_files,
+            "nested_repositories": self.nested_repositories,
+            "bad_names": [{"path": p, "problem": why} for p, why in self.bad_names],
         }
 
 
@@ -45,7 +51,9 @@ def status(repo) -> Status:
     tree = repo.read_tree(repo.read_commit(head).tree) if head else None
     tracked = tree.by_path() if tree else {}
     result = scan(repo.root)
-    out = Status(repo.refs.head_branch(), head, skipped_symlinks=result.skipped_symlinks)
+    out = Status(repo.refs.head_branch(), head, skipped_symlinks=result.skipped_symlinks,
+                 linked_files=result.linked_files, nested_repositories=result.nested_repositories,
+                 bad_names=result.bad_names)
     hashes = working_hashes(repo, result.files, tree.chunk_bytes if tree else repo.chunk_bytes)
     for path, digest in hashes.items():
         if path not in tracked:

@@ -151,3 +151,22 @@ class Database:
 
     def integrity_check(self) -> str:
         return self.one("PRAGMA integrity_check")
+
+
+def peek_config(path: Path, key: str) -> tuple[bool, str | None]:
+    """One config entry of the database at ``path``, read-only and without migrating it:
+    (whether it has a config table, the value or None). Used to recognise what a killed
+    init or clone left; an unreadable file reads as (True, None)."""
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    except sqlite3.Error:
+        return True, None
+    try:
+        if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'config'").fetchone() is None:
+            return False, None
+        row = conn.execute("SELECT value FROM config WHERE key = ?", (key,)).fetchone()
+        return True, row[0] if row else None
+    except sqlite3.Error:
+        return True, None
+    finally:
+        conn.close()
