@@ -98,7 +98,9 @@ def test_concurrent_pushers_to_one_branch(tmp_path, kind, request):
     def work(i, repo):
         try:
             for k in range(2):
-                save_file({"w": np.full((64, 64), i * 10 + k + 1, np.float16)}, str(repo.root / "model.safetensors"))
+                # each client trains its own file: every rebase applies cleanly, and every
+                # client's last change must be at the final tip (none reverted by a rebase)
+                save_file({"w": np.full((64, 64), i * 10 + k + 1, np.float16)}, str(repo.root / f"client{i}.safetensors"))
                 repo.commit(f"c{i}-{k}")
                 if push_until_landed(repo):
                     pushed.append(f"c{i}-{k}")
@@ -120,3 +122,7 @@ def test_concurrent_pushers_to_one_branch(tmp_path, kind, request):
     log = final.log()
     assert all(log[i].parents == (log[i + 1].id,) for i in range(len(log) - 1))
     assert final.fsck().ok
+    from safetensors.numpy import load_file
+
+    for i in range(3):
+        assert (load_file(str(final.root / f"client{i}.safetensors"))["w"] == i * 10 + 2).all()

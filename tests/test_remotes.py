@@ -1,6 +1,7 @@
 """One conformance suite for every remote backend: a directory and a Hub repo (the local
 Hub-compatible server, spoken to by the real huggingface_hub client)."""
 
+import os
 import json
 
 import pytest
@@ -85,14 +86,20 @@ def test_concurrent_pushers_non_fast_forward_then_pull(tmp_path, remote_url):
     assert repo_state(b.root) == before  # lost nothing
     with pytest.raises(NonFastForward, match="diverged"):
         b.pull()
-    res = b.pull(rebase=True)
-    assert res["rebased"]
-    log = [e.message for e in b.log()]
-    assert log == ["b's step", "a's step", "base"]
+    from wvc.ops.merge import MergeConflict
+
+    fetched = repo_state(b.root)  # the failed pull fetched: remote-tracking refs moved
+    with pytest.raises(MergeConflict) as refused:  # both trained the same tensors: a rebase cannot pick
+        b.pull(rebase=True)
+    assert "model.safetensors:layer0.weight" in refused.value.conflicts
+    assert repo_state(b.root) == fetched and b.log()[0].id == mine
+    res = b.pull(merge=True, strategy="ours")
+    assert res["merged"]
+    assert [e.message for e in b.log()][1:] in (["b's step", "a's step", "base"], ["a's step", "b's step", "base"])
     assert tree_digests(b.root) == tb.digests[mine]  # b's weights, on top of a's history
     b.push()
     a.pull()
-    assert a.log()[0].message == "b's step"
+    assert a.log()[0].id == res["new"]
     assert tree_digests(a.root) == tb.digests[mine]
 
 
@@ -303,7 +310,8 @@ def test_stored_bytes_of_a_commit_are_the_same_however_it_arrived(tmp_path, remo
     assert theirs == {e.id: e.stored_bytes for e in repo.log()}
     assert all(v > 0 for v in theirs.values())
     # a rebase replays a commit onto new parents: it keeps the figure of the commit it replays
-    Trainer(other, seed=7).step_and_commit()
+    (other.root / "extra.bin").write_bytes(os.urandom(100_000))  # a file upstream does not touch
+    other.commit("step")
     mine = other.log()[0]
     t.step_and_commit()
     repo.push()

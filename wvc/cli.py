@@ -467,6 +467,9 @@ def pull(remote_name, branch, rebase, do_merge, strategy, as_json):
     if res.get("merged"):
         return click.echo(f"Merged {remote_name}/{res['branch']} into {res['branch']}: {res['new'][:12]} "
                           f"({human(res['downloaded_bytes'])} downloaded)")
+    if res.get("rebased") is not None:
+        return click.echo(f"Rebased {plural(res['rebased'], 'commit')} of {res['branch']} onto {remote_name}/{res['branch']} "
+                          f"({res['onto'][:12]}): now at {res['new'][:12]} ({human(res['downloaded_bytes'])} downloaded)")
     click.echo(f"Fast-forward {res['branch']} {(res['old'] or '(none)')[:12]}..{res['new'][:12]} "
                f"({human(res['downloaded_bytes'])} downloaded)")
 

@@ -71,6 +71,12 @@ class _Plan:
 def merge(repo, rev: str, *, strategy: str | None = None, params: MergeParameters | None = None,
           no_commit: bool = False, message: str | None = None, author: str | None = None,
           device: str = "auto", progress: Progress = NULL) -> MergeResult:
+    with repo.worktree_lock("merge"):
+        return _merge(repo, rev, strategy=strategy, params=params, no_commit=no_commit, message=message,
+                      author=author, device=device, progress=progress)
+
+
+def _merge(repo, rev, *, strategy, params, no_commit, message, author, device, progress) -> MergeResult:
     params = params or MergeParameters()
     if strategy is not None:
         params.check(strategy)
@@ -151,6 +157,14 @@ def _move_to(repo, old: str, new: str, reason: str, progress: Progress) -> None:
 
 
 # -- planning ---------------------------------------------------------------------------------
+def plan_three_way(b_tree: Tree, o_tree: Tree, t_tree: Tree) -> _Plan:
+    """The plain three-way plan (no strategy): ``plan.files`` is the result where
+    ``plan.conflicts`` is empty. pull --rebase replays a commit with it."""
+    if not o_tree.chunk_bytes == t_tree.chunk_bytes == (b_tree.chunk_bytes if b_tree.files else o_tree.chunk_bytes):
+        raise WvcError("the two sides are chunked with different chunk sizes: a per-tensor merge needs one")
+    return _plan(b_tree, o_tree, t_tree, None, MergeParameters())
+
+
 def _plan(b_tree: Tree, o_tree: Tree, t_tree: Tree, strategy: str | None, params: MergeParameters) -> _Plan:
     b, o, t = b_tree.by_path(), o_tree.by_path(), t_tree.by_path()
     plan = _Plan({})

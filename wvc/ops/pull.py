@@ -1,14 +1,15 @@
 """Pull: fetch, then fast-forward the branch (checking it out when it is HEAD's), or with
-``rebase`` replay the local-only commits on top of the remote's."""
+``rebase`` replay the local-only commits' changes on top of the remote's. Holds the
+working-tree lock from the fetch's end to the branch's move."""
 
 from __future__ import annotations
 
 from .. import ids
 from ..errors import NonFastForward, RevisionNotFound, WvcError
-from ..objects import Commit
+from ..objects import Commit, Tree
 from ..progress import NULL, Progress
 from ..store.refs import HEADS
-from .checkout import checkout
+from .checkout import checkout, switch_worktree
 from .fetch import fetch
 from .remote_config import REMOTES
 
@@ -19,6 +20,11 @@ def pull(repo, remote_name: str = "origin", branch: str | None = None, *, rebase
     branch = branch or repo.refs.head_branch()
     if branch is None:
         raise WvcError("HEAD is detached: name the branch to pull")
+    with repo.worktree_lock("pull"):
+        return _integrate(repo, remote_name, branch, fetched, rebase, merge, strategy, progress)
+
+
+def _integrate(repo, remote_name, branch, fetched, rebase, merge, strategy, progress) -> dict:
     upstream = repo.refs.get(f"{REMOTES}{remote_name}/{branch}")
     if upstream is None:
         raise RevisionNotFound(f"remote {remote_name} has no branch {branch!r}")
@@ -29,8 +35,9 @@ def pull(repo, remote_name: str = "origin", branch: str | None = None, *, rebase
     if local == upstream or (local is not None and graph.is_ancestor(upstream, local)):
         result["new"] = local
         return result  # up to date, or ahead
+    on_head = repo.refs.head_branch() == branch
     if local is not None and not graph.is_ancestor(local, upstream):
-        if merge and repo.refs.head_branch() == branch:
+        if merge and on_head:
             from .merge import merge as merge_into_head
 
             done = merge_into_head(repo, f"{REMOTES}{remote_name}/{branch}", strategy=strategy, progress=progress,
@@ -43,12 +50,14 @@ def pull(repo, remote_name: str = "origin", branch: str | None = None, *, rebase
                 f"({ids.short(upstream)}) each have commits the other lacks; `wvc pull --rebase` replays "
                 f"your commits on top of {remote_name}/{branch}, `wvc pull --merge [--strategy S]` merges them"
             )
-        new_tip = replay(repo, local, upstream)
-        result.update(new=new_tip, fast_forward=False, rebased=True)
-        with repo.db.write():  # the new tip has the local tip's tree: the working tree stays as is
+        new_tip, replayed = replay(repo, local, upstream)
+        result.update(new=new_tip, fast_forward=False, rebased=replayed, onto=upstream)
+        if on_head:  # the working tree holds the local tip; upstream's changes come in now
+            switch_worktree(repo, repo.tree_of(local), repo.tree_of(new_tip), progress=progress)
+        with repo.db.write():
             repo.refs.set(HEADS + branch, new_tip, local, f"pull --rebase onto {remote_name}/{branch}")
         return result
-    if repo.refs.head_branch() == branch:
+    if on_head:
         checkout(repo, upstream, progress=progress)  # refuses to overwrite local work
         with repo.db.write():
             repo.refs.set(HEADS + branch, upstream, local, f"pull: fast-forward from {remote_name}")
@@ -59,20 +68,42 @@ def pull(repo, remote_name: str = "origin", branch: str | None = None, *, rebase
     return result
 
 
-def replay(repo, local: str, upstream: str) -> str:
-    """Re-create the local-only commits (oldest first) on top of ``upstream``.
+def replay(repo, local: str, upstream: str) -> tuple[str, int]:
+    """Re-apply each local-only commit's changes (oldest first) on top of ``upstream``;
+    returns (the new tip, how many commits were replayed).
 
-    A commit is a full snapshot, so replaying one keeps its tree, message, author and
-    metadata and only changes its parent: no chunk is re-encoded, nothing is merged. The
-    replayed commit keeps the stored bytes of the one it replays (the same objects).
+    Each commit's change against its parent is applied per file and, in a safetensors
+    file, per tensor chunk (the merge's three-way plan with the commit's parent as base):
+    upstream's changes to other files or tensors stay. A file or tensor both sides changed
+    differently is a conflict: MergeConflict lists them and nothing is written. A commit
+    whose change upstream already has is dropped. No chunk is re-encoded: the new trees are
+    made of chunks both sides already stored.
     """
+    from .merge import MergeConflict, plan_three_way
+
     graph = repo.graph
     mine = graph.in_insertion_order(graph.ancestors(local, stop=set(graph.ancestors(upstream))))
-    parent = upstream
+    base_tree = repo.tree_of(upstream)
+    parent, replayed, trees, commits = upstream, 0, [], []
+    for cid in mine:
+        old = repo.read_commit(cid)
+        before = repo.tree_of(old.parents[0]) if old.parents else Tree((), base_tree.chunk_bytes)
+        plan = plan_three_way(before, base_tree, repo.tree_of(cid))
+        if plan.conflicts:
+            shown = ", ".join(plan.conflicts[:8]) + (f" and {len(plan.conflicts) - 8} more" if len(plan.conflicts) > 8 else "")
+            raise MergeConflict(f"pull --rebase refused, nothing changed: your commit {ids.short(cid)} "
+                                f"({old.summary}) and upstream both changed {shown}; "
+                                "`wvc pull --merge --strategy S` settles conflicts", plan.conflicts)
+        tree = Tree(tuple(plan.files[p] for p in sorted(plan.files)), base_tree.chunk_bytes)
+        if tree.id == base_tree.id:
+            continue  # upstream has this change already
+        new = Commit(tree.id, (parent,), old.author, old.timestamp, old.message, old.metadata)
+        trees.append(tree)
+        commits.append((new, graph.stored_bytes(cid)))
+        parent, base_tree, replayed = new.id, tree, replayed + 1
     with repo.db.write():
-        for cid in mine:
-            old = repo.read_commit(cid)
-            new = Commit(old.tree, (parent,), old.author, old.timestamp, old.message, old.metadata)
-            graph.add_commit(new, graph.stored_bytes(cid))
-            parent = new.id
-    return parent
+        for tree in trees:
+            graph.add_tree(tree)
+        for new, stored in commits:
+            graph.add_commit(new, stored)
+    return parent, replayed
