@@ -21,8 +21,9 @@ pytestmark = pytest.mark.usefixtures("hub_env")
 class TinyTrainer:
     """A 16 KB bf16 model that moves a little each step: one small commit a push."""
 
-    def __init__(self, repo: Repo, seed: int = 0):
+    def __init__(self, repo: Repo, seed: int = 0, path: str = "model.safetensors"):
         self.repo = repo
+        self.path = path
         g = torch.Generator().manual_seed(seed)
         self.w = torch.randn(64, 64, generator=g) * 0.02
         self.g = g
@@ -36,7 +37,7 @@ class TinyTrainer:
     def commit(self, msg: str = "step") -> str:
         self.w += torch.randn(self.w.shape, generator=self.g) * 1e-3
         save_file({"w": self.w.to(torch.bfloat16), "b": torch.zeros(64, dtype=torch.bfloat16)},
-                  str(self.repo.root / "model.safetensors"))
+                  str(self.repo.root / self.path))
         return self.repo.commit(msg).commit
 
 
@@ -144,7 +145,7 @@ def test_compaction_racing_another_pusher_loses_nothing(tmp_path, kind, hub, req
 
     def work(i):
         repo = Repo.open(clients[i].root)
-        trainer = TinyTrainer(repo, seed=10 + i)
+        trainer = TinyTrainer(repo, seed=10 + i, path=f"client{i}.safetensors")  # rebases apply cleanly
         try:
             for k in range(8):
                 trainer.commit(f"c{i}-{k}")

@@ -72,14 +72,17 @@ def test_a_corrupt_keyframe_is_named_when_a_delta_on_it_is_read(repo):
         repo.checkout(second, output=repo.root.parent / "out", force=True)
 
 
-def test_gc_removes_unreachable_and_keeps_reachable(repo):
+def test_gc_removes_unreachable_and_keeps_reachable(repo, monkeypatch):
     main_commits = commit_steps(repo, 2)
     repo.create_branch("exp")
     repo.checkout("exp")
     commit_steps(repo, 2, size=8192)  # different tensor size: new keyframes, not deltas of main
     repo.checkout("main")
-    repo.delete_branch("exp")
+    repo.delete_branch("exp", force=True)
     before = repo.fsck()
+    kept = repo.gc(grace_seconds=0)  # the reflog still names exp's commits: kept, and said so
+    assert kept.commits_removed == 0 and kept.kept_by_reflog == 2 and repo.fsck().objects == before.objects
+    monkeypatch.setenv("WVC_REFLOG_EXPIRE_DAYS", "0")
     res = repo.gc(grace_seconds=0)
     assert res.commits_removed == 2 and res.objects_removed > 0
     assert res.bytes_after < res.bytes_before

@@ -50,10 +50,23 @@ class Repo(Repository):
 
         return commit.commit(self, message, source, **kwargs)
 
-    def checkout(self, rev: str, *, force: bool = False, output=None, progress: Progress = NULL):
+    def checkout(self, rev: str, *, force: bool = False, output=None, paths=None, progress: Progress = NULL):
+        """Switch to ``rev``; or write it into ``output``; or restore ``paths`` from it (HEAD stays)."""
         from .ops import checkout
 
-        return checkout.checkout(self, rev, force=force, output=output, progress=progress)
+        return checkout.checkout(self, rev, force=force, output=output, paths=paths, progress=progress)
+
+    def reset(self, rev: str, *, mode: str = "mixed", progress: Progress = NULL):
+        """Move the current branch to ``rev`` (``hard``: the working tree too; see ops/reset.py)."""
+        from .ops import reset
+
+        return reset.reset(self, rev, mode=mode, progress=progress)
+
+    def reflog(self, ref: str = "HEAD", n: int | None = None):
+        """Where ``ref`` (HEAD, a branch or tag name) pointed, newest first."""
+        from .ops import history
+
+        return history.reflog(self, ref, n)
 
     def log(self, rev: str = "HEAD", n: int | None = None, all_refs: bool = False):
         from .ops import history
@@ -96,10 +109,17 @@ class Repo(Repository):
 
         return branches.create_ref(self, HEADS, name, start, "branch")
 
-    def delete_branch(self, name: str) -> str:
+    def delete_branch(self, name: str, *, force: bool = False) -> str:
+        """Delete a branch; one HEAD does not contain is refused unless ``force``."""
         from .ops import branches
 
-        return branches.delete_branch(self, name)
+        return branches.delete_branch(self, name, force)
+
+    def force_branch(self, name: str, start: str = "HEAD") -> tuple[str | None, str]:
+        """Create ``name`` or move it to ``start`` (not the current branch: see reset)."""
+        from .ops import branches
+
+        return branches.force_branch(self, name, start)
 
     def tags(self) -> dict[str, str]:
         return self.refs.list(TAGS)

@@ -8,7 +8,9 @@ imports torch: ``--help``, ``log`` and ``status`` stay fast.
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import sqlite3
 import sys
 import time
@@ -204,28 +206,69 @@ def status(as_json):
         click.echo("nothing to commit, working tree clean")
 
 
+_INT = re.compile(r"-?(0|[1-9][0-9]*)")
+_FLOAT = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+([eE][-+]?[0-9]+)?|[eE][-+][0-9]+)")
+
+
+def meta_value(text: str):
+    """A --meta value: an int, float, bool or null only when ``text`` is exactly such a
+    literal (``step=200`` -> 200, ``lr=1e-5`` -> 1e-05, ``ok=true``); anything else is the
+    string itself (``git=8417e93`` stays "8417e93": a hash, not 8.417e96; ``v=NaN`` is "NaN").
+    A float needs a decimal point or a signed exponent, so a hex hash of digits and one "e"
+    is never read as a number."""
+    if text in ("true", "false"):
+        return text == "true"
+    if text == "null":
+        return None
+    if _INT.fullmatch(text):
+        return int(text)
+    if _FLOAT.fullmatch(text) and math.isfinite(float(text)):
+        return float(text)
+    return text
+
+
+def parse_meta(meta, meta_json) -> dict | None:
+    metadata = {}
+    for option, items in (("--meta", meta), ("--meta-json", meta_json)):
+        for item in items:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint=option)
+            if option == "--meta":
+                metadata[key] = meta_value(value)
+                continue
+            try:
+                metadata[key] = json.loads(value, parse_constant=_no_constant)
+            except ValueError as exc:
+                raise click.BadParameter(f"{key}: not JSON ({exc})", param_hint=option) from None
+    return metadata if (meta or meta_json) else None
+
+
+def _no_constant(name):
+    raise ValueError(f"{name} is not JSON")
+
+
 @main.command()
-@click.option("-m", "--message", required=True, help="Commit message.")
+@click.option("-m", "--message", default=None, help="Commit message (with --amend: default the amended one's).")
 @click.option("--author", default=None, help="Author (default: $WVC_AUTHOR or user@host).")
 @click.option("--allow-empty", is_flag=True, help="Commit even if nothing changed.")
-@click.option("--meta", multiple=True, metavar="KEY=VALUE", help="Metadata (value parsed as JSON if it can be).")
+@click.option("--amend", is_flag=True, help="Replace HEAD's commit with this one (the old one stays in the reflog).")
+@click.option("--meta", multiple=True, metavar="KEY=VALUE",
+              help="Metadata: VALUE is an int, float (with . or a signed exponent), true/false or null when it "
+                   "is exactly one, else a string.")
+@click.option("--meta-json", multiple=True, metavar="KEY=JSON", help="Metadata whose value is any JSON (lists, objects).")
 @click.option("--device", default="auto", show_default=True, help="Where deltas are computed: auto, cpu or cuda.")
 @json_option
-def commit(message, author, allow_empty, meta, device, as_json):
+def commit(message, author, allow_empty, amend, meta, meta_json, device, as_json):
     """Record the working tree as a new commit."""
-    metadata = {}
-    for item in meta:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--meta")
-        try:
-            metadata[key] = json.loads(value)
-        except ValueError:
-            metadata[key] = value
+    if message is None and not amend:
+        raise click.UsageError("a commit needs a message: -m MESSAGE")
+    metadata = parse_meta(meta, meta_json)
     repo = open_repo()
     t0 = time.perf_counter()
     res = repo.commit(message, author=author, metadata=metadata, allow_empty=allow_empty, device=device,
-                      progress=BarProgress())
+                      amend=amend, progress=BarProgress())
+    message = repo.read_commit(res.commit).message
     if as_json:
         return emit_json({**res.to_json(), "seconds": round(time.perf_counter() - t0, 3)})
     ratio = ratio_note(res.logical_bytes, res.stored_bytes)
@@ -335,16 +378,54 @@ def diff(rev_a, rev_b, stat, as_json):
 
 @main.command()
 @click.argument("rev")
+@click.argument("paths", nargs=-1)
 @click.option("--force", "-f", is_flag=True, help="Overwrite uncommitted changes.")
 @click.option("--output", "-o", type=click.Path(file_okay=False), default=None, help="Write the version into DIR instead.")
 @json_option
-def checkout(rev, force, output, as_json):
-    """Make the working tree (or --output DIR) hold version REV."""
-    res = open_repo().checkout(rev, force=force, output=output, progress=BarProgress())
+def checkout(rev, paths, force, output, as_json):
+    """Make the working tree (or --output DIR) hold version REV; `checkout REV -- PATH...`
+    restores those files (or directories) from REV and leaves HEAD where it is."""
+    if paths and output:
+        raise click.UsageError("PATH... and --output: choose one")
+    res = open_repo().checkout(rev, force=force, output=output, paths=list(paths) or None, progress=BarProgress())
     if as_json:
         return emit_json(res.to_json())
+    if res.restored is not None:
+        return click.echo(f"Restored {plural(len(res.restored), 'file')} from {res.commit[:12]}: "
+                          + ", ".join(res.restored[:5]) + (" ..." if len(res.restored) > 5 else ""))
     where = res.output or (f"branch {res.branch}" if res.branch else f"detached HEAD {res.commit[:12]}")
-    click.echo(f"Checked out {res.commit[:12]} to {where}: {res.written} files written, {res.removed} removed")
+    click.echo(f"Checked out {res.commit[:12]} to {where}: {plural(res.written, 'file')} written, {res.removed} removed")
+
+
+@main.command()
+@click.argument("rev")
+@click.option("--soft", "mode", flag_value="soft", help="Move the branch only.")
+@click.option("--mixed", "mode", flag_value="mixed", default=True,
+              help="Move the branch only (the default; wvc has no staging area, so the same as --soft).")
+@click.option("--hard", "mode", flag_value="hard", help="Move the branch and make the working tree hold REV "
+              "(uncommitted changes are lost).")
+@json_option
+def reset(rev, mode, as_json):
+    """Move the current branch (or detached HEAD) to REV; undo with `wvc reset HEAD@{1}`."""
+    res = open_repo().reset(rev, mode=mode, progress=BarProgress())
+    if as_json:
+        return emit_json(res.to_json())
+    where = res.branch or "detached HEAD"
+    files = f"; {plural(res.written, 'file')} written, {res.removed} removed" if mode == "hard" else ""
+    click.echo(f"{where} is now at {res.new[:12]} (was {(res.old or '(none)')[:12]}){files}")
+
+
+@main.command()
+@click.argument("ref", default="HEAD")
+@click.option("-n", "max_count", type=int, default=None, help="Show at most N entries.")
+@json_option
+def reflog(ref, max_count, as_json):
+    """Where REF (HEAD, a branch or a tag) pointed, newest first: REF@{n} names each."""
+    entries = open_repo().reflog(ref, max_count)
+    if as_json:
+        return emit_json({"ref": ref, "entries": entries})
+    for e in entries:
+        click.echo(f"{click.style((e['new'] or '(deleted)')[:12], fg='yellow')} {e['selector']}: {e['message']}")
 
 
 def _ref_command(kind: str):
@@ -352,15 +433,24 @@ def _ref_command(kind: str):
 
     @click.argument("name", required=False)
     @click.argument("start", required=False)
-    @click.option("-d", "--delete", "delete", default=None, metavar="NAME", help=f"Delete {kind} NAME.")
-    @click.option("-a", "--all", "show_all", is_flag=True, help="Also list remote-tracking branches.")
+    @click.option("-d", "--delete", "delete", default=None, metavar="NAME",
+                  help=f"Delete {kind} NAME" + (" (refused if HEAD does not contain it)." if kind == "branch" else "."))
     @json_option
-    def command(name, start, delete, show_all, as_json):
+    def command(name, start, delete, as_json, show_all=False, force_delete=None, force=False):
         repo = open_repo()
+        if force_delete:
+            delete = force_delete
         if delete:
-            target = getattr(repo, f"delete_{kind}")(delete)
+            target = repo.delete_branch(delete, force=bool(force_delete)) if kind == "branch" else repo.delete_tag(delete)
             return emit_json({"deleted": delete, "was": target}) if as_json else click.echo(
                 f"Deleted {kind} {delete} (was {target[:12]})"
+            )
+        if force:
+            if not name:
+                raise click.UsageError("-f needs NAME [START]")
+            old, target = repo.force_branch(name, start or "HEAD")
+            return emit_json({"branch": name, "old": old, "commit": target}) if as_json else click.echo(
+                f"Branch {name} is now at {target[:12]} (was {(old or '(new)')[:12]})"
             )
         if name:
             target = getattr(repo, f"create_{kind}")(name, start or "HEAD")
@@ -381,7 +471,12 @@ def _ref_command(kind: str):
     return command
 
 
-main.command(name="branch", help="List branches, create NAME at START (default HEAD), or -d NAME.")(_ref_command("branch"))
+_branch = _ref_command("branch")
+_branch = click.option("-D", "force_delete", default=None, metavar="NAME", help="Delete branch NAME even if unmerged.")(_branch)
+_branch = click.option("-f", "--force", "force", is_flag=True, help="Create NAME or move it to START.")(_branch)
+_branch = click.option("-a", "--all", "show_all", is_flag=True, help="Also list remote-tracking branches.")(_branch)
+main.command(name="branch", help="List branches, create NAME at START (default HEAD), move one (-f), or delete "
+                                 "one (-d, -D).")(_branch)
 main.command(name="tag", help="List tags, create NAME at START (default HEAD), or -d NAME.")(_ref_command("tag"))
 
 
@@ -568,9 +663,15 @@ def gc(grace, remote_name, dry_run, as_json):
     if as_json:
         return emit_json(res.to_json())
     click.echo(
-        f"Removed {res.commits_removed} commits, {res.objects_removed} objects, {res.files_removed} leftover files; "
-        f"packs {human(res.bytes_before)} -> {human(res.bytes_after)}"
+        f"Removed {plural(res.commits_removed, 'commit')}, {plural(res.objects_removed, 'object')}, "
+        f"{plural(res.files_removed, 'leftover file')}; packs {human(res.bytes_before)} -> {human(res.bytes_after)}"
     )
+    if res.kept_by_reflog:
+        click.echo(f"Kept {plural(res.kept_by_reflog, 'commit')} no branch or tag reaches: the reflog names them "
+                   f"(kept {res.reflog_days:g} days; `wvc reflog` lists them)")
+    if res.kept_young_objects:
+        click.echo(f"Kept {plural(res.kept_young_objects, 'unreachable object')} in packs younger than "
+                   f"{res.grace_seconds} s (--grace): a commit running now may still use them")
 
 
 @main.command()

@@ -1,4 +1,5 @@
-"""REV syntax: a branch, tag, full or unique-prefix commit id, HEAD, and ~N / ^ / ^N suffixes."""
+"""REV syntax: a branch, tag, full or unique-prefix commit id, HEAD, ``REF@{n}`` (where REF
+pointed n moves ago, from the reflog; ``@{n}`` is HEAD's), and ~N / ^ / ^N suffixes."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from .store.graph import CommitGraph
 from .store.refs import HEADS, TAGS, Refs
 
 _SUFFIX = re.compile(r"(~\d*|\^\d*)$")
+_REFLOG = re.compile(r"^(.*)@\{(\d{1,9})\}$")
 MIN_PREFIX = 4
 
 
@@ -41,6 +43,8 @@ def _parent(graph: CommitGraph, commit: str, n: int, rev: str) -> str:
 
 
 def _resolve_base(refs: Refs, graph: CommitGraph, base: str, rev: str) -> str:
+    if m := _REFLOG.match(base):
+        return _from_reflog(refs, m.group(1) or "HEAD", int(m.group(2)), rev)
     if base == "HEAD":
         head = refs.head_commit()
         if head is None:
@@ -57,3 +61,16 @@ def _resolve_base(refs: Refs, graph: CommitGraph, base: str, rev: str) -> str:
         if len(matches) > 1:
             raise RevisionNotFound(f"revision {base!r} is ambiguous")
     raise RevisionNotFound(f"unknown revision {rev!r}")
+
+
+def _from_reflog(refs: Refs, name: str, n: int, rev: str) -> str:
+    if name == "HEAD":
+        ref = "HEAD"
+    else:
+        ref = next((p + name for p in (HEADS, TAGS, "refs/remotes/") if refs.get(p + name) is not None),
+                   name if name.startswith("refs/") else HEADS + name)
+    entries = refs.reflog(ref, n + 1)
+    if len(entries) <= n or entries[n].new is None:
+        raise RevisionNotFound(f"{rev!r}: the reflog of {name} has only {len(entries)} entries"
+                               if len(entries) <= n else f"{rev!r}: {name} was deleted at that point")
+    return entries[n].new

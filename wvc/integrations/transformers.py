@@ -18,6 +18,7 @@ collected in ``callback.push_errors`` and logged, never raised into the training
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 import time
@@ -35,9 +36,14 @@ CHECKPOINT_EXCLUDES = ("optimizer.pt", "scheduler.pt", "rng_state*.pth", "scaler
 
 
 def _latest_metrics(state) -> dict:
+    """The newest value of each logged metric. A non-finite one (fp16's inf grad_norm, a NaN
+    loss) is kept as the string "inf", "-inf" or "nan": JSON has no such numbers, and a
+    metric must never fail the training run."""
     metrics = {}
     for entry in state.log_history:
-        metrics.update({k: v for k, v in entry.items() if isinstance(v, (int, float)) and k not in ("step", "epoch")})
+        for k, v in entry.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("step", "epoch"):
+                metrics[k] = v if math.isfinite(v) else str(v)
     return metrics
 
 
@@ -76,7 +82,21 @@ class WvcCallback(TrainerCallback):
     def on_step_end(self, args, state, control, model=None, **kwargs):
         if self.every_n_steps and state.global_step % self.every_n_steps == 0 and self.repo is not None:
             if not (self.commit_on_save and control.should_save):  # the save will be committed
-                self._commit(f"step {state.global_step}", state, source=model.state_dict())
+                # The Trainer logs this step's metrics after on_step_end: commit once they
+                # are in (on_log), or before the weights next change (on_step_begin).
+                self._due = (state.global_step, model)
+
+    def on_log(self, args, state, control, **kwargs):
+        self._commit_due(state)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._commit_due(state)
+
+    def _commit_due(self, state) -> None:
+        due, self._due = getattr(self, "_due", None), None
+        if due is not None:
+            step, model = due
+            self._commit(f"step {step}", state, source=model.state_dict(), step=step)
 
     def on_save(self, args, state, control, **kwargs):
         if not self.commit_on_save or self.repo is None:
@@ -86,18 +106,20 @@ class WvcCallback(TrainerCallback):
             self._commit(f"checkpoint {state.global_step}", state, source=checkpoint)
 
     def on_train_end(self, args, state, control, **kwargs):
+        self._commit_due(state)
         if self._queue is not None:
             self._queue.put(None)
             self._worker.join()
             self._queue = None
 
     # -- work --------------------------------------------------------------------------------
-    def _commit(self, message: str, state, source) -> None:
+    def _commit(self, message: str, state, source, step: int | None = None) -> None:
         t = time.perf_counter()
-        metadata = {"step": state.global_step, "epoch": state.epoch, "metrics": _latest_metrics(state)}
+        step = state.global_step if step is None else step
+        metadata = {"step": step, "epoch": state.epoch, "metrics": _latest_metrics(state)}
         res = self.repo.commit(message, source=source, metadata=metadata, allow_empty=True, branch=self.branch,
                                device=self.device, exclude=CHECKPOINT_EXCLUDES)
-        self.commits.append({"commit": res.commit, "step": state.global_step, "seconds": time.perf_counter() - t,
+        self.commits.append({"commit": res.commit, "step": step, "seconds": time.perf_counter() - t,
                              "stored_bytes": res.stored_bytes, "logical_bytes": res.logical_bytes})
         if self._queue is not None:
             self._queue.put(res.commit)

@@ -105,9 +105,8 @@ def switch_worktree(repo, current_tree: Tree | None, target: Tree, *, force: boo
     to_write = [e for p, e in wanted.items() if hashes.get(p) != e.hash and not carried(p, e)]
     to_remove = [p for p in current if p not in wanted and p in hashes and (force or mine_hashes[p] == current[p].hash)]
     in_the_way = _in_the_way(repo.root, to_write, set(present) - set(to_remove), set(to_remove))
-    if not force:
-        conflicts += [f"{p} (in the way of {what})" for p, what in in_the_way]
-    if conflicts:
+    conflicts += [f"{p} (in the way of {what})" for p, what in in_the_way]
+    if conflicts and not force:
         shown = ", ".join(conflicts[:5]) + (" ..." if len(conflicts) > 5 else "")
         raise UncommittedChanges(
             f"checkout would overwrite uncommitted changes in {shown}; commit them or use --force"

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import ConcurrentUpdate, MissingObject, NothingToCommit
+from ..errors import ConcurrentUpdate, MissingObject, NothingToCommit, WvcError
 from ..codec.devices import resolve_device
 from ..objects import Commit, Tree, check_metadata
 from ..progress import NULL, Progress
@@ -78,26 +78,41 @@ def commit(
     state_dict_path: str = STATE_DICT_PATH,
     branch: str | None = None,
     exclude: tuple[str, ...] = (),
+    amend: bool = False,
     progress: Progress = NULL,
 ) -> CommitResult:
     """Commit ``source`` (working tree, another directory or a state dict).
 
     ``branch`` commits onto that branch (created from HEAD if missing) without checking
     it out: the training callback records a run this way while the working tree stays.
-    ``exclude`` adds gitignore-style patterns for a directory source. Committing the
+    ``exclude`` adds gitignore-style patterns for a directory source. ``amend`` replaces
+    HEAD's commit (same parents; ``message`` None keeps its message, ``metadata`` None its
+    metadata); the replaced one stays in the reflog. Committing the
     working tree holds its lock: a checkout in another process cannot change it meanwhile.
     """
     if source is None or (isinstance(source, (str, os.PathLike)) and Path(source).resolve() == repo.root):
         with repo.worktree_lock("commit"):
             return _commit(repo, message, source, author=author, metadata=metadata, allow_empty=allow_empty,
                            device=device, state_dict_path=state_dict_path, branch=branch, exclude=exclude,
-                           progress=progress)
+                           amend=amend, progress=progress)
     return _commit(repo, message, source, author=author, metadata=metadata, allow_empty=allow_empty, device=device,
-                   state_dict_path=state_dict_path, branch=branch, exclude=exclude, progress=progress)
+                   state_dict_path=state_dict_path, branch=branch, exclude=exclude, amend=amend, progress=progress)
 
 
 def _commit(repo, message, source, *, author, metadata, allow_empty, device, state_dict_path, branch, exclude,
-            progress) -> CommitResult:
+            amend, progress) -> CommitResult:
+    amended = None
+    if amend:
+        if branch is not None:
+            raise WvcError("--amend works on HEAD's commit; it cannot be combined with a branch")
+        head = repo.refs.head_commit()
+        if head is None:
+            raise WvcError("nothing to amend: HEAD has no commits yet")
+        amended = repo.read_commit(head)
+        message = amended.message if message is None else message
+        metadata = amended.metadata if metadata is None else metadata
+    if message is None:
+        raise WvcError("a commit needs a message")
     metadata = check_metadata(metadata or {})
     merge_head = repo.db.get_config(MERGE_HEAD) if branch is None and source is None else None
     if merge_head is not None:
@@ -133,11 +148,15 @@ def _commit(repo, message, source, *, author, metadata, allow_empty, device, sta
             tree = Tree(tuple(files[p] for p in sorted(files)), chunk_bytes)
         else:
             tree = snap.directory(root, scanned.files, stat_cache or StatCache(repo.db, root))
-        if parent_tree is not None and tree.id == parent_tree.id and not allow_empty and merge_head is None:
+        if parent_tree is not None and tree.id == parent_tree.id and not allow_empty and merge_head is None \
+                and amended is None:
             raise NothingToCommit("nothing to commit: the working tree matches HEAD (use --allow-empty)")
         pack, rows = writer.finish()
 
     parents = ((parent_id,) if parent_id else ()) + ((merge_head,) if merge_head else ())
+    if amended is not None:  # snapshotted against the amended commit (its chunks are delta bases),
+        parents = amended.parents  # recorded in its place
+    summary = f"commit (amend): {message.splitlines()[0] if message else ''}" if amended else None
     new = Commit(tree.id, parents, author or default_author(), int(time.time()), message, metadata)
     with repo.db.write():
         repo.store.insert_rows(pack, rows)
@@ -150,9 +169,9 @@ def _commit(repo, message, source, *, author, metadata, allow_empty, device, sta
         elif repo.refs.head() != head_before:
             raise ConcurrentUpdate("HEAD moved while committing; retry")
         elif (head_branch := repo.refs.head_branch()) is not None:
-            repo.refs.set(HEADS + head_branch, new.id, parent_id, f"commit: {new.summary}")
+            repo.refs.set(HEADS + head_branch, new.id, parent_id, summary or f"commit: {new.summary}")
         else:
-            repo.refs.set_head(new.id, f"commit (detached): {new.summary}")
+            repo.refs.set_head(new.id, summary or f"commit (detached): {new.summary}")
         if stat_cache is not None:
             stat_cache.flush(in_transaction=True)
         if merge_head is not None:

@@ -23,11 +23,24 @@ from ..store.packs import pack_filename, read_pack_index
 from ..store.refs import HEADS, TAGS
 
 
-def reachable(repo) -> tuple[set[str], set[str], set[str]]:
-    """(commits, trees, objects) reachable from every ref and HEAD; objects include delta bases."""
+# As git's gc.reflogExpireUnreachable: a commit left behind by a reset, an amend, a deleted
+# branch or a rebase stays recoverable (`wvc reflog`, `main@{1}`) this long. WVC_REFLOG_EXPIRE_DAYS.
+REFLOG_EXPIRE_DAYS = 30
+
+
+def reflog_expire_seconds() -> int:
+    return int(float(os.environ.get("WVC_REFLOG_EXPIRE_DAYS", REFLOG_EXPIRE_DAYS)) * 86400)
+
+
+def reachable(repo, since: int | None = None) -> tuple[set[str], set[str], set[str]]:
+    """(commits, trees, objects) reachable from every ref and HEAD, and from the reflog
+    entries recorded at or after ``since`` (unix time; None: not from the reflog); objects
+    include delta bases."""
     starts = set(repo.refs.list("refs/").values())
     if head := repo.refs.head_commit():
         starts.add(head)
+    if since is not None:
+        starts |= {c for c in repo.refs.reflog_commits(since) if repo.graph.has_commit(c)}
     commits = set(repo.graph.ancestors(starts))
     trees = {repo.read_commit(c).tree for c in commits}
     objects = set()
@@ -45,6 +58,10 @@ def reachable(repo) -> tuple[set[str], set[str], set[str]]:
 @dataclass
 class GcResult:
     commits_removed: int = 0
+    kept_by_reflog: int = 0  # commits no ref reaches, kept because the reflog names them
+    kept_young_objects: int = 0  # unreachable, in packs younger than the grace period
+    reflog_days: float = REFLOG_EXPIRE_DAYS
+    grace_seconds: int = 3600
     objects_removed: int = 0
     packs_rewritten: int = 0
     files_removed: int = 0
@@ -55,20 +72,31 @@ class GcResult:
         return dict(self.__dict__)
 
 
+def reachable_from_refs(repo) -> set[str]:
+    starts = set(repo.refs.list("refs/").values())
+    if head := repo.refs.head_commit():
+        starts.add(head)
+    return set(repo.graph.ancestors(starts))
+
+
 def _pack_bytes(repo) -> int:
     return sum(p.stat().st_size for p in repo.store.packs_dir.glob("pack-*.pack"))
 
 
 def gc(repo, *, grace_seconds: int = 3600) -> GcResult:
-    result = GcResult(bytes_before=_pack_bytes(repo))
+    result = GcResult(bytes_before=_pack_bytes(repo), grace_seconds=grace_seconds,
+                      reflog_days=reflog_expire_seconds() / 86400)
     now = time.time()
+    expire = reflog_expire_seconds()
+    since = int(now) - expire if expire > 0 else None  # 0: the reflog keeps nothing
     # Phase 1, from a snapshot: which old packs hold unreachable objects; copy their live
     # objects into a new pack. Nothing is deleted yet.
-    _, _, live = reachable(repo)
+    _, _, live = reachable(repo, since)
     packs = repo.store.pack_ages()
     old_packs = {n for n, created in packs.items() if now - created >= grace_seconds}
     rows = repo.store.object_packs()
     dead_ids = {oid for oid, pack in rows if oid not in live and pack in old_packs}
+    result.kept_young_objects = sum(1 for oid, pack in rows if oid not in live and pack not in old_packs)
     dead_packs = {pack for oid, pack in rows if oid in dead_ids}
 
     new_pack, moved = None, []
@@ -86,7 +114,9 @@ def gc(repo, *, grace_seconds: int = 3600) -> GcResult:
     # they are now, and only then delete. A commit that landed meanwhile, or an object a
     # commit deduplicated against, is reachable here and survives.
     with repo.db.write():
-        commits, _, live_now = reachable(repo)
+        repo.refs.expire_reflog(since if since is not None else int(now) + 1)
+        commits, _, live_now = reachable(repo, since)
+        result.kept_by_reflog = len(commits - reachable_from_refs(repo))
         resurrected = dead_ids & live_now
         kept_packs = {p for oid, p in rows if oid in resurrected}
         if new_pack:

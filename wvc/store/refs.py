@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import dataclass
 
 from .. import ids
 from ..errors import ConcurrentUpdate, InvalidRefName
@@ -44,6 +45,18 @@ def check_ref_name(name: str, what: str = "branch") -> str:
     return name
 
 
+@dataclass(frozen=True)
+class ReflogEntry:
+    seq: int
+    old: str | None
+    new: str | None  # None: the ref was deleted
+    time: int
+    message: str
+
+    def to_json(self):
+        return {"old": self.old, "new": self.new, "time": self.time, "message": self.message}
+
+
 class Refs:
     def __init__(self, db: Database):
         self.db = db
@@ -67,6 +80,8 @@ class Refs:
             )
         self.db.conn.execute("INSERT OR REPLACE INTO refs VALUES (?, ?)", (ref, new))
         self.log(ref, current, new, message)
+        if ref == self.head()[len("ref: "):] and current != new:  # HEAD moved with its branch
+            self.log(HEAD_KEY, current, new, message)
 
     def delete(self, ref: str, message: str) -> None:
         current = self.get(ref)
@@ -84,9 +99,30 @@ class Refs:
         return self.db.get_config(HEAD_KEY, "ref: " + HEADS + "main")
 
     def set_head(self, value: str, message: str) -> None:
-        old = self.head()
+        """Point HEAD at a branch ("ref: refs/heads/x") or a commit. HEAD's reflog records
+        the commits it named before and after, as git's does (switching to a branch at the
+        same commit is recorded too: `checkout: moving to x`)."""
+        old = self.head_commit()
         self.db.set_config(HEAD_KEY, value)
-        self.log(HEAD_KEY, old, value, message)
+        self.log(HEAD_KEY, old, self.head_commit(), message)
+
+    def reflog(self, ref: str, limit: int | None = None) -> list[ReflogEntry]:
+        """``ref``'s recorded moves, newest first (entry 0 is where it points now). Entries
+        an older wvc wrote for HEAD ("ref: ..." values) are left out."""
+        rows = self.db.query("SELECT seq, old, new, time, message FROM reflog WHERE ref = ? ORDER BY seq DESC"
+                             + (" LIMIT ?" if limit is not None else ""),
+                             (ref, limit) if limit is not None else (ref,))
+        return [ReflogEntry(*row) for row in rows
+                if (row[2] is None or ids.is_object_id(row[2])) and (row[1] is None or ids.is_object_id(row[1]))]
+
+    def reflog_commits(self, since: int) -> set[str]:
+        """Every commit a reflog entry at or after ``since`` (unix time) names."""
+        rows = self.db.query("SELECT old, new FROM reflog WHERE time >= ?", (since,))
+        return {c for row in rows for c in row if c is not None and ids.is_object_id(c)}
+
+    def expire_reflog(self, before: int) -> int:
+        """Drop entries older than ``before``; in a write transaction."""
+        return self.db.conn.execute("DELETE FROM reflog WHERE time < ?", (before,)).rowcount
 
     def head_branch(self) -> str | None:
         head = self.head()
