@@ -153,11 +153,13 @@ class Repo(Repository):
     def remote_branches(self) -> dict[str, str]:
         return self.refs.list("refs/remotes/")
 
-    def push(self, remote: str = "origin", branch: str | None = None, *, force: bool = False,
+    def push(self, remote: str = "origin", branch: str | None = None, *, force: bool = False, tags: bool = False,
              progress: Progress = NULL):
+        """Push ``branch`` (HEAD's by default; a tag name pushes the tag), and with ``tags``
+        every tag."""
         from .ops import push
 
-        return push.push(self, remote, branch, force=force, progress=progress)
+        return push.push(self, remote, branch, force=force, tags=tags, progress=progress)
 
     def fetch(self, remote: str = "origin", *, progress: Progress = NULL):
         from .ops import fetch

@@ -113,7 +113,17 @@ class WvcGroup(click.Group):
             click.echo("wvc: interrupted", err=True)
             sys.exit(130)
         except OSError as exc:
+            if exc.errno in (28, 122):  # ENOSPC, EDQUOT: the operation's temp files are gone already
+                click.echo(f"wvc: error: no space left on device{' writing ' + str(exc.filename) if exc.filename else ''}; "
+                           "nothing was recorded: free some space and run it again", err=True)
+                sys.exit(1)
             click.echo(f"wvc: error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), err=True)
+            sys.exit(1)
+        except sqlite3.OperationalError as exc:
+            if "full" not in str(exc):
+                raise_damaged(exc)
+            click.echo("wvc: error: no space left on device (the repository database could not grow); "
+                       "nothing was recorded: free some space and run it again", err=True)
             sys.exit(1)
         except sqlite3.DatabaseError as exc:
             click.echo(f"wvc: error: the repository database is damaged ({exc}); see `wvc fsck`", err=True)
@@ -123,6 +133,11 @@ class WvcGroup(click.Group):
                 raise
             click.echo(f"wvc: internal error: {type(exc).__name__}: {exc} (WVC_DEBUG=1 shows the traceback)", err=True)
             sys.exit(3)
+
+
+def raise_damaged(exc) -> None:
+    click.echo(f"wvc: error: the repository database is damaged ({exc}); see `wvc fsck`", err=True)
+    sys.exit(1)
 
 
 def quiet_hub_client() -> None:
@@ -294,7 +309,12 @@ def log(rev, oneline, graph, all_refs, max_count, as_json):
     """Show the commit history."""
     from .ops.history import graph_lines
 
-    entries = open_repo().log(rev, max_count, all_refs=all_refs)
+    repo = open_repo()
+    entries = repo.log(rev, max_count, all_refs=all_refs)
+    if not entries and rev == "HEAD" and not all_refs and (others := repo.branches()):
+        click.echo(f"{repo.refs.head_branch() or 'HEAD'} has no commits yet; other branches have: "
+                   + ", ".join(sorted(others)[:5]) + (" ..." if len(others) > 5 else "")
+                   + f" (`wvc log {sorted(others)[0]}` or `wvc log --all`)", err=True)
     if as_json:
         return emit_json({"commits": [e.to_json() for e in entries]})
     rows = graph_lines(entries) if graph else [("", e) for e in entries]
@@ -515,14 +535,17 @@ def remote_list(as_json):
 @click.argument("remote_name", default="origin")
 @click.argument("branch", required=False)
 @click.option("--force", "-f", is_flag=True, help="Overwrite the remote branch even if it is not a fast-forward.")
+@click.option("--tags", is_flag=True, help="Push every tag too (alone: only the tags).")
 @json_option
-def push(remote_name, branch, force, as_json):
-    """Upload BRANCH (default: the current one) and the objects the remote lacks."""
-    res = open_repo().push(remote_name, branch, force=force, progress=BarProgress())
+def push(remote_name, branch, force, tags, as_json):
+    """Upload BRANCH or TAG (default: the current branch) and the objects the remote lacks."""
+    res = open_repo().push(remote_name, branch, force=force, tags=tags, progress=BarProgress())
     if as_json:
         return emit_json(res.to_json())
-    if res.old == res.new:
-        return click.echo(f"{remote_name}/{res.branch} is up to date")
+    if res.tags:
+        click.echo(f"{plural(len(res.tags), 'tag')} -> {remote_name}: " + ", ".join(t[len('refs/tags/'):] for t in res.tags))
+    if res.old == res.new or (tags and branch is None):
+        return None if res.tags else click.echo(f"{remote_name}/{res.branch} is up to date")
     saved = f" for a {human(res.logical_bytes)} version{ratio_note(res.logical_bytes, res.uploaded_bytes, 'a full upload')}" \
         if res.uploaded_bytes else ""
     click.echo(f"{(res.old or '(new)')[:12]}..{res.new[:12]} {res.branch} -> {remote_name}/{res.branch}"
@@ -540,6 +563,8 @@ def fetch(remote_name, as_json):
     click.echo(f"fetched {plural(res.commits, 'commit')}, {human(res.downloaded_bytes)} from {remote_name}")
     for branch, target in sorted(res.refs.items()):
         click.echo(f"  {remote_name}/{branch} -> {target[:12]}")
+    for tag, target in sorted(res.tags.items()):
+        click.echo(f"  new tag {tag} -> {target[:12]}")
 
 
 @main.command()

@@ -275,6 +275,65 @@ def atomic_write(target: os.PathLike | str, data: bytes, durable: bool = True) -
         fh.write(data)
 
 
+WORK_DIR_PREFIX = "wvc-work-"
+
+
+def make_work_dir(parent: Path, kind: str) -> Path:
+    """A private temp directory for one operation (a fetch's downloads, a push's pack),
+    named with its kind and our pid so that a later operation can tell a killed run's
+    leftover (its process is gone) from a running one's: see sweep_work_dirs."""
+    return Path(tempfile.mkdtemp(prefix=f"{WORK_DIR_PREFIX}{kind}-{os.getpid()}-", dir=parent))
+
+
+@contextlib.contextmanager
+def work_dir(parent: Path, kind: str):
+    """make_work_dir, removed on the way out."""
+    import shutil
+
+    path = make_work_dir(parent, kind)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def work_dir_owner_alive(path: Path) -> bool:
+    try:
+        pid = int(path.name[len(WORK_DIR_PREFIX):].split("-")[1])
+    except (IndexError, ValueError):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def stale_work_dirs(parent: Path) -> list[Path]:
+    """Work directories in ``parent`` whose process is gone (a killed fetch, push, lazy fetch)."""
+    try:
+        found = [p for p in parent.iterdir() if p.name.startswith(WORK_DIR_PREFIX) and p.is_dir()]
+    except OSError:
+        return []
+    return sorted(p for p in found if not work_dir_owner_alive(p))
+
+
+def sweep_work_dirs(parent: Path) -> int:
+    """Remove stale_work_dirs; returns how many. Every operation that makes one calls it."""
+    import shutil
+
+    stale = stale_work_dirs(parent)
+    for p in stale:
+        shutil.rmtree(p, ignore_errors=True)
+    return len(stale)
+
+
+def is_no_space(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
 LOCK_WAIT_SECONDS = 60.0  # WVC_LOCK_TIMEOUT overrides
 
 

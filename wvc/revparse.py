@@ -4,6 +4,7 @@ pointed n moves ago, from the reflog; ``@{n}`` is HEAD's), and ~N / ^ / ^N suffi
 from __future__ import annotations
 
 import re
+from typing import Callable
 
 from . import ids
 from .errors import RevisionNotFound
@@ -16,7 +17,14 @@ MIN_PREFIX = 4
 
 
 def resolve(refs: Refs, graph: CommitGraph, rev: str) -> str:
-    """The commit id that ``rev`` names, or RevisionNotFound."""
+    """The commit id that ``rev`` names in a local repository, or RevisionNotFound."""
+    return resolve_with(rev, lambda base: _resolve_base(refs, graph, base, rev),
+                        lambda commit: graph.read_commit(commit).parents)
+
+
+def resolve_with(rev: str, base_of: Callable[[str], str], parents_of: Callable[[str], tuple]) -> str:
+    """The grammar over any history: ``base_of`` names the base (a ref, an id, a prefix),
+    ``parents_of`` walks ~N and ^N. A remote view (wvc.open) resolves with its catalogs."""
     if not isinstance(rev, str) or not rev or len(rev) > 1024:
         raise RevisionNotFound("empty or oversized revision")
     steps = []
@@ -24,19 +32,30 @@ def resolve(refs: Refs, graph: CommitGraph, rev: str) -> str:
     while (m := _SUFFIX.search(base)) and m.start() > 0:
         steps.append(m.group(0))
         base = base[: m.start()]
-    commit = _resolve_base(refs, graph, base, rev)
+    commit = base_of(base)
     for step in reversed(steps):
         n = int(step[1:] or 1)
         if step[0] == "~":
             for _ in range(n):
-                commit = _parent(graph, commit, 1, rev)
+                commit = _parent(parents_of, commit, 1, rev)
         else:
-            commit = _parent(graph, commit, n, rev) if n else commit
+            commit = _parent(parents_of, commit, n, rev) if n else commit
     return commit
 
 
-def _parent(graph: CommitGraph, commit: str, n: int, rev: str) -> str:
-    parents = graph.read_commit(commit).parents
+def match_prefix(base: str, candidates) -> str | None:
+    """The one id among ``candidates`` that starts with ``base`` (a hex prefix of at least
+    MIN_PREFIX digits); None when ``base`` is no such prefix or nothing matches."""
+    if not (re.fullmatch(r"[0-9a-f]+", base) and MIN_PREFIX <= len(base) <= ids.ID_HEX_LEN):
+        return None
+    matches = [c for c in candidates if c.startswith(base)][:2]
+    if len(matches) > 1:
+        raise RevisionNotFound(f"revision {base!r} is ambiguous")
+    return matches[0] if matches else None
+
+
+def _parent(parents_of, commit: str, n: int, rev: str) -> str:
+    parents = parents_of(commit)
     if len(parents) < n:
         raise RevisionNotFound(f"revision {rev!r} goes past the start of history")
     return parents[n - 1]

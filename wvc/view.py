@@ -22,6 +22,7 @@ from .basemodel.remote_chunks import RemoteBaseChunks
 from .codec.devices import resolve_device
 from .errors import MissingEntry, RemoteError, RevisionNotFound
 from .objects import Commit, Tree
+from .revparse import match_prefix, resolve_with
 from .ops.materialize import file_blocks
 from .ops.remote_base import remote_base
 from .ops.tensors import tensor_from_chunks
@@ -82,16 +83,29 @@ def open_version(url_or_path, rev: str = "HEAD") -> VersionView:
 def _open_remote(url: str, rev: str) -> VersionView:
     remote = open_remote(url)
     state = remote.state()
-    commit_id = state.refs.get(f"refs/heads/{rev}") or state.refs.get(f"refs/tags/{rev}")
-    if commit_id is None:
-        if not ids.is_object_id(rev):
-            raise RevisionNotFound(f"{url} has no branch or tag {rev!r}")
-        commit_id = rev
     contents = remote_contents(remote, state)
-    data = contents.commits.get(commit_id) or remote.read(commit_path(commit_id), MAX_SMALL_OBJECT)
-    if data is None:
-        raise RevisionNotFound(f"{url} has no commit {ids.short(commit_id)}")
-    commit = verified(Commit.from_bytes, data, commit_id, "commit")
+    commits: dict[str, Commit] = {}
+
+    def read_commit(commit_id: str) -> Commit:
+        if commit_id not in commits:
+            data = contents.commits.get(commit_id) or remote.read(commit_path(commit_id), MAX_SMALL_OBJECT)
+            if data is None:
+                raise RevisionNotFound(f"{url} has no commit {ids.short(commit_id)}")
+            commits[commit_id] = verified(Commit.from_bytes, data, commit_id, "commit")
+        return commits[commit_id]
+
+    def base_of(base: str) -> str:
+        for ref in (f"refs/heads/{base}", f"refs/tags/{base}", base):
+            if (target := state.refs.get(ref)) is not None:
+                return target
+        if ids.is_object_id(base):
+            return base
+        if (found := match_prefix(base, contents.commits)) is not None:  # the catalogs list every commit
+            return found
+        raise RevisionNotFound(f"{url} has no branch, tag or commit {base!r}")
+
+    commit_id = resolve_with(rev, base_of, lambda c: read_commit(c).parents)
+    commit = read_commit(commit_id)
     tree = _remote_tree(remote, contents, commit.tree)
     base_chunks = None
     if (base := remote_base(state, url)) is not None:

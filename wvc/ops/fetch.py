@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 
 from .. import ids
 from ..errors import RemoteError
-from ..fsutil import fsync_dir
+from ..fsutil import fsync_dir, make_work_dir, sweep_work_dirs
 from ..objects import Commit, Tree
 from ..progress import NULL, Progress
 from ..remotes.interface import MAX_SMALL_OBJECT, commit_path, pack_path, tree_path
@@ -22,7 +20,7 @@ from ..remotes import lazy_remote_name
 from ..remotes.transfer import MAX_PACK_BYTES, remote_contents, verified, verify_packs
 from ..store.graph import UNKNOWN
 from ..store.packs import pack_filename
-from ..store.refs import HEADS
+from ..store.refs import HEADS, TAGS
 from .remote_base import check_same_base, remote_base
 from .remote_config import REMOTES, index_cache, open_remote_named
 
@@ -33,6 +31,7 @@ class FetchResult:
     commits: int
     objects: int
     downloaded_bytes: int
+    tags: dict[str, str] = field(default_factory=dict)  # tags the remote has that are now local too
 
     def to_json(self):
         return dict(self.__dict__)
@@ -69,7 +68,8 @@ def fetch(repo, remote_name: str = "origin", *, progress: Progress = NULL) -> Fe
         raise RemoteError(f"remote is missing {len(needed)} objects, e.g. {ids.short(next(iter(needed)))}")
 
     staged = []
-    tmp = Path(tempfile.mkdtemp(prefix="wvc-fetch-", dir=repo.wvc_dir))
+    sweep_work_dirs(repo.wvc_dir)  # a killed fetch's downloads
+    tmp = make_work_dir(repo.wvc_dir, "fetch")
     try:
         downloaded = []
         progress.start(sum(sizes.values()), "downloading")
@@ -93,9 +93,11 @@ def fetch(repo, remote_name: str = "origin", *, progress: Progress = NULL) -> Fe
                 repo.graph.add_commit(commit, _introduced_bytes(repo, commit, commits, trees, lengths),
                                       raw_commits[cid])
             tracked = _move_tracking_refs(repo, remote_name, state.refs)
+            new_tags = _take_tags(repo, remote_name, state.refs)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return FetchResult(remote_name, tracked, len(commits), sum(len(r) for _, _, r in staged), remote.bytes_downloaded)
+    return FetchResult(remote_name, tracked, len(commits), sum(len(r) for _, _, r in staged), remote.bytes_downloaded,
+                       new_tags)
 
 
 def _missing_commits(repo, remote, state, contents):
@@ -134,6 +136,17 @@ def _introduced_bytes(repo, commit: Commit, commits: dict[str, Commit], trees: d
         elif not repo.store.has(c):
             return UNKNOWN
     return total
+
+
+def _take_tags(repo, remote_name: str, remote_refs: dict[str, str]) -> dict[str, str]:
+    """The remote's tags become local tags (as git fetches tags into the history it brings);
+    a local tag of the same name that points elsewhere is kept: a tag never moves silently."""
+    taken = {}
+    for ref, target in remote_refs.items():
+        if ref.startswith(TAGS) and repo.refs.get(ref) is None and repo.graph.has_commit(target):
+            repo.refs.set(ref, target, None, f"fetch from {remote_name}: tag")
+            taken[ref[len(TAGS):]] = target
+    return taken
 
 
 def _move_tracking_refs(repo, remote_name: str, remote_refs: dict[str, str]) -> dict[str, str]:

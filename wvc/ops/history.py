@@ -49,7 +49,7 @@ def ref_labels(repo) -> dict[str, list[str]]:
 def log(repo, rev: str = "HEAD", n: int | None = None, all_refs: bool = False) -> list[LogEntry]:
     """Commits reachable from ``rev`` (or every ref), newest first, each parent after its children."""
     if all_refs:
-        starts = set(repo.refs.list(HEADS).values()) | set(repo.refs.list(TAGS).values())
+        starts = set(repo.refs.list("refs/").values())  # branches, tags and remote-tracking refs
         if head := repo.refs.head_commit():
             starts.add(head)
     else:

@@ -9,13 +9,15 @@ younger than the grace period are kept: they may belong to a commit still runnin
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from pathlib import Path
 from dataclasses import dataclass, field
 
 from .. import ids
 from ..errors import WvcError
-from ..fsutil import TEMP_PREFIX
+from ..fsutil import TEMP_PREFIX, stale_work_dirs
+from ..repo import INIT_PREFIX
 from ..objects import Commit, Tree
 from ..basemodel.attach import verify as verify_base
 from ..remotes import lazy_remote_name
@@ -144,23 +146,31 @@ def _remove_leftovers(repo, now: float, grace_seconds: int, retired: set[str]) -
             old = now - path.stat().st_mtime >= grace_seconds
         except FileNotFoundError:  # renamed into place by a commit finishing right now
             continue
-        if path.name in retired_files or old:
-            path.unlink(missing_ok=True)
+        if path.name in retired_files or old or path.parent == repo.wvc_dir:  # work dirs: owner gone
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
             removed += 1
     return removed
 
 
 def leftovers(repo, known: set[str] | None = None):
-    """Pack files the database does not know, and temp files of interrupted writes (in
-    .wvc and in the working tree, where a killed checkout leaves its half-written file)."""
+    """Pack files the database does not know, temp files of interrupted writes (in .wvc and
+    in the working tree, where a killed checkout leaves its half-written file), and work
+    directories of killed fetches and pushes. A nested repository's files are its own."""
     if known is None:
         known = {pack_filename(n) for n in repo.store.pack_names()}
     for path in sorted(repo.store.packs_dir.iterdir()):
         if path.name.startswith(TEMP_PREFIX) or (path.name.startswith("pack-") and path.name not in known):
             yield path
+    yield from stale_work_dirs(repo.wvc_dir)
     for dirpath, dirnames, filenames in os.walk(repo.root):
         if dirpath == str(repo.root):
             dirnames[:] = [d for d in dirnames if d != ".wvc"]
+            yield from (Path(dirpath, d) for d in dirnames if d.startswith(INIT_PREFIX))
+        dirnames[:] = [d for d in dirnames if not d.startswith(TEMP_PREFIX)
+                       and not os.path.isdir(os.path.join(dirpath, d, ".wvc"))]  # nested repositories
         for name in filenames:
             full = os.path.join(dirpath, name)
             if name.startswith(TEMP_PREFIX) and not os.path.islink(full):

@@ -4,13 +4,13 @@ at the start. Not a fast-forward: refused unless ``force``."""
 
 from __future__ import annotations
 
-import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import ids
 from ..basemodel.record import base_json
 from ..errors import NonFastForward, RevisionNotFound, WvcError
+from ..fsutil import sweep_work_dirs, work_dir
 from ..progress import NULL, Progress
 from ..remotes import compaction
 from ..remotes.catalog import Catalog, catalog_name, catalog_path
@@ -18,7 +18,7 @@ from ..remotes.interface import BASE_RECORD, pack_path
 from ..remotes.transfer import remote_contents
 from ..store.chains import resolve_chain
 from ..store.packs import PackWriter, pack_filename
-from ..store.refs import HEADS
+from ..store.refs import HEADS, TAGS
 from .remote_config import REMOTES, index_cache, open_remote_named
 from .remote_base import check_same_base, remote_base
 
@@ -35,34 +35,54 @@ class PushResult:
     forced: bool
     logical_bytes: int = 0  # size of the pushed version's files: what a full upload would send
     files_replaced: int = 0  # remote files this push's compaction replaced
+    tags: list[str] = field(default_factory=list)  # tag refs this push created or moved
 
     def to_json(self):
         return dict(self.__dict__)
 
 
-def push(repo, remote_name: str = "origin", branch: str | None = None, *, force: bool = False,
+def push(repo, remote_name: str = "origin", branch: str | None = None, *, force: bool = False, tags: bool = False,
          progress: Progress = NULL) -> PushResult:
-    branch = branch or repo.refs.head_branch()
-    if branch is None:
-        raise WvcError("HEAD is detached: name the branch to push")
-    local = repo.refs.get(HEADS + branch)
-    if local is None:
-        raise RevisionNotFound(f"no local branch {branch!r}")
+    """Push ``branch`` (default: HEAD's; a tag name pushes that tag) and, with ``tags``,
+    every local tag (``--tags`` alone pushes tags only, as in git)."""
+    if branch is None and not tags:
+        branch = repo.refs.head_branch()
+        if branch is None:
+            raise WvcError("HEAD is detached: name the branch to push")
+    updates: dict[str, str] = {}  # remote ref -> local commit
+    if branch is not None:
+        for prefix in (HEADS, TAGS):
+            if (target := repo.refs.get(prefix + branch)) is not None:
+                updates[prefix + branch] = target
+                break
+        else:
+            raise RevisionNotFound(f"no local branch or tag {branch!r}")
+    if tags:
+        updates.update({TAGS + name: target for name, target in repo.refs.list(TAGS).items()})
     remote = open_remote_named(repo, remote_name)
     state = remote.state(create=True)
     ours, theirs = repo.base(), remote_base(state, remote.url)
     check_same_base(remote_name, theirs, ours)
     graph = repo.graph
-    ref = HEADS + branch
-    old = state.refs.get(ref)
-    logical = repo.read_tree(repo.read_commit(local).tree).logical_bytes
-    if old == local:
-        return PushResult(remote_name, branch, old, local, 0, 0, 0, False, logical)
-    if old is not None and not force and not (graph.has_commit(old) and graph.is_ancestor(old, local)):
-        raise NonFastForward(
-            f"push to {remote_name}/{branch} rejected: the remote has commits you do not have "
-            f"(not a fast-forward); run `wvc pull {remote_name} {branch}` first, or push --force"
-        )
+    primary = next(iter(updates), None)
+    name = (primary or "").partition("refs/")[2].partition("/")[2] or (branch or "tags")
+    local = updates.get(primary) if primary else None
+    logical = repo.read_tree(repo.read_commit(local).tree).logical_bytes if local else 0
+    old = state.refs.get(primary) if primary else None
+    for ref, target in list(updates.items()):
+        there = state.refs.get(ref)
+        if there == target:
+            del updates[ref]
+        elif there is not None and not force and ref.startswith(TAGS):
+            raise NonFastForward(f"tag {ref[len(TAGS):]} is at {ids.short(there)} on {remote_name}, at "
+                                 f"{ids.short(target)} here: a tag does not move (push --force moves it)")
+        elif there is not None and not force and not (graph.has_commit(there) and graph.is_ancestor(there, target)):
+            raise NonFastForward(
+                f"push to {remote_name}/{ref[len(HEADS):]} rejected: the remote has commits you do not have "
+                f"(not a fast-forward); run `wvc pull {remote_name} {ref[len(HEADS):]}` first, or push --force"
+            )
+    if not updates:
+        return PushResult(remote_name, name, old, local or "", 0, 0, 0, False, logical)
     contents = remote_contents(remote, state, index_cache(repo))
     # Commits the remote has: its catalogs list them, so the walk from our tip stops at the
     # first one (not walking the whole history every push). A format-1 remote lists none:
@@ -71,14 +91,15 @@ def push(repo, remote_name: str = "origin", branch: str | None = None, *, force:
     known = {c for seg in live for c in seg.commits} | set(state.refs.values())
     if not contents.commits:
         known |= set(graph.ancestors([t for t in state.refs.values() if graph.has_commit(t)]))
-    new_commits = graph.ancestors(local, stop=known)
+    new_commits = graph.ancestors(list(updates.values()), stop=known)
 
     remote_objects = {e.id for seg in live for e in seg.entries}
     # a lazy clone pushing to another remote fetches what it lacks first, delta bases included
     chunks_of = {cid: repo.read_tree(repo.read_commit(cid).tree).chunk_ids() for cid in new_commits}
     repo.store.ensure_local(set().union(*chunks_of.values()) - remote_objects, progress)
     wanted = _objects_to_send(repo, chunks_of, remote_objects)
-    with tempfile.TemporaryDirectory(prefix="wvc-push-", dir=repo.wvc_dir) as tmp:
+    sweep_work_dirs(repo.wvc_dir)  # a killed push's pack
+    with work_dir(repo.wvc_dir, "push") as tmp:
         pack_file, catalog = _new_segment(repo, wanted, new_commits, Path(tmp), progress)
         merging = compaction.to_merge(live, catalog.size)
         retired: list[str] = []
@@ -100,14 +121,18 @@ def push(repo, remote_name: str = "origin", branch: str | None = None, *, force:
         elif retired:
             path, record = compaction.retired_record(retired)
             files[path] = record
-        remote.publish(files, {ref: local}, state, f"wvc push {branch} {ids.short(local)}", delete=delete)
+        remote.publish(files, dict(updates), state, f"wvc push {name} {ids.short(local or next(iter(updates.values())))}",
+                       delete=delete)
     if not remote.deletes_atomically and state.retired:
         compaction.purge(remote, state, contents)  # files retired long enough ago
     with repo.db.write():
-        tracking = f"{REMOTES}{remote_name}/{branch}"
-        repo.refs.set(tracking, local, repo.refs.get(tracking), f"push to {remote_name}")
-    return PushResult(remote_name, branch, old, local, len(new_commits), len(wanted), remote.bytes_uploaded,
-                      old is not None and force and not graph.is_ancestor(old, local), logical, len(retired))
+        for ref, target in updates.items():
+            if ref.startswith(HEADS):
+                tracking = f"{REMOTES}{remote_name}/{ref[len(HEADS):]}"
+                repo.refs.set(tracking, target, repo.refs.get(tracking), f"push to {remote_name}")
+    forced = any(state.refs.get(r) is not None and not graph.is_ancestor(state.refs[r], t) for r, t in updates.items())
+    return PushResult(remote_name, name, old, local or "", len(new_commits), len(wanted), remote.bytes_uploaded,
+                      force and forced, logical, len(retired), sorted(r for r in updates if r.startswith(TAGS)))
 
 
 def _new_segment(repo, wanted: list[str], new_commits: list[str], tmp: Path, progress: Progress):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from ..errors import WvcError
 from ..remotes import open_remote, remote_url
 from ..store.refs import check_ref_name
@@ -9,8 +11,18 @@ from ..store.refs import check_ref_name
 REMOTES = "refs/remotes/"
 
 
+def anchored(repo, url: str) -> str:
+    """A directory remote's path made absolute against the repository root (not the current
+    directory: pushing from a subdirectory must reach the same remote); URLs unchanged."""
+    path = url[len("file://"):] if url.startswith("file://") else url
+    if "://" in path or os.path.isabs(os.path.expanduser(path)):
+        return url
+    return str((repo.root / path).resolve())
+
+
 def remote_add(repo, name: str, url: str) -> None:
     check_ref_name(name, "remote")
+    url = anchored(repo, url)
     open_remote(url)  # an unsupported or malformed URL is refused now, not at the first push
     with repo.db.write():
         if repo.db.get_config(f"remote.{name}.url") is not None:
@@ -32,7 +44,7 @@ def remotes(repo) -> dict[str, str]:
 
 
 def open_remote_named(repo, name: str):
-    return open_remote(remote_url(repo.db, name))
+    return open_remote(anchored(repo, remote_url(repo.db, name)))  # (an older wvc stored paths as given)
 
 
 def index_cache(repo):

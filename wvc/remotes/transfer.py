@@ -13,13 +13,12 @@ from __future__ import annotations
 import collections
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import ids
 from ..errors import CorruptObject, MissingObject, RemoteError, WvcError
-from ..fsutil import atomic_write, fsync_dir
+from ..fsutil import atomic_write, fsync_dir, make_work_dir, sweep_work_dirs
 from ..objects import Commit, Tree
 from ..progress import NULL, Progress
 from ..store.chains import resolve_chain
@@ -350,7 +349,8 @@ def fetch_objects(store: ObjectStore, remote: Remote, index: dict[str, tuple[str
     by_pack: dict[str, list[PackEntry]] = {}
     for name, entry in wanted.values():
         by_pack.setdefault(name, []).append(entry)
-    tmp = Path(tempfile.mkdtemp(prefix="wvc-lazy-", dir=work_dir))
+    sweep_work_dirs(work_dir)  # a killed lazy fetch's pack
+    tmp = make_work_dir(work_dir, "lazy")
     try:
         writer = PackWriter(tmp)
         progress.start(sum(e.length for _, e in wanted.values()), "fetching objects")

@@ -132,12 +132,18 @@ class PackWriter:
         return name, size
 
     def abort(self) -> None:
-        if not self.fh.closed:
-            self.fh.close()
+        """Drop the temp file. Closing may fail (a full disk fails the final flush): the
+        unlink happens anyway, or a disk that filled up would stay full of our temp pack."""
         try:
-            os.unlink(self.tmp_path)
-        except FileNotFoundError:
+            if not self.fh.closed:
+                self.fh.close()
+        except OSError:
             pass
+        finally:
+            try:
+                os.unlink(self.tmp_path)
+            except FileNotFoundError:
+                pass
 
 
 def read_pack_index(path: Path, verify: bool = True) -> tuple[str, list[PackEntry]]:
