@@ -78,10 +78,11 @@ class Repo(Repository):
 
         return history.show(self, rev)
 
-    def diff(self, rev_a: str | None = None, rev_b: str | None = None, *, stat: bool = False):
+    def diff(self, rev_a: str | None = None, rev_b: str | None = None, *, stat: bool = False,
+             progress: Progress = NULL):
         from .ops import diff
 
-        return diff.diff(self, rev_a, rev_b, stat=stat)
+        return diff.diff(self, rev_a, rev_b, stat=stat, progress=progress)
 
     def merge(self, rev: str, *, strategy: str | None = None, weights: tuple[float, float] = (0.5, 0.5),
               density: float = 1.0, lam: float = 1.0, seed: int = 0, t: float = 0.5, no_commit: bool = False,

@@ -375,7 +375,7 @@ def show(rev, as_json):
 @json_option
 def diff(rev_a, rev_b, stat, as_json):
     """Per-tensor changes between REV_A (default HEAD) and REV_B (default: the working tree)."""
-    result = open_repo().diff(rev_a, rev_b, stat=stat)
+    result = open_repo().diff(rev_a, rev_b, stat=stat, progress=BarProgress())
     if as_json:
         return emit_json(result)
     for f in result["files"]:
@@ -386,13 +386,18 @@ def diff(rev_a, rev_b, stat, as_json):
     click.echo("")
     click.echo(f"{'tensor':<48} {'changed':>16} {'max|d|':>10} {'rel L2':>10} {'stored':>10}")
     for t in result["tensors"]:
+        name = t["name"] if len(t["name"]) <= 48 else t["name"][:45] + "..."
+        if t["status"] in ("retyped", "reshaped"):
+            was = f"{t['old_dtype']} {tuple(t['old_shape'])} -> {t['dtype']} {tuple(t['shape'])}"
+            click.echo(f"{name:<48} {t['status']:>16}  {was}")
+            continue
         if t["status"] != "modified":
-            click.echo(f"{t['name'][:48]:<48} {t['status']:>16}")
+            click.echo(f"{name:<48} {t['status']:>16}")
             continue
         pct = 100 * t["changed"] / t["numel"] if t["numel"] else 0
         rel = f"{t['rel_l2']:.2e}" if t["rel_l2"] is not None else "inf"
         click.echo(
-            f"{t['name'][:48]:<48} {t['changed']:>9} ({pct:4.1f}%) {t['max_abs_delta']:>10.3g} {rel:>10} {human(t['stored_bytes']):>10}"
+            f"{name:<48} {t['changed']:>9} ({pct:4.1f}%) {t['max_abs_delta']:>10.3g} {rel:>10} {human(t['stored_bytes']):>10}"
         )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from pathlib import Path
 
 from .. import ids
@@ -50,7 +52,10 @@ def resolve(spec: str, *, chunk_bytes: int, paths: list[str] | None = None, prog
         root = Path(spec).expanduser().resolve()
         url = str(root)
         if not root.is_dir():
-            raise BaseModelError(f"base directory {root} does not exist")
+            hint = ""
+            if re.fullmatch(r"[\w.-]+/[\w.-]+", spec):  # looks like a Hub model id
+                hint = f" (a model on the Hub is written hf://{spec})"
+            raise BaseModelError(f"base directory {root} does not exist{hint}")
         if paths is None:
             from ..worktree import scan
 

@@ -31,6 +31,12 @@ def _interrupted_clone(target: Path) -> bool:
     return peek_config(db, CLONE_INCOMPLETE)[1] is not None
 
 
+def _absolute(url: str) -> str:
+    """A directory URL given to clone is relative to where clone runs, not to the clone."""
+    path = url[len("file://"):] if url.startswith("file://") else url
+    return url if "://" in path else str(Path(path).expanduser().resolve())
+
+
 def clone(url: str, directory=None, *, branch: str | None = None, lazy: bool = False,
           progress: Progress = NULL) -> tuple[Repository, dict]:
     remote = open_remote(url)
@@ -57,7 +63,7 @@ def clone(url: str, directory=None, *, branch: str | None = None, lazy: bool = F
         repo = Repository.create(target, branch=branch, settings=settings)
         if base is not None:
             attach_remote_base(repo, remote, state, base, progress)
-        remote_add(repo, "origin", url)
+        remote_add(repo, "origin", _absolute(url))
         fetched = fetch(repo, "origin", progress=progress)
         pull(repo, "origin", branch, progress=progress)
     except BaseException:

@@ -177,12 +177,36 @@ def _commit(repo, message, source, *, author, metadata, allow_empty, device, sta
         if merge_head is not None:
             repo.db.delete_config(MERGE_HEAD)
             repo.db.delete_config(MERGE_RECIPE)
+    if isinstance(source, Mapping) and branch is None:
+        _refresh_working_file(repo, parent_tree, tree.by_path()[state_dict_path], progress)
     result = CommitResult(new.id, tree.id, parents, tree.logical_bytes, writer.stored_bytes, len(rows))
     if scanned is not None:
         result.linked_files = scanned.linked_files
         result.skipped_symlinks = scanned.skipped_symlinks
         result.nested_repositories = scanned.nested_repositories
     return result
+
+
+def _refresh_working_file(repo, parent_tree: Tree | None, entry, progress: Progress) -> None:
+    """A state dict committed onto HEAD's branch is now HEAD's version of that file: the
+    working copy, if it was the parent's (or absent), is rewritten to match, so that it does
+    not read as a local change that a later ``wvc commit`` would record, reverting this one.
+    A working copy with changes of its own is left alone (status shows it modified)."""
+    from ..fsutil import resolve_parent_inside
+    from .materialize import write_file
+
+    with repo.worktree_lock("commit"):
+        dest = resolve_parent_inside(repo.root, entry.path)
+        if dest.exists():
+            before = parent_tree.by_path().get(entry.path) if parent_tree else None
+            cache = StatCache(repo.db, repo.root)
+            if before is None or cache.hash(entry.path, parent_tree.chunk_bytes) != before.with_content_id().hash:
+                return
+        cache = StatCache(repo.db, repo.root)
+        written = write_file(repo.store, entry, dest, progress)
+        cache.remember(entry.path, written, repo.tree_of("HEAD").chunk_bytes, entry.with_content_id().hash)
+        with repo.db.write():
+            cache.flush(in_transaction=True)
 
 
 def _check_objects_present(repo, tree: Tree) -> None:

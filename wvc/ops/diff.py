@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from ..formats import safetensors as st
 from ..formats.dtypes import DTYPES
 from ..objects import FileEntry, TensorEntry, chunk_spans
+from ..progress import NULL, Progress
 from ..worktree import scan
 from .status import working_hashes
 
@@ -22,10 +23,12 @@ from .status import working_hashes
 class TensorDiff:
     file: str
     name: str
-    status: str  # "modified" | "added" | "removed" | "reshaped"
+    status: str  # "modified" | "added" | "removed" | "reshaped" | "retyped" (dtype changed, maybe shape too)
     dtype: str
     shape: list[int]
     numel: int
+    old_dtype: str | None = None  # reshaped / retyped: what it was
+    old_shape: list[int] | None = None
     changed: int | None = None
     max_abs_delta: float | None = None
     rel_l2: float | None = None
@@ -96,16 +99,18 @@ class _WorkSide:
             return fh.read(end - begin)
 
 
-def diff(repo, rev_a=None, rev_b=None, *, stat: bool = False) -> dict:
+def diff(repo, rev_a=None, rev_b=None, *, stat: bool = False, progress: Progress = NULL) -> dict:
     tree_a = repo.tree_of(rev_a or "HEAD")
     a = _TreeSide(repo, tree_a)
     b = _TreeSide(repo, repo.tree_of(rev_b)) if rev_b else _WorkSide(repo, tree_a.chunk_bytes)
     known_a = {c for f in a.files.values() for c in f.chunk_ids()}
     files, tensors = [], []
-    for path in sorted(set(a.files) | set(b.files)):
+    paths = sorted(set(a.files) | set(b.files))
+    changed_paths = [p for p in paths if not (p in a.files and p in b.files and a.files[p].hash == b.files[p].hash)]
+    if not stat:  # tensor statistics decode every chunk of a changed file: show how far along
+        progress.start(sum(a.files[p].size for p in changed_paths if p in a.files), "diff")
+    for path in changed_paths:
         fa, fb = a.files.get(path), b.files.get(path)
-        if fa is not None and fb is not None and fa.hash == fb.hash:
-            continue
         status = "added" if fa is None else "removed" if fb is None else "modified"
         stored = _stored_bytes(repo, fb.chunk_ids(), known_a) if isinstance(b, _TreeSide) and fb else None
         files.append(FileDiff(path, status, fa.size if fa else None, fb.size if fb else None, stored))
@@ -114,7 +119,8 @@ def diff(repo, rev_a=None, rev_b=None, *, stat: bool = False) -> dict:
         ta = {t.name: t for t in fa.tensors} if fa else {}
         tb = {t.name: t for t in fb.tensors} if fb else {}
         for name in list(ta) + [n for n in tb if n not in ta]:
-            tensors.append(_tensor_diff(repo, a, b, path, ta.get(name), tb.get(name), known_a))
+            tensors.append(_tensor_diff(repo, a, b, path, ta.get(name), tb.get(name), known_a, progress))
+    progress.close()
     tensors = [t for t in tensors if t is not None]
     return {"files": [f.to_json() for f in files], "tensors": [t.to_json() for t in tensors]}
 
@@ -125,39 +131,50 @@ def _stored_bytes(repo, chunk_ids, known: set) -> int:
     return sum(r.length for r in rows if r)
 
 
-def _tensor_diff(repo, a, b, path, ta, tb, known_a):
+_SAME_WIDTH_INT = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
+
+
+def _tensor_diff(repo, a, b, path, ta, tb, known_a, progress: Progress = NULL):
     import torch
 
     t = tb or ta
     base = TensorDiff(path, t.name, "", t.dtype, list(t.shape), math.prod(t.shape))
     if ta is None or tb is None:
         base.status = "added" if ta is None else "removed"
+        progress.advance(ta.nbytes if ta is not None else 0)
         return base
     if ta.dtype != tb.dtype or ta.shape != tb.shape:
-        base.status = "reshaped"
+        base.status = "retyped" if ta.dtype != tb.dtype else "reshaped"
+        base.old_dtype, base.old_shape = ta.dtype, list(ta.shape)
+        progress.advance(ta.nbytes)
         return base
     chunks_a = a.chunks(path, ta)
     chunks_b = b.chunks(path, tb)
     if chunks_a == chunks_b:
+        progress.advance(ta.nbytes)
         return None
     dtype = getattr(torch, DTYPES[t.dtype].torch_name)
+    width = DTYPES[t.dtype].width
+    bits = getattr(torch, _SAME_WIDTH_INT[width])
+    # float32 holds the squares of 16-bit floats exactly enough for a ratio; wider types in float64
+    wide = torch.float64 if width > 2 else torch.float32
     changed, max_abs, sq_delta, sq_a = 0, 0.0, 0.0, 0.0
     for i, (ca, cb) in enumerate(zip(chunks_a, chunks_b)):
         raw_a = a.chunk(path, ta, i, ca)
+        progress.advance(len(raw_a))
         ua = torch.frombuffer(bytearray(raw_a), dtype=torch.uint8)
-        va = ua.view(dtype).double()
-        sq_a += float(torch.nansum(va * va))
+        va = ua.view(dtype).to(wide)
+        sq_a += float(torch.nansum(va * va, dtype=torch.float64))
         if ca is not None and ca == cb:
             continue
         ub = torch.frombuffer(bytearray(b.chunk(path, tb, i, cb)), dtype=torch.uint8)
-        width = DTYPES[t.dtype].width
-        changed += int((ua.view(-1, width) != ub.view(-1, width)).any(dim=1).sum())
-        vb = ub.view(dtype).double()
+        changed += int((ua.view(bits) != ub.view(bits)).sum())  # bit patterns, one compare per element
+        vb = ub.view(dtype).to(wide)
         d = vb - va
         finite = torch.isfinite(d)
         if finite.any():
             max_abs = max(max_abs, float(d[finite].abs().max()))
-        sq_delta += float(torch.nansum(torch.where(finite, d * d, torch.zeros_like(d))))
+        sq_delta += float(torch.nansum(torch.where(finite, d * d, torch.zeros_like(d)), dtype=torch.float64))
     base.status = "modified"
     base.changed = changed
     base.max_abs_delta = max_abs

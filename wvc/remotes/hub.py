@@ -189,7 +189,7 @@ tags:
 ---
 # {repo_id}
 
-This repository is a [wvc](https://github.com/) remote: versions of a model's weights
+This repository is a [wvc](https://pypi.org/project/wvc/) remote: versions of a model's weights
 stored as lossless, content-addressed deltas (packs under `packs/`, commits and trees
 under `objects/`, branches under `refs/`). It is not loadable with `from_pretrained`
 directly; check a version out first:
