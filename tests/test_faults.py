@@ -46,7 +46,7 @@ def test_write_failure_in_pack_is_one_clear_error(model_repo, cli, monkeypatch, 
 
     monkeypatch.setattr(packs.PackWriter, "_write", failing)
     line = one_line(cli(model_repo.root, "commit", "-m", "doomed"))
-    assert word in line
+    assert word.lower() in line.lower()
     monkeypatch.undo()
     assert repo_state(model_repo.root) == before
     assert not list((model_repo.root / ".wvc" / "packs").glob(".wvc-tmp*"))  # the temp pack was removed
@@ -97,7 +97,7 @@ def test_checkout_write_failure_leaves_files_whole(model_repo, cli, monkeypatch)
         return real(src, dst)
 
     monkeypatch.setattr(fsutil.os, "replace", enospc)
-    assert "No space left" in one_line(cli(model_repo.root, "checkout", first))
+    assert "no space left" in one_line(cli(model_repo.root, "checkout", first))
     monkeypatch.undo()
     assert (model_repo.root / "model.safetensors").read_bytes() == original  # old file intact
     assert not [p for p in model_repo.root.iterdir() if p.name.startswith(".wvc-tmp")]

@@ -338,7 +338,7 @@ LOCK_WAIT_SECONDS = 60.0  # WVC_LOCK_TIMEOUT overrides
 
 
 @contextlib.contextmanager
-def file_lock(path: Path, holder: str):
+def file_lock(path: Path, holder: str, timeout: float | None = None):
     """An exclusive advisory lock (flock) on ``path``, waited for up to WVC_LOCK_TIMEOUT
     seconds; ``holder`` (pid and verb) is written into the file for the next waiter's
     message. The kernel drops the lock when its process dies: a killed holder never
@@ -348,7 +348,7 @@ def file_lock(path: Path, holder: str):
 
     from .errors import LockedError
 
-    limit = float(os.environ.get("WVC_LOCK_TIMEOUT", LOCK_WAIT_SECONDS))
+    limit = float(os.environ.get("WVC_LOCK_TIMEOUT", LOCK_WAIT_SECONDS)) if timeout is None else timeout
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
         deadline = time.monotonic() + limit

@@ -130,7 +130,7 @@ class Repository:
         raise NotARepository(f"not a wvc repository (or any parent up to /): {start}")
 
     @contextlib.contextmanager
-    def worktree_lock(self, verb: str):
+    def worktree_lock(self, verb: str, timeout: float | None = None):
         """Held by every verb that reads or writes the working tree as a whole (commit,
         checkout, pull, merge, reset): a commit never records half of a checkout. Re-entrant
         within one Repository (pull's checkout, merge's)."""
@@ -141,7 +141,7 @@ class Repository:
             finally:
                 self._worktree_locks -= 1
             return
-        with file_lock(self.wvc_dir / WORKTREE_LOCK, f"wvc {verb} (pid {os.getpid()})"):
+        with file_lock(self.wvc_dir / WORKTREE_LOCK, f"wvc {verb} (pid {os.getpid()})", timeout):
             self._worktree_locks = 1
             try:
                 yield

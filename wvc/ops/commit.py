@@ -8,6 +8,7 @@ commit to the same branch is refused instead of silently dropped.
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import socket
@@ -191,11 +192,18 @@ def _refresh_working_file(repo, parent_tree: Tree | None, entry, progress: Progr
     """A state dict committed onto HEAD's branch is now HEAD's version of that file: the
     working copy, if it was the parent's (or absent), is rewritten to match, so that it does
     not read as a local change that a later ``wvc commit`` would record, reverting this one.
-    A working copy with changes of its own is left alone (status shows it modified)."""
+    A working copy with changes of its own is left alone (status shows it modified), and so
+    is one another process is switching right now (its lock is not waited for: a trainer's
+    commit must not stall behind a checkout)."""
+    from ..errors import LockedError
     from ..fsutil import resolve_parent_inside
     from .materialize import write_file
 
-    with repo.worktree_lock("commit"):
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(repo.worktree_lock("commit", timeout=0))
+        except LockedError:
+            return
         dest = resolve_parent_inside(repo.root, entry.path)
         if dest.exists():
             before = parent_tree.by_path().get(entry.path) if parent_tree else None
