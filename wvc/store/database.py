@@ -70,10 +70,17 @@ def _m0003_stat_cache_content_ids(db: "sqlite_utils.Database") -> None:
     db["stat_cache"].add_column("chunk_bytes", int)
 
 
+def _m0004_stat_cache_executable_bit(db: "sqlite_utils.Database") -> None:
+    # tree format 3 puts the executable bit in a file's content id; ids cached before it
+    # would call a chmod +x file unchanged
+    db.execute("DELETE FROM stat_cache")
+
+
 MIGRATIONS = [
     ("0001_initial", _m0001_initial),
     ("0002_external_objects", _m0002_external_objects),
     ("0003_stat_cache_content_ids", _m0003_stat_cache_content_ids),
+    ("0004_stat_cache_executable_bit", _m0004_stat_cache_executable_bit),
 ]
 
 
