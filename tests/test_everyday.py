@@ -260,6 +260,34 @@ def test_pull_crosses_a_file_directory_change(tmp_path):
     assert tree_digests(b.root) == tree_digests(a.root)
 
 
+def test_a_checkout_that_fails_midway_keeps_head_and_a_rerun_finishes_it(tmp_path, monkeypatch):
+    repo = Repo.init(tmp_path / "m")
+    for name in "abc":
+        (repo.root / f"{name}.bin").write_text(f"{name} v1")
+    v1 = repo.commit("v1").commit
+    digests_v1 = tree_digests(repo.root)
+    for name in "abc":
+        (repo.root / f"{name}.bin").write_text(f"{name} v2")
+    repo.commit("v2")
+    import wvc.ops.checkout as co
+
+    real, calls = co.write_file, []
+
+    def fail_second(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError(5, "Input/output error")
+        return real(*a, **k)
+
+    monkeypatch.setattr(co, "write_file", fail_second)
+    with pytest.raises(OSError):
+        repo.checkout(v1)
+    assert repo.log()[0].message == "v2" and repo.refs.head_branch() == "main"  # HEAD did not move
+    monkeypatch.undo()
+    repo.checkout(v1)  # no --force needed: what the failed run wrote is the target's
+    assert tree_digests(repo.root) == digests_v1 and repo.status().clean
+
+
 # -- 6. working-tree lock ---------------------------------------------------------------------------
 def test_a_commit_waits_for_the_working_tree_lock_and_says_who_holds_it(repo):
     (repo.root / "w.bin").write_text("w")

@@ -79,3 +79,16 @@ def test_every_n_steps_commits_from_memory(tmp_path):
     live = trainer.model.state_dict()
     for name, t in live.items():
         assert torch.equal(weights[name].view(torch.uint8), t.detach().contiguous().view(torch.uint8)), name
+
+
+def test_every_n_steps_commits_carry_their_own_steps_metrics(tmp_path):
+    """on_step_end runs before the Trainer logs that step: the commit waits for the log."""
+    cb = WvcCallback(tmp_path / "versions", every_n_steps=1, on_save=False)
+    trainer = tiny_trainer(tmp_path / "out", cb, max_steps=3, save_steps=100)
+    trainer.train()
+    repo = Repo.open(tmp_path / "versions")
+    logged = {e["step"]: e["loss"] for e in trainer.state.log_history if "loss" in e}
+    assert sorted(logged) == [1, 2, 3]
+    for c in cb.commits:
+        meta = repo.read_commit(c["commit"]).metadata
+        assert meta["step"] == c["step"] and meta["metrics"]["loss"] == logged[c["step"]], (c, meta)
