@@ -97,6 +97,12 @@ class Repo(Repository):
         return merge.merge(self, rev, strategy=strategy, params=params, no_commit=no_commit, message=message,
                            progress=progress)
 
+    def export(self, rev: str, out_dir, *, max_shard_bytes: int = 5_000_000_000, progress: Progress = NULL):
+        """``rev`` (a DCP commit, or any) as HF-style sharded safetensors in ``out_dir``."""
+        from .ops import export
+
+        return export.export(self, rev, out_dir, max_shard_bytes=max_shard_bytes, progress=progress)
+
     def load_state_dict(self, rev: str = "HEAD", *, device: str = "cpu", lazy: bool = False):
         from .ops import tensors
 

@@ -766,6 +766,25 @@ def cat(spec, output):
 
 
 @main.command()
+@click.argument("rev")
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--format", "fmt", type=click.Choice(["safetensors"]), default="safetensors", show_default=True)
+@click.option("--max-shard-size", default="5GB", show_default=True, help="Largest shard (5GB, 500MB, 2GiB, bytes).")
+@json_option
+def export(rev, directory, fmt, max_shard_size, as_json):
+    """Write version REV as HF-style sharded safetensors in DIRECTORY (a DCP commit is
+    reassembled tensor by tensor): `from_pretrained` reads the result."""
+    from .ops.export import parse_size
+
+    res = open_repo().export(rev, directory, max_shard_bytes=parse_size(max_shard_size), progress=BarProgress())
+    if as_json:
+        return emit_json(res)
+    click.echo(f"Exported {res['commit'][:12]} to {res['output']}: {plural(res['tensors'], 'tensor')} "
+               f"({human(res['total_bytes'])}) in {plural(len(res['shards']), 'shard')}"
+               + (f", {plural(len(res['other_files']), 'other file')}" if res["other_files"] else ""))
+
+
+@main.command()
 @click.option("--dir", "directory", type=click.Path(file_okay=False), default=None,
               help="Where to build the demo model (default: a temporary directory).")
 @click.option("--steps", default=4, show_default=True, help="Simulated fine-tuning steps to commit.")
