@@ -77,15 +77,20 @@ def main(rank: int, world: int, port: int, args: dict) -> None:
             report.setdefault("save_seconds", []).append(time.perf_counter() - t)
             if rank == 0:
                 report.setdefault("commits", []).append(writer.commit)
-    elif action == "load":
-        sd = empty_state_dict(mesh)
-        reader = WvcStorageReader(args["source"], args.get("rev", "HEAD"))
-        dcp.load(sd, storage_reader=reader)
-        expected = full_tensors(args["step"])
-        report["equal"] = {name: bool(torch.equal(sd[name].full_tensor().view(torch.int16),
-                                                  expected[name].view(torch.int16))) for name in expected}
-        report["trainer"] = sd["trainer"]
-        report["downloaded_bytes"] = reader.downloaded_bytes
+    elif action == "load":  # one version, or several in turn ("loads": [[rev, step], ...])
+        report["loads"] = []
+        for rev, step in args.get("loads", [[args.get("rev", "HEAD"), args.get("step")]]):
+            sd = empty_state_dict(mesh)
+            reader = WvcStorageReader(args["source"], rev)
+            t = time.perf_counter()
+            dcp.load(sd, storage_reader=reader)
+            seconds = time.perf_counter() - t
+            expected = full_tensors(step)
+            equal = {name: bool(torch.equal(sd[name].full_tensor().view(torch.int16),
+                                            expected[name].view(torch.int16))) for name in expected}
+            report["loads"].append({"rev": rev, "equal": equal, "trainer": sd["trainer"],
+                                    "downloaded_bytes": reader.downloaded_bytes, "seconds": seconds})
+        report.update(report["loads"][-1])
     dist.barrier()
     with open(args["out"] + f".{rank}.json", "w") as fh:
         json.dump(report, fh)

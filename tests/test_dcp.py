@@ -86,14 +86,14 @@ def test_three_saves_become_three_commits_that_load_at_any_world_size(tmp_path, 
     first, second = log[2].stored_bytes, log[1].stored_bytes
     assert second < 0.4 * first, (first, second)
     assert repo.fsck().ok
-    for step, commit in enumerate(commits):
-        for load_world in (1, 2, 3):  # 3: uneven shards of a save by 2 or 4
-            codes, reports = ranks(load_world, {"action": "load", "source": str(repo_path), "rev": commit,
-                                                "step": step}, tmp_path)
-            assert codes == [0] * load_world
-            for r in reports:
-                assert all(r["equal"].values()), (step, load_world, r)
-                assert r["trainer"] == {"step": step, "note": f"saved at step {step}"}
+    loads = [[commit, step] for step, commit in enumerate(commits)]
+    for load_world in (1, 2, 3):  # 3: uneven shards of a save by 2 or 4
+        codes, reports = ranks(load_world, {"action": "load", "source": str(repo_path), "loads": loads}, tmp_path)
+        assert codes == [0] * load_world and len(reports) == load_world
+        for r in reports:
+            for (commit, step), done in zip(loads, r["loads"]):
+                assert all(done["equal"].values()), (step, load_world, done)
+                assert done["trainer"] == {"step": step, "note": f"saved at step {step}"}
     out = tmp_path / "export"
     res = repo.export(commits[-1], out, max_shard_bytes=20_000)
     assert len(res["shards"]) > 1 and (out / "model.safetensors.index.json").is_file()
