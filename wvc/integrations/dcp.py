@@ -248,6 +248,7 @@ class WvcStorageReader(StorageReader):
         self._view = None
         self._layout: layout_format.Layout | None = None
         self.storage_data: dict = {}
+        self._repo = None  # a local source: its store decodes ahead on its pool
 
     @property
     def view(self):
@@ -310,7 +311,11 @@ class WvcStorageReader(StorageReader):
         return plans
 
     def read_data(self, plan: LoadPlan, planner) -> Future:
+        """Every request of this rank: bytes items, then tensor regions. The chunks of all
+        contiguous regions are decoded in one pipelined pass (the store's decode pool
+        for a local repository) and copied straight into their targets."""
         files = self.view.tree.by_path()
+        placed = []  # (request, target, flat target bytes, [(chunk id, src begin, src end, dst offset)])
         for req in plan.items:
             ref = self.storage_data[req.storage_index]
             if req.type == LoadItemType.BYTE_IO:
@@ -320,15 +325,33 @@ class WvcStorageReader(StorageReader):
                 planner.load_bytes(req, io.BytesIO(data))
                 continue
             entry = next(t for t in files[ref.file].tensors if t.name == ref.tensor)
-            tensor = _read_region(self.view, entry, ref, req, self.view.tree.chunk_bytes)
             target = planner.resolve_tensor(req).detach()
-            if target.size() != tensor.size():
-                raise FormatError(f"{ref.tensor}: a read of {tuple(tensor.size())} for a target of {tuple(target.size())}")
-            target.copy_(tensor)
+            if tuple(target.size()) != tuple(req.lengths):
+                raise FormatError(f"{ref.tensor}: a read of {tuple(req.lengths)} for a target of {tuple(target.size())}")
+            pieces = _pieces(entry, ref, req, self.view.tree.chunk_bytes)
+            if pieces is None or not target.is_contiguous() or target.device.type != "cpu":
+                target.copy_(_read_whole_region(self.view, entry, req))  # a region not contiguous in its shard
+                planner.commit_tensor(req, target)
+                continue
+            placed.append((req, target, target.reshape(-1).view(torch.uint8).numpy(), pieces))
+        chunk_ids = [cid for *_, pieces in placed for cid, *_ in pieces]
+        blocks = iter(self._get_many(chunk_ids))
+        import numpy as np
+
+        for req, target, flat, pieces in placed:
+            for _, begin, end, at in pieces:
+                flat[at: at + end - begin] = np.frombuffer(next(blocks), dtype=np.uint8)[begin:end]
             planner.commit_tensor(req, target)
         fut: Future = Future()
         fut.set_result(None)
         return fut
+
+    def _get_many(self, chunk_ids):
+        if "://" not in self.source and (Path(self.source) / ".wvc").is_dir():
+            if self._repo is None:
+                self._repo = Repo.open(self.source)
+            return self._repo.store.get_many(chunk_ids)  # decoded ahead on the pool
+        return self.view.get_many(chunk_ids)
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id) -> bool:
@@ -343,27 +366,27 @@ def _check_plain(data: bytes, fqn: str) -> None:
                           "load it with WvcStorageReader(..., trust_pickles=True) only if you trust its source") from None
 
 
-def _read_region(view, entry, shard: layout_format.Shard, req, chunk_bytes: int):
-    """The part of a saved shard a read request asks for, reading only the chunks under it
-    when that part is contiguous in the shard (a dim-0 split always is)."""
-    from ..ops.tensors import tensor_from_chunks
-
-    dtype = getattr(torch, DTYPES[entry.dtype].torch_name)
+def _pieces(entry, shard: layout_format.Shard, req, chunk_bytes: int):
+    """For a request contiguous in its saved shard: [(chunk id, begin, end, offset in the
+    target)] of the bytes to copy, only the chunks under the region; None otherwise."""
     width = DTYPES[entry.dtype].width
     span = layout_format.contiguous_rows(shard.sizes, tuple(req.storage_offsets), tuple(req.lengths))
     if span is None:
-        part = tensor_from_chunks(view, entry, "cpu")
-        for dim, (offset, length) in enumerate(zip(req.storage_offsets, req.lengths)):
-            part = part.narrow(dim, offset, length)
-        return part
+        return None
     begin, end = span[0] * width, span[1] * width
-    spans = chunk_spans(entry.nbytes, width, chunk_bytes)
-    out = bytearray()
-    for (b, e), cid in zip(spans, entry.chunks):
+    out = []
+    for (b, e), cid in zip(chunk_spans(entry.nbytes, width, chunk_bytes), entry.chunks):
         if e <= begin or b >= end:
             continue
-        raw = view.get(cid)
-        out += raw[max(begin, b) - b: min(end, e) - b]
-    if not out:
-        return torch.empty(tuple(req.lengths), dtype=dtype)
-    return torch.frombuffer(out, dtype=torch.uint8).view(dtype).reshape(tuple(req.lengths))
+        lo, hi = max(begin, b), min(end, e)
+        out.append((cid, lo - b, hi - b, lo - begin))
+    return out
+
+
+def _read_whole_region(view, entry, req):
+    from ..ops.tensors import tensor_from_chunks
+
+    part = tensor_from_chunks(view, entry, "cpu")
+    for dim, (offset, length) in enumerate(zip(req.storage_offsets, req.lengths)):
+        part = part.narrow(dim, offset, length)
+    return part
