@@ -236,9 +236,9 @@ def _record(repo, w: WvcStorageWriter, metadata: Metadata, results) -> tuple[str
 
 # -- loading ---------------------------------------------------------------------------------------
 class WvcStorageReader(StorageReader):
-    """``trust_pickles``: DCP itself loads BytesIO items with ``torch.load(weights_only=False)``
-    (arbitrary code, from a remote). By default each such item is first loaded with
-    ``weights_only=True`` and refused if that fails, so only plain data reaches DCP."""
+    """``trust_pickles``: DCP's planner unpickles BytesIO items in torch's unrestricted mode
+    (arbitrary code, from a remote). By default each such item is first loaded in torch's
+    weights-only mode and refused if that fails, so only plain data reaches DCP."""
 
     def __init__(self, repo_path_or_url, rev: str = "HEAD", *, trust_pickles: bool = False):
         super().__init__()
