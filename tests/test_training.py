@@ -92,3 +92,35 @@ def test_every_n_steps_commits_carry_their_own_steps_metrics(tmp_path):
     for c in cb.commits:
         meta = repo.read_commit(c["commit"]).metadata
         assert meta["step"] == c["step"] and meta["metrics"]["loss"] == logged[c["step"]], (c, meta)
+
+
+def test_two_runs_with_the_same_output_dir_name_get_their_own_branches(tmp_path):
+    first = WvcCallback(tmp_path / "versions", every_n_steps=1, on_save=False)
+    tiny_trainer(tmp_path / "a" / "out", first, max_steps=2, save_steps=100).train()
+    second = WvcCallback(tmp_path / "versions", every_n_steps=1, on_save=False)
+    tiny_trainer(tmp_path / "b" / "out", second, max_steps=2, save_steps=100).train()
+    assert first.branch != second.branch
+    repo = Repo.open(tmp_path / "versions")
+    first_of_run_2 = repo.read_commit(second.commits[0]["commit"])
+    assert first.commits[-1]["commit"] not in first_of_run_2.parents  # run 2 does not continue run 1
+    assert set(repo.branches()) >= {first.branch, second.branch}
+
+
+def test_the_flush_at_train_end_is_bounded_when_the_hub_is_unreachable(tmp_path, monkeypatch):
+    import socket
+    import time
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("HF_TOKEN", "x")
+    cb = WvcCallback(tmp_path / "versions", push_to="hf://team/offline", branch="run/offline",
+                     retry_seconds=30.0, flush_timeout=0.5)
+    trainer = tiny_trainer(tmp_path / "out", cb, max_steps=2, save_steps=2)
+    t = time.perf_counter()
+    trainer.train()
+    assert time.perf_counter() - t < 20  # the retries alone would take 30 s and more
+    assert cb.unpushed and "wvc push origin run/offline" in cb.push_errors[-1]
+    assert Repo.open(tmp_path / "versions").branches()["run/offline"] == cb.commits[-1]["commit"]  # nothing lost

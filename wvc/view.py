@@ -119,3 +119,55 @@ def _remote_tree(remote, contents, tree_id: str) -> Tree:
     if data is None:
         raise RemoteError(f"{remote.url} is missing tree {ids.short(tree_id)}")
     return verified(Tree.from_bytes, data, tree_id, "tree")
+
+
+CACHE_ENV = "WVC_CACHE"
+
+
+def cache_root() -> Path:
+    """Where snapshot_download keeps versions: $WVC_CACHE, else $XDG_CACHE_HOME/wvc or ~/.cache/wvc."""
+    import os
+
+    if env := os.environ.get(CACHE_ENV):
+        return Path(env).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")).expanduser() / "wvc"
+
+
+def snapshot_download(url_or_path, revision: str = "main", *, cache_dir=None, progress=None) -> Path:
+    """A local directory holding the files of one version, for ``from_pretrained``.
+
+    Materialized once into ``<cache>/trees/<tree id>`` (a tree id names the content, so any
+    commit with the same files shares it): a later call for the same version writes nothing.
+    Files are verified chunk by chunk as they are written (read lazily from a remote:
+    only this version's chunks travel), into a temp directory renamed into place whole, so
+    the cache never holds a half-written version.
+    """
+    import shutil
+    import tempfile
+
+    from .ops.materialize import write_file
+    from .progress import NULL
+    from .fsutil import resolve_inside, umask
+
+    view = open_version(url_or_path, revision)
+    root = Path(cache_dir).expanduser() if cache_dir is not None else cache_root()
+    target = root / "trees" / view.tree.id
+    if target.is_dir():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".wvc-tmp-", dir=target.parent))
+    progress = progress or NULL
+    try:
+        progress.start(view.tree.logical_bytes, "download")
+        for entry in view.tree.files:
+            write_file(view, entry, resolve_inside(staging, entry.path), progress)
+        progress.close()
+        staging.chmod(0o777 & ~umask())  # mkdtemp made it 0700
+        try:
+            staging.rename(target)
+        except OSError:  # another process put the same version there first: theirs is as good
+            if not target.is_dir():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target

@@ -50,7 +50,8 @@ def _latest_metrics(state) -> dict:
 class WvcCallback(TrainerCallback):
     def __init__(self, repo_path, *, every_n_steps: int | None = None, on_save: bool = True,
                  branch: str | None = None, push_to: str | None = None, remote: str = "origin",
-                 device: str = "auto", max_push_attempts: int = 5, retry_seconds: float = 2.0):
+                 device: str = "auto", max_push_attempts: int = 5, retry_seconds: float = 2.0,
+                 flush_timeout: float = 30.0):
         self.repo_path = Path(repo_path)
         self.every_n_steps = every_n_steps
         self.commit_on_save = on_save
@@ -60,6 +61,10 @@ class WvcCallback(TrainerCallback):
         self.device = device
         self.max_push_attempts = max_push_attempts
         self.retry_seconds = retry_seconds  # back-off base: waits retry_seconds * 2**(attempt-1), at most 60 s
+        # How long train() may wait at its end for the last push (an unreachable Hub must
+        # not hold it through every retry); what is left is reported, `wvc push` sends it.
+        self.flush_timeout = flush_timeout
+        self.unpushed = False
         self.commits: list[dict] = []  # one per commit: id, step, seconds spent
         self.push_errors: list[str] = []
         self.repo: Repo | None = None
@@ -71,7 +76,10 @@ class WvcCallback(TrainerCallback):
         if not state.is_world_process_zero:
             return
         self.repo = Repo.open(self.repo_path) if (self.repo_path / ".wvc").is_dir() else Repo.init(self.repo_path)
-        self.branch = self.branch or _branch_name(args)
+        # a run of its own unless told (or resuming): another run with the same output_dir
+        # name must not become this one's parent
+        self.branch = self.branch or _branch_name(args, self.repo.branches(),
+                                                  resuming=bool(getattr(args, "resume_from_checkpoint", None)))
         if self.push_to:
             if self.remote not in self.repo.remotes():
                 self.repo.remote_add(self.remote, self.push_to)
@@ -109,7 +117,13 @@ class WvcCallback(TrainerCallback):
         self._commit_due(state)
         if self._queue is not None:
             self._queue.put(None)
-            self._worker.join()
+            self._worker.join(timeout=self.flush_timeout)
+            if self._worker.is_alive():  # still retrying: leave it (a daemon) and say so
+                self.unpushed = True
+                message = (f"not pushed within flush_timeout={self.flush_timeout:g} s: {self.branch} is committed in "
+                           f"{self.repo_path}; `wvc push {self.remote} {self.branch}` there sends it")
+                self.push_errors.append(message)
+                log.warning("wvc: %s", message)
             self._queue = None
 
     # -- work --------------------------------------------------------------------------------
@@ -154,13 +168,21 @@ class WvcCallback(TrainerCallback):
         repo.close()
 
 
-def _branch_name(args) -> str:
+def _branch_name(args, existing=(), resuming: bool = False) -> str:
+    """``run/<run name or output dir name>``; a name taken by an earlier run gets -2, -3, ...
+    (unless this run resumes from a checkpoint: then it continues its branch)."""
     from ..errors import InvalidRefName
     from ..store.refs import check_ref_name
 
     raw = getattr(args, "run_name", None) or Path(args.output_dir).name or "run"
     name = "".join(c if c.isalnum() or c in "-_./" else "-" for c in str(raw)).strip("-./") or "run"
     try:
-        return check_ref_name(f"run/{name}")
+        base = check_ref_name(f"run/{name}")
     except InvalidRefName:
-        return "run/train"
+        base = "run/train"
+    if resuming or base not in existing:
+        return base
+    n = 2
+    while f"{base}-{n}" in existing:
+        n += 1
+    return f"{base}-{n}"
