@@ -12,7 +12,7 @@ Importing wvc does not import torch, nor the verbs (wvc/api.py) until one is ask
 
 from .errors import WvcError
 
-__all__ = ["Repo", "WvcError", "clone", "open", "snapshot_download", "__version__"]
+__all__ = ["Repo", "WvcError", "clone", "follow", "open", "snapshot_download", "__version__"]
 __version__ = "0.1.0"
 
 
@@ -25,6 +25,10 @@ def __getattr__(name: str):
         from .view import open_version
 
         return open_version
+    if name == "follow":  # apply each new version of a branch to a dict of tensors
+        from .follower import follow
+
+        return follow
     if name == "snapshot_download":  # a version as a plain directory, for from_pretrained
         from .view import snapshot_download
 

@@ -77,13 +77,15 @@ def open_version(url_or_path, rev: str = "HEAD") -> VersionView:
         repo = Repo.open(path)
         commit_id = repo.resolve(rev)
         return VersionView(commit_id, repo.tree_of(commit_id), repo.store.get)
-    return _open_remote(str(url_or_path), "main" if rev == "HEAD" else rev)
+    return open_remote_version(str(url_or_path), "main" if rev == "HEAD" else rev)
 
 
-def _open_remote(url: str, rev: str) -> VersionView:
+def open_remote_version(url: str, rev: str, cache_dir: Path | None = None) -> VersionView:
+    """``cache_dir``: where the remote's immutable catalogs are kept once read (a follower
+    polling a remote reads each catalog once)."""
     remote = open_remote(url)
     state = remote.state()
-    contents = remote_contents(remote, state)
+    contents = remote_contents(remote, state, cache_dir)
     commits: dict[str, Commit] = {}
 
     def read_commit(commit_id: str) -> Commit:

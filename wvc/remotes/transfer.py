@@ -387,6 +387,12 @@ class RemoteChunks:
         self.index = index
         self.base_chunks = base_chunks
         self.cache = DecodedCache(cache_bytes)
+        # chunk bytes the caller already holds (a follower's current tensors: anything with
+        # ``in`` and ``[]``): a delta chain stops there instead of fetching its base
+        self.held = None
+
+    def _holds(self, oid: str) -> bool:
+        return self.held is not None and oid in self.held
 
     def _from_base(self, oid: str) -> bool:
         return oid not in self.index and self.base_chunks is not None and oid in self.base_chunks
@@ -401,11 +407,14 @@ class RemoteChunks:
         raw = self.cache.get(oid)
         if raw is not None:
             return raw
+        if self._holds(oid):
+            return self.held[oid]
         if self._from_base(oid):
             raw = self.base_chunks(oid)
             self.cache.put(oid, raw)
             return raw
-        chain = resolve_chain(oid, self._lookup, stop=lambda o: o in self.cache or self._from_base(o),
+        chain = resolve_chain(oid, self._lookup,
+                              stop=lambda o: o in self.cache or self._from_base(o) or self._holds(o),
                               where="the remote")
         below = chain[-1].base
         raw = None if below is None else self(below)

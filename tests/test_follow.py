@@ -1,0 +1,94 @@
+"""wvc.follow: a dict of tensors kept at a branch's tip, applying only what changed, exactly."""
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import wvc
+from wvc import Repo
+from wvc.errors import CorruptObject, WvcError
+
+
+class Publisher:
+    """A bf16 model where each step moves ~1% of the elements by one unit in the last place,
+    committed with deep chains (each step a delta against the one before) and pushed."""
+
+    def __init__(self, root, remote):
+        self.repo = Repo.init(root, max_chain=1000)
+        g = torch.Generator().manual_seed(0)
+        self.sd = {f"layer{i}.weight": (torch.randn(256, 512, generator=g) * 0.02).to(torch.bfloat16)
+                   for i in range(4)}
+        self.sd["norm.weight"] = torch.ones(512, dtype=torch.bfloat16)
+        self.g = g
+        self.repo.remote_add("origin", remote)
+
+    def step(self, msg: str, touch=("layer0.weight", "layer2.weight")) -> tuple[str, int]:
+        for name in touch:
+            bits = self.sd[name].view(torch.int16).reshape(-1)
+            idx = torch.randint(0, bits.numel(), (bits.numel() // 100,), generator=self.g)
+            bits[idx] += 1
+        save_file(self.sd, str(self.repo.root / "model.safetensors"))
+        res = self.repo.commit(msg)
+        self.repo.push()
+        return res.commit, res.stored_bytes
+
+
+def same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k].view(torch.int16), b[k].view(torch.int16)) for k in a)
+
+
+@pytest.fixture
+def publisher(tmp_path, monkeypatch):
+    monkeypatch.setenv("WVC_CACHE", str(tmp_path / "cache"))
+    return Publisher(tmp_path / "trainer", str(tmp_path / "remote"))
+
+
+def test_a_follower_applies_each_step_exactly_downloading_about_the_step(publisher, tmp_path):
+    first, _ = publisher.step("step 0")
+    follower = wvc.follow("file://" + str(tmp_path / "remote"))
+    up = follower.update()
+    assert up.commit == first and up.parent is None and follower.commit == first
+    assert same(follower.state_dict, publisher.repo.load_state_dict(first))
+    assert follower.update() is None and follower.update(timeout=0) is None
+    for k in range(1, 6):
+        commit, stored = publisher.step(f"step {k}")
+        up = follower.update()
+        assert up.commit == commit and same(follower.state_dict, publisher.repo.load_state_dict(commit))
+        assert up.changed == ["layer0.weight", "layer2.weight"]
+        assert up.downloaded_bytes <= 1.25 * stored + 64 * 1024, (k, up.downloaded_bytes, stored)
+
+
+def test_a_given_state_dict_is_updated_in_place_and_must_fit(publisher, tmp_path):
+    commit, _ = publisher.step("step 0")
+    mine = {n: torch.zeros_like(t) for n, t in publisher.sd.items()}
+    tensors = dict(mine)
+    follower = wvc.follow(publisher.repo.root, state_dict=mine)  # a local repository works too
+    follower.update()
+    assert all(mine[n] is tensors[n] for n in mine)  # the same tensor objects, new values
+    assert same(mine, publisher.repo.load_state_dict(commit))
+    bad = {n: torch.zeros_like(t) for n, t in publisher.sd.items() if n != "norm.weight"}
+    bad["layer0.weight"] = torch.zeros(256, 512, dtype=torch.float32)
+    with pytest.raises(WvcError, match="norm.weight missing.*|layer0.weight is"):
+        wvc.follow(publisher.repo.root, state_dict=bad).update()
+    assert all(float(t.abs().sum()) == 0 for t in bad.values())  # nothing written into it
+
+
+def test_a_corrupt_payload_leaves_every_tensor_at_the_old_version_and_a_retry_completes(publisher, tmp_path):
+    first, _ = publisher.step("step 0")
+    follower = wvc.follow("file://" + str(tmp_path / "remote"))
+    follower.update()
+    before = {n: t.clone() for n, t in follower.state_dict.items()}
+    second, _ = publisher.step("step 1", touch=("layer0.weight", "layer3.weight"))
+    packs = sorted((tmp_path / "remote" / "packs").glob("*.pack"), key=lambda p: p.stat().st_mtime)
+    newest = packs[-1]
+    good = newest.read_bytes()
+    corrupt = bytearray(good)
+    for at in range(64, len(corrupt) - 200, 97):  # damage the new pack's payloads (its index intact)
+        corrupt[at] ^= 0xFF
+    newest.write_bytes(bytes(corrupt))
+    with pytest.raises(CorruptObject):
+        follower.update()
+    assert follower.commit == first and same(follower.state_dict, before)  # all of them, none half-moved
+    newest.write_bytes(good)
+    up = follower.update()
+    assert up.commit == second and same(follower.state_dict, publisher.repo.load_state_dict(second))

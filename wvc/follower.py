@@ -1,0 +1,176 @@
+"""``wvc.follow``: keep a dict of tensors at the tip of a branch, applying only what changed.
+
+    follower = wvc.follow("hf://team/policy", "main", state_dict=model.state_dict())
+    while True:
+        update = follower.update(timeout=30)        # None: nothing new within 30 s
+        if update:
+            model.load_weights([(n, follower.state_dict[n]) for n in update.changed])  # vLLM-style
+
+An update reads the branch's tip, compares its tensors' chunk lists with the ones the
+tensors hold, and fetches only the chunks that differ (range reads from a remote, each
+decoded and checked against its id). A changed chunk stored as a delta against the chunk
+the follower already holds is decoded from the follower's own bytes: nothing else is
+downloaded (publish with deep chains, ``wvc init --max-chain N``, for this). Every new
+chunk is fetched and verified before any tensor is touched, then all are written: a
+failure (network, corrupt payload) leaves every tensor at the old version, and a retry
+completes the move.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from itertools import zip_longest
+from pathlib import Path
+
+from . import ids
+from .codec.devices import resolve_device
+from .errors import WvcError
+from .formats.dtypes import DTYPES
+from .objects import chunk_spans
+from .view import VersionView, cache_root, open_remote_version, open_version
+
+POLL_SECONDS = (0.5, 5.0)  # first and longest wait between polls of update(timeout=...)
+
+
+@dataclass
+class Update:
+    commit: str
+    parent: str | None  # the commit the tensors held before
+    changed: list[str] = field(default_factory=list)  # tensor names whose values changed
+    downloaded_bytes: int = 0
+    seconds: float = 0.0
+
+    def to_json(self):
+        return dict(self.__dict__)
+
+
+class _Held:
+    """The chunk bytes the follower's tensors hold now, by chunk id (delta bases for free)."""
+
+    def __init__(self, follower: "Follower"):
+        self.follower = follower
+        self.where = {cid: (name, i) for name, e in follower._entries.items() for i, cid in enumerate(e.chunks)}
+
+    def __contains__(self, oid) -> bool:
+        return oid in self.where
+
+    def __getitem__(self, oid) -> bytes:
+        name, i = self.where[oid]
+        entry = self.follower._entries[name]
+        begin, end = chunk_spans(entry.nbytes, DTYPES[entry.dtype].width, self.follower._chunk_bytes)[i]
+        flat = self.follower.state_dict[name].detach().reshape(-1).view(_uint8())
+        return flat[begin:end].cpu().numpy().tobytes()
+
+
+def _uint8():
+    import torch
+
+    return torch.uint8
+
+
+class Follower:
+    def __init__(self, source, branch: str = "main", *, state_dict=None, device: str = "cpu"):
+        self.source = str(source)
+        self.branch = branch
+        self._own = state_dict is None
+        self.device = resolve_device(device, allow_test_backend=False) if self._own else None
+        self.state_dict = {} if state_dict is None else state_dict
+        self.commit: str | None = None
+        self._entries: dict = {}  # tensor name -> the TensorEntry its values are
+        self._chunk_bytes = 0
+        self._local = "://" not in self.source and (Path(self.source) / ".wvc").is_dir()
+        # the remote's catalogs are immutable: each is read once, whatever the number of polls
+        self._catalogs = cache_root() / "follow" / ids.digest(ids.CHUNK, self.source.encode())[:24]
+
+    def _open(self, rev: str) -> VersionView:
+        if self._local:
+            return open_version(self.source, rev)
+        self._catalogs.mkdir(parents=True, exist_ok=True)
+        return open_remote_version(self.source, "main" if rev == "HEAD" else rev, self._catalogs)
+
+    def update(self, rev: str | None = None, timeout: float | None = None) -> Update | None:
+        """Move to the branch tip (or ``rev``); None when already there (after waiting up to
+        ``timeout`` seconds for a new commit, polling with back-off)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        wait = POLL_SECONDS[0]
+        while True:
+            t0 = time.perf_counter()
+            view = self._open(rev or self.branch)
+            if view.commit != self.commit:
+                return self._move(view, t0)
+            if deadline is None or time.monotonic() + wait > deadline:
+                return None
+            time.sleep(wait)
+            wait = min(wait * 2, POLL_SECONDS[1])
+
+    def _move(self, view: VersionView, t0: float) -> Update:
+        import torch
+
+        entries = {}
+        for f in view.tree.files:
+            for t in f.tensors:
+                entries.setdefault(t.name, t)
+        self._check(entries)
+        source = view._get
+        remote = getattr(source, "remote", None)
+        if remote is not None:
+            source.held = _Held(self)
+        # 1. fetch and verify every changed chunk; nothing is written yet
+        staged: dict[str, list[tuple[int, bytes]]] = {}
+        for name, e in entries.items():
+            old = self._entries.get(name)
+            if old is not None and old.chunks == e.chunks:
+                continue
+            same_layout = old is not None and old.dtype == e.dtype and tuple(old.shape) == tuple(e.shape) \
+                and self._chunk_bytes == view.tree.chunk_bytes
+            olds = old.chunks if same_layout else ()
+            staged[name] = [(i, view.get(cid)) for i, (was, cid) in enumerate(zip_longest(olds, e.chunks))
+                            if cid is not None and was != cid]
+        # 2. apply, all of it
+        for name, pieces in staged.items():
+            e = entries[name]
+            dtype = getattr(torch, DTYPES[e.dtype].torch_name)
+            if self._own and (name not in self.state_dict or tuple(self.state_dict[name].shape) != tuple(e.shape)
+                              or self.state_dict[name].dtype != dtype):
+                self.state_dict[name] = torch.empty(tuple(e.shape), dtype=dtype, device=self.device)
+            target = self.state_dict[name]
+            flat = target.detach().reshape(-1).view(torch.uint8)
+            spans = chunk_spans(e.nbytes, DTYPES[e.dtype].width, view.tree.chunk_bytes)
+            for i, raw in pieces:
+                begin, end = spans[i]
+                flat[begin:end].copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8), non_blocking=False)
+        if self._own:
+            for gone in set(self.state_dict) - set(entries):
+                del self.state_dict[gone]
+        parent, self.commit = self.commit, view.commit
+        self._entries, self._chunk_bytes = entries, view.tree.chunk_bytes
+        return Update(view.commit, parent, sorted(staged), remote.bytes_downloaded if remote is not None else 0,
+                      time.perf_counter() - t0)
+
+    def _check(self, entries: dict) -> None:
+        """A given state dict must hold every tensor of the version, same shape and dtype,
+        contiguous (it is written in place): one error listing what does not fit."""
+        if self._own:
+            return
+        import torch
+
+        problems = []
+        for name, e in entries.items():
+            t = self.state_dict.get(name)
+            dtype = getattr(torch, DTYPES[e.dtype].torch_name)
+            if t is None:
+                problems.append(f"{name} missing")
+            elif tuple(t.shape) != tuple(e.shape) or t.dtype != dtype:
+                problems.append(f"{name} is {tuple(t.shape)} {t.dtype}, the version has {tuple(e.shape)} {dtype}")
+            elif not t.is_contiguous():
+                problems.append(f"{name} is not contiguous")
+        if problems:
+            shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+            raise WvcError(f"the state dict does not fit {self.source} {self.branch}: {shown}")
+
+
+def follow(url_or_path, branch: str = "main", *, state_dict=None, device: str = "cpu") -> Follower:
+    """A :class:`Follower` of ``branch``: updates ``state_dict`` in place (on its tensors'
+    devices), or tensors of its own on ``device``."""
+    return Follower(url_or_path, branch, state_dict=state_dict, device=device)
