@@ -92,3 +92,28 @@ def test_a_corrupt_payload_leaves_every_tensor_at_the_old_version_and_a_retry_co
     newest.write_bytes(good)
     up = follower.update()
     assert up.commit == second and same(follower.state_dict, publisher.repo.load_state_dict(second))
+
+
+def test_pushes_and_a_follower_keep_within_hub_quotas_and_lose_nothing(tmp_path, hub_env, monkeypatch):
+    """The local Hub enforces a commit quota and a request quota (the real Hub's limits in
+    miniature): every push lands, every version reaches the follower exactly, and the
+    server never admitted more than its quotas."""
+    from wvc.testing.hub import Quota
+
+    monkeypatch.setenv("WVC_CACHE", str(tmp_path / "cache"))
+    hub_env.commit_quota = Quota(3, 2.0)  # 3 commits per 2 s
+    hub_env.request_quota = Quota(40, 2.0)  # 40 requests per 2 s
+    try:
+        pub = Publisher(tmp_path / "trainer", f"hf://team/quota-{tmp_path.name}")
+        follower = wvc.follow(f"hf://team/quota-{tmp_path.name}")
+        commits = []
+        for k in range(8):
+            commit, _ = pub.step(f"step {k}")  # each step commits and pushes
+            commits.append(commit)
+            up = follower.update()
+            assert up is not None and up.commit == commit
+            assert same(follower.state_dict, pub.repo.load_state_dict(commit))
+        assert hub_env.commit_quota.rejected + hub_env.request_quota.rejected > 0  # the quotas did bite
+        assert hub_env.commit_quota.peak <= 3 and hub_env.request_quota.peak <= 40
+    finally:
+        hub_env.commit_quota = hub_env.request_quota = None

@@ -24,6 +24,53 @@ class RemoteFileNotFound(RemoteError):
     """The Hub answered 404 for a file of the repo (decided by status code, never by text)."""
 
 
+class RateLimited(RemoteError):
+    """The Hub answered 429 (a quota: API requests per 5 minutes, commits per hour) or 503."""
+
+    def __init__(self, message: str, retry_after: float | None):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+# How long one operation may wait out rate limits in total before giving up (seconds).
+MAX_WAIT_SECONDS = 300.0  # WVC_HUB_MAX_WAIT
+
+
+def _retry_after(response) -> float | None:
+    value = response.headers.get("Retry-After") if response is not None else None
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:  # an HTTP date: rare from the Hub; fall back to our own back-off
+        return None
+
+
+def backs_off(method):
+    """Retry ``method`` when the Hub rate-limits it, waiting what Retry-After says (else 1,
+    2, 4 ... 60 s), for at most WVC_HUB_MAX_WAIT seconds in all; then the 429 is the error.
+    A rate-limited request changed nothing on the Hub, so repeating it is safe."""
+    import functools
+
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        import os
+        import time
+
+        limit = float(os.environ.get("WVC_HUB_MAX_WAIT", MAX_WAIT_SECONDS))
+        waited, attempt = 0.0, 0
+        while True:
+            try:
+                return method(*args, **kwargs)
+            except RateLimited as exc:
+                wait = exc.retry_after if exc.retry_after is not None else min(60.0, 2.0 ** attempt)
+                if waited + wait > limit:
+                    raise RemoteError(f"{exc} (still limited after waiting {waited:.0f} s; WVC_HUB_MAX_WAIT)") from None
+                time.sleep(wait)
+                waited += wait
+                attempt += 1
+
+    return wrapper
+
+
 def _transport_errors() -> tuple[type, ...]:
     """The HTTP library's transport error, whichever library this huggingface_hub uses."""
     import importlib
@@ -56,6 +103,9 @@ def hub_errors(what: str):
             raise RemoteChanged(f"{what}: the remote changed while pushing (another push won); fetch and retry") from None
         if status in (401, 403):
             raise RemoteError(f"{what}: permission denied (HTTP {status}); check HF_TOKEN") from None
+        if status in (429, 503):
+            raise RateLimited(f"{what}: the Hub is rate-limiting us (HTTP {status})",
+                              _retry_after(exc.response)) from None
         raise RemoteError(f"{what}: Hub error HTTP {status}: {str(exc).splitlines()[0]}") from None
     except _transport_errors() as exc:
         raise RemoteError(f"{what}: cannot reach the Hub endpoint ({type(exc).__name__}: {exc})") from None
@@ -86,6 +136,7 @@ class HubRemote(Remote):
             raise RemoteError(f"invalid Hub URL {url!r}: expected hf://user/repo")
         return cls(repo_id)
 
+    @backs_off
     def state(self, create: bool = False) -> RemoteState:
         from huggingface_hub import errors
 
@@ -103,6 +154,7 @@ class HubRemote(Remote):
         base = self.read(BASE_RECORD, MAX_BASE_RECORD) if BASE_RECORD in paths else None
         return listing_state(refs, self.sha, paths, base)
 
+    @backs_off
     def read_range(self, path: str, offset: int, length: int) -> bytes:
         """Exactly ``length`` bytes from ``offset``, streamed: never more than ``length`` bytes
         are read, whatever the endpoint sends. An endpoint that ignores Range (200 instead of
@@ -130,6 +182,7 @@ class HubRemote(Remote):
         self.bytes_downloaded += len(buf)
         return bytes(buf)
 
+    @backs_off
     def _get(self, path: str, limit: int, sink) -> None:
         from huggingface_hub import get_session, hf_hub_url
         from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
@@ -174,10 +227,14 @@ class HubRemote(Remote):
         ops += [CommitOperationDelete(path_in_repo=r) for r, t in refs.items() if t is None]
         ops += [CommitOperationDelete(path_in_repo=p) for p in delete]
         ops.append(CommitOperationAdd(path_in_repo="README.md", path_or_fileobj=model_card(self.repo_id, new_refs).encode()))
-        with hub_errors(self.url):
-            self.api.create_commit(self.repo_id, ops, commit_message=message, parent_commit=expected.version,
-                                   revision=HUB_BRANCH)
+        self._create_commit(ops, message, expected.version)
         self.bytes_uploaded += sum(len(c) if isinstance(c, bytes) else Path(c).stat().st_size for c in files.values())
+
+    @backs_off
+    def _create_commit(self, ops, message: str, parent: str) -> None:
+        with hub_errors(self.url):
+            self.api.create_commit(self.repo_id, ops, commit_message=message, parent_commit=parent,
+                                   revision=HUB_BRANCH)
 
 
 def model_card(repo_id: str, refs: dict[str, str]) -> str:

@@ -9,6 +9,9 @@ and serves files with Range support. Endpoints follow shared/research/hub-protoc
 
 ``fail`` injects failures for tests: {"commit": 1} answers the next commit with 403.
 ``served_bytes`` counts body bytes sent by resolve (downloads).
+``request_quota`` / ``commit_quota`` (off by default): ``Quota(limit, window_seconds)``, the
+Hub's own limits in miniature (about 1000 API requests per 5 minutes per user; commits per
+hour per repo): over it, 429 with the Hub's wording and a Retry-After header.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import argparse
 import base64
 import hashlib
 import json
+import math
 import re
 import threading
 import time
@@ -29,6 +33,27 @@ TYPES = {"models": "", "datasets": "datasets/", "spaces": "spaces/"}
 
 def git_blob_sha1(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+class Quota:
+    """At most ``limit`` events in any ``window`` seconds (a sliding window)."""
+
+    def __init__(self, limit: int, window: float):
+        self.limit, self.window = limit, window
+        self.times: list[float] = []
+        self.rejected = 0
+        self.peak = 0  # the most events ever admitted within one window
+
+    def admit(self) -> float | None:
+        """Record an event, or return how many seconds until one would be admitted."""
+        now = time.monotonic()
+        self.times = [t for t in self.times if now - t < self.window]
+        if len(self.times) >= self.limit:
+            self.rejected += 1
+            return self.window - (now - self.times[0])
+        self.times.append(now)
+        self.peak = max(self.peak, len(self.times))
+        return None
 
 
 class HubError(Exception):
@@ -151,12 +176,21 @@ class Handler(BaseHTTPRequestHandler):
         params = urllib.parse.parse_qs(query)
         try:
             self.server.count(method, raw_path)
+            try:
+                self.server.check_quota(self.server.request_quota, "You have exceeded our API request rate limit: "
+                                        "1000 api requests per 5 minutes")
+            except HubError:
+                if method in ("POST", "PUT"):
+                    self._body()  # an unread body would be taken for the next request on this connection
+                raise
             handler = self._route(method, raw_path)
             if handler is None:
                 raise HubError(404, f"no route for {method} {raw_path}")
             handler[0](*handler[1], params=params)
         except HubError as exc:
             headers = {"X-Error-Code": exc.code} if exc.code else {}
+            if getattr(exc, "retry_after", None) is not None:
+                headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))  # whole seconds, as the Hub sends
             if exc.code == "EntryNotFound" and getattr(exc, "commit", None):
                 headers["X-Repo-Commit"] = exc.commit
             self._json(exc.status, {"error": exc.message}, headers)
@@ -343,6 +377,7 @@ class Handler(BaseHTTPRequestHandler):
         lines = [json.loads(line) for line in self._body().splitlines() if line.strip()]
         if self.server.take_failure("commit"):
             raise HubError(403, "injected failure")
+        self.server.check_quota(self.server.commit_quota, "You have exceeded our hourly quotas for action: commit")
         storage = self.server.storage
         with storage.lock:
             meta = self._meta(kind, repo, write=True)
@@ -439,7 +474,19 @@ class HubServer(ThreadingHTTPServer):
         self.requests: list[tuple[str, str]] = []
         self.served_bytes = 0
         self.ignore_range = False  # tests: answer Range requests with the whole file (200)
+        self.request_quota: Quota | None = None
+        self.commit_quota: Quota | None = None
         self._lock = threading.Lock()
+
+    def check_quota(self, quota: Quota | None, message: str) -> None:
+        if quota is None:
+            return
+        with self._lock:
+            wait = quota.admit()
+        if wait is not None:
+            exc = HubError(429, message)
+            exc.retry_after = wait
+            raise exc
 
     def count(self, method: str, path: str) -> None:
         with self._lock:
