@@ -459,7 +459,9 @@ def test_tags_are_pushed_fetched_and_cloned(tmp_path):
     other = clone(str(remote), tmp_path / "c")
     assert other.tags() == repo.tags()
     repo.create_tag("v3", "HEAD~1")
+    files = sorted(p.name for p in remote.rglob("*") if p.is_file() and "refs" not in p.parts)
     run(repo.root, "push", "nfs", "--tags")
+    assert sorted(p.name for p in remote.rglob("*") if p.is_file() and "refs" not in p.parts) == files  # refs only
     fetched = other.fetch()
     assert fetched.tags == {"v3": v1} and other.tags() == repo.tags()
     assert run(repo.root, "tag", "-a", "x", check=False).returncode == 2  # no option that does nothing

@@ -101,7 +101,9 @@ def push(repo, remote_name: str = "origin", branch: str | None = None, *, force:
     sweep_work_dirs(repo.wvc_dir)  # a killed push's pack
     with work_dir(repo.wvc_dir, "push") as tmp:
         pack_file, catalog = _new_segment(repo, wanted, new_commits, Path(tmp), progress)
-        merging = compaction.to_merge(live, catalog.size)
+        # nothing new to store (a tag on a commit the remote has): refs only, no empty segment
+        nothing = pack_file is None and not catalog.commits
+        merging = [] if nothing else compaction.to_merge(live, catalog.size)
         retired: list[str] = []
         if merging:  # keep the remote's file count bounded (remotes/compaction.py)
             progress.start(len(merging), "compacting the remote")
@@ -111,8 +113,9 @@ def push(repo, remote_name: str = "origin", branch: str | None = None, *, force:
         files: dict[str, Path | bytes] = {}
         if pack_file is not None:
             files[pack_path(catalog.pack)] = pack_file
-        data = catalog.to_bytes()
-        files[catalog_path(catalog_name(data))] = data
+        if not nothing:
+            data = catalog.to_bytes()
+            files[catalog_path(catalog_name(data))] = data
         if ours is not None and theirs is None:
             files[BASE_RECORD] = base_json(ours)
         delete: tuple[str, ...] = ()
