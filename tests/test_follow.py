@@ -117,3 +117,17 @@ def test_pushes_and_a_follower_keep_within_hub_quotas_and_lose_nothing(tmp_path,
         assert hub_env.commit_quota.peak <= 3 and hub_env.request_quota.peak <= 40
     finally:
         hub_env.commit_quota = hub_env.request_quota = None
+
+
+def test_a_poll_with_nothing_new_costs_one_small_request(tmp_path, hub_env, monkeypatch):
+    monkeypatch.setenv("WVC_CACHE", str(tmp_path / "cache"))
+    url = f"hf://team/poll-{tmp_path.name}"
+    pub = Publisher(tmp_path / "trainer", url)
+    pub.step("step 0")
+    follower = wvc.follow(url)
+    follower.update()
+    before = len(hub_env.requests)
+    assert follower.update() is None
+    assert len(hub_env.requests) - before == 1, hub_env.requests[before:]
+    commit, _ = pub.step("step 1")
+    assert follower.update().commit == commit  # the poll sees the move, then the update reads what it needs

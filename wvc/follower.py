@@ -89,6 +89,11 @@ class Follower:
         self._catalogs.mkdir(parents=True, exist_ok=True)
         return open_remote_version(self.source, "main" if rev == "HEAD" else rev, self._catalogs)
 
+    def _tip(self) -> str | None:
+        from .remotes import open_remote
+
+        return open_remote(self.source).read_ref("refs/heads/" + self.branch)
+
     def update(self, rev: str | None = None, timeout: float | None = None) -> Update | None:
         """Move to the branch tip (or ``rev``); None when already there (after waiting up to
         ``timeout`` seconds for a new commit, polling with back-off)."""
@@ -96,8 +101,12 @@ class Follower:
         wait = POLL_SECONDS[0]
         while True:
             t0 = time.perf_counter()
-            view = self._open(rev or self.branch)
-            if view.commit != self.commit:
+            if rev is None and not self._local and self.commit is not None \
+                    and self._tip() == self.commit:  # one small read when nothing is new
+                view = None
+            else:
+                view = self._open(rev or self.branch)
+            if view is not None and view.commit != self.commit:
                 return self._move(view, t0)
             if deadline is None or time.monotonic() + wait > deadline:
                 return None

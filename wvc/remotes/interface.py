@@ -99,6 +99,18 @@ class Remote:
     def state(self) -> RemoteState:
         raise NotImplementedError
 
+    def read_ref(self, ref: str) -> str | None:
+        """One ref's commit with one small read (a follower's poll), validated; None when the
+        remote has no such ref. Not pinned to a listing: a poll needs only this."""
+        check_ref_name(ref.split("/", 2)[-1], "remote ref")
+        data = self.read(ref, MAX_REF_BYTES + 1)
+        if data is None:
+            return None
+        value = data.strip().decode("ascii", "replace")
+        if len(data) > MAX_REF_BYTES or not ids.is_object_id(value):
+            raise RemoteError(f"remote ref {ref} does not hold a commit id")
+        return value
+
     def read(self, path: str, limit: int) -> bytes | None:
         """A small file (None if absent), refusing more than ``limit`` bytes."""
         raise NotImplementedError
