@@ -399,12 +399,13 @@ def validate_relpath(path: str) -> str:
     return path
 
 
-def resolve_inside(root: Path, relpath: str) -> Path:
+def resolve_inside(root: Path, relpath: str, *, replacing_link: bool = False) -> Path:
     """``root/relpath`` after validation, refusing any symlinked parent directory.
 
     A symlink planted in the working tree (``weights -> /etc``) must not redirect a write.
-    A symlink at ``relpath`` itself is refused too; callers that replace it by rename
-    (which replaces the link, never its target) use ``resolve_parent_inside``.
+    A symlink at ``relpath`` itself is refused too, unless ``replacing_link``: a caller that
+    renames over it or unlinks it (a committed symlinked file) replaces the link, never its
+    target.
     """
     validate_relpath(relpath)
     target = root.joinpath(*PurePosixPath(relpath).parts)
@@ -413,16 +414,6 @@ def resolve_inside(root: Path, relpath: str) -> Path:
         parent = parent / part
         if parent.is_symlink():
             raise UnsafePath(f"refusing to write through symlinked directory {parent}")
-    if target.is_symlink():
+    if target.is_symlink() and not replacing_link:
         raise UnsafePath(f"refusing to overwrite symlink {target}")
     return target
-
-
-def resolve_parent_inside(root: Path, relpath: str) -> Path:
-    """``root/relpath`` with every parent checked as resolve_inside does; the last component
-    may be a symlink (a committed symlinked file), which a rename or unlink replaces itself."""
-    parent = resolve_inside(root, relpath.rsplit("/", 1)[0]) if "/" in relpath else root
-    validate_relpath(relpath)
-    if parent != root and parent.is_symlink():
-        raise UnsafePath(f"refusing to write through symlinked directory {parent}")
-    return parent / relpath.rsplit("/", 1)[-1]

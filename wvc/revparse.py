@@ -83,12 +83,7 @@ def _resolve_base(refs: Refs, graph: CommitGraph, base: str, rev: str) -> str:
 
 
 def _from_reflog(refs: Refs, name: str, n: int, rev: str) -> str:
-    if name == "HEAD":
-        ref = "HEAD"
-    else:
-        ref = next((p + name for p in (HEADS, TAGS, "refs/remotes/") if refs.get(p + name) is not None),
-                   name if name.startswith("refs/") else HEADS + name)
-    entries = refs.reflog(ref, n + 1)
+    entries = refs.reflog(refs.reflog_name(name), n + 1)
     if len(entries) <= n or entries[n].new is None:
         raise RevisionNotFound(f"{rev!r}: the reflog of {name} has only {len(entries)} entries"
                                if len(entries) <= n else f"{rev!r}: {name} was deleted at that point")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +43,6 @@ from ..api import Repo
 from ..codec.devices import resolve_device
 from ..errors import FormatError, MissingObject, WvcError
 from ..formats import dcp_layout as layout_format
-from ..formats import safetensors as st
 from ..formats.dtypes import BYTES, DTYPES, by_torch_dtype
 from ..objects import Commit, FileEntry, Tree, check_metadata, chunk_spans
 from ..ops.commit import default_author
@@ -138,7 +138,7 @@ class WvcStorageWriter(StorageWriter):
             with repo.store.writer(device=resolve_device(self.device), max_chain=repo.max_chain) as writer:
                 snap = Snapshotter(writer, parent_tree, chunk_bytes, NULL)
                 if tensors:
-                    entry, names = _write_tensors(snap, writer, path, tensors, planner, parents.get(path))
+                    entry, names = _write_tensors(snap, path, tensors, planner)
                     files.append(entry)
                     results += [WriteResult(index=i.index, size_in_bytes=_nbytes(i), storage_data=_ItemRef(path, n))
                                 for i, n in zip(tensors, names)]
@@ -155,34 +155,15 @@ class WvcStorageWriter(StorageWriter):
 
 
 def _nbytes(item) -> int:
-    props = item.tensor_data.properties
-    return int(torch.Size(item.tensor_data.chunk.sizes).numel()) * torch.empty((), dtype=props.dtype).element_size()
+    return math.prod(item.tensor_data.chunk.sizes) * by_torch_dtype(item.tensor_data.properties.dtype).width
 
 
-def _write_tensors(snap: Snapshotter, writer, path: str, items, planner, parent: FileEntry | None):
-    """This rank's shards as one safetensors file entry (nothing written but chunks)."""
-    specs, data, names = [], {}, []
-    for item in items:
-        tensor = planner.resolve_data(item).detach()
-        name = layout_format.shard_name(item.index.fqn, item.tensor_data.chunk.offsets)
-        specs.append((name, by_torch_dtype(tensor.dtype), tuple(tensor.shape)))
-        data[name] = tensor
-        names.append(name)
-    header_bytes, layout = st.build_header(specs, None)
-    header = st.parse_header(header_bytes, layout[-1].end if layout else 0, path)
-    header_id = writer.put(header_bytes, BYTES, parent.header if parent is not None and parent.header else None)
-    entries = []
-    for info in header.tensors:
-        flat = data[info.name].contiguous().reshape(-1).view(torch.uint8)
-        cursor = [0]
-
-        def read(n, flat=flat, cursor=cursor):
-            part = flat[cursor[0]: cursor[0] + n].cpu().numpy()
-            cursor[0] += n
-            return part
-
-        entries.append(snap._tensor(path, info.name, info.dtype, info.shape, info.nbytes, read))
-    return FileEntry.of(path, "safetensors", header.file_size, header=header_id, tensors=tuple(entries)), names
+def _write_tensors(snap: Snapshotter, path: str, items, planner) -> tuple[FileEntry, list[str]]:
+    """This rank's shards as one safetensors file entry (nothing written but chunks): each
+    shard a tensor named ``<fqn>@<offsets>``, so the parent's same shard is its delta base."""
+    data = {layout_format.shard_name(item.index.fqn, item.tensor_data.chunk.offsets): planner.resolve_data(item)
+            for item in items}
+    return snap.state_dict_file(data, path), list(data)
 
 
 def _write_blob(writer, path: str, data: bytes, chunk_bytes: int, parent: FileEntry | None) -> FileEntry:

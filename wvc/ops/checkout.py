@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .. import ids
 from ..errors import MissingEntry, UncommittedChanges, WvcError
-from ..fsutil import resolve_inside, resolve_parent_inside
+from ..fsutil import resolve_inside
 from ..objects import Tree
 from ..progress import NULL, Progress
 from ..store.refs import HEADS
@@ -114,18 +114,18 @@ def switch_worktree(repo, current_tree: Tree | None, target: Tree, *, force: boo
     repo.store.ensure_local((c for e in to_write for c in e.chunk_ids()), progress)  # lazy clones
 
     for path in to_remove:
-        dest = resolve_parent_inside(repo.root, path)
+        dest = resolve_inside(repo.root, path, replacing_link=True)
         dest.unlink(missing_ok=True)
         _prune_empty_dirs(repo.root, dest.parent)
     for path, _ in in_the_way:  # only with force: untracked work the user chose to lose
-        dest = resolve_parent_inside(repo.root, path.rstrip("/"))
+        dest = resolve_inside(repo.root, path.rstrip("/"), replacing_link=True)
         if dest.is_dir() and not dest.is_symlink():
             shutil.rmtree(dest)
         else:
             dest.unlink(missing_ok=True)
     progress.start(sum(e.size for e in to_write), "checkout")
     for entry in to_write:
-        dest = resolve_parent_inside(repo.root, entry.path)
+        dest = resolve_inside(repo.root, entry.path, replacing_link=True)
         if dest.is_dir() and not dest.is_symlink():  # emptied above unless it held ignored files
             _prune_empty_dirs(repo.root, dest)
             if dest.is_dir():
@@ -173,7 +173,7 @@ def _restore_paths(repo, commit_id: str, tree: Tree, paths, progress: Progress) 
     cache = StatCache(repo.db, repo.root)
     progress.start(sum(e.size for e in entries), "checkout")
     for entry in entries:
-        dest = resolve_parent_inside(repo.root, entry.path)
+        dest = resolve_inside(repo.root, entry.path, replacing_link=True)
         if dest.is_dir() and not dest.is_symlink():
             raise WvcError(f"cannot restore {entry.path}: a directory is in the way")
         written = write_file(repo.store, entry, dest, progress)

@@ -196,7 +196,7 @@ def _refresh_working_file(repo, parent_tree: Tree | None, entry, progress: Progr
     is one another process is switching right now (its lock is not waited for: a trainer's
     commit must not stall behind a checkout)."""
     from ..errors import LockedError
-    from ..fsutil import resolve_parent_inside
+    from ..fsutil import resolve_inside
     from .materialize import write_file
 
     with contextlib.ExitStack() as held:
@@ -204,13 +204,12 @@ def _refresh_working_file(repo, parent_tree: Tree | None, entry, progress: Progr
             held.enter_context(repo.worktree_lock("commit", timeout=0))
         except LockedError:
             return
-        dest = resolve_parent_inside(repo.root, entry.path)
+        dest = resolve_inside(repo.root, entry.path, replacing_link=True)
+        cache = StatCache(repo.db, repo.root)
         if dest.exists():
             before = parent_tree.by_path().get(entry.path) if parent_tree else None
-            cache = StatCache(repo.db, repo.root)
             if before is None or cache.hash(entry.path, parent_tree.chunk_bytes) != before.with_content_id().hash:
                 return
-        cache = StatCache(repo.db, repo.root)
         written = write_file(repo.store, entry, dest, progress)
         cache.remember(entry.path, written, repo.tree_of("HEAD").chunk_bytes, entry.with_content_id().hash)
         with repo.db.write():

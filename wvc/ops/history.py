@@ -69,14 +69,9 @@ def reflog(repo, ref: str = "HEAD", n: int | None = None) -> list[dict]:
     """``ref``'s reflog, newest first, each entry with its ``REF@{i}`` name."""
     from ..errors import RevisionNotFound
 
-    if ref == "HEAD" or ref.startswith("refs/"):
-        full = ref
-    else:
-        full = next((p + ref for p in (HEADS, TAGS, "refs/remotes/") if repo.refs.get(p + ref) is not None), None)
-        if full is None:
-            full = HEADS + ref
-            if not repo.refs.reflog(full, 1):
-                raise RevisionNotFound(f"no reflog for {ref!r}")
+    full = repo.refs.reflog_name(ref)
+    if full != "HEAD" and repo.refs.get(full) is None and not repo.refs.reflog(full, 1):
+        raise RevisionNotFound(f"no reflog for {ref!r}")
     return [{"selector": f"{ref}@{{{i}}}", **e.to_json()} for i, e in enumerate(repo.refs.reflog(full, n))]
 
 

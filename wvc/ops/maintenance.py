@@ -38,9 +38,7 @@ def reachable(repo, since: int | None = None) -> tuple[set[str], set[str], set[s
     """(commits, trees, objects) reachable from every ref and HEAD, and from the reflog
     entries recorded at or after ``since`` (unix time; None: not from the reflog); objects
     include delta bases."""
-    starts = set(repo.refs.list("refs/").values())
-    if head := repo.refs.head_commit():
-        starts.add(head)
+    starts = _ref_tips(repo)
     if since is not None:
         starts |= {c for c in repo.refs.reflog_commits(since) if repo.graph.has_commit(c)}
     commits = set(repo.graph.ancestors(starts))
@@ -74,11 +72,12 @@ class GcResult:
         return dict(self.__dict__)
 
 
-def reachable_from_refs(repo) -> set[str]:
-    starts = set(repo.refs.list("refs/").values())
+def _ref_tips(repo) -> set[str]:
+    """The commits every ref and HEAD point at."""
+    tips = set(repo.refs.list("refs/").values())
     if head := repo.refs.head_commit():
-        starts.add(head)
-    return set(repo.graph.ancestors(starts))
+        tips.add(head)
+    return tips
 
 
 def _pack_bytes(repo) -> int:
@@ -118,7 +117,7 @@ def gc(repo, *, grace_seconds: int = 3600) -> GcResult:
     with repo.db.write():
         repo.refs.expire_reflog(since if since is not None else int(now) + 1)
         commits, _, live_now = reachable(repo, since)
-        result.kept_by_reflog = len(commits - reachable_from_refs(repo))
+        result.kept_by_reflog = len(commits - set(repo.graph.ancestors(_ref_tips(repo))))
         resurrected = dead_ids & live_now
         kept_packs = {p for oid, p in rows if oid in resurrected}
         if new_pack:

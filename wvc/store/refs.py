@@ -106,6 +106,14 @@ class Refs:
         self.db.set_config(HEAD_KEY, value)
         self.log(HEAD_KEY, old, self.head_commit(), message)
 
+    def reflog_name(self, name: str) -> str:
+        """The full ref whose reflog ``name`` means: HEAD, a full ref name, else the branch,
+        tag or remote-tracking ref of that name (a deleted branch's: refs/heads/NAME)."""
+        if name == HEAD_KEY or name.startswith("refs/"):
+            return name
+        return next((p + name for p in (HEADS, TAGS, "refs/remotes/") if self.get(p + name) is not None),
+                    HEADS + name)
+
     def reflog(self, ref: str, limit: int | None = None) -> list[ReflogEntry]:
         """``ref``'s recorded moves, newest first (entry 0 is where it points now). Entries
         an older wvc wrote for HEAD ("ref: ..." values) are left out."""
