@@ -70,34 +70,38 @@ def test_push_failures_are_retried_and_never_block_or_lose_commits(tmp_path, hub
 
 
 def test_every_n_steps_commits_from_memory(tmp_path):
-    cb = WvcCallback(tmp_path / "versions", every_n_steps=1, on_save=False)
+    cb = WvcCallback(tmp_path / "versions", every_n_steps=1, on_save=False, max_pending=100)
     trainer = tiny_trainer(tmp_path / "out", cb, max_steps=3, save_steps=100)
     trainer.train()
-    assert [c["step"] for c in cb.commits] == [1, 2, 3]
+    assert [c["step"] for c in cb.commits] == [0, 1, 2, 3]  # the weights the run started from, then each step
     repo = Repo.open(tmp_path / "versions")
     weights = repo.load_state_dict(cb.commits[-1]["commit"])
     live = trainer.model.state_dict()
+    assert "lm_head.weight" not in weights  # tied to the embeddings: stored once, as save_pretrained does
     for name, t in live.items():
+        if name == "lm_head.weight":
+            continue
         assert torch.equal(weights[name].view(torch.uint8), t.detach().contiguous().view(torch.uint8)), name
 
 
 def test_every_n_steps_commits_carry_their_own_steps_metrics(tmp_path):
     """on_step_end runs before the Trainer logs that step: the commit waits for the log."""
-    cb = WvcCallback(tmp_path / "versions", every_n_steps=1, on_save=False)
+    cb = WvcCallback(tmp_path / "versions", every_n_steps=1, on_save=False, max_pending=100)
     trainer = tiny_trainer(tmp_path / "out", cb, max_steps=3, save_steps=100)
     trainer.train()
     repo = Repo.open(tmp_path / "versions")
     logged = {e["step"]: e["loss"] for e in trainer.state.log_history if "loss" in e}
     assert sorted(logged) == [1, 2, 3]
-    for c in cb.commits:
+    assert [c["step"] for c in cb.commits] == [0, 1, 2, 3]
+    for c in cb.commits[1:]:
         meta = repo.read_commit(c["commit"]).metadata
         assert meta["step"] == c["step"] and meta["metrics"]["loss"] == logged[c["step"]], (c, meta)
 
 
 def test_two_runs_with_the_same_output_dir_name_get_their_own_branches(tmp_path):
-    first = WvcCallback(tmp_path / "versions", every_n_steps=1, on_save=False)
+    first = WvcCallback(tmp_path / "versions", every_n_steps=1, on_save=False, max_pending=100)
     tiny_trainer(tmp_path / "a" / "out", first, max_steps=2, save_steps=100).train()
-    second = WvcCallback(tmp_path / "versions", every_n_steps=1, on_save=False)
+    second = WvcCallback(tmp_path / "versions", every_n_steps=1, on_save=False, max_pending=100)
     tiny_trainer(tmp_path / "b" / "out", second, max_steps=2, save_steps=100).train()
     assert first.branch != second.branch
     repo = Repo.open(tmp_path / "versions")

@@ -4,29 +4,36 @@
     trainer = Trainer(..., callbacks=[WvcCallback("runs/wvc", push_to="hf://team/model")])
 
 On each checkpoint save it commits the checkpoint directory the Trainer just wrote (so a
-commit is exactly what was saved; optimizer, scheduler and RNG state are left out), and
-with ``every_n_steps`` it also commits ``model.state_dict()`` straight from memory between
-saves. Commits go to a branch named after the run, carry the step, epoch and latest
-metrics as metadata, and never move the repository's checked-out working tree.
+commit is exactly what was saved; optimizer, scheduler and RNG state are left out). With
+``every_n_steps`` it also commits from memory between saves, at train begin (the step the
+run starts from) and every N steps: each such commit is what ``trainer.save_model`` would
+write at that step (``save_pretrained``'s files: config, generation config, weights with
+tied weights and safetensors metadata as transformers writes them, a PEFT model's adapter
+alone; and the tokenizer), nothing carried over from an earlier checkpoint. Commits go to
+a branch of their own per run, carry the step, epoch and that step's metrics as metadata,
+and never move the repository's checked-out working tree.
 
-With ``push_to``, a background thread pushes the branch after each commit: training never
-waits on the network, a failed push is retried (with back-off) on the next commit or at
-the end, and ``on_train_end`` flushes, so no commit is left behind. Push errors are
-collected in ``callback.push_errors`` and logged, never raised into the training loop.
+Training waits only while the weights are copied (``wvc.publisher``): hashing, encoding,
+committing and pushing run in the background, with a bounded queue that coalesces to the
+newest step when it falls behind (the commit records the steps it skipped). Pushes are
+rate-bounded for the Hub (``push_interval``), retried with back-off, flushed at train end
+within ``flush_timeout``; errors are logged and collected in ``callback.push_errors``, never
+raised into the training loop.
+
+On a multi-rank run every rank takes part in gathering a sharded (FSDP) model's weights;
+rank 0 commits. DeepSpeed ZeRO-3 is refused for from-memory commits at train begin (its
+parameters gather through DeepSpeed's own collective); checkpoint commits work with it.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import queue
-import threading
-import time
 from pathlib import Path
 
 from transformers import TrainerCallback
 
-from ..api import Repo
+from ..publisher import Publisher, snapshot_state_dict
 
 log = logging.getLogger("wvc")
 
@@ -47,11 +54,59 @@ def _latest_metrics(state) -> dict:
     return metrics
 
 
+def _unwrap(model):
+    """The model itself, out of DDP / FSDP1 / torch.compile wrappers (a PeftModel stays one:
+    it saves its adapter)."""
+    while True:
+        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+        if inner is None:
+            return model
+        model = inner
+
+
+def _is_multi_rank() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _is_sharded(model) -> bool:
+    """FSDP (either version) shards parameters: every rank must take part in reading them."""
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - torch without distributed
+        return False
+    return any(isinstance(m, FullyShardedDataParallel) for m in model.modules()) or \
+        any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def _uses_zero3(model) -> bool:
+    return any(hasattr(p, "ds_id") for p in model.parameters())
+
+
+def save_files(model, processing_class, snapshot, directory: Path) -> None:
+    """What ``Trainer.save_model`` writes, from a snapshot of the weights: the model's own
+    ``save_pretrained`` given the snapshot (so tied weights, the adapter-only format of a
+    PEFT model, sharding and metadata are transformers' and PEFT's own), and the
+    tokenizer or processor."""
+    target = _unwrap(model)
+    if hasattr(target, "save_pretrained"):
+        target.save_pretrained(directory, state_dict=dict(snapshot))
+    else:  # a bare nn.Module: the Trainer saves its state dict the same way
+        from safetensors.torch import save_file
+
+        save_file({k: v.contiguous() for k, v in snapshot.items()}, directory / "model.safetensors",
+                  metadata={"format": "pt"})
+    if processing_class is not None and hasattr(processing_class, "save_pretrained"):
+        processing_class.save_pretrained(directory)
+
+
 class WvcCallback(TrainerCallback):
     def __init__(self, repo_path, *, every_n_steps: int | None = None, on_save: bool = True,
                  branch: str | None = None, push_to: str | None = None, remote: str = "origin",
                  device: str = "auto", max_push_attempts: int = 5, retry_seconds: float = 2.0,
-                 flush_timeout: float = 30.0):
+                 flush_timeout: float = 30.0, max_pending: int = 1, push_interval: float | None = None):
         self.repo_path = Path(repo_path)
         self.every_n_steps = every_n_steps
         self.commit_on_save = on_save
@@ -61,111 +116,124 @@ class WvcCallback(TrainerCallback):
         self.device = device
         self.max_push_attempts = max_push_attempts
         self.retry_seconds = retry_seconds  # back-off base: waits retry_seconds * 2**(attempt-1), at most 60 s
-        # How long train() may wait at its end for the last push (an unreachable Hub must
-        # not hold it through every retry); what is left is reported, `wvc push` sends it.
+        # How long train() may wait at its end for the last commits and push (an unreachable
+        # Hub must not hold it through every retry); what is left is reported, `wvc push` sends it.
         self.flush_timeout = flush_timeout
+        self.max_pending = max_pending  # snapshots waiting to be committed before coalescing
+        self.push_interval = push_interval  # None: one push a minute to the Hub, every commit elsewhere
         self.unpushed = False
-        self.commits: list[dict] = []  # one per commit: id, step, seconds spent
-        self.push_errors: list[str] = []
-        self.repo: Repo | None = None
-        self._queue: queue.Queue | None = None
-        self._worker: threading.Thread | None = None
+        self.publisher: Publisher | None = None
+        self.pauses: list[float] = []  # seconds training waited for each from-memory snapshot
+        self._due = None
+        self._processing_class = None
+
+    @property
+    def commits(self) -> list[dict]:
+        return self.publisher.commits if self.publisher is not None else []
+
+    @property
+    def push_errors(self) -> list[str]:
+        return self.publisher.errors if self.publisher is not None else []
 
     # -- lifecycle ---------------------------------------------------------------------------
-    def on_train_begin(self, args, state, control, **kwargs):
-        if not state.is_world_process_zero:
-            return
-        self.repo = Repo.open(self.repo_path) if (self.repo_path / ".wvc").is_dir() else Repo.init(self.repo_path)
-        # a run of its own unless told (or resuming): another run with the same output_dir
-        # name must not become this one's parent
-        self.branch = self.branch or _branch_name(args, self.repo.branches(),
-                                                  resuming=bool(getattr(args, "resume_from_checkpoint", None)))
-        if self.push_to:
-            if self.remote not in self.repo.remotes():
-                self.repo.remote_add(self.remote, self.push_to)
-            self._queue = queue.Queue()
-            self._worker = threading.Thread(target=self._push_loop, name="wvc-push", daemon=True)
-            self._worker.start()
+    def on_train_begin(self, args, state, control, model=None, processing_class=None, **kwargs):
+        self._processing_class = processing_class
+        if self.every_n_steps and model is not None and _uses_zero3(model):
+            raise ValueError("WvcCallback(every_n_steps=...) cannot gather DeepSpeed ZeRO-3 parameters; "
+                             "commit checkpoints instead (on_save) or use ZeRO-2 / FSDP")
+        if state.is_world_process_zero:
+            from ..api import Repo
+
+            if (self.repo_path / ".wvc").is_dir():
+                with Repo.open(self.repo_path) as repo:
+                    existing = repo.branches()
+            else:
+                existing = {}
+            # a run of its own unless told (or resuming): another run with the same
+            # output_dir name must not become this one's parent
+            self.branch = self.branch or _branch_name(args, existing,
+                                                      resuming=bool(getattr(args, "resume_from_checkpoint", None)))
+            self.publisher = Publisher(self.repo_path, self.branch, push_to=self.push_to, remote=self.remote,
+                                       max_pending=self.max_pending, push_interval=self.push_interval,
+                                       device=self.device, max_push_attempts=self.max_push_attempts,
+                                       retry_seconds=self.retry_seconds)
+        if self.every_n_steps and model is not None:
+            # the weights the run starts from: the first step's commit is then a delta
+            snapshot = self._snapshot(model)
+            if self.publisher is not None:
+                self._publish(f"step {state.global_step}", state, snapshot, model, state.global_step)
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
-        if self.every_n_steps and state.global_step % self.every_n_steps == 0 and self.repo is not None:
+        if self.every_n_steps and state.global_step % self.every_n_steps == 0 and model is not None:
             if not (self.commit_on_save and control.should_save):  # the save will be committed
-                # The Trainer logs this step's metrics after on_step_end: commit once they
-                # are in (on_log), or before the weights next change (on_step_begin).
-                self._due = (state.global_step, model)
+                # The weights are final for this step now (every rank takes part when they
+                # are sharded); the Trainer logs the step's metrics after on_step_end, so the
+                # commit is queued once they are in (on_log) or before the next step.
+                snapshot = self._snapshot(model)
+                if self.publisher is not None:
+                    self._due = (state.global_step, snapshot, model)
 
     def on_log(self, args, state, control, **kwargs):
-        self._commit_due(state)
+        self._publish_due(state)
 
     def on_step_begin(self, args, state, control, **kwargs):
-        self._commit_due(state)
-
-    def _commit_due(self, state) -> None:
-        due, self._due = getattr(self, "_due", None), None
-        if due is not None:
-            step, model = due
-            self._commit(f"step {step}", state, source=model.state_dict(), step=step)
+        self._publish_due(state)
 
     def on_save(self, args, state, control, **kwargs):
-        if not self.commit_on_save or self.repo is None:
+        if not self.commit_on_save or self.publisher is None:
             return
+        self._publish_due(state)
         checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if checkpoint.is_dir():
-            self._commit(f"checkpoint {state.global_step}", state, source=checkpoint)
+            # committed before training goes on: a later save may rotate the directory away
+            self.publisher.publish(message=f"checkpoint {state.global_step}", metadata=self._metadata(state),
+                                   directory=checkpoint, exclude=CHECKPOINT_EXCLUDES, wait=True)
 
     def on_train_end(self, args, state, control, **kwargs):
-        self._commit_due(state)
-        if self._queue is not None:
-            self._queue.put(None)
-            self._worker.join(timeout=self.flush_timeout)
-            if self._worker.is_alive():  # still retrying: leave it (a daemon) and say so
+        self._publish_due(state)
+        if self.publisher is not None:
+            if not self.publisher.close(self.flush_timeout):
                 self.unpushed = True
-                message = (f"not pushed within flush_timeout={self.flush_timeout:g} s: {self.branch} is committed in "
-                           f"{self.repo_path}; `wvc push {self.remote} {self.branch}` there sends it")
-                self.push_errors.append(message)
-                log.warning("wvc: %s", message)
-            self._queue = None
 
     # -- work --------------------------------------------------------------------------------
-    def _commit(self, message: str, state, source, step: int | None = None) -> None:
-        t = time.perf_counter()
-        step = state.global_step if step is None else step
-        metadata = {"step": step, "epoch": state.epoch, "metrics": _latest_metrics(state)}
-        res = self.repo.commit(message, source=source, metadata=metadata, allow_empty=True, branch=self.branch,
-                               device=self.device, exclude=CHECKPOINT_EXCLUDES)
-        self.commits.append({"commit": res.commit, "step": step, "seconds": time.perf_counter() - t,
-                             "stored_bytes": res.stored_bytes, "logical_bytes": res.logical_bytes})
-        if self._queue is not None:
-            self._queue.put(res.commit)
+    def _snapshot(self, model):
+        """A host copy of the weights that train (frozen ones, a PEFT base, are referenced).
+        Sharded weights are gathered with every rank taking part; only rank 0 gets them."""
+        import time
 
-    def _push_loop(self) -> None:
-        repo = Repo.open(self.repo_path)  # its own connection: never shares the trainer's
-        pending, attempts, done = False, 0, False
-        while not done or pending:
-            try:
-                wait = min(60.0, self.retry_seconds * 2.0 ** (attempts - 1)) if pending else None
-                item = self._queue.get(timeout=wait)
-                done = done or item is None
-                pending = pending or item is not None
-                while not self._queue.empty():  # coalesce: pushing the tip pushes every commit
-                    item = self._queue.get_nowait()
-                    done = done or item is None
-                    pending = pending or item is not None
-            except queue.Empty:
-                pass
-            if not pending:
-                continue
-            try:
-                repo.push(self.remote, self.branch)
-                pending, attempts = False, 0
-            except Exception as exc:  # noqa: BLE001 - reported, retried, never raised into training
-                attempts += 1
-                self.push_errors.append(f"push attempt {attempts}: {exc}")
-                log.warning("wvc: push to %s failed (%s); will retry", self.remote, exc)
-                if done and attempts >= self.max_push_attempts:
-                    log.error("wvc: giving up pushing %s after %d attempts", self.branch, attempts)
-                    break
-        repo.close()
+        t = time.perf_counter()
+        if _is_multi_rank() and _is_sharded(model):
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            self.pauses.append(time.perf_counter() - t)
+            return full if self.publisher is not None else None
+        if self.publisher is None:  # another rank of an unsharded run: rank 0 reads its own copy
+            return None
+        target = _unwrap(model)
+        frozen = frozenset(n for n, p in target.named_parameters(remove_duplicate=False) if not p.requires_grad)
+        snapshot = snapshot_state_dict(target.state_dict(), frozen)
+        self.pauses.append(time.perf_counter() - t)
+        return snapshot
+
+    def _metadata(self, state, step: int | None = None) -> dict:
+        step = state.global_step if step is None else step
+        return {"step": step, "epoch": state.epoch, "metrics": _latest_metrics(state)}
+
+    def _publish_due(self, state) -> None:
+        due, self._due = self._due, None
+        if due is not None:
+            step, snapshot, model = due
+            self._publish(f"step {step}", state, snapshot, model, step)
+
+    def _publish(self, message, state, snapshot, model, step) -> None:
+        processing_class = self._processing_class
+
+        def write(snap, directory):
+            save_files(model, processing_class, snap, directory)
+
+        self.publisher.publish(message=message, metadata=self._metadata(state, step), snapshot=snapshot,
+                               write_files=write)
 
 
 def _branch_name(args, existing=(), resuming: bool = False) -> str:

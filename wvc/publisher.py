@@ -1,0 +1,284 @@
+"""``Publisher``: commit and push snapshots of live weights off the caller's thread.
+
+    pub = Publisher("runs/wvc", branch="run/grpo", push_to="/shared/weights")
+    for step in ...:
+        optimizer.step()
+        pub.publish(model.state_dict(), message=f"step {step}", metadata={"step": step})
+    pub.close()
+
+``publish`` holds the caller only while it copies the tensors (a consistent snapshot: the
+model may change the moment it returns); hashing, encoding, committing and pushing run on
+two background threads. The queue of snapshots waiting to be committed is bounded
+(``max_pending``): when the publisher falls behind, a new snapshot replaces the newest one
+still waiting, and the commit that lands records the steps it replaced in its metadata
+(``skipped_steps``), so nothing is lost silently and memory stays at ``max_pending + 1``
+snapshots. Pushes coalesce (pushing the tip sends every commit before it) and, to a Hub
+remote, run at most once per ``push_interval`` seconds: the Hub has an hourly commit quota
+per repository, a directory or object-storage remote has none.
+
+Failures never reach the training loop: they are logged and collected in ``errors``; a
+failed push is retried with back-off and at ``close``.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .api import Repo
+
+log = logging.getLogger("wvc")
+
+# The Hub allows a bounded number of commits per repository and hour; one push a minute
+# stays well inside it. Other remotes take every commit.
+HUB_PUSH_INTERVAL = 60.0
+
+
+def snapshot_state_dict(state_dict: Mapping, frozen: frozenset[str] = frozenset()) -> dict:
+    """A consistent host copy of ``state_dict``: each tensor storage copied once, so
+    tensors that shared memory (tied embeddings) still share it, which is how transformers
+    recognises tied weights when it saves. Names in ``frozen`` (parameters that do not
+    train, a PEFT model's base) are referenced, not copied."""
+    import torch
+
+    copies: dict = {}
+    out = {}
+    for name, t in state_dict.items():
+        if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+            out[name] = t
+            continue
+        t = t.detach()
+        if name in frozen:
+            out[name] = t
+            continue
+        storage = t.untyped_storage()
+        key = (str(t.device), storage.data_ptr(), storage.nbytes())
+        copy = copies.get(key)
+        if copy is None:
+            copy = copies[key] = torch.UntypedStorage(storage.nbytes(), device="cpu")
+            copy.copy_(storage)
+        out[name] = torch.empty(0, dtype=t.dtype).set_(copy, t.storage_offset(), t.size(), t.stride())
+    return out
+
+
+@dataclass
+class Job:
+    """One snapshot to commit: a state dict committed as one file onto the branch's tree,
+    or ``write_files(snapshot, directory)`` writing the whole version into a directory."""
+    message: str
+    metadata: dict
+    snapshot: Mapping | None = None
+    write_files: Callable[[Mapping, Path], None] | None = None
+    directory: Path | None = None  # an existing directory to commit (a Trainer checkpoint)
+    exclude: tuple[str, ...] = ()
+    skipped: list = field(default_factory=list)  # steps this job replaced in the queue
+    done: threading.Event = field(default_factory=threading.Event)
+    commit: str | None = None
+    error: str | None = None
+
+
+class Publisher:
+    def __init__(self, repo_path, branch: str, *, push_to: str | None = None, remote: str = "origin",
+                 max_pending: int = 1, push_interval: float | None = None, device: str = "auto",
+                 max_push_attempts: int = 5, retry_seconds: float = 2.0):
+        if max_pending < 1:
+            raise ValueError("max_pending must be at least 1")
+        self.repo_path = Path(repo_path)
+        self.branch = branch
+        self.remote = remote
+        self.device = device
+        self.max_pending = max_pending
+        self.max_push_attempts = max_push_attempts
+        self.retry_seconds = retry_seconds  # back-off base: retry_seconds * 2**(attempt-1), at most 60 s
+        self.commits: list[dict] = []  # one per commit: commit, step, skipped_steps, seconds, bytes
+        self.errors: list[str] = []
+        self.unpushed = False
+        repo = Repo.open(self.repo_path) if (self.repo_path / ".wvc").is_dir() else Repo.init(self.repo_path)
+        self.push_to = push_to
+        if push_to and remote not in repo.remotes():
+            repo.remote_add(remote, push_to)
+        repo.close()
+        if push_interval is None:
+            push_interval = HUB_PUSH_INTERVAL if (push_to or "").startswith("hf://") else 0.0
+        self.push_interval = push_interval
+        self._cond = threading.Condition()
+        self._pending: list[Job] = []
+        self._closing = False
+        self._push_wanted = False
+        self._committer = threading.Thread(target=self._commit_loop, name="wvc-commit", daemon=True)
+        self._committer.start()
+        self._pusher = None
+        if push_to:
+            self._pusher = threading.Thread(target=self._push_loop, name="wvc-push", daemon=True)
+            self._pusher.start()
+
+    # -- the caller's side ---------------------------------------------------------------------
+    def publish(self, state_dict: Mapping | None = None, *, message: str, metadata: dict | None = None,
+                frozen: frozenset[str] = frozenset(), write_files=None, directory=None, exclude=(),
+                wait: bool = False, snapshot: Mapping | None = None) -> Job:
+        """Snapshot ``state_dict`` (unless ``snapshot`` is one already) and queue its
+        commit; ``wait`` blocks until it is committed (a checkpoint directory that the
+        Trainer may delete later is committed before training goes on)."""
+        if snapshot is None and state_dict is not None:
+            snapshot = snapshot_state_dict(state_dict, frozen)
+        job = Job(message, dict(metadata or {}), snapshot, write_files,
+                  Path(directory) if directory is not None else None, tuple(exclude))
+        with self._cond:
+            if self._closing:
+                raise RuntimeError("the publisher is closed")
+            # Only a snapshot may be replaced: a directory is committed as it is now or never.
+            replaceable = [j for j in self._pending if j.directory is None]
+            if len(self._pending) >= self.max_pending and replaceable and job.directory is None:
+                dropped = replaceable[-1]
+                self._pending.remove(dropped)
+                job.skipped = dropped.skipped + [dropped.metadata.get("step", dropped.message)]
+                dropped.error = "replaced by a newer snapshot"
+                dropped.done.set()
+            self._pending.append(job)
+            self._cond.notify_all()
+        if wait:
+            job.done.wait()
+        return job
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every queued snapshot is committed and (with a remote) pushed; False
+        when ``timeout`` ran out first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            self._flush_requested = True
+            self._cond.notify_all()
+            try:
+                while self._pending or self._busy or self._push_wanted or self._pushing:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        return False
+                    self._cond.wait(timeout=left)
+            finally:
+                self._flush_requested = False
+        return True
+
+    def close(self, timeout: float | None = 30.0) -> bool:
+        """Flush (bounded by ``timeout``) and stop the threads. What is left unpushed is
+        reported in ``errors`` and stays committed: ``wvc push`` sends it later."""
+        done = self.flush(timeout) and not self.unpushed
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        if not done:
+            self.unpushed = True
+            message = (f"not committed and pushed within {timeout:g} s: what is committed of {self.branch} is in "
+                       f"{self.repo_path}; `wvc push {self.remote} {self.branch}` there sends it")
+            self.errors.append(message)
+            log.warning("wvc: %s", message)
+        return done
+
+    # -- the committer -------------------------------------------------------------------------
+    _busy = False  # the committer is working on a job
+    _pushing = False  # the pusher is pushing
+    _flush_requested = False  # someone waits in flush: push without waiting out push_interval
+
+    def _commit_loop(self) -> None:
+        repo = Repo.open(self.repo_path)  # its own connection: never shares the caller's
+        try:
+            while True:
+                with self._cond:
+                    while not self._pending and not self._closing:
+                        self._cond.wait()
+                    if not self._pending:
+                        return
+                    job = self._pending.pop(0)
+                    self._busy = True
+                try:
+                    self._commit(repo, job)
+                finally:
+                    with self._cond:
+                        self._busy = False
+                        if job.commit is not None and self._pusher is not None:
+                            self._push_wanted = True
+                        self._cond.notify_all()
+                    job.snapshot = None  # free the memory as soon as it is committed
+                    job.done.set()
+        finally:
+            repo.close()
+
+    def _commit(self, repo, job: Job) -> None:
+        t = time.perf_counter()
+        metadata = dict(job.metadata)
+        if job.skipped:
+            metadata["skipped_steps"] = job.skipped
+        work = None
+        try:
+            if job.write_files is not None:
+                from .fsutil import make_work_dir, sweep_work_dirs
+
+                sweep_work_dirs(repo.wvc_dir)
+                work = make_work_dir(repo.wvc_dir, "publish")
+                job.write_files(job.snapshot, work)
+                source = work
+            elif job.directory is not None:
+                source = job.directory
+            else:
+                source = job.snapshot
+            res = repo.commit(job.message, source=source, metadata=metadata, allow_empty=True, branch=self.branch,
+                              device=self.device, exclude=job.exclude)
+        except Exception as exc:  # noqa: BLE001 - reported, never raised into training
+            job.error = f"commit of {job.message!r} failed: {exc}"
+            self.errors.append(job.error)
+            log.error("wvc: %s", job.error)
+            return
+        finally:
+            if work is not None:
+                shutil.rmtree(work, ignore_errors=True)
+        job.commit = res.commit
+        self.commits.append({"commit": res.commit, "step": job.metadata.get("step"), "skipped_steps": job.skipped,
+                             "seconds": time.perf_counter() - t, "stored_bytes": res.stored_bytes,
+                             "logical_bytes": res.logical_bytes})
+
+    # -- the pusher ----------------------------------------------------------------------------
+    def _push_loop(self) -> None:
+        repo = Repo.open(self.repo_path)
+        attempts, last_try = 0, float("-inf")
+        try:
+            while True:
+                with self._cond:
+                    while True:
+                        if not self._push_wanted:
+                            if self._closing:
+                                return
+                            self._cond.wait()
+                            continue
+                        # Rate: wait out push_interval (or a failed push's back-off),
+                        # collecting the commits that land meanwhile; a flush or close
+                        # pushes at once unless the last push just failed.
+                        gap = min(60.0, self.retry_seconds * 2.0 ** (attempts - 1)) if attempts else self.push_interval
+                        left = last_try + gap - time.monotonic()
+                        urgent = (self._flush_requested or self._closing) and not attempts
+                        if urgent or left <= 0:
+                            break
+                        self._cond.wait(timeout=left)
+                    self._push_wanted, self._pushing = False, True
+                last_try = time.monotonic()
+                try:
+                    repo.push(self.remote, self.branch)
+                    attempts = 0
+                except Exception as exc:  # noqa: BLE001 - retried with back-off, never raised into training
+                    attempts += 1
+                    self.errors.append(f"push attempt {attempts}: {exc}")
+                    log.warning("wvc: push to %s failed (%s); will retry", self.remote, exc)
+                    with self._cond:
+                        self._push_wanted = True
+                        if self._closing and attempts >= self.max_push_attempts:
+                            log.error("wvc: giving up pushing %s after %d attempts", self.branch, attempts)
+                            self._push_wanted = False
+                            self.unpushed = True
+                finally:
+                    with self._cond:
+                        self._pushing = False
+                        self._cond.notify_all()
+        finally:
+            repo.close()
