@@ -308,14 +308,18 @@ class ChunkWriter:
         return object_id in self.pending or object_id in self.in_flight_ids or self.store.has(object_id)
 
     def _base_chain(self, base_id: str | None, object_id: str, size: int) -> list[ObjectRow] | None:
-        """The chain to decode for the delta base, re-anchored to the keyframe when full."""
+        """The chain to decode for the delta base: the parent chunk's own, so the payload is
+        one step's change (what a follower holding the parent downloads), re-anchored to the
+        keyframe (depth 0) when the chain is full: ``max_chain`` links deep, or its deltas'
+        payloads together larger than the keyframe's (decoding the chain would then cost
+        more than decoding a second keyframe). See docs/design.md, "Anchor policy"."""
         if base_id is None or base_id == object_id:
             return None
         row = self.store._row_or_supplied(base_id)  # a lazy clone's parent may not be fetched yet
         if row is None or row.raw_size == 0:
             return None
         chain = self.store.chain(base_id, row)
-        if row.depth >= self.max_chain:
+        if row.depth >= self.max_chain or sum(r.length for r in chain[:-1]) > chain[-1].length:
             chain = chain[-1:]  # the keyframe: depth 0
         return chain
 
