@@ -131,3 +131,21 @@ def test_a_poll_with_nothing_new_costs_one_small_request(tmp_path, hub_env, monk
     assert len(hub_env.requests) - before == 1, hub_env.requests[before:]
     commit, _ = pub.step("step 1")
     assert follower.update().commit == commit  # the poll sees the move, then the update reads what it needs
+
+
+def test_an_update_reads_a_commits_new_payloads_in_one_request_per_pack(tmp_path, hub_env, monkeypatch):
+    """One commit's new objects lie side by side in its pack: an update fetches them with
+    one range request, not one per changed chunk (a round trip each on the real Hub)."""
+    monkeypatch.setenv("WVC_CACHE", str(tmp_path / "cache"))
+    url = f"hf://team/batch-{tmp_path.name}"
+    pub = Publisher(tmp_path / "trainer", url)
+    pub.step("step 0")
+    follower = wvc.follow(url)
+    follower.update()
+    commit, _ = pub.step("step 1", touch=tuple(pub.sd))  # every tensor: five changed chunks
+    before = len(hub_env.requests)
+    update = follower.update()
+    assert update.commit == commit and len(update.changed) == 5
+    pack_reads = [r for r in hub_env.requests[before:] if ".pack" in r[1] and r[0] == "GET"]
+    assert len(pack_reads) == 1, pack_reads
+    assert same(follower.state_dict, pub.repo.load_state_dict(commit))

@@ -126,7 +126,7 @@ class Follower:
         if remote is not None:
             source.held = _Held(self)
         # 1. fetch and verify every changed chunk; nothing is written yet
-        staged: dict[str, list[tuple[int, bytes]]] = {}
+        wanted: dict[str, list[tuple[int, str]]] = {}
         for name, e in entries.items():
             old = self._entries.get(name)
             if old is not None and old.chunks == e.chunks:
@@ -134,8 +134,11 @@ class Follower:
             same_layout = old is not None and old.dtype == e.dtype and tuple(old.shape) == tuple(e.shape) \
                 and self._chunk_bytes == view.tree.chunk_bytes
             olds = old.chunks if same_layout else ()
-            staged[name] = [(i, view.get(cid)) for i, (was, cid) in enumerate(zip_longest(olds, e.chunks))
+            wanted[name] = [(i, cid) for i, (was, cid) in enumerate(zip_longest(olds, e.chunks))
                             if cid is not None and was != cid]
+        if remote is not None:  # the payloads in a few range requests, not one per chunk
+            source.prefetch(cid for pieces in wanted.values() for _, cid in pieces)
+        staged = {name: [(i, view.get(cid)) for i, cid in pieces] for name, pieces in wanted.items()}
         # 2. apply, all of it
         for name, pieces in staged.items():
             e = entries[name]

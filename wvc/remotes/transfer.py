@@ -390,6 +390,33 @@ class RemoteChunks:
         # chunk bytes the caller already holds (a follower's current tensors: anything with
         # ``in`` and ``[]``): a delta chain stops there instead of fetching its base
         self.held = None
+        self.payloads: dict[str, bytes] = {}  # fetched by prefetch, not yet decoded
+
+    def _have(self, oid: str) -> bool:
+        return oid in self.cache or oid in self.payloads or self._from_base(oid) or self._holds(oid)
+
+    def prefetch(self, object_ids) -> None:
+        """Download the payloads that ``object_ids`` need (their chains down to what is
+        held, cached or in the base) in as few range requests as the packs allow: one
+        commit's new objects lie side by side in one pack, so a follower's update is one
+        request or a few instead of one per chunk. Decoding and verification still happen
+        on use (``__call__``)."""
+        wanted: dict[str, tuple[str, PackEntry]] = {}
+        for oid in dict.fromkeys(object_ids):
+            if oid in wanted or self._have(oid):
+                continue
+            for entry in resolve_chain(oid, self._lookup, stop=lambda o: o in wanted or self._have(o),
+                                       where="the remote"):
+                wanted[entry.id] = self.index[entry.id]
+        by_pack: dict[str, list[PackEntry]] = {}
+        for name, entry in wanted.values():
+            by_pack.setdefault(name, []).append(entry)
+        for name, entries in sorted(by_pack.items()):
+            for span in _spans(sorted(entries, key=lambda e: e.offset)):
+                start = span[0].offset
+                data = self.remote.read_range(pack_path(name), start, span[-1].offset + span[-1].length - start)
+                for e in span:
+                    self.payloads[e.id] = data[e.offset - start : e.offset - start + e.length]
 
     def _holds(self, oid: str) -> bool:
         return self.held is not None and oid in self.held
@@ -420,7 +447,9 @@ class RemoteChunks:
         raw = None if below is None else self(below)
         for entry in reversed(chain):
             pack = self.index[entry.id][0]
-            payload = self.remote.read_range(pack_path(pack), entry.offset, entry.length)
+            payload = self.payloads.pop(entry.id, None)
+            if payload is None:
+                payload = self.remote.read_range(pack_path(pack), entry.offset, entry.length)
             raw = decode_verified(entry.id, payload, entry.raw_size, raw, f"remote pack {pack[:12]}")
             self.cache.put(entry.id, raw)
         return raw
