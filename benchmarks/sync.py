@@ -167,6 +167,7 @@ def run_sync(name: str, steps_iter, n_steps: int, max_chain: int, work: Path, ur
             commit = pub.commits[-1]
             assert line["commit"] == commit["commit"], (line, commit)
             row = {"step": step, "pause_s": pause, "save_file_s": save_s, "stored_bytes": commit["stored_bytes"],
+                   "commit_s": commit["seconds"],
                    "follower_bytes": line["downloaded_bytes"], "apply_s": line["seconds"],
                    "exact": line["digest"] == want, "full_bytes": cur_file.stat().st_size}
             if prev is not None:

@@ -13,8 +13,8 @@ class Publisher:
     """A bf16 model where each step moves ~1% of the elements by one unit in the last place,
     committed with deep chains (each step a delta against the one before) and pushed."""
 
-    def __init__(self, root, remote):
-        self.repo = Repo.init(root, max_chain=1000)
+    def __init__(self, root, remote, max_chain=1000):
+        self.repo = Repo.init(root, max_chain=max_chain)
         g = torch.Generator().manual_seed(0)
         self.sd = {f"layer{i}.weight": (torch.randn(256, 512, generator=g) * 0.02).to(torch.bfloat16)
                    for i in range(4)}
@@ -149,3 +149,19 @@ def test_an_update_reads_a_commits_new_payloads_in_one_request_per_pack(tmp_path
     pack_reads = [r for r in hub_env.requests[before:] if ".pack" in r[1] and r[0] == "GET"]
     assert len(pack_reads) == 1, pack_reads
     assert same(follower.state_dict, pub.repo.load_state_dict(commit))
+
+
+def test_a_re_anchored_step_downloads_its_delta_not_the_keyframe_again(tmp_path, monkeypatch):
+    """With max_chain 1 every step is a delta against the chain's keyframe, which the
+    follower's tensors no longer hold after the first step: it keeps the keyframes it
+    decoded, so each update still downloads only that commit's payload."""
+    monkeypatch.setenv("WVC_CACHE", str(tmp_path / "cache"))
+    pub = Publisher(tmp_path / "trainer", str(tmp_path / "remote"), max_chain=1)
+    pub.step("step 0")
+    follower = wvc.follow("file://" + str(tmp_path / "remote"))
+    follower.update()
+    for k in range(1, 4):
+        commit, stored = pub.step(f"step {k}")
+        up = follower.update()
+        assert same(follower.state_dict, pub.repo.load_state_dict(commit))
+        assert up.downloaded_bytes <= 1.25 * stored + 64 * 1024, (k, up.downloaded_bytes, stored)

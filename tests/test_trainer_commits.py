@@ -234,3 +234,57 @@ def test_fsdp_ranks_all_take_part_and_rank_0_commits_the_full_weights(tmp_path):
     got = Repo.open(tmp_path / "versions").load_state_dict(done["commits"][-1]["commit"])
     assert sorted(got) == sorted(full)
     assert all(torch.equal(got[k].view(torch.uint8), full[k].view(torch.uint8)) for k in full)
+
+
+def test_a_follower_process_tracks_a_trainer_committing_every_step_exactly(tmp_path, hub_env):
+    """Two processes: a real SFTTrainer (bf16) committing every step and pushing to the
+    local Hub server; a follower process polling update(). As in an RL loop, the trainer
+    waits at each step until the follower holds the previous one. Every version it reaches
+    is bit-identical to that commit, and each update downloads at most 1.25x the stored
+    bytes of the commits it moved over, plus 64 KB."""
+    import os
+    import queue
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from transformers import TrainerCallback
+
+    from tests.follow_worker import digest
+
+    url = f"hf://team/follow-{tmp_path.name}"
+    stop = tmp_path / "stop"
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1", "WVC_CACHE": str(tmp_path / "cache")}
+    follower = subprocess.Popen([sys.executable, "-m", "tests.follow_worker", url, "main", str(stop)],
+                                stdout=subprocess.PIPE, text=True, env=env, cwd=root)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in follower.stdout], daemon=True).start()
+    updates = []
+    cb = every_step(tmp_path, push_to=url, branch="main", push_interval=0)
+
+    class WaitForFollower(TrainerCallback):  # after WvcCallback has queued the last step
+        def on_step_begin(self, args, state, control, **kwargs):
+            assert cb.publisher.flush(timeout=60), cb.push_errors
+            while not updates or updates[-1]["commit"] != cb.commits[-1]["commit"]:
+                updates.append(json.loads(lines.get(timeout=60)))
+
+    try:
+        trl_helpers.sft_trainer(tmp_path / "out", [cb, WaitForFollower()], max_steps=6, save_steps=None, lr=1e-4,
+                                dtype=torch.bfloat16).train()
+        assert cb.push_errors == [] and not cb.unpushed
+        stop.touch()
+        follower.wait(timeout=120)
+        while not lines.empty():
+            updates.append(json.loads(lines.get()))
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+    assert follower.returncode == 0
+    repo = Repo.open(tmp_path / "versions")
+    stored = {e.id: e.stored_bytes for e in repo.log("main")}
+    order = [e.id for e in reversed(repo.log("main"))]
+    assert [u["commit"] for u in updates] == order  # every step, in order, up to the tip
+    for u in updates:
+        assert u["digest"] == digest(repo.load_state_dict(u["commit"])), u
+        assert u["downloaded_bytes"] <= 1.25 * stored[u["commit"]] + 64 * 1024, (updates.index(u), u, stored[u["commit"]])

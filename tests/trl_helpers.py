@@ -49,5 +49,6 @@ def sft_trainer(output_dir, callback, *, max_steps=3, save_steps=100, tied=True,
                      save_strategy="steps" if save_steps else "no",
                      per_device_train_batch_size=4, logging_steps=1, report_to=[], use_cpu=True, learning_rate=lr,
                      disable_tqdm=True, bf16=dtype == torch.bfloat16, run_name=run_name)
+    callbacks = callback if isinstance(callback, list) else [callback]
     return SFTTrainer(model=model(tied, dtype), args=args, train_dataset=dataset(), processing_class=tokenizer(),
-                      peft_config=peft_config, callbacks=[callback])
+                      peft_config=peft_config, callbacks=callbacks)

@@ -85,6 +85,10 @@ class RemoteError(WvcError):
     """A remote is unreachable, refuses us, or holds something invalid."""
 
 
+class RemoteNotFound(RemoteError):
+    """The remote repository does not exist (or, on the Hub, is not readable with our token)."""
+
+
 class NonFastForward(RemoteError):
     """A push or pull that would drop commits on one side."""
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from . import ids
 from .codec.devices import resolve_device
-from .errors import WvcError
+from .errors import CorruptObject, RemoteNotFound, RevisionNotFound, WvcError
 from .formats.dtypes import DTYPES
 from .objects import chunk_spans
 from .view import VersionView, cache_root, open_remote_version, open_version
@@ -45,17 +45,49 @@ class Update:
         return dict(self.__dict__)
 
 
+class _Keyframes:
+    """Keyframes the follower has decoded, kept on disk (``$WVC_CACHE/follow/<source>/
+    keyframes``): when the publisher re-anchors a chain (a delta against the chain's
+    keyframe instead of the step before), the follower downloads that delta only, not the
+    keyframe again. About one copy of the weights on disk; checked against its id on read."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def __contains__(self, oid) -> bool:
+        return ids.is_object_id(oid) and (self.root / oid).is_file()
+
+    def __getitem__(self, oid) -> bytes:
+        path = self.root / oid
+        data = path.read_bytes()
+        if ids.chunk_id(data) != oid:
+            path.unlink(missing_ok=True)  # the next update fetches it from the source again
+            raise CorruptObject(f"the follower's kept keyframe {ids.short(oid)} is damaged; retry the update")
+        return data
+
+    def put(self, oid: str, raw: bytes) -> None:
+        from .fsutil import atomic_write
+
+        if oid not in self:
+            self.root.mkdir(parents=True, exist_ok=True)
+            atomic_write(self.root / oid, raw, durable=False)  # a cache, checked on read
+
+
 class _Held:
-    """The chunk bytes the follower's tensors hold now, by chunk id (delta bases for free)."""
+    """The chunk bytes the follower holds, by chunk id (delta bases for free): its tensors'
+    current chunks, and the keyframes it kept."""
 
     def __init__(self, follower: "Follower"):
         self.follower = follower
         self.where = {cid: (name, i) for name, e in follower._entries.items() for i, cid in enumerate(e.chunks)}
+        self.keyframes = follower._keyframes
 
     def __contains__(self, oid) -> bool:
-        return oid in self.where
+        return oid in self.where or oid in self.keyframes
 
     def __getitem__(self, oid) -> bytes:
+        if oid not in self.where:
+            return self.keyframes[oid]
         name, i = self.where[oid]
         entry = self.follower._entries[name]
         begin, end = chunk_spans(entry.nbytes, DTYPES[entry.dtype].width, self.follower._chunk_bytes)[i]
@@ -82,6 +114,7 @@ class Follower:
         self._local = "://" not in self.source and (Path(self.source) / ".wvc").is_dir()
         # the remote's catalogs are immutable: each is read once, whatever the number of polls
         self._catalogs = cache_root() / "follow" / ids.digest(ids.CHUNK, self.source.encode())[:24]
+        self._keyframes = _Keyframes(self._catalogs / "keyframes")
 
     def _open(self, rev: str) -> VersionView:
         if self._local:
@@ -101,11 +134,18 @@ class Follower:
         wait = POLL_SECONDS[0]
         while True:
             t0 = time.perf_counter()
-            if rev is None and not self._local and self.commit is not None \
-                    and self._tip() == self.commit:  # one small read when nothing is new
+            try:
+                if rev is None and not self._local and self.commit is not None \
+                        and self._tip() == self.commit:  # one small read when nothing is new
+                    view = None
+                else:
+                    view = self._open(rev or self.branch)
+            except (RemoteNotFound, RevisionNotFound):
+                # Started before the publisher's first push: with a timeout, wait for it
+                # like for any new commit; a single look (no timeout) says what is missing.
+                if self.commit is not None or deadline is None:
+                    raise
                 view = None
-            else:
-                view = self._open(rev or self.branch)
             if view is not None and view.commit != self.commit:
                 return self._move(view, t0)
             if deadline is None or time.monotonic() + wait > deadline:
@@ -125,6 +165,7 @@ class Follower:
         remote = getattr(source, "remote", None)
         if remote is not None:
             source.held = _Held(self)
+            source.keep_keyframe = self._keyframes.put
         # 1. fetch and verify every changed chunk; nothing is written yet
         wanted: dict[str, list[tuple[int, str]]] = {}
         for name, e in entries.items():

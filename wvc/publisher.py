@@ -34,6 +34,11 @@ from .api import Repo
 
 log = logging.getLogger("wvc")
 
+# Raw chunks of the last commit kept in memory as the next commit's delta bases (a step's
+# chunks are deltas against the step before: decoding their chains instead made each
+# commit slower than the last). One more host copy of the weights, up to this much.
+KEEP_BYTES = 2 << 30
+
 # The Hub allows a bounded number of commits per repository and hour; one push a minute
 # stays well inside it. Other remotes take every commit.
 HUB_PUSH_INTERVAL = 60.0
@@ -85,7 +90,7 @@ class Job:
 class Publisher:
     def __init__(self, repo_path, branch: str, *, push_to: str | None = None, remote: str = "origin",
                  max_pending: int = 1, push_interval: float | None = None, device: str = "auto",
-                 max_push_attempts: int = 5, retry_seconds: float = 2.0):
+                 max_push_attempts: int = 5, retry_seconds: float = 2.0, keep_bytes: int = KEEP_BYTES):
         if max_pending < 1:
             raise ValueError("max_pending must be at least 1")
         self.repo_path = Path(repo_path)
@@ -93,6 +98,7 @@ class Publisher:
         self.remote = remote
         self.device = device
         self.max_pending = max_pending
+        self.keep_bytes = keep_bytes
         self.max_push_attempts = max_push_attempts
         self.retry_seconds = retry_seconds  # back-off base: retry_seconds * 2**(attempt-1), at most 60 s
         self.commits: list[dict] = []  # one per commit: commit, step, skipped_steps, seconds, bytes
@@ -184,6 +190,7 @@ class Publisher:
 
     def _commit_loop(self) -> None:
         repo = Repo.open(self.repo_path)  # its own connection: never shares the caller's
+        repo.store.keep_recent_bytes = self.keep_bytes
         try:
             while True:
                 with self._cond:
@@ -254,10 +261,12 @@ class Publisher:
                             continue
                         # Rate: wait out push_interval (or a failed push's back-off),
                         # collecting the commits that land meanwhile; a flush or close
-                        # pushes at once unless the last push just failed.
+                        # pushes at once unless the last push just failed
                         gap = min(60.0, self.retry_seconds * 2.0 ** (attempts - 1)) if attempts else self.push_interval
                         left = last_try + gap - time.monotonic()
-                        urgent = (self._flush_requested or self._closing) and not attempts
+                        # (once the committer is done: one push for everything flushed)
+                        urgent = (self._flush_requested or self._closing) and not attempts \
+                            and not self._pending and not self._busy
                         if urgent or left <= 0:
                             break
                         self._cond.wait(timeout=left)

@@ -14,6 +14,7 @@ import contextlib
 import io
 from pathlib import Path
 
+from ..errors import RemoteNotFound
 from .interface import (BASE_RECORD, MAX_BASE_RECORD, Remote, RemoteChanged, RemoteError, RemoteState, listing_state,
                         parse_refs)
 
@@ -92,7 +93,7 @@ def hub_errors(what: str):
         raise RemoteError(f"{what}: gated repository: request access on the Hub and set HF_TOKEN to a token "
                           "that has it") from None
     except errors.RepositoryNotFoundError:
-        raise RemoteError(f"{what}: repository not found, or no permission to read it (check HF_TOKEN)") from None
+        raise RemoteNotFound(f"{what}: repository not found, or no permission to read it (check HF_TOKEN)") from None
     except errors.RevisionNotFoundError:
         raise RemoteError(f"{what}: revision not found") from None
     except errors.HfHubHTTPError as exc:

@@ -391,6 +391,7 @@ class RemoteChunks:
         # ``in`` and ``[]``): a delta chain stops there instead of fetching its base
         self.held = None
         self.payloads: dict[str, bytes] = {}  # fetched by prefetch, not yet decoded
+        self.keep_keyframe = None  # called with (id, bytes) of each keyframe decoded (a follower keeps them)
 
     def _have(self, oid: str) -> bool:
         return oid in self.cache or oid in self.payloads or self._from_base(oid) or self._holds(oid)
@@ -452,4 +453,6 @@ class RemoteChunks:
                 payload = self.remote.read_range(pack_path(pack), entry.offset, entry.length)
             raw = decode_verified(entry.id, payload, entry.raw_size, raw, f"remote pack {pack[:12]}")
             self.cache.put(entry.id, raw)
+            if entry.base is None and self.keep_keyframe is not None:
+                self.keep_keyframe(entry.id, raw)
         return raw

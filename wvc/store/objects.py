@@ -116,6 +116,12 @@ class ObjectStore:
         self.reader = PackReader(packs_dir)
         self.external = external  # a base model's files, when the repository has one
         self.supply = supply  # a lazy clone's remote: chunks not fetched yet
+        # A long-lived writer (the Publisher: a commit every training step) keeps the raw
+        # chunks of its last commit, up to this many bytes, so that the next commit's delta
+        # bases are in hand instead of decoded through their chains (deep chains follow the
+        # steps: decoding them grew a commit's time with each step). 0: keep nothing.
+        self.keep_recent_bytes = 0
+        self.recent_chunks: dict[str, bytes] = {}
 
     def row(self, object_id: str) -> ObjectRow | None:
         r = self.db.conn.execute(
@@ -294,6 +300,8 @@ class ChunkWriter:
         self.in_flight_bytes = 0
         self.stored_bytes = 0
         self.finished: tuple[str, int] | None = None
+        self.kept: dict[str, bytes] = {}  # this commit's raw chunks, for store.recent_chunks
+        self.kept_bytes = 0
 
     def __enter__(self):
         return self
@@ -330,10 +338,14 @@ class ChunkWriter:
         index (basemodel/index.py) records it.
         """
         object_id = ids.chunk_id(raw)
+        if self.kept_bytes + len(raw) <= self.store.keep_recent_bytes and object_id not in self.kept:
+            self.kept[object_id] = bytes(raw)
+            self.kept_bytes += len(raw)
         if self.known(object_id):
             return object_id
         base_chain = self._base_chain(base_id, object_id, len(raw))
-        future = pool().submit(self._encode, raw, dtype, base_chain)
+        base_raw = self.store.recent_chunks.get(base_chain[0].id) if base_chain else None
+        future = pool().submit(self._encode, raw, dtype, base_chain, base_raw)
         self.in_flight.append((object_id, future, len(raw)))
         self.in_flight_ids.add(object_id)
         self.in_flight_bytes += len(raw)
@@ -341,10 +353,11 @@ class ChunkWriter:
             self._drain_one()
         return object_id
 
-    def _encode(self, raw, dtype, base_chain):
+    def _encode(self, raw, dtype, base_chain, base_raw=None):
         from .. import codec
 
-        base_raw = self.store.decode_chain(base_chain) if base_chain else None
+        if base_raw is None and base_chain:
+            base_raw = self.store.decode_chain(base_chain)
         encoded = codec.encode(raw, dtype, base_raw, device=self.device, level=self.level)
         base = base_chain[0] if encoded.uses_base else None
         return encoded, len(raw), base
@@ -367,4 +380,7 @@ class ChunkWriter:
             self._drain_one()
         self.finished = self.pack.finish() or ("", 0)
         rows = list(self.pending.values())
+        if self.store.keep_recent_bytes:
+            self.store.recent_chunks = self.kept  # the next commit's delta bases
+        self.kept = {}
         return (self.finished if self.finished[0] else None), rows

@@ -1,0 +1,83 @@
+"""wvc.publisher.Publisher: snapshots committed and pushed in the background."""
+
+import torch
+
+from wvc import Repo, api
+from wvc.publisher import Publisher, snapshot_state_dict
+
+
+def model_steps(n, seed=0):
+    """A bf16 state dict and n steps, each moving every 37th element of two tensors by one
+    unit in the last place."""
+    g = torch.Generator().manual_seed(seed)
+    sd = {f"w{i}": (torch.randn(300, 700, generator=g) * 0.02).to(torch.bfloat16) for i in range(3)}
+    sd["b"] = torch.zeros(700, dtype=torch.bfloat16)
+    yield 0, sd
+    for s in range(1, n + 1):
+        for name in ("w0", "w2"):
+            sd[name].view(torch.int16).reshape(-1)[s % 37::37] += 1
+        yield s, sd
+
+
+def test_a_snapshot_is_a_copy_that_keeps_tied_tensors_tied():
+    w = torch.randn(8, 4)
+    sd = {"embed.weight": w, "head.weight": w, "frozen": torch.ones(3)}
+    snap = snapshot_state_dict(sd, frozen=frozenset({"frozen"}))
+    w.add_(1.0)  # the model moves on
+    assert not torch.equal(snap["embed.weight"], w)
+    assert snap["embed.weight"].untyped_storage().data_ptr() == snap["head.weight"].untyped_storage().data_ptr()
+    assert snap["frozen"].untyped_storage().data_ptr() == sd["frozen"].untyped_storage().data_ptr()
+
+
+def test_published_steps_are_committed_exactly_in_order(tmp_path):
+    pub = Publisher(tmp_path / "repo", "run/a", max_pending=100)
+    expected = {}
+    for step, sd in model_steps(4):
+        pub.publish(sd, message=f"step {step}", metadata={"step": step})
+        expected[step] = {k: v.clone() for k, v in sd.items()}
+    assert pub.close(timeout=60)
+    repo = Repo.open(tmp_path / "repo")
+    assert [c["step"] for c in pub.commits] == [0, 1, 2, 3, 4]
+    assert [e.id for e in repo.log("run/a")] == [c["commit"] for c in reversed(pub.commits)]
+    for c in pub.commits:
+        got = repo.load_state_dict(c["commit"])
+        assert all(torch.equal(got[k].view(torch.int16), expected[c["step"]][k].view(torch.int16)) for k in got)
+
+
+def test_the_last_commits_chunks_are_the_next_ones_delta_bases_without_decoding(tmp_path, monkeypatch):
+    """Deep chains follow the steps; decoding the parent's chain made each commit slower
+    than the last. The publisher keeps its last commit's raw chunks: no chain is decoded,
+    and the payloads are the same bytes as without them."""
+    from wvc.store.objects import ObjectStore
+
+    decodes = []
+    real = ObjectStore.decode_chain
+    monkeypatch.setattr(ObjectStore, "decode_chain", lambda self, chain: decodes.append(len(chain)) or real(self, chain))
+    Repo.init(tmp_path / "kept", max_chain=64).close()
+    pub = Publisher(tmp_path / "kept", "main", max_pending=100)
+    for step, sd in model_steps(6):
+        pub.publish(sd, message=f"step {step}", metadata={"step": step})
+    assert pub.close(timeout=60)
+    assert decodes == []
+    plain = Repo.init(tmp_path / "plain", max_chain=64)
+    for step, sd in model_steps(6):
+        plain.commit(f"step {step}", source=sd)
+    assert max(decodes) >= 6  # without them, the step-6 commit decodes a 6-link chain
+    kept = Repo.open(tmp_path / "kept")
+    assert [kept.read_commit(e.id).tree for e in kept.log()] == [plain.read_commit(e.id).tree for e in plain.log()]
+    assert [e.stored_bytes for e in kept.log()] == [e.stored_bytes for e in plain.log()]
+
+
+def test_pushes_coalesce_to_the_push_interval_and_close_sends_the_rest(tmp_path, monkeypatch):
+    pushes = []
+    real = api.Repo.push
+    monkeypatch.setattr(api.Repo, "push", lambda self, *a, **kw: pushes.append(a) or real(self, *a, **kw))
+    pub = Publisher(tmp_path / "repo", "main", push_to=str(tmp_path / "remote"), push_interval=3600, max_pending=100)
+    for step, sd in model_steps(4):
+        pub.publish(sd, message=f"step {step}", metadata={"step": step})
+    assert pub.close(timeout=60)
+    assert len(pushes) == 2  # the first commit at once; the other four wait for the interval, sent by close
+    remote = Repo.init(tmp_path / "check")
+    remote.remote_add("origin", str(tmp_path / "remote"))
+    remote.fetch("origin")
+    assert remote.resolve("origin/main") == pub.commits[-1]["commit"]
