@@ -249,7 +249,9 @@ def test_remote_view_of_a_finetune_reads_one_tensor(tmp_path, hub, monkeypatch):
 
 def test_lazy_clone_downloads_only_the_versions_it_uses(tmp_path, hub, cli):
     name, base_folder = publish_base(hub, tmp_path)
-    repo = Repo.init(tmp_path / "ft", base=f"hf://{name}")
+    # every version a delta against the base (max_chain 1): a version's own chunks are then
+    # all that is fetched; with deeper chains a version needs the versions before it too
+    repo = Repo.init(tmp_path / "ft", base=f"hf://{name}", max_chain=1)
     digests = {}
     for step in range(4):
         fine_tune(base_folder, repo.root, seed=10 + step, scale=1e-3 * (step + 1))

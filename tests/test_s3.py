@@ -205,7 +205,7 @@ def test_a_multipart_upload_killed_midway_is_resumed_by_the_next_push(tmp_path, 
 
 def test_a_lazy_clone_downloads_about_one_versions_payloads(tmp_path):
     bucket = new_bucket()
-    repo = Repo.init(tmp_path / "a")
+    repo = Repo.init(tmp_path / "a", max_chain=1)  # each version a delta against the keyframe
     g = torch.Generator().manual_seed(0)
     w = torch.randn(1 << 18, generator=g)
     stored = []

@@ -34,7 +34,7 @@ from .database import Database
 from .external import BASE_PACK, EXTERNAL_METHOD, ExternalFiles
 from .packs import PackReader, PackWriter
 
-DEFAULT_MAX_CHAIN = 1  # measured in benchmarks/: the flattest checkout cost and fastest commit
+DEFAULT_MAX_CHAIN = 8  # with the payload rule of ChunkWriter._base_chain; measured in benchmarks/sync.py (docs/design.md, "Anchor policy")
 WORKERS = max(1, min(4, os.cpu_count() or 1))
 # How far ahead of the caller the pool works: at most IN_FLIGHT_BYTES of raw chunks (which
 # bounds memory) and at most MAX_IN_FLIGHT chunks. A bound in bytes rather than in chunks:

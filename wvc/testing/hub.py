@@ -150,8 +150,9 @@ class Handler(BaseHTTPRequestHandler):
         if body and not head_only:
             self.wfile.write(body)
 
-    def _json(self, status: int, obj, headers: dict | None = None):
-        self._send(status, json.dumps(obj).encode(), {"Content-Type": "application/json", **(headers or {})})
+    def _json(self, status: int, obj, headers: dict | None = None, head_only: bool = False):
+        self._send(status, json.dumps(obj).encode(), {"Content-Type": "application/json", **(headers or {})},
+                   head_only=head_only)
 
     def _body(self) -> bytes:
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
@@ -196,7 +197,8 @@ class Handler(BaseHTTPRequestHandler):
                 headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))  # whole seconds, as the Hub sends
             if exc.code == "EntryNotFound" and getattr(exc, "commit", None):
                 headers["X-Repo-Commit"] = exc.commit
-            self._json(exc.status, {"error": exc.message}, headers)
+            # an answer to HEAD has no body: one would be read as the next response's start
+            self._json(exc.status, {"error": exc.message}, headers, head_only=method == "HEAD")
         except (BrokenPipeError, ConnectionResetError):
             pass
 
