@@ -37,6 +37,8 @@ from pathlib import Path
 
 import torch
 
+from wvc.store.objects import DEFAULT_MAX_CHAIN
+
 RESULTS = Path(__file__).parent / "results"
 
 
@@ -237,7 +239,8 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--llm-gb", type=float, default=1.0)
     ap.add_argument("--llm-steps", type=int, default=10, help="0: skip the LLM-shaped run")
-    ap.add_argument("--max-chain", type=int, nargs="+", default=[64])
+    ap.add_argument("--max-chain", type=int, nargs="+", default=[1, DEFAULT_MAX_CHAIN, 64],
+                    help="MiniLM runs, one per chain bound (the LLM-shaped run uses the default)")
     ap.add_argument("--out", type=Path, default=RESULTS / "sync.json")
     ap.add_argument("--follow", help=argparse.SUPPRESS)
     ap.add_argument("--count", type=int, help=argparse.SUPPRESS)
@@ -259,7 +262,7 @@ def main(argv=None) -> None:
                                     f"hf://bench/minilm-{max_chain}"))
         if args.llm_steps:
             results.append(run_sync(f"llm-{args.llm_gb:g}gb-bf16", llm_bf16_steps(args.llm_steps, args.llm_gb),
-                                    args.llm_steps, max(args.max_chain), work, "hf://bench/llm"))
+                                    args.llm_steps, DEFAULT_MAX_CHAIN, work, "hf://bench/llm"))
         hub.shutdown()
     summaries = [summary(r) for r in results]
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -6,20 +6,11 @@ stop, printing one JSON line per update (commit, bytes downloaded, a digest of i
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 from pathlib import Path
 
-
-def digest(state_dict) -> str:
-    import torch
-
-    h = hashlib.sha256()
-    for name in sorted(state_dict):
-        h.update(name.encode())
-        h.update(state_dict[name].detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
+from benchmarks.sync import digest  # the same digest the benchmark's follower reports
 
 
 def main(url: str, branch: str, stop: Path) -> None:

@@ -81,3 +81,24 @@ def test_pushes_coalesce_to_the_push_interval_and_close_sends_the_rest(tmp_path,
     remote.remote_add("origin", str(tmp_path / "remote"))
     remote.fetch("origin")
     assert remote.resolve("origin/main") == pub.commits[-1]["commit"]
+
+
+def test_a_committed_snapshots_buffers_take_the_next_snapshot(tmp_path):
+    """The snapshot is the training pause; a reused, already-touched buffer copies about 3x
+    faster than a fresh allocation. Reuse never changes what was committed."""
+    pub = Publisher(tmp_path / "repo", "main", max_pending=1)
+    steps = model_steps(2)
+    _, sd = next(steps)
+    first = pub.publish(sd, message="step 0", metadata={"step": 0})
+    want0 = {k: v.clone() for k, v in sd.items()}
+    assert pub.flush(timeout=60)
+    ptrs = {b.data_ptr() for b in first.buffers}
+    _, sd = next(steps)
+    second = pub.publish(sd, message="step 1", metadata={"step": 1})
+    assert {b.data_ptr() for b in second.buffers} == ptrs
+    assert pub.close(timeout=60)
+    repo = Repo.open(tmp_path / "repo")
+    got0 = repo.load_state_dict(first.commit)
+    got1 = repo.load_state_dict(second.commit)
+    assert all(torch.equal(got0[k].view(torch.int16), want0[k].view(torch.int16)) for k in want0)
+    assert all(torch.equal(got1[k].view(torch.int16), sd[k].view(torch.int16)) for k in sd)

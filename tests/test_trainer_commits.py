@@ -250,7 +250,7 @@ def test_a_follower_process_tracks_a_trainer_committing_every_step_exactly(tmp_p
 
     from transformers import TrainerCallback
 
-    from tests.follow_worker import digest
+    from benchmarks.sync import digest
 
     url = f"hf://team/follow-{tmp_path.name}"
     stop = tmp_path / "stop"

@@ -44,12 +44,15 @@ KEEP_BYTES = 2 << 30
 HUB_PUSH_INTERVAL = 60.0
 
 
-def snapshot_state_dict(state_dict: Mapping, frozen: frozenset[str] = frozenset()) -> dict:
+def snapshot_state_dict(state_dict: Mapping, frozen: frozenset[str] = frozenset(), alloc=None) -> dict:
     """A consistent host copy of ``state_dict``: each tensor storage copied once, so
     tensors that shared memory (tied embeddings) still share it, which is how transformers
     recognises tied weights when it saves. Names in ``frozen`` (parameters that do not
-    train, a PEFT model's base) are referenced, not copied."""
+    train, a PEFT model's base) are referenced, not copied. ``alloc(nbytes)`` gives the
+    host storages (default: new ones)."""
     import torch
+
+    alloc = alloc or (lambda n: torch.UntypedStorage(n, device="cpu"))
 
     copies: dict = {}
     out = {}
@@ -65,10 +68,45 @@ def snapshot_state_dict(state_dict: Mapping, frozen: frozenset[str] = frozenset(
         key = (str(t.device), storage.data_ptr(), storage.nbytes())
         copy = copies.get(key)
         if copy is None:
-            copy = copies[key] = torch.UntypedStorage(storage.nbytes(), device="cpu")
+            copy = copies[key] = alloc(storage.nbytes())
             copy.copy_(storage)
         out[name] = torch.empty(0, dtype=t.dtype).set_(copy, t.storage_offset(), t.size(), t.stride())
     return out
+
+
+class SnapshotBuffers:
+    """Host storages of committed snapshots, reused for the next ones. A fresh allocation
+    is touched page by page during the copy: into a reused buffer the snapshot of a 512 MB
+    tensor took 0.057 s instead of 0.14-0.18 s here, and the snapshot is the training pause.
+    Keeps at most ``sets`` snapshots' worth of bytes (the publisher's snapshots in flight)."""
+
+    def __init__(self, sets: int):
+        self.sets = sets
+        self.free: dict[int, list] = {}
+        self.free_bytes = 0
+        self.set_bytes = 0  # the largest snapshot given back
+        self.lock = threading.Lock()
+
+    def take(self, nbytes: int, taken: list):
+        import torch
+
+        with self.lock:
+            stack = self.free.get(nbytes)
+            buf = stack.pop() if stack else None
+            if buf is not None:
+                self.free_bytes -= nbytes
+        if buf is None:
+            buf = torch.UntypedStorage(nbytes, device="cpu")
+        taken.append(buf)
+        return buf
+
+    def give(self, buffers: list) -> None:
+        with self.lock:
+            self.set_bytes = max(self.set_bytes, sum(b.nbytes() for b in buffers))
+            for buf in buffers:
+                if self.free_bytes + buf.nbytes() <= self.sets * self.set_bytes:
+                    self.free.setdefault(buf.nbytes(), []).append(buf)
+                    self.free_bytes += buf.nbytes()
 
 
 @dataclass
@@ -82,6 +120,7 @@ class Job:
     directory: Path | None = None  # an existing directory to commit (a Trainer checkpoint)
     exclude: tuple[str, ...] = ()
     skipped: list = field(default_factory=list)  # steps this job replaced in the queue
+    buffers: list = field(default_factory=list)  # SnapshotBuffers storages the snapshot lives in
     done: threading.Event = field(default_factory=threading.Event)
     commit: str | None = None
     error: str | None = None
@@ -112,6 +151,7 @@ class Publisher:
         if push_interval is None:
             push_interval = HUB_PUSH_INTERVAL if (push_to or "").startswith("hf://") else 0.0
         self.push_interval = push_interval
+        self.buffers = SnapshotBuffers(sets=max_pending + 1)
         self._cond = threading.Condition()
         self._pending: list[Job] = []
         self._closing = False
@@ -126,14 +166,15 @@ class Publisher:
     # -- the caller's side ---------------------------------------------------------------------
     def publish(self, state_dict: Mapping | None = None, *, message: str, metadata: dict | None = None,
                 frozen: frozenset[str] = frozenset(), write_files=None, directory=None, exclude=(),
-                wait: bool = False, snapshot: Mapping | None = None) -> Job:
-        """Snapshot ``state_dict`` (unless ``snapshot`` is one already) and queue its
-        commit; ``wait`` blocks until it is committed (a checkpoint directory that the
-        Trainer may delete later is committed before training goes on)."""
+                wait: bool = False, snapshot: tuple[Mapping, list] | None = None) -> Job:
+        """Snapshot ``state_dict`` (unless ``snapshot`` is one :meth:`snapshot` took) and
+        queue its commit; ``wait`` blocks until it is committed (a checkpoint directory that
+        the Trainer may delete later is committed before training goes on)."""
+        snapshot, buffers = snapshot or (None, [])
         if snapshot is None and state_dict is not None:
-            snapshot = snapshot_state_dict(state_dict, frozen)
+            snapshot, buffers = self.snapshot(state_dict, frozen)
         job = Job(message, dict(metadata or {}), snapshot, write_files,
-                  Path(directory) if directory is not None else None, tuple(exclude))
+                  Path(directory) if directory is not None else None, tuple(exclude), buffers=buffers)
         with self._cond:
             if self._closing:
                 raise RuntimeError("the publisher is closed")
@@ -144,12 +185,19 @@ class Publisher:
                 self._pending.remove(dropped)
                 job.skipped = dropped.skipped + [dropped.metadata.get("step", dropped.message)]
                 dropped.error = "replaced by a newer snapshot"
+                dropped.snapshot = None
+                self.buffers.give(dropped.buffers)
                 dropped.done.set()
             self._pending.append(job)
             self._cond.notify_all()
         if wait:
             job.done.wait()
         return job
+
+    def snapshot(self, state_dict: Mapping, frozen: frozenset[str] = frozenset()) -> tuple[dict, list]:
+        """A host copy of ``state_dict`` in reused buffers, for a later ``publish(snapshot=...)``."""
+        buffers: list = []
+        return snapshot_state_dict(state_dict, frozen, alloc=lambda n: self.buffers.take(n, buffers)), buffers
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every queued snapshot is committed and (with a remote) pushed; False
@@ -208,7 +256,8 @@ class Publisher:
                         if job.commit is not None and self._pusher is not None:
                             self._push_wanted = True
                         self._cond.notify_all()
-                    job.snapshot = None  # free the memory as soon as it is committed
+                    job.snapshot = None  # its buffers serve the next snapshots
+                    self.buffers.give(job.buffers)
                     job.done.set()
         finally:
             repo.close()

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from ..publisher import Publisher, snapshot_state_dict
+from ..publisher import Publisher
 
 log = logging.getLogger("wvc")
 
@@ -207,12 +207,12 @@ class WvcCallback(TrainerCallback):
 
             full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
             self.pauses.append(time.perf_counter() - t)
-            return full if self.publisher is not None else None
+            return (full, []) if self.publisher is not None else None  # already rank 0's own copy
         if self.publisher is None:  # another rank of an unsharded run: rank 0 reads its own copy
             return None
         target = _unwrap(model)
         frozen = frozenset(n for n, p in target.named_parameters(remove_duplicate=False) if not p.requires_grad)
-        snapshot = snapshot_state_dict(target.state_dict(), frozen)
+        snapshot = self.publisher.snapshot(target.state_dict(), frozen)
         self.pauses.append(time.perf_counter() - t)
         return snapshot
 
