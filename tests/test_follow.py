@@ -165,3 +165,85 @@ def test_a_re_anchored_step_downloads_its_delta_not_the_keyframe_again(tmp_path,
         up = follower.update()
         assert same(follower.state_dict, pub.repo.load_state_dict(commit))
         assert up.downloaded_bytes <= 1.25 * stored + 64 * 1024, (k, up.downloaded_bytes, stored)
+
+
+@pytest.mark.parametrize("own", [True, False])
+def test_an_interrupt_while_applying_leaves_every_tensor_at_the_old_version(publisher, tmp_path, monkeypatch, own):
+    """A KeyboardInterrupt (or any error) after some tensors were written: those get their
+    old bytes back, so the follower still holds the old commit whole; the next update
+    reaches the tip."""
+    from wvc import follower as follower_module
+
+    first, _ = publisher.step("step 0")
+    given = None if own else {k: torch.zeros_like(v) for k, v in publisher.sd.items()}
+    follower = wvc.follow("file://" + str(tmp_path / "remote"), state_dict=given)
+    follower.update()
+    before = {n: t.clone() for n, t in follower.state_dict.items()}
+    second, _ = publisher.step("step 1", touch=("layer0.weight", "layer1.weight", "layer3.weight"))
+    writes = []
+    real = follower_module._write_bytes
+
+    def interrupted(region, where, values):
+        writes.append(1)
+        if len(writes) == 3:  # two tensors written, the third interrupted
+            raise KeyboardInterrupt
+        real(region, where, values)
+
+    monkeypatch.setattr(follower_module, "_write_bytes", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        follower.update()
+    assert follower.commit == first and same(follower.state_dict, before)
+    monkeypatch.setattr(follower_module, "_write_bytes", real)
+    assert follower.update().commit == second
+    assert same(follower.state_dict, publisher.repo.load_state_dict(second))
+
+
+def test_a_run_publishing_every_step_under_hub_quotas_loses_nothing(tmp_path, hub_env, monkeypatch):
+    """A run commits every step through wvc.publisher with the Hub's quotas on (in
+    miniature: 3 commits and 40 requests per 2 s) while a follower polls: every step is
+    committed locally, pushes coalesce to the rate, every version the follower reaches is
+    bit-exact, nothing failed for good, and the server never admitted more than its quotas."""
+    import threading
+
+    from wvc.publisher import Publisher as BackgroundPublisher
+    from wvc.testing.hub import Quota
+
+    monkeypatch.setenv("WVC_CACHE", str(tmp_path / "cache"))
+    url = f"hf://team/run-{tmp_path.name}"
+    hub_env.commit_quota = Quota(3, 2.0)
+    hub_env.request_quota = Quota(40, 2.0)
+    seen, done = [], threading.Event()
+    try:
+        pub = BackgroundPublisher(tmp_path / "trainer", "main", push_to=url, push_interval=1.0, max_pending=100)
+
+        def follow():
+            follower = wvc.follow(url)
+            while True:
+                finished = done.is_set()
+                up = follower.update(timeout=0.5)
+                if up is not None:
+                    seen.append((up.commit, {k: v.clone() for k, v in follower.state_dict.items()}))
+                elif finished:
+                    return
+
+        thread = threading.Thread(target=follow)
+        thread.start()
+        g = torch.Generator().manual_seed(0)
+        sd = {f"w{i}": (torch.randn(256, 512, generator=g) * 0.02).to(torch.bfloat16) for i in range(3)}
+        for step in range(30):
+            sd["w1"].view(torch.int16).reshape(-1)[step::50] += 1
+            pub.publish(sd, message=f"step {step}", metadata={"step": step})
+        assert pub.close(timeout=120), pub.errors
+        done.set()
+        thread.join(timeout=120)
+        assert not thread.is_alive()
+        repo = Repo.open(tmp_path / "trainer")
+        log = repo.log("main")
+        assert [e.metadata["step"] for e in log] == list(range(29, -1, -1))  # every step committed
+        assert seen and seen[-1][0] == log[0].id  # the follower reached the last step
+        for commit, tensors in seen:
+            assert same(tensors, repo.load_state_dict(commit))
+        assert hub_env.commit_quota.peak <= 3 and hub_env.request_quota.peak <= 40
+        assert not [e for e in pub.errors if "giving up" in e] and not pub.unpushed
+    finally:
+        hub_env.commit_quota = hub_env.request_quota = None

@@ -95,6 +95,11 @@ class _Held:
         return flat[begin:end].cpu().numpy().tobytes()
 
 
+def _write_bytes(region, where, values) -> None:
+    """One scatter of changed bytes into a tensor's region (a seam the tests interrupt)."""
+    region[where] = values
+
+
 def _uint8():
     import torch
 
@@ -180,26 +185,50 @@ class Follower:
         if remote is not None:  # the payloads in a few range requests, not one per chunk
             source.prefetch(cid for pieces in wanted.values() for _, cid in pieces)
         staged = {name: [(i, view.get(cid)) for i, cid in pieces] for name, pieces in wanted.items()}
-        # 2. apply, all of it
-        for name, pieces in staged.items():
-            e = entries[name]
-            dtype = getattr(torch, DTYPES[e.dtype].torch_name)
-            if self._own and (name not in self.state_dict or tuple(self.state_dict[name].shape) != tuple(e.shape)
-                              or self.state_dict[name].dtype != dtype):
-                self.state_dict[name] = torch.empty(tuple(e.shape), dtype=dtype, device=self.device)
-            target = self.state_dict[name]
-            flat = target.detach().reshape(-1).view(torch.uint8)
-            spans = chunk_spans(e.nbytes, DTYPES[e.dtype].width, view.tree.chunk_bytes)
-            for i, raw in pieces:
-                begin, end = spans[i]
-                flat[begin:end].copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8), non_blocking=False)
-        if self._own:
-            for gone in set(self.state_dict) - set(entries):
-                del self.state_dict[gone]
+        # 2. apply, all of it, or none: a failure or an interrupt midway undoes what was written
+        self._apply(entries, staged, view.tree.chunk_bytes)
         parent, self.commit = self.commit, view.commit
         self._entries, self._chunk_bytes = entries, view.tree.chunk_bytes
         return Update(view.commit, parent, sorted(staged), remote.bytes_downloaded if remote is not None else 0,
                       time.perf_counter() - t0)
+
+    def _apply(self, entries: dict, staged: dict, chunk_bytes: int) -> None:
+        """Write the staged chunks. In place, only the bytes that differ are written
+        (``index_copy_``-style, on the tensors' device), and the old values of those bytes
+        are kept until the end: if anything raises midway (an interrupt included), every
+        tensor gets its old bytes back before the exception goes on. New tensors (the
+        follower's own, or a changed shape) are filled aside and swapped in at the end."""
+        import torch
+
+        undo: list[tuple[object, object, object]] = []  # (region, byte positions, old bytes)
+        fresh: dict[str, object] = {}
+        try:
+            for name, pieces in staged.items():
+                e = entries[name]
+                dtype = getattr(torch, DTYPES[e.dtype].torch_name)
+                current = self.state_dict.get(name)
+                if self._own and (current is None or tuple(current.shape) != tuple(e.shape) or current.dtype != dtype):
+                    current = fresh[name] = torch.empty(tuple(e.shape), dtype=dtype, device=self.device)
+                flat = current.detach().reshape(-1).view(torch.uint8)
+                spans = chunk_spans(e.nbytes, DTYPES[e.dtype].width, chunk_bytes)
+                for i, raw in pieces:
+                    begin, end = spans[i]
+                    region = flat[begin:end]
+                    new = torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(region.device)
+                    if name in fresh:
+                        region.copy_(new)
+                        continue
+                    where = torch.nonzero(region != new).reshape(-1)
+                    undo.append((region, where, region[where]))
+                    _write_bytes(region, where, new[where])
+        except BaseException:
+            for region, where, old in reversed(undo):
+                region[where] = old
+            raise
+        self.state_dict.update(fresh)
+        if self._own:
+            for gone in set(self.state_dict) - set(entries):
+                del self.state_dict[gone]
 
     def _check(self, entries: dict) -> None:
         """A given state dict must hold every tensor of the version, same shape and dtype,
