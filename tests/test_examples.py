@@ -15,6 +15,7 @@ EXAMPLES = Path(__file__).parent.parent / "examples"
     ("finetune_of_hub_base.py", []),
     ("finetune_with_callback.py", ["--steps", "4"]),
     ("merge_experiments.py", ["--steps", "2"]),
+    ("live_sync.py", ["--steps", "3"]),
 ])
 def test_example_runs(script, extra, tmp_path):
     r = subprocess.run([sys.executable, str(EXAMPLES / script), "--dir", str(tmp_path / "run"), *extra],
