@@ -181,19 +181,19 @@ def test_an_interrupt_while_applying_leaves_every_tensor_at_the_old_version(publ
     before = {n: t.clone() for n, t in follower.state_dict.items()}
     second, _ = publisher.step("step 1", touch=("layer0.weight", "layer1.weight", "layer3.weight"))
     writes = []
-    real = follower_module._write_bytes
+    real = follower_module._write_chunk
 
-    def interrupted(region, where, values):
+    def interrupted(region, new):
         writes.append(1)
         if len(writes) == 3:  # two tensors written, the third interrupted
             raise KeyboardInterrupt
-        real(region, where, values)
+        real(region, new)
 
-    monkeypatch.setattr(follower_module, "_write_bytes", interrupted)
+    monkeypatch.setattr(follower_module, "_write_chunk", interrupted)
     with pytest.raises(KeyboardInterrupt):
         follower.update()
     assert follower.commit == first and same(follower.state_dict, before)
-    monkeypatch.setattr(follower_module, "_write_bytes", real)
+    monkeypatch.setattr(follower_module, "_write_chunk", real)
     assert follower.update().commit == second
     assert same(follower.state_dict, publisher.repo.load_state_dict(second))
 
