@@ -247,3 +247,22 @@ def test_a_run_publishing_every_step_under_hub_quotas_loses_nothing(tmp_path, hu
         assert not [e for e in pub.errors if "giving up" in e] and not pub.unpushed
     finally:
         hub_env.commit_quota = hub_env.request_quota = None
+
+
+def test_kept_keyframes_stay_within_their_budget(tmp_path, monkeypatch):
+    """A tensor rewritten whole every step leaves a new keyframe each time; the old ones
+    are dropped, least recently used first, beyond the budget (here once the weights)."""
+    from wvc import follower as follower_module
+
+    monkeypatch.setattr(follower_module, "KEYFRAME_BUDGET", 1)
+    monkeypatch.setenv("WVC_CACHE", str(tmp_path / "cache"))
+    pub = Publisher(tmp_path / "trainer", str(tmp_path / "remote"), max_chain=1)
+    follower = wvc.follow("file://" + str(tmp_path / "remote"))
+    weights = sum(t.numel() * t.element_size() for t in pub.sd.values())
+    for k in range(8):
+        pub.sd["layer1.weight"] = (torch.randn(256, 512, generator=pub.g) * 0.02).to(torch.bfloat16)  # no delta
+        commit, _ = pub.step(f"step {k}")
+        follower.update()
+        assert same(follower.state_dict, pub.repo.load_state_dict(commit))
+    kept = sum(p.stat().st_size for p in follower._keyframes.root.iterdir())
+    assert 0 < kept <= weights

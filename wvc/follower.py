@@ -31,6 +31,7 @@ from .objects import chunk_spans
 from .view import VersionView, cache_root, open_remote_version, open_version
 
 POLL_SECONDS = (0.5, 5.0)  # first and longest wait between polls of update(timeout=...)
+KEYFRAME_BUDGET = 2  # kept keyframes on disk: at most this many times the weights' bytes
 
 
 @dataclass
@@ -49,10 +50,35 @@ class _Keyframes:
     """Keyframes the follower has decoded, kept on disk (``$WVC_CACHE/follow/<source>/
     keyframes``): when the publisher re-anchors a chain (a delta against the chain's
     keyframe instead of the step before), the follower downloads that delta only, not the
-    keyframe again. About one copy of the weights on disk; checked against its id on read."""
+    keyframe again. At most KEYFRAME_BUDGET times the weights on disk, the least recently
+    used dropped first; checked against its id on read."""
 
     def __init__(self, root: Path):
         self.root = root
+        self.limit_bytes: int | None = None  # set by the follower: KEYFRAME_BUDGET x its weights
+
+    def prune(self) -> int:
+        """Drop the least recently written keyframes beyond ``limit_bytes``; returns how
+        many. A dropped keyframe that is needed again is fetched again (nothing is lost);
+        without a bound, keyframes re-written over a long run would pile up."""
+        if self.limit_bytes is None or not self.root.is_dir():
+            return 0
+        files = []
+        for p in self.root.iterdir():
+            try:
+                st = p.stat()
+            except FileNotFoundError:
+                continue
+            files.append((st.st_mtime_ns, st.st_size, p))
+        total = sum(size for _, size, _ in files)
+        dropped = 0
+        for _, size, p in sorted(files):
+            if total <= self.limit_bytes:
+                break
+            p.unlink(missing_ok=True)
+            total -= size
+            dropped += 1
+        return dropped
 
     def __contains__(self, oid) -> bool:
         return ids.is_object_id(oid) and (self.root / oid).is_file()
@@ -63,12 +89,15 @@ class _Keyframes:
         if ids.chunk_id(data) != oid:
             path.unlink(missing_ok=True)  # the next update fetches it from the source again
             raise CorruptObject(f"the follower's kept keyframe {ids.short(oid)} is damaged; retry the update")
+        path.touch()  # in use: the last to be pruned
         return data
 
     def put(self, oid: str, raw: bytes) -> None:
         from .fsutil import atomic_write
 
-        if oid not in self:
+        if oid in self:
+            (self.root / oid).touch()  # still in use: the last to be pruned
+        else:
             self.root.mkdir(parents=True, exist_ok=True)
             atomic_write(self.root / oid, raw, durable=False)  # a cache, checked on read
 
@@ -187,6 +216,8 @@ class Follower:
         staged = {name: [(i, view.get(cid)) for i, cid in pieces] for name, pieces in wanted.items()}
         # 2. apply, all of it, or none: a failure or an interrupt midway undoes what was written
         self._apply(entries, staged, view.tree.chunk_bytes)
+        self._keyframes.limit_bytes = KEYFRAME_BUDGET * sum(e.nbytes for e in entries.values())
+        self._keyframes.prune()
         parent, self.commit = self.commit, view.commit
         self._entries, self._chunk_bytes = entries, view.tree.chunk_bytes
         return Update(view.commit, parent, sorted(staged), remote.bytes_downloaded if remote is not None else 0,
