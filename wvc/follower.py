@@ -188,8 +188,6 @@ class Follower:
             wait = min(wait * 2, POLL_SECONDS[1])
 
     def _move(self, view: VersionView, t0: float) -> Update:
-        import torch
-
         entries = {}
         for f in view.tree.files:
             for t in f.tensors:
