@@ -69,16 +69,26 @@ def test_the_last_commits_chunks_are_the_next_ones_delta_bases_without_decoding(
 
 
 def test_pushes_coalesce_to_the_push_interval_and_close_sends_the_rest(tmp_path, monkeypatch):
-    pushes = []
+    """The first commit is pushed at once; the later ones wait for push_interval (the Hub's
+    commit quota) and go in one push when close flushes."""
+    import threading
+
+    pushes, gate = [], threading.Event()
     real = api.Repo.push
-    monkeypatch.setattr(api.Repo, "push", lambda self, *a, **kw: pushes.append(a) or real(self, *a, **kw))
+
+    def push(self, *a, **kw):
+        pushes.append(pub._flush_requested)  # was someone flushing when this push started?
+        if len(pushes) == 1:
+            gate.wait(timeout=60)  # the first push lasts until every commit has landed
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(api.Repo, "push", push)
     pub = Publisher(tmp_path / "repo", "main", push_to=str(tmp_path / "remote"), push_interval=3600, max_pending=100)
     for step, sd in model_steps(4):
-        pub.publish(sd, message=f"step {step}", metadata={"step": step})
+        pub.publish(sd, message=f"step {step}", metadata={"step": step}, wait=True)
+    gate.set()
     assert pub.close(timeout=60)
-    # the first commit goes at once (with whatever else has landed by then); the rest wait
-    # for the interval and go in one push at close
-    assert 1 <= len(pushes) <= 2
+    assert pushes == [False, True]  # one at once, one by close: not one per commit
     remote = Repo.init(tmp_path / "check")
     remote.remote_add("origin", str(tmp_path / "remote"))
     remote.fetch("origin")
