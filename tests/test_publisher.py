@@ -3,7 +3,7 @@
 import torch
 
 from wvc import Repo, api
-from wvc.publisher import Publisher, snapshot_state_dict
+from wvc.publisher import Publisher, push_wait, snapshot_state_dict
 
 
 def model_steps(n, seed=0):
@@ -88,7 +88,7 @@ def test_pushes_coalesce_to_the_push_interval_and_close_sends_the_rest(tmp_path,
         pub.publish(sd, message=f"step {step}", metadata={"step": step}, wait=True)
     gate.set()
     assert pub.close(timeout=60)
-    assert pushes == [False, True]  # one at once, one by close: not one per commit
+    assert len(pushes) == 2  # not one per commit
     remote = Repo.init(tmp_path / "check")
     remote.remote_add("origin", str(tmp_path / "remote"))
     remote.fetch("origin")
@@ -114,3 +114,12 @@ def test_a_committed_snapshots_buffers_take_the_next_snapshot(tmp_path):
     got1 = repo.load_state_dict(second.commit)
     assert all(torch.equal(got0[k].view(torch.int16), want0[k].view(torch.int16)) for k in want0)
     assert all(torch.equal(got1[k].view(torch.int16), sd[k].view(torch.int16)) for k in sd)
+
+
+def test_the_push_rate_waits_out_the_interval_unless_flushing_and_backs_off_after_a_failure():
+    assert push_wait(100.0, float("-inf"), 0, 60.0, 2.0, False) <= 0  # the first push: at once
+    assert push_wait(100.0, 90.0, 0, 60.0, 2.0, False) == 50.0  # 10 s after a push: 50 s to go
+    assert push_wait(100.0, 90.0, 0, 60.0, 2.0, True) == 0.0  # a flush pushes now
+    assert push_wait(100.0, 99.0, 3, 60.0, 2.0, True) == 7.0  # third failure: 8 s back-off, even when flushing
+    assert push_wait(100.0, 99.0, 10, 60.0, 2.0, False) == 59.0  # at most 60 s
+    assert push_wait(100.0, 90.0, 0, 0.0, 2.0, False) < 0  # a directory remote: every commit

@@ -74,6 +74,19 @@ def snapshot_state_dict(state_dict: Mapping, frozen: frozenset[str] = frozenset(
     return out
 
 
+def push_wait(now: float, last_try: float, attempts: int, interval: float, retry_seconds: float,
+              flushing: bool) -> float:
+    """Seconds the pusher waits before its next push (0 or less: push now). After a
+    failure: the back-off, retry_seconds * 2**(attempts-1), at most 60 s, flush or not (a
+    flush must not hammer a failing remote). Otherwise: what is left of ``interval`` since
+    the last push, unless someone is flushing."""
+    if attempts:
+        return last_try + min(60.0, retry_seconds * 2.0 ** (attempts - 1)) - now
+    if flushing:
+        return 0.0
+    return last_try + interval - now
+
+
 class SnapshotBuffers:
     """Host storages of committed snapshots, reused for the next ones. A fresh allocation
     is touched page by page during the copy: into a reused buffer the snapshot of a 512 MB
@@ -311,12 +324,11 @@ class Publisher:
                         # Rate: wait out push_interval (or a failed push's back-off),
                         # collecting the commits that land meanwhile; a flush or close
                         # pushes at once unless the last push just failed
-                        gap = min(60.0, self.retry_seconds * 2.0 ** (attempts - 1)) if attempts else self.push_interval
-                        left = last_try + gap - time.monotonic()
-                        # (once the committer is done: one push for everything flushed)
-                        urgent = (self._flush_requested or self._closing) and not attempts \
-                            and not self._pending and not self._busy
-                        if urgent or left <= 0:
+                        # (a flush pushes once the committer is done: one push for it all)
+                        flushing = (self._flush_requested or self._closing) and not self._pending and not self._busy
+                        left = push_wait(time.monotonic(), last_try, attempts, self.push_interval,
+                                         self.retry_seconds, flushing)
+                        if left <= 0:
                             break
                         self._cond.wait(timeout=left)
                     self._push_wanted, self._pushing = False, True
