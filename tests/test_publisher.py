@@ -123,3 +123,25 @@ def test_the_push_rate_waits_out_the_interval_unless_flushing_and_backs_off_afte
     assert push_wait(100.0, 99.0, 3, 60.0, 2.0, True) == 7.0  # third failure: 8 s back-off, even when flushing
     assert push_wait(100.0, 99.0, 10, 60.0, 2.0, False) == 59.0  # at most 60 s
     assert push_wait(100.0, 90.0, 0, 0.0, 2.0, False) < 0  # a directory remote: every commit
+
+
+def test_a_publisher_whose_repository_cannot_be_opened_says_so_and_never_hangs(tmp_path, monkeypatch):
+    import pytest
+
+    real = api.Repo.open
+    calls = []
+
+    def open_once(path="."):  # the constructor's open works, the committer's fails
+        calls.append(path)
+        if len(calls) > 1:
+            raise OSError("disk gone")
+        return real(path)
+
+    monkeypatch.setattr(api.Repo, "open", staticmethod(open_once))
+    Repo.init(tmp_path / "repo").close()
+    pub = Publisher(tmp_path / "repo", "main")
+    pub._committer.join(timeout=60)
+    assert pub.flush() and "disk gone" in pub.errors[0]  # returns, with nothing waiting
+    _, sd = next(model_steps(0))
+    with pytest.raises(RuntimeError, match="disk gone"):
+        pub.publish(sd, message="step 0")

@@ -189,8 +189,9 @@ class Publisher:
         job = Job(message, dict(metadata or {}), snapshot, write_files,
                   Path(directory) if directory is not None else None, tuple(exclude), buffers=buffers)
         with self._cond:
-            if self._closing:
-                raise RuntimeError("the publisher is closed")
+            if self._closing or self._committer_failed:
+                self.buffers.give(buffers)
+                raise RuntimeError("the publisher is closed" if self._closing else self.errors[-1])
             # Only a snapshot may be replaced: a directory is committed as it is now or never.
             replaceable = [j for j in self._pending if j.directory is None]
             if len(self._pending) >= self.max_pending and replaceable and job.directory is None:
@@ -246,11 +247,24 @@ class Publisher:
 
     # -- the committer -------------------------------------------------------------------------
     _busy = False  # the committer is working on a job
+    _committer_failed = False  # it could not open the repository: nothing will be committed
     _pushing = False  # the pusher is pushing
     _flush_requested = False  # someone waits in flush: push without waiting out push_interval
 
     def _commit_loop(self) -> None:
-        repo = Repo.open(self.repo_path)  # its own connection: never shares the caller's
+        try:
+            repo = Repo.open(self.repo_path)  # its own connection: never shares the caller's
+        except Exception as exc:  # noqa: BLE001 - reported; every waiting job fails with it
+            self.errors.append(f"cannot open {self.repo_path}: {exc}")
+            log.error("wvc: %s", self.errors[-1])
+            with self._cond:
+                self._committer_failed = True
+                for job in self._pending:
+                    job.error = self.errors[-1]
+                    job.done.set()
+                self._pending.clear()
+                self._cond.notify_all()
+            return
         repo.store.keep_recent_bytes = self.keep_bytes
         try:
             while True:
