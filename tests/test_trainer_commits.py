@@ -288,3 +288,31 @@ def test_a_follower_process_tracks_a_trainer_committing_every_step_exactly(tmp_p
     for u in updates:
         assert u["digest"] == digest(repo.load_state_dict(u["commit"])), u
         assert u["downloaded_bytes"] <= 1.25 * stored[u["commit"]] + 64 * 1024, (updates.index(u), u, stored[u["commit"]])
+
+
+def test_a_grpo_run_in_bf16_commits_every_step_as_small_loadable_deltas(tmp_path):
+    """TRL's GRPOTrainer (the RL loop the live sync is for), bf16, lr 1e-5: every step is
+    committed from memory, loads with from_pretrained exactly, and costs a small delta."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM
+    from trl import GRPOConfig, GRPOTrainer
+
+    def reward(completions, completion_ids, **kwargs):  # varies across a group: a real update
+        return [float(sum(ids) % 7) for ids in completion_ids]
+
+    cb = every_step(tmp_path)
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), max_steps=3, per_device_train_batch_size=4, num_generations=4,
+                      max_completion_length=6, report_to=[], use_cpu=True, learning_rate=1e-5, bf16=True,
+                      logging_steps=1, save_strategy="no", disable_tqdm=True)
+    prompts = Dataset.from_dict({"prompt": ["the cat sat on", "a dog ran", "big red mat", "small blue cat"] * 4})
+    trainer = GRPOTrainer(model=trl_helpers.model(dtype=torch.bfloat16), reward_funcs=[reward], args=args,
+                          train_dataset=prompts, processing_class=trl_helpers.tokenizer(), callbacks=[cb])
+    trainer.train()
+    assert [c["step"] for c in cb.commits] == [0, 1, 2, 3]
+    assert all(0 < c["stored_bytes"] < cb.commits[0]["stored_bytes"] / 10 for c in cb.commits[1:])
+    repo = Repo.open(tmp_path / "versions")
+    out = tmp_path / "v3"
+    repo.checkout(cb.commits[-1]["commit"], output=out)
+    loaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.bfloat16).state_dict()
+    live = trainer.model.state_dict()
+    assert all(torch.equal(loaded[k].view(torch.int16), live[k].view(torch.int16)) for k in live)
