@@ -175,8 +175,9 @@ def main():
                    "never copied into .wvc/, never pushed.")
 @click.option("--chunk-size", default=4 << 20, show_default=True, help="Chunk size in bytes.")
 @click.option("--max-chain", default=None, type=int,
-              help="Delta chain depth before re-anchoring to a keyframe (default 1: checkout cost flat in history; "
-                   "deeper chains store less and check out slower).")
+              help="Most deltas in a chain before re-anchoring to its keyframe (default 8; a chain also "
+                   "re-anchors once its deltas outweigh the keyframe). Each step then downloads and stores "
+                   "about its own change; 1 keeps checkout cost flat in history, deeper stores less.")
 @json_option
 def init(path, branch, base, chunk_size, max_chain, as_json):
     """Create an empty repository (.wvc/) in PATH, optionally on a base model."""
