@@ -9,8 +9,8 @@
 An update reads the branch's tip, compares its tensors' chunk lists with the ones the
 tensors hold, and fetches only the chunks that differ (range reads from a remote, each
 decoded and checked against its id). A changed chunk stored as a delta against the chunk
-the follower already holds is decoded from the follower's own bytes: nothing else is
-downloaded (publish with deep chains, ``wvc init --max-chain N``, for this). Every new
+the follower already holds, or against a keyframe it kept, is decoded from those bytes:
+nothing else is downloaded (docs/design.md, "Anchor policy" and "Followers"). Every new
 chunk is fetched and verified before any tensor is touched, then all are written: a
 failure (network, corrupt payload) leaves every tensor at the old version, and a retry
 completes the move.
@@ -55,13 +55,12 @@ class _Keyframes:
 
     def __init__(self, root: Path):
         self.root = root
-        self.limit_bytes: int | None = None  # set by the follower: KEYFRAME_BUDGET x its weights
 
-    def prune(self) -> int:
-        """Drop the least recently written keyframes beyond ``limit_bytes``; returns how
-        many. A dropped keyframe that is needed again is fetched again (nothing is lost);
-        without a bound, keyframes re-written over a long run would pile up."""
-        if self.limit_bytes is None or not self.root.is_dir():
+    def prune(self, limit_bytes: int) -> int:
+        """Drop the least recently used keyframes beyond ``limit_bytes``; returns how many.
+        A dropped keyframe that is needed again is fetched again (nothing is lost); without
+        a bound, keyframes re-written over a long run would pile up."""
+        if not self.root.is_dir():
             return 0
         files = []
         for p in self.root.iterdir():
@@ -73,7 +72,7 @@ class _Keyframes:
         total = sum(size for _, size, _ in files)
         dropped = 0
         for _, size, p in sorted(files):
-            if total <= self.limit_bytes:
+            if total <= limit_bytes:
                 break
             p.unlink(missing_ok=True)
             total -= size
@@ -214,8 +213,7 @@ class Follower:
         staged = {name: [(i, view.get(cid)) for i, cid in pieces] for name, pieces in wanted.items()}
         # 2. apply, all of it, or none: a failure or an interrupt midway undoes what was written
         self._apply(entries, staged, view.tree.chunk_bytes)
-        self._keyframes.limit_bytes = KEYFRAME_BUDGET * sum(e.nbytes for e in entries.values())
-        self._keyframes.prune()
+        self._keyframes.prune(KEYFRAME_BUDGET * sum(e.nbytes for e in entries.values()))
         parent, self.commit = self.commit, view.commit
         self._entries, self._chunk_bytes = entries, view.tree.chunk_bytes
         return Update(view.commit, parent, sorted(staged), remote.bytes_downloaded if remote is not None else 0,

@@ -22,8 +22,8 @@ failed push is retried with back-off and at ``close``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -167,8 +167,13 @@ class Publisher:
         self.buffers = SnapshotBuffers(sets=max_pending + 1)
         self._cond = threading.Condition()
         self._pending: list[Job] = []
+        # the state both threads and the caller share, under _cond
         self._closing = False
-        self._push_wanted = False
+        self._push_wanted = False  # a commit landed that no push has sent yet
+        self._busy = False  # the committer is working on a job
+        self._committer_failed = False  # it could not open the repository: nothing will be committed
+        self._pushing = False  # the pusher is pushing
+        self._flush_requested = False  # someone waits in flush: push without waiting out push_interval
         self._committer = threading.Thread(target=self._commit_loop, name="wvc-commit", daemon=True)
         self._committer.start()
         self._pusher = None
@@ -246,11 +251,6 @@ class Publisher:
         return done
 
     # -- the committer -------------------------------------------------------------------------
-    _busy = False  # the committer is working on a job
-    _committer_failed = False  # it could not open the repository: nothing will be committed
-    _pushing = False  # the pusher is pushing
-    _flush_requested = False  # someone waits in flush: push without waiting out push_interval
-
     def _commit_loop(self) -> None:
         try:
             repo = Repo.open(self.repo_path)  # its own connection: never shares the caller's
@@ -294,29 +294,23 @@ class Publisher:
         metadata = dict(job.metadata)
         if job.skipped:
             metadata["skipped_steps"] = job.skipped
-        work = None
         try:
-            if job.write_files is not None:
-                from .fsutil import make_work_dir, sweep_work_dirs
+            with contextlib.ExitStack() as stack:
+                if job.write_files is not None:
+                    from .fsutil import sweep_work_dirs, work_dir
 
-                sweep_work_dirs(repo.wvc_dir)
-                work = make_work_dir(repo.wvc_dir, "publish")
-                job.write_files(job.snapshot, work)
-                source = work
-            elif job.directory is not None:
-                source = job.directory
-            else:
-                source = job.snapshot
-            res = repo.commit(job.message, source=source, metadata=metadata, allow_empty=True, branch=self.branch,
-                              device=self.device, exclude=job.exclude)
+                    sweep_work_dirs(repo.wvc_dir)
+                    source = stack.enter_context(work_dir(repo.wvc_dir, "publish"))
+                    job.write_files(job.snapshot, source)
+                else:
+                    source = job.directory if job.directory is not None else job.snapshot
+                res = repo.commit(job.message, source=source, metadata=metadata, allow_empty=True,
+                                  branch=self.branch, device=self.device, exclude=job.exclude)
         except Exception as exc:  # noqa: BLE001 - reported, never raised into training
             job.error = f"commit of {job.message!r} failed: {exc}"
             self.errors.append(job.error)
             log.error("wvc: %s", job.error)
             return
-        finally:
-            if work is not None:
-                shutil.rmtree(work, ignore_errors=True)
         job.commit = res.commit
         self.commits.append({"commit": res.commit, "step": job.metadata.get("step"), "skipped_steps": job.skipped,
                              "seconds": time.perf_counter() - t, "stored_bytes": res.stored_bytes,
@@ -335,10 +329,8 @@ class Publisher:
                                 return
                             self._cond.wait()
                             continue
-                        # Rate: wait out push_interval (or a failed push's back-off),
-                        # collecting the commits that land meanwhile; a flush or close
-                        # pushes at once unless the last push just failed
-                        # (a flush pushes once the committer is done: one push for it all)
+                        # Rate (push_wait): collect the commits that land meanwhile; a
+                        # flush pushes once the committer is done, one push for it all.
                         flushing = (self._flush_requested or self._closing) and not self._pending and not self._busy
                         left = push_wait(time.monotonic(), last_try, attempts, self.push_interval,
                                          self.retry_seconds, flushing)

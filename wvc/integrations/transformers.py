@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from pathlib import Path
 
 from transformers import TrainerCallback
@@ -111,16 +112,13 @@ class WvcCallback(TrainerCallback):
         self.every_n_steps = every_n_steps
         self.commit_on_save = on_save
         self.branch = branch
-        self.push_to = push_to
-        self.remote = remote
-        self.device = device
-        self.max_push_attempts = max_push_attempts
-        self.retry_seconds = retry_seconds  # back-off base: waits retry_seconds * 2**(attempt-1), at most 60 s
+        # the Publisher's settings (wvc/publisher.py says what each does)
+        self.publisher_options = dict(push_to=push_to, remote=remote, device=device, max_pending=max_pending,
+                                      push_interval=push_interval, max_push_attempts=max_push_attempts,
+                                      retry_seconds=retry_seconds)
         # How long train() may wait at its end for the last commits and push (an unreachable
         # Hub must not hold it through every retry); what is left is reported, `wvc push` sends it.
         self.flush_timeout = flush_timeout
-        self.max_pending = max_pending  # snapshots waiting to be committed before coalescing
-        self.push_interval = push_interval  # None: one push a minute to the Hub, every commit elsewhere
         self.unpushed = False
         self.publisher: Publisher | None = None
         self.pauses: list[float] = []  # seconds training waited for each from-memory snapshot
@@ -153,10 +151,7 @@ class WvcCallback(TrainerCallback):
             # output_dir name must not become this one's parent
             self.branch = self.branch or _branch_name(args, existing,
                                                       resuming=bool(getattr(args, "resume_from_checkpoint", None)))
-            self.publisher = Publisher(self.repo_path, self.branch, push_to=self.push_to, remote=self.remote,
-                                       max_pending=self.max_pending, push_interval=self.push_interval,
-                                       device=self.device, max_push_attempts=self.max_push_attempts,
-                                       retry_seconds=self.retry_seconds)
+            self.publisher = Publisher(self.repo_path, self.branch, **self.publisher_options)
         if self.every_n_steps and model is not None:
             # the weights the run starts from: the first step's commit is then a delta
             snapshot = self._snapshot(model)
@@ -199,8 +194,6 @@ class WvcCallback(TrainerCallback):
     def _snapshot(self, model):
         """A host copy of the weights that train (frozen ones, a PEFT base, are referenced).
         Sharded weights are gathered with every rank taking part; only rank 0 gets them."""
-        import time
-
         t = time.perf_counter()
         if _is_multi_rank() and _is_sharded(model):
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

@@ -325,13 +325,38 @@ def _spans(entries):
         yield span
 
 
+def _wanted(object_ids, lookup, index: dict[str, tuple[str, PackEntry]], have) -> dict[str, tuple[str, PackEntry]]:
+    """``object_ids`` and the delta bases their chains need down to what ``have(id)`` says
+    is already in hand: (pack, entry) by id."""
+    wanted: dict[str, tuple[str, PackEntry]] = {}
+    for oid in dict.fromkeys(object_ids):
+        if oid in wanted or have(oid):
+            continue
+        for entry in resolve_chain(oid, lookup, stop=lambda o: o in wanted or have(o), where="the remote"):
+            wanted[entry.id] = index[entry.id]
+    return wanted
+
+
+def _read_payloads(remote: Remote, wanted: dict[str, tuple[str, PackEntry]]):
+    """(entry, payload) of each wanted object, read with one range request per span of
+    neighbouring entries in a pack (one commit's objects lie side by side in its pack)."""
+    by_pack: dict[str, list[PackEntry]] = {}
+    for name, entry in wanted.values():
+        by_pack.setdefault(name, []).append(entry)
+    for name, entries in sorted(by_pack.items()):
+        for span in _spans(sorted(entries, key=lambda e: e.offset)):
+            start = span[0].offset
+            data = remote.read_range(pack_path(name), start, span[-1].offset + span[-1].length - start)
+            for e in span:
+                yield e, data[e.offset - start : e.offset - start + e.length]
+
+
 def fetch_objects(store: ObjectStore, remote: Remote, index: dict[str, tuple[str, PackEntry]],
                   object_ids, work_dir: Path, progress: Progress = NULL) -> int:
     """Make ``object_ids`` and the delta bases they need local, by range reads into the
     remote's packs: written into one new pack, verified like any fetch, recorded in one
     transaction. Returns the bytes downloaded."""
     before = remote.bytes_downloaded
-    wanted: dict[str, tuple[str, PackEntry]] = {}
 
     def lookup(oid: str):
         found = index.get(oid)
@@ -339,28 +364,17 @@ def fetch_objects(store: ObjectStore, remote: Remote, index: dict[str, tuple[str
             raise RemoteError(f"object {ids.short(oid)} is neither local nor on the remote")
         return found[1]
 
-    for oid in dict.fromkeys(object_ids):
-        if oid in wanted or store.has(oid):
-            continue
-        for entry in resolve_chain(oid, lookup, stop=lambda o: o in wanted or store.has(o), where="the remote"):
-            wanted[entry.id] = index[entry.id]
+    wanted = _wanted(object_ids, lookup, index, store.has)
     if not wanted:
         return 0
-    by_pack: dict[str, list[PackEntry]] = {}
-    for name, entry in wanted.values():
-        by_pack.setdefault(name, []).append(entry)
     sweep_work_dirs(work_dir)  # a killed lazy fetch's pack
     tmp = make_work_dir(work_dir, "lazy")
     try:
         writer = PackWriter(tmp)
         progress.start(sum(e.length for _, e in wanted.values()), "fetching objects")
-        for name, entries in sorted(by_pack.items()):
-            for span in _spans(sorted(entries, key=lambda e: e.offset)):
-                start = span[0].offset
-                data = remote.read_range(pack_path(name), start, span[-1].offset + span[-1].length - start)
-                for e in span:
-                    writer.add(e.id, data[e.offset - start : e.offset - start + e.length], e.raw_size, e.method, e.base)
-                    progress.advance(e.length)
+        for e, payload in _read_payloads(remote, wanted):
+            writer.add(e.id, payload, e.raw_size, e.method, e.base)
+            progress.advance(e.length)
         progress.close()
         name, size = writer.finish()
         staged = tmp / pack_filename(name)
@@ -402,22 +416,8 @@ class RemoteChunks:
         commit's new objects lie side by side in one pack, so a follower's update is one
         request or a few instead of one per chunk. Decoding and verification still happen
         on use (``__call__``)."""
-        wanted: dict[str, tuple[str, PackEntry]] = {}
-        for oid in dict.fromkeys(object_ids):
-            if oid in wanted or self._have(oid):
-                continue
-            for entry in resolve_chain(oid, self._lookup, stop=lambda o: o in wanted or self._have(o),
-                                       where="the remote"):
-                wanted[entry.id] = self.index[entry.id]
-        by_pack: dict[str, list[PackEntry]] = {}
-        for name, entry in wanted.values():
-            by_pack.setdefault(name, []).append(entry)
-        for name, entries in sorted(by_pack.items()):
-            for span in _spans(sorted(entries, key=lambda e: e.offset)):
-                start = span[0].offset
-                data = self.remote.read_range(pack_path(name), start, span[-1].offset + span[-1].length - start)
-                for e in span:
-                    self.payloads[e.id] = data[e.offset - start : e.offset - start + e.length]
+        for e, payload in _read_payloads(self.remote, _wanted(object_ids, self._lookup, self.index, self._have)):
+            self.payloads[e.id] = payload
 
     def _holds(self, oid: str) -> bool:
         return self.held is not None and oid in self.held
