@@ -574,6 +574,27 @@ static inline uint32_t pack8(uint64_t w, int bits) {
     }
 }
 
+/* values < 2**bits from src[0..n) into dst[0..ceil(n * bits / 8)); no GIL needed */
+static void pack_into(const uint8_t *src, Py_ssize_t n, int bits, uint8_t *dst) {
+    const int per = 8 / bits;
+    const uint8_t mask = (uint8_t)((1 << bits) - 1);
+    const uint64_t lanes = 0x0101010101010101ULL * mask;
+    const Py_ssize_t words = n / 8; /* eight values give `bits` output bytes */
+    /* one loop per width, so that pack8's switch and the store size are constants */
+#define PACK_LOOP(B)                                                                      \
+    for (Py_ssize_t j = 0; j < words; j++) {                                              \
+        const uint32_t v = pack8(load64(src + 8 * j) & lanes, B);                         \
+        memcpy(dst + j * B, &v, B); /* little-endian: the low bytes */                    \
+    }
+    if (bits == 1) PACK_LOOP(1) else if (bits == 2) PACK_LOOP(2) else PACK_LOOP(4)
+#undef PACK_LOOP
+    for (Py_ssize_t i = words * 8; i < n; i += per) { /* the tail, a byte at a time */
+        uint8_t v = 0;
+        for (int k = 0; k < per && i + k < n; k++) v |= (uint8_t)((src[i + k] & mask) << (k * bits));
+        dst[i / per] = v;
+    }
+}
+
 static PyObject *pack_bits(PyObject *self, PyObject *args) {
     Py_buffer in;
     int bits;
@@ -587,29 +608,28 @@ static PyObject *pack_bits(PyObject *self, PyObject *args) {
     const Py_ssize_t n = in.len, m = (n + per - 1) / per;
     PyObject *out = PyBytes_FromStringAndSize(NULL, m);
     if (out) {
-        const uint8_t *src = in.buf;
         uint8_t *dst = (uint8_t *)PyBytes_AS_STRING(out);
-        const uint8_t mask = (uint8_t)((1 << bits) - 1);
-        const uint64_t lanes = 0x0101010101010101ULL * mask;
         Py_BEGIN_ALLOW_THREADS
-        const Py_ssize_t words = n / 8; /* eight values give `bits` output bytes */
-        /* one loop per width, so that pack8's switch and the store size are constants */
-#define PACK_LOOP(B)                                                                      \
-    for (Py_ssize_t j = 0; j < words; j++) {                                              \
-        const uint32_t v = pack8(load64(src + 8 * j) & lanes, B);                         \
-        memcpy(dst + j * B, &v, B); /* little-endian: the low bytes */                    \
-    }
-        if (bits == 1) PACK_LOOP(1) else if (bits == 2) PACK_LOOP(2) else PACK_LOOP(4)
-#undef PACK_LOOP
-        for (Py_ssize_t i = words * 8; i < n; i += per) { /* the tail, a byte at a time */
-            uint8_t v = 0;
-            for (int k = 0; k < per && i + k < n; k++) v |= (uint8_t)((src[i + k] & mask) << (k * bits));
-            dst[i / per] = v;
-        }
+        pack_into(in.buf, n, bits, dst);
         Py_END_ALLOW_THREADS
     }
     PyBuffer_Release(&in);
     return out;
+}
+
+/* n values of `bits` bits from src (at least ceil(n * bits / 8) bytes) into dst; no GIL */
+static void unpack_into(const uint8_t *src, int bits, Py_ssize_t n, uint8_t *dst) {
+    const int per = 8 / bits;
+    const uint64_t *table = spread_table[bits == 1 ? 0 : bits == 2 ? 1 : 2];
+    const Py_ssize_t whole = n / per; /* packed bytes whose values all fit */
+#define UNPACK_LOOP(PER) \
+    for (Py_ssize_t j = 0; j < whole; j++) memcpy(dst + j * PER, &table[src[j]], PER);
+    if (per == 8) UNPACK_LOOP(8) else if (per == 4) UNPACK_LOOP(4) else UNPACK_LOOP(2)
+#undef UNPACK_LOOP
+    if (whole * per < n) {
+        const uint64_t last = table[src[whole]];
+        memcpy(dst + whole * per, &last, (size_t)(n - whole * per));
+    }
 }
 
 static PyObject *unpack_bits(PyObject *self, PyObject *args) {
@@ -625,19 +645,9 @@ static PyObject *unpack_bits(PyObject *self, PyObject *args) {
     }
     PyObject *out = PyBytes_FromStringAndSize(NULL, n);
     if (out) {
-        const uint8_t *src = in.buf;
         uint8_t *dst = (uint8_t *)PyBytes_AS_STRING(out);
-        const uint64_t *table = spread_table[bits == 1 ? 0 : bits == 2 ? 1 : 2];
         Py_BEGIN_ALLOW_THREADS
-        const Py_ssize_t whole = n / per; /* packed bytes whose values all fit */
-#define UNPACK_LOOP(PER) \
-    for (Py_ssize_t j = 0; j < whole; j++) memcpy(dst + j * PER, &table[src[j]], PER);
-        if (per == 8) UNPACK_LOOP(8) else if (per == 4) UNPACK_LOOP(4) else UNPACK_LOOP(2)
-#undef UNPACK_LOOP
-        if (whole * per < n) {
-            const uint64_t last = table[src[whole]];
-            memcpy(dst + whole * per, &last, (size_t)(n - whole * per));
-        }
+        unpack_into(in.buf, bits, n, dst);
         Py_END_ALLOW_THREADS
     }
     PyBuffer_Release(&in);
@@ -728,25 +738,13 @@ static PyObject *changed_count(PyObject *self, PyObject *args) {
  * bytes, and only when the largest byte is at least min_top (below it the caller packs bits
  * and never asks). What container.compress_stream decides a stream's coder from; its numpy
  * twin is container._entropy_bits (the two sums may differ in the last bits of a double). */
-static PyObject *stream_stats(PyObject *self, PyObject *args) {
-    Py_buffer in;
-    Py_ssize_t stride;
-    unsigned min_top;
-    if (!PyArg_ParseTuple(args, "y*nI", &in, &stride, &min_top)) return NULL;
-    if (stride < 1) {
-        PyBuffer_Release(&in);
-        PyErr_SetString(PyExc_ValueError, "stream_stats: stride must be positive");
-        return NULL;
-    }
-    const uint8_t *p = in.buf;
-    const Py_ssize_t n = in.len;
-    unsigned top = 0;
-    double bits = -1.0;
-    Py_BEGIN_ALLOW_THREADS
+/* the largest byte of p[0..n), and when it is at least min_top the order-0 entropy in *bits
+ * (else *bits = -1); no GIL needed */
+static unsigned byte_stats(const uint8_t *p, Py_ssize_t n, Py_ssize_t stride, unsigned min_top, double *bits) {
     uint8_t m = 0;
     for (Py_ssize_t i = 0; i < n; i++) m = p[i] > m ? p[i] : m; /* vectorises */
-    top = m;
-    if (top >= min_top) {
+    *bits = -1.0;
+    if (m >= min_top) {
         /* four tables: a run of one byte value then rotates over four counters instead of
          * waiting on one (store-to-load forwarding) */
         const Py_ssize_t step = n >= 64 * stride ? stride : 1;
@@ -760,15 +758,33 @@ static PyObject *stream_stats(PyObject *self, PyObject *args) {
             c[3][p[i + 3 * step]]++;
         }
         for (; i < n; i += step, total++) c[0][p[i]]++;
-        bits = 0.0;
+        double sum = 0.0;
         for (int k = 0; k < 256; k++) {
             const Py_ssize_t count = c[0][k] + c[1][k] + c[2][k] + c[3][k];
             if (count) {
                 const double q = (double)count / (double)total;
-                bits -= q * log2(q);
+                sum -= q * log2(q);
             }
         }
+        *bits = sum;
     }
+    return m;
+}
+
+static PyObject *stream_stats(PyObject *self, PyObject *args) {
+    Py_buffer in;
+    Py_ssize_t stride;
+    unsigned min_top;
+    if (!PyArg_ParseTuple(args, "y*nI", &in, &stride, &min_top)) return NULL;
+    if (stride < 1) {
+        PyBuffer_Release(&in);
+        PyErr_SetString(PyExc_ValueError, "stream_stats: stride must be positive");
+        return NULL;
+    }
+    unsigned top;
+    double bits;
+    Py_BEGIN_ALLOW_THREADS
+    top = byte_stats(in.buf, in.len, stride, min_top, &bits);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&in);
     if (bits < 0) return Py_BuildValue("IO", top, Py_None);
@@ -846,6 +862,560 @@ done:
     return out;
 }
 
+/* ---- Whole payloads in one call ---------------------------------------------------------
+ *
+ * encode_payload and decode_payload do what transforms._encode_native/_decode_native and
+ * container.compress_stream/stream_bytes do stream by stream in Python, in one call that
+ * releases the GIL once: transform, grouping, plane split, each stream's coder choice, bit
+ * packing, zstd, and the container. A model of many small tensors has tens of streams per
+ * chunk, and each Python-level call into zstd or a kernel hands the GIL over twice; on two
+ * cores those hand-offs and the convoys they start were a third of a commit's thread time.
+ *
+ * zstd is python-zstandard's own build of it: codec/native.py finds its functions and
+ * hands their addresses to use_zstd once, so these payloads are byte for byte what
+ * zstandard.ZstdCompressor writes with the same parameters (tests compare both paths),
+ * and no second zstd is compiled or linked. */
+
+typedef struct {
+    unsigned (*versionNumber)(void);
+    void *(*createCCtx)(void);
+    size_t (*cctxSetParameter)(void *, int, int);
+    size_t (*compress2)(void *, void *, size_t, const void *, size_t);
+    size_t (*compressBound)(size_t);
+    unsigned (*isError)(size_t);
+    void *(*createDCtx)(void);
+    size_t (*decompressDCtx)(void *, void *, size_t, const void *, size_t);
+    unsigned long long (*getFrameContentSize)(const void *, size_t);
+} ZstdApi;
+#define ZSTD_FUNCTIONS 9
+#define CONTENTSIZE_UNKNOWN (0ULL - 1)
+#define CONTENTSIZE_ERROR (0ULL - 2)
+static ZstdApi zstd;
+static int have_zstd;
+
+/* use_zstd((address, ...)) -> the library's version number (ZSTD_versionNumber) */
+static PyObject *use_zstd(PyObject *self, PyObject *args) {
+    PyObject *addrs;
+    if (!PyArg_ParseTuple(args, "O!", &PyTuple_Type, &addrs)) return NULL;
+    if (PyTuple_GET_SIZE(addrs) != ZSTD_FUNCTIONS) {
+        PyErr_SetString(PyExc_ValueError, "use_zstd: wrong number of functions");
+        return NULL;
+    }
+    void *p[ZSTD_FUNCTIONS];
+    for (int k = 0; k < ZSTD_FUNCTIONS; k++) {
+        p[k] = PyLong_AsVoidPtr(PyTuple_GET_ITEM(addrs, k));
+        if (!p[k]) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "use_zstd: a null function");
+            return NULL;
+        }
+    }
+    /* POSIX (dlsym) guarantees that a function's address survives a round trip through void * */
+    ZstdApi api = {(unsigned (*)(void))p[0], (void *(*)(void))p[1], (size_t (*)(void *, int, int))p[2],
+                   (size_t (*)(void *, void *, size_t, const void *, size_t))p[3], (size_t (*)(size_t))p[4],
+                   (unsigned (*)(size_t))p[5], (void *(*)(void))p[6],
+                   (size_t (*)(void *, void *, size_t, const void *, size_t))p[7],
+                   (unsigned long long (*)(const void *, size_t))p[8]};
+    zstd = api;
+    have_zstd = 1;
+    return PyLong_FromUnsignedLong(zstd.versionNumber());
+}
+
+/* one compression and one decompression context per thread, kept for the thread's life
+ * (the codec's pool threads live as long as the process) */
+#define MAX_ZSTD_PARAMS 32
+typedef struct {
+    void *cctx, *dctx;
+    int config[2 * MAX_ZSTD_PARAMS];
+    Py_ssize_t nconfig; /* ints in config; -1: the context's parameters are unknown */
+} ZstdThread;
+static __thread ZstdThread zt = {NULL, NULL, {0}, -1};
+
+/* set (parameter, value) pairs on this thread's context unless they are already set */
+static int zstd_configure(const int *config, Py_ssize_t n) {
+    if (!zt.cctx && !(zt.cctx = zstd.createCCtx())) return -1;
+    if (n == zt.nconfig && !memcmp(config, zt.config, sizeof(int) * (size_t)n)) return 0;
+    zt.nconfig = -1;
+    for (Py_ssize_t i = 0; i + 1 < n; i += 2)
+        if (zstd.isError(zstd.cctxSetParameter(zt.cctx, config[i], config[i + 1]))) return -1;
+    memcpy(zt.config, config, sizeof(int) * (size_t)n);
+    zt.nconfig = n;
+    return 0;
+}
+
+typedef struct {
+    const uint8_t *data;
+    Py_ssize_t raw, len;
+    uint8_t coder;
+} Stream;
+
+typedef struct { /* container.compress_stream's rules */
+    Py_ssize_t stride;     /* ENTROPY_SAMPLE_STRIDE */
+    unsigned packed_below; /* PACKED_BELOW */
+    double incompressible; /* INCOMPRESSIBLE_BITS */
+} Coding;
+
+#define CODER_STORED 0
+#define CODER_ZSTD 1
+
+/* compress_stream: the smallest of stored, zstd and (small alphabets) bit-packed then zstd.
+ * zstd's output goes to *zout, which is advanced; packbuf holds at least n bytes. */
+static int code_stream(const uint8_t *p, Py_ssize_t n, const Coding *c, uint8_t **zout, uint8_t *packbuf,
+                       Stream *s) {
+    s->raw = n;
+    s->data = p;
+    s->len = n;
+    s->coder = CODER_STORED;
+    if (n < 64) return 0;
+    double bits;
+    const unsigned top = byte_stats(p, n, c->stride, c->packed_below, &bits);
+    const uint8_t *src = p;
+    Py_ssize_t m = n;
+    if (top < c->packed_below) {
+        const int b = top < 2 ? 1 : top < 4 ? 2 : 4;
+        m = (n * b + 7) / 8;
+        pack_into(p, n, b, packbuf);
+        src = packbuf;
+        s->coder = (uint8_t)(b == 1 ? 2 : b == 2 ? 3 : 4);
+    } else if (bits > c->incompressible) {
+        return 0; /* noise (low mantissa bytes): zstd would store it anyway */
+    }
+    const size_t z = zstd.compress2(zt.cctx, *zout, zstd.compressBound((size_t)m), src, (size_t)m);
+    if (zstd.isError(z)) return -1;
+    if (s->coder == CODER_STORED) {
+        if ((Py_ssize_t)z >= n - n / 64) return 0; /* saves less than 1/64: stored */
+        s->coder = CODER_ZSTD;
+    }
+    s->data = *zout;
+    s->len = (Py_ssize_t)z;
+    *zout += z;
+    return 0;
+}
+
+static inline void put_le(uint8_t *p, uint64_t v, int bytes) {
+    for (int k = 0; k < bytes; k++) p[k] = (uint8_t)(v >> (8 * k));
+}
+static inline uint64_t get_le(const uint8_t *p, int bytes) {
+    uint64_t v = 0;
+    for (int k = 0; k < bytes; k++) v |= (uint64_t)p[k] << (8 * k);
+    return v;
+}
+
+#define HEAD_SIZE 16   /* container._HEAD: u8 version, method, width, param; u64 raw size; u32 count */
+#define STREAM_SIZE 17 /* container._STREAM: u8 coder; u64 raw length; u64 stored length */
+#define CODEC_VERSION 1
+
+/* the container (container.pack) of streams[0..count); NULL with an exception set */
+static PyObject *assemble(int method, int width, int param, Py_ssize_t raw_size, const Stream *streams,
+                          Py_ssize_t count) {
+    Py_ssize_t total = HEAD_SIZE + STREAM_SIZE * count;
+    for (Py_ssize_t k = 0; k < count; k++) total += streams[k].len;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, total);
+    if (!out) return NULL;
+    uint8_t *p = (uint8_t *)PyBytes_AS_STRING(out);
+    Py_BEGIN_ALLOW_THREADS
+    p[0] = CODEC_VERSION;
+    p[1] = (uint8_t)method;
+    p[2] = (uint8_t)width;
+    p[3] = (uint8_t)param;
+    put_le(p + 4, (uint64_t)raw_size, 8);
+    put_le(p + 12, (uint64_t)count, 4);
+    uint8_t *t = p + HEAD_SIZE, *d = p + HEAD_SIZE + STREAM_SIZE * count;
+    for (Py_ssize_t k = 0; k < count; k++, t += STREAM_SIZE) {
+        t[0] = streams[k].coder;
+        put_le(t + 1, (uint64_t)streams[k].raw, 8);
+        put_le(t + 9, (uint64_t)streams[k].len, 8);
+        memcpy(d, streams[k].data, (size_t)streams[k].len);
+        d += streams[k].len;
+    }
+    Py_END_ALLOW_THREADS
+    return out;
+}
+
+/* transforms.merge_groups: elements per key -> group sizes, small neighbours merged */
+static Py_ssize_t merge_groups(const Py_ssize_t *counts, Py_ssize_t nkeys, Py_ssize_t min_group,
+                               Py_ssize_t *sizes) {
+    Py_ssize_t m = 0, run = 0;
+    for (Py_ssize_t k = 0; k < nkeys; k++) {
+        run += counts[k];
+        if (run >= min_group) {
+            sizes[m++] = run;
+            run = 0;
+        }
+    }
+    if (run) {
+        if (m) sizes[m - 1] += run;
+        else sizes[m++] = run;
+    }
+    return m;
+}
+
+static __thread Scratch scratch_planes, scratch_zout, scratch_packed, scratch_streams;
+
+/* encode_payload(x, base|None, width, transform, shift, method, param, sparse, min_group,
+ *                zstd_params, stride, packed_below, incompressible) -> the payload
+ * sparse = 0: the transformed elements' planes, grouped by the base's key when shift >= 0
+ * (groups of at least min_group elements); sparse = 1: SPARSE's gap and value streams.
+ * zstd_params: native int32 (parameter, value) pairs, as container.zstd_parameters gives. */
+static PyObject *encode_payload(PyObject *self, PyObject *args) {
+    PyObject *head = PyTuple_GetSlice(args, 0, 5), *data, *base, *result = NULL;
+    int width, code, shift, method, param, sparse;
+    Py_ssize_t min_group;
+    Py_buffer params;
+    Coding c;
+    if (!head) return NULL;
+    if (!PyArg_ParseTuple(args, "OOiiiiiiny*nId", &data, &base, &width, &code, &shift, &method, &param, &sparse,
+                          &min_group, &params, &c.stride, &c.packed_below, &c.incompressible)) {
+        Py_DECREF(head);
+        return NULL;
+    }
+    Args a;
+    const int parsed = parse(head, &a, "encode_payload");
+    Py_DECREF(head);
+    if (parsed < 0) {
+        PyBuffer_Release(&params);
+        return NULL;
+    }
+    const char *error = NULL;
+    if (!have_zstd) error = "encode_payload: use_zstd was not called";
+    else if (params.len % (2 * sizeof(int)) || params.len > (Py_ssize_t)sizeof(zt.config)) error = "encode_payload: bad zstd parameters";
+    else if (c.stride < 1 || min_group < 1) error = "encode_payload: bad coding parameters";
+    else if (sparse && (!a.has_base || a.shift >= 0 || a.code == 4 || a.code == 0)) error = "encode_payload: sparse needs a base, a delta transform and no grouping";
+    if (error) {
+        PyErr_SetString(PyExc_ValueError, error);
+        PyBuffer_Release(&params);
+        release(&a);
+        return NULL;
+    }
+    const Py_ssize_t n = a.n, nkeys = a.nkeys;
+    const uint8_t *xs = a.data.buf, *bs = a.has_base ? a.base.buf : NULL;
+    Grouping g = {NULL, nkeys > 256, nkeys, NULL};
+    Py_ssize_t *counts = NULL, *next = NULL, *sizes = NULL, groups = 0, count = 0;
+    Stream *streams = NULL;
+    int failed = 0, nomem = 0;
+    /* every allocation happens without the GIL too: malloc does not need it */
+    Py_BEGIN_ALLOW_THREADS
+    if (zstd_configure(params.buf, params.len / (Py_ssize_t)sizeof(int)) < 0) {
+        failed = 1;
+    } else if (!sparse) {
+        uint8_t *planes = scratch(&scratch_planes, a.data.len ? (size_t)a.data.len : 1);
+        void *tmp = scratch(&scratch_elements, a.data.len ? (size_t)a.data.len : 1), *keys = NULL;
+        sizes = malloc(sizeof(Py_ssize_t) * (size_t)(nkeys ? nkeys : 1));
+        if (nkeys) {
+            counts = malloc(sizeof(Py_ssize_t) * (size_t)nkeys);
+            next = malloc(sizeof(Py_ssize_t) * 2 * LANES * (size_t)nkeys);
+            keys = scratch(&scratch_keys, n ? (size_t)n * (g.wide ? 2 : 1) : 1);
+            g.next = next;
+        }
+        streams = malloc(sizeof(Stream) * (size_t)width * (size_t)(nkeys ? nkeys : 1));
+        if (!planes || !tmp || !sizes || !streams || (nkeys && (!counts || !next || !keys))) {
+            nomem = 1;
+        } else {
+            static const kernel_fn enc[] = {encode_8, encode_16, NULL, encode_32, NULL, NULL, NULL, encode_64};
+            if (nkeys) group(bs, n, width, a.shift, &g, keys, counts);
+            enc[width - 1](xs, bs, n, code, nkeys ? &g : NULL, planes, tmp);
+            if (nkeys) {
+                groups = merge_groups(counts, nkeys, min_group, sizes);
+            } else {
+                groups = 1;
+                sizes[0] = n;
+            }
+            size_t cap = 0;
+            Py_ssize_t largest = 0;
+            for (Py_ssize_t j = 0; j < groups; j++) {
+                cap += (size_t)width * zstd.compressBound((size_t)sizes[j]);
+                largest = sizes[j] > largest ? sizes[j] : largest;
+            }
+            uint8_t *zout = scratch(&scratch_zout, cap ? cap : 1);
+            uint8_t *packbuf = scratch(&scratch_packed, largest ? (size_t)largest : 1);
+            if (!zout || !packbuf) nomem = 1;
+            for (Py_ssize_t j = 0, start = 0; !nomem && !failed && j < groups; start += sizes[j], j++)
+                for (int k = 0; k < width && !failed; k++, count++)
+                    failed = code_stream(planes + (Py_ssize_t)k * n + start, sizes[j], &c, &zout, packbuf,
+                                         &streams[count]) < 0;
+        }
+    } else {
+        Py_ssize_t nz = 0, end = 0, nbig = 0;
+        switch (width) {
+        case 1: sparse_count_8(xs, bs, n, &nz, &end); break;
+        case 2: sparse_count_16(xs, bs, n, &nz, &end); break;
+        case 4: sparse_count_32(xs, bs, n, &nz, &end); break;
+        default: sparse_count_64(xs, bs, n, &nz, &end); break;
+        }
+        const size_t gaps_cap = (size_t)(end / 256 + 1);
+        /* one buffer: gap bytes, values' planes, escaped gaps as u32, then as 4 planes */
+        const size_t span = (size_t)nz * (size_t)(1 + width) + gaps_cap * 8;
+        uint8_t *buf = scratch(&scratch_planes, span + 8);
+        streams = malloc(sizeof(Stream) * (size_t)(5 + width));
+        if (!buf || !streams) {
+            nomem = 1;
+        } else {
+            uint8_t *small = buf, *values = buf + nz, *bigp = values + nz * width;
+            uint32_t *gaps = (uint32_t *)scratch(&scratch_keys, gaps_cap * sizeof(uint32_t));
+            if (!gaps) nomem = 1;
+            else {
+                switch (width) {
+                case 1: nbig = sparse_fill_8(xs, bs, end, code, nz, small, values, gaps); break;
+                case 2: nbig = sparse_fill_16(xs, bs, end, code, nz, small, values, gaps); break;
+                case 4: nbig = sparse_fill_32(xs, bs, end, code, nz, small, values, gaps); break;
+                default: nbig = sparse_fill_64(xs, bs, end, code, nz, small, values, gaps); break;
+                }
+                for (Py_ssize_t e = 0; e < nbig; e++)
+                    for (int k = 0; k < 4; k++) bigp[k * nbig + e] = (uint8_t)(gaps[e] >> (8 * k));
+                const uint8_t *part[13];
+                Py_ssize_t plen[13];
+                part[0] = small;
+                plen[0] = nz;
+                for (int k = 0; k < 4; k++) part[1 + k] = bigp + k * nbig, plen[1 + k] = nbig;
+                for (int k = 0; k < width; k++) part[5 + k] = values + k * nz, plen[5 + k] = nz;
+                size_t cap = 0;
+                Py_ssize_t largest = 0;
+                for (int k = 0; k < 5 + width; k++) {
+                    cap += zstd.compressBound((size_t)plen[k]);
+                    largest = plen[k] > largest ? plen[k] : largest;
+                }
+                uint8_t *zout = scratch(&scratch_zout, cap ? cap : 1);
+                uint8_t *packbuf = scratch(&scratch_packed, largest ? (size_t)largest : 1);
+                if (!zout || !packbuf) nomem = 1;
+                for (int k = 0; !nomem && !failed && k < 5 + width; k++, count++)
+                    failed = code_stream(part[k], plen[k], &c, &zout, packbuf, &streams[count]) < 0;
+            }
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (nomem) PyErr_NoMemory();
+    else if (failed) PyErr_SetString(PyExc_RuntimeError, "zstd failed to compress a stream");
+    else result = assemble(method, width, param, a.data.len, streams, count);
+    free(streams);
+    free(sizes);
+    free(counts);
+    free(next);
+    PyBuffer_Release(&params);
+    release(&a);
+    return result;
+}
+
+/* the stream table of a payload that container.peek accepted, re-checked here so that
+ * nothing below trusts the caller: (coder, raw length, data, stored length) of each */
+static const char *read_table(const uint8_t *p, Py_ssize_t len, Stream *streams, Py_ssize_t count) {
+    Py_ssize_t offset = HEAD_SIZE + STREAM_SIZE * count;
+    if (len < offset) return "payload stream table truncated";
+    for (Py_ssize_t k = 0; k < count; k++) {
+        const uint8_t *t = p + HEAD_SIZE + STREAM_SIZE * k;
+        const uint64_t raw = get_le(t + 1, 8), stored = get_le(t + 9, 8);
+        if (t[0] > 4 || raw > (uint64_t)PY_SSIZE_T_MAX || stored > (uint64_t)(len - offset))
+            return "payload stream table is inconsistent";
+        if (t[0] == CODER_STORED && raw != stored) return "stored stream has the wrong length";
+        streams[k].coder = t[0];
+        streams[k].raw = (Py_ssize_t)raw;
+        streams[k].data = p + offset;
+        streams[k].len = (Py_ssize_t)stored;
+        offset += (Py_ssize_t)stored;
+    }
+    if (offset != len) return "payload length does not match its stream table";
+    return NULL;
+}
+
+/* container._bounded_zstd into dst (exactly `expected` bytes, never more) */
+static const char *unzstd(const uint8_t *src, Py_ssize_t len, uint8_t *dst, Py_ssize_t expected) {
+    if (len < 4) return "zstd frame declares the wrong size";
+    const unsigned long long declared = zstd.getFrameContentSize(src, (size_t)len);
+    if (declared == CONTENTSIZE_ERROR) return "zstd frame header is damaged";
+    if (declared != CONTENTSIZE_UNKNOWN && declared != (unsigned long long)expected)
+        return "zstd frame declares the wrong size";
+    if (expected == 0) return NULL;
+    if (!zt.dctx && !(zt.dctx = zstd.createDCtx())) return "out of memory for a zstd context";
+    const size_t got = zstd.decompressDCtx(zt.dctx, dst, (size_t)expected, src, (size_t)len);
+    if (zstd.isError(got)) return "zstd stream is corrupt or decodes to the wrong length";
+    if ((Py_ssize_t)got != expected) return "zstd stream decoded to the wrong length";
+    return NULL;
+}
+
+static const int packed_bits[5] = {0, 0, 1, 2, 4}; /* coder -> bits per value (container.CODER_PACKED) */
+
+/* the scratch that the largest bit-packed stream of streams[0..count) needs, or NULL */
+static uint8_t *packed_scratch(const Stream *streams, Py_ssize_t count, int *nomem) {
+    Py_ssize_t largest = 0;
+    for (Py_ssize_t k = 0; k < count; k++)
+        if (packed_bits[streams[k].coder]) {
+            const Py_ssize_t inner = (streams[k].raw * packed_bits[streams[k].coder] + 7) / 8;
+            largest = inner > largest ? inner : largest;
+        }
+    uint8_t *packed = largest ? scratch(&scratch_packed, (size_t)largest) : NULL;
+    *nomem = largest && !packed;
+    return packed;
+}
+
+/* container.stream_bytes of one stream into dst (s->raw bytes; a stored stream is read
+ * where it lies). s->data then points at its bytes and s->len is its raw length. */
+static const char *open_stream(Stream *s, uint8_t *dst, uint8_t *packed) {
+    const int bits = packed_bits[s->coder];
+    const char *error = NULL;
+    if (s->coder == CODER_STORED) {
+        return NULL;
+    } else if (bits) {
+        const Py_ssize_t inner = (s->raw * bits + 7) / 8;
+        if (!(error = unzstd(s->data, s->len, packed, inner))) unpack_into(packed, bits, s->raw, dst);
+    } else {
+        error = unzstd(s->data, s->len, dst, s->raw);
+    }
+    if (error) return error;
+    s->data = dst;
+    s->len = s->raw;
+    return NULL;
+}
+
+/* decode_payload(payload, base|None, width, transform, shift, sparse, min_group) -> the chunk.
+ * The payload's header must have been checked by container.peek (method, width, parameter);
+ * every length is checked again here before it is used (ValueError). */
+static PyObject *decode_payload(PyObject *self, PyObject *args) {
+    PyObject *payload_obj, *base;
+    int width, code, shift, sparse;
+    Py_ssize_t min_group;
+    if (!PyArg_ParseTuple(args, "OOiiiin", &payload_obj, &base, &width, &code, &shift, &sparse, &min_group))
+        return NULL;
+    const int bits = width * 8;
+    if ((width != 1 && width != 2 && width != 4 && width != 8) || code < 0 || code > 4 || min_group < 1 ||
+        ((code % 4 != 0 || shift >= 0 || sparse) && base == Py_None) || (code == 4 && shift >= 0) ||
+        shift >= bits - 1 || (shift >= 0 && bits - 1 - shift > 16) || (sparse && (shift >= 0 || code < 1 || code > 3))) {
+        PyErr_SetString(PyExc_ValueError, "decode_payload: inconsistent parameters");
+        return NULL;
+    }
+    if (!have_zstd) {
+        PyErr_SetString(PyExc_ValueError, "decode_payload: use_zstd was not called");
+        return NULL;
+    }
+    Py_buffer pv, bv = {0};
+    if (PyObject_GetBuffer(payload_obj, &pv, PyBUF_SIMPLE) < 0) return NULL;
+    if (base != Py_None && PyObject_GetBuffer(base, &bv, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&pv);
+        return NULL;
+    }
+    const uint8_t *p = pv.buf;
+    const char *error = NULL;
+    PyObject *out = NULL;
+    Stream *streams = NULL;
+    const uint8_t **ptr = NULL;
+    Py_ssize_t *len = NULL, *counts = NULL, *next = NULL, *sizes = NULL;
+    Py_ssize_t count = 0, raw_size = 0;
+    if (pv.len < HEAD_SIZE) {
+        error = "payload shorter than its header";
+        goto done;
+    }
+    raw_size = (Py_ssize_t)get_le(p + 4, 8);
+    count = (Py_ssize_t)get_le(p + 12, 4);
+    if (p[2] != width || raw_size < 0 || raw_size % width || count > (pv.len - HEAD_SIZE) / STREAM_SIZE ||
+        (bv.obj && bv.len != raw_size)) {
+        error = "payload does not match the chunk it decodes";
+        goto done;
+    }
+    const Py_ssize_t n = raw_size / width;
+    if (sparse ? count != 5 + width : (count % width || count < width)) {
+        error = sparse ? "sparse payload has the wrong stream count" : "stream count does not match the element width";
+        goto done;
+    }
+    streams = malloc(sizeof(Stream) * (size_t)(count ? count : 1));
+    if (!streams) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if ((error = read_table(p, pv.len, streams, count))) goto done;
+    Py_ssize_t total = 0;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        if (streams[k].raw > PY_SSIZE_T_MAX - total) {
+            error = "payload stream table is inconsistent";
+            goto done;
+        }
+        total += streams[k].raw;
+    }
+    if (sparse ? total > n * (1 + 4 + width) : total != raw_size) {
+        error = "stream lengths do not add up to the chunk";
+        goto done;
+    }
+    out = PyBytes_FromStringAndSize(NULL, raw_size);
+    uint8_t *buf = out ? scratch(&scratch_streams, total ? (size_t)total : 1) : NULL;
+    const Py_ssize_t groups = sparse ? 0 : count / width;
+    const Py_ssize_t nkeys = shift >= 0 ? ((Py_ssize_t)1 << (bits - 1 - shift)) : 0;
+    Grouping g = {NULL, nkeys > 256, nkeys, NULL};
+    void *tmp = NULL, *keys = NULL;
+    if (!sparse) {
+        ptr = malloc(sizeof(uint8_t *) * (size_t)count);
+        len = malloc(sizeof(Py_ssize_t) * (size_t)groups);
+        tmp = scratch(&scratch_elements, raw_size ? (size_t)raw_size : 1);
+        if (nkeys) {
+            counts = malloc(sizeof(Py_ssize_t) * (size_t)nkeys);
+            sizes = malloc(sizeof(Py_ssize_t) * (size_t)nkeys);
+            next = malloc(sizeof(Py_ssize_t) * 2 * LANES * (size_t)nkeys);
+            keys = scratch(&scratch_keys, n ? (size_t)n * (g.wide ? 2 : 1) : 1);
+            g.next = next;
+        }
+    }
+    if (!out || !buf || (!sparse && (!ptr || !len || !tmp || (nkeys && (!counts || !sizes || !next || !keys))))) {
+        if (out) PyErr_NoMemory();
+        Py_CLEAR(out);
+        goto done;
+    }
+    uint8_t *y = (uint8_t *)PyBytes_AS_STRING(out);
+    const uint8_t *bs = bv.obj ? bv.buf : NULL;
+    int nomem = 0;
+    uint8_t *packed = packed_scratch(streams, count, &nomem);
+    Py_BEGIN_ALLOW_THREADS
+    if (nomem) error = "out of memory";
+    for (Py_ssize_t k = 0, cursor = 0; !error && k < count; cursor += streams[k].raw, k++)
+        error = open_stream(&streams[k], buf + cursor, packed);
+    if (!error && sparse) {
+        const uint8_t *small = streams[0].data, *big[4], *values[8];
+        const Py_ssize_t nzc = streams[0].len;
+        Py_ssize_t escaped = 0;
+        for (Py_ssize_t z = 0; z < nzc; z++) escaped += small[z] == 255;
+        int consistent = nzc <= n;
+        for (int k = 0; k < 4; k++) consistent &= streams[1 + k].len == escaped, big[k] = streams[1 + k].data;
+        for (int k = 0; k < width; k++) consistent &= streams[5 + k].len == nzc, values[k] = streams[5 + k].data;
+        int rc = 0;
+        if (!consistent) error = "sparse payload positions are inconsistent";
+        else {
+            switch (width) {
+            case 1: rc = sparse_apply_8(small, big, values, nzc, code, bs, n, (uint8_t *)y); break;
+            case 2: rc = sparse_apply_16(small, big, values, nzc, code, bs, n, (uint16_t *)y); break;
+            case 4: rc = sparse_apply_32(small, big, values, nzc, code, bs, n, (uint32_t *)y); break;
+            default: rc = sparse_apply_64(small, big, values, nzc, code, bs, n, (uint64_t *)y); break;
+            }
+            if (rc < 0) error = "sparse payload positions run past the chunk";
+        }
+    } else if (!error) {
+        for (Py_ssize_t j = 0; j < groups && !error; j++) {
+            len[j] = streams[j * width].len;
+            for (int k = 0; k < width; k++) {
+                ptr[j * width + k] = streams[j * width + k].data;
+                if (streams[j * width + k].len != len[j]) error = "stream lengths do not match the chunk's groups";
+            }
+        }
+        if (!error && nkeys) {
+            group(bs, n, width, shift, &g, keys, counts);
+            const Py_ssize_t m = merge_groups(counts, nkeys, min_group, sizes);
+            if (m != groups || memcmp(sizes, len, sizeof(Py_ssize_t) * (size_t)m))
+                error = "stream count does not match the chunk's groups";
+        }
+        if (!error) {
+            static const decode_fn dec[] = {decode_8, decode_16, NULL, decode_32, NULL, NULL, NULL, decode_64};
+            const Pieces pieces = {ptr, len, groups};
+            dec[width - 1](&pieces, bs, n, code, nkeys ? &g : NULL, y, tmp);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (error) Py_CLEAR(out);
+done:
+    if (error && !PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, error);
+    free(streams);
+    free((void *)ptr);
+    free(len);
+    free(counts);
+    free(sizes);
+    free(next);
+    if (bv.obj) PyBuffer_Release(&bv);
+    PyBuffer_Release(&pv);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"sparse_decode", sparse_decode, METH_VARARGS,
      "sparse_decode(streams, base, width, transform) -> the chunk: base with the listed deltas applied"},
@@ -865,6 +1435,13 @@ static PyMethodDef methods[] = {
     {"decode_planes", decode_planes, METH_VARARGS,
      "decode_planes(streams, base|None, width, transform, shift) -> (elements, key counts|None)\n"
      "The inverse of encode_planes; streams: each group's planes, group after group."},
+    {"use_zstd", use_zstd, METH_VARARGS,
+     "use_zstd((address, ...)) -> version: the zstd functions encode_payload and decode_payload call"},
+    {"encode_payload", encode_payload, METH_VARARGS,
+     "encode_payload(x, base|None, width, transform, shift, method, param, sparse, min_group,\n"
+     "zstd_params, stride, packed_below, incompressible) -> a whole payload (container.pack's layout)"},
+    {"decode_payload", decode_payload, METH_VARARGS,
+     "decode_payload(payload, base|None, width, transform, shift, sparse, min_group) -> the chunk"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -139,9 +139,34 @@ def _compressor(level: int) -> zstandard.ZstdCompressor:
     """
     cache = _COMPRESSORS.__dict__
     if level not in cache:
-        params = zstandard.ZstdCompressionParameters.from_level(level, min_match=7, hash_log=6)
-        cache[level] = zstandard.ZstdCompressor(compression_params=params)
+        cache[level] = zstandard.ZstdCompressor(compression_params=_parameters(level))
     return cache[level]
+
+
+def _parameters(level: int) -> zstandard.ZstdCompressionParameters:
+    return zstandard.ZstdCompressionParameters.from_level(level, min_match=7, hash_log=6)
+
+
+# zstd.h's ZSTD_c_* number of each ZstdCompressionParameters attribute, in the order
+# python-zstandard sets them on its context (backend_cffi._make_cctx_params)
+_ZSTD_PARAMETER_IDS = (
+    ("format", 10), ("compression_level", 100), ("window_log", 101), ("hash_log", 102), ("chain_log", 103),
+    ("search_log", 104), ("min_match", 105), ("target_length", 106), ("strategy", 107),
+    ("write_content_size", 200), ("write_checksum", 201), ("write_dict_id", 202), ("threads", 400),
+    ("job_size", 401), ("overlap_log", 402), ("force_max_window", 1000), ("enable_ldm", 160),
+    ("ldm_hash_log", 161), ("ldm_min_match", 162), ("ldm_bucket_size_log", 163), ("ldm_hash_rate_log", 164),
+)
+_PARAMETER_PAIRS: dict[int, bytes] = {}
+
+
+def zstd_parameters(level: int) -> bytes:
+    """The (ZSTD_c_* id, value) pairs, native int32s, that give the C kernels' zstd context
+    the parameters of :func:`_compressor`'s, for ``encode_payload``."""
+    if level not in _PARAMETER_PAIRS:
+        params = _parameters(level)
+        pairs = [v for name, pid in _ZSTD_PARAMETER_IDS for v in (pid, int(getattr(params, name)))]
+        _PARAMETER_PAIRS[level] = struct.pack(f"={len(pairs)}i", *pairs)
+    return _PARAMETER_PAIRS[level]
 
 
 ENTROPY_SAMPLE_STRIDE = 16  # the noise test looks at every 16th byte of a large plane

@@ -3,6 +3,16 @@
 None when the extension was not built (no C compiler at install) or when ``WVC_NO_NATIVE``
 is set; the numpy path then writes the same bytes more slowly. Read ``native.kernels`` at
 call time, so tests can switch paths by assigning it.
+
+``whole_payloads``: the kernels also encode and decode whole payloads in one call
+(``encode_payload``/``decode_payload``: one GIL release per chunk instead of several per
+stream). They call zstd, and the zstd they call is python-zstandard's own: its wheels ship a
+second build of the same bundled libzstd (the cffi backend, ``zstandard._cffi``) whose
+functions are exported, and :func:`_zstd_functions` loads that file with ctypes and hands
+the addresses over. The same library version as ``zstandard`` itself (checked), so payloads
+are byte for byte those of the stream-by-stream path; nothing is compiled against zstd
+headers and no second zstd is linked. False when that file is missing or of another
+version: the stream-by-stream path is then used, with the same payloads.
 """
 
 import os
@@ -13,3 +23,40 @@ except ImportError:
     kernels = None
 if os.environ.get("WVC_NO_NATIVE"):
     kernels = None
+
+# The zstd functions _native.c calls, in the order use_zstd takes them.
+ZSTD_FUNCTIONS = (
+    "ZSTD_versionNumber", "ZSTD_createCCtx", "ZSTD_CCtx_setParameter", "ZSTD_compress2", "ZSTD_compressBound",
+    "ZSTD_isError", "ZSTD_createDCtx", "ZSTD_decompressDCtx", "ZSTD_getFrameContentSize",
+)
+
+
+def _zstd_functions() -> tuple[int, ...] | None:
+    """Addresses of python-zstandard's zstd functions, or None where they cannot be found."""
+    import ctypes
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("zstandard._cffi")
+        if spec is None or not spec.origin:
+            return None
+        lib = ctypes.CDLL(spec.origin)
+        return tuple(ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in ZSTD_FUNCTIONS)
+    except (OSError, AttributeError, ImportError, ValueError):
+        return None
+
+
+def _connect_zstd() -> bool:
+    if kernels is None or os.environ.get("WVC_NO_WHOLE_PAYLOADS"):
+        return False
+    import zstandard
+
+    addresses = _zstd_functions()
+    if addresses is None or not all(addresses):
+        return False
+    major, minor, patch = zstandard.ZSTD_VERSION
+    # another libzstd could compress differently: then keep zstandard's own calls
+    return kernels.use_zstd(addresses) == major * 10000 + minor * 100 + patch
+
+
+whole_payloads = _connect_zstd()

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from ..errors import CorruptObject
 from ..formats.dtypes import DType
 from . import native
-from .container import ROTATED, Method, compress_stream, pack, peek, stream_bytes
+from .container import (ENTROPY_SAMPLE_STRIDE, INCOMPRESSIBLE_BITS, PACKED_BELOW, ROTATED, Method, compress_stream,
+                        pack, peek, stream_bytes, zstd_parameters)
 
 # transform codes of _native.c
 _NATIVE_CODE = {Method.RAW: 0, Method.PLANES: 0, Method.XOR: 1, Method.ULP: 2, Method.ULP_EXP: 2, Method.SUB: 3}
@@ -192,6 +193,8 @@ def _encode_native(method: Method, x, b, dtype: DType, level: int) -> bytes:
     """The same payload as :func:`_encode_with`, from the C kernels on raw byte buffers
     (``x``, ``b``: memoryviews; no numpy): transform, group and plane split in one C pass."""
     width, n = dtype.width, len(x) // dtype.width
+    if native.whole_payloads:
+        return _encode_whole(method, x, b, dtype, level)
     if method is Method.SPARSE:
         inner = inner_method(dtype)
         small, big, values = native.kernels.sparse_encode(x, b, width, _NATIVE_CODE[inner], -1)
@@ -208,6 +211,35 @@ def _encode_native(method: Method, x, b, dtype: DType, level: int) -> bytes:
         streams += [compress_stream(view[j * n + start : j * n + start + size], level) for j in range(width)]
         start += size
     return pack(method, width, param, n * width, streams)
+
+
+def _encode_whole(method: Method, x, b, dtype: DType, level: int) -> bytes:
+    """:func:`_encode_native`'s payload from one C call (native.whole_payloads)."""
+    sparse = method is Method.SPARSE
+    if sparse:
+        inner = inner_method(dtype)
+        code, shift, param = _NATIVE_CODE[inner], -1, int(inner)
+    else:
+        shift = dtype.exponent[0] if method is Method.ULP_EXP else -1
+        param = planes_param(dtype) if method is Method.PLANES else max(shift, 0)
+        code = _native_code(method, param)
+    return native.kernels.encode_payload(
+        x, b if method.uses_base else None, dtype.width, code, shift, int(method), param, sparse, MIN_GROUP,
+        zstd_parameters(level), ENTROPY_SAMPLE_STRIDE, PACKED_BELOW, INCOMPRESSIBLE_BITS)
+
+
+def _decode_whole(payload, info, b) -> bytes:
+    """:func:`_decode_native` and :func:`_decode_sparse_native` in one C call."""
+    sparse = info.method is Method.SPARSE
+    if sparse:
+        code, shift = _NATIVE_CODE[Method(info.param)], -1
+    else:
+        code = _native_code(info.method, info.param)
+        shift = info.param if info.method is Method.ULP_EXP else -1
+    try:
+        return native.kernels.decode_payload(payload, b, info.width, code, shift, sparse, MIN_GROUP)
+    except ValueError as exc:  # every length is checked on the C side
+        raise CorruptObject(str(exc)) from None
 
 
 def _decode_native(payload, info, b) -> bytes:
@@ -355,6 +387,8 @@ def decode_chunk(payload, raw_size: int, base=None, *, device: str = "cpu") -> b
             raise CorruptObject("delta payload without its base chunk")
         base_raw = fit_base(base, raw_size)
     if device == "cpu" and native.kernels is not None:  # on the raw buffers, without numpy
+        if native.whole_payloads:
+            return _decode_whole(payload, info, base_raw)
         if info.method is Method.SPARSE:
             return _decode_sparse_native(payload, info, base_raw)
         return _decode_native(payload, info, base_raw)
