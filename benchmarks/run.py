@@ -50,8 +50,12 @@ def run_child(args: list[str]) -> Child:
     return Child(parsed, wall, usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime)
 
 
+def wvc_op_args(*args) -> list[str]:
+    return [sys.executable, "-m", "benchmarks.wvc_op", *map(str, args)]
+
+
 def wvc_op(*args) -> Child:
-    return run_child([sys.executable, "-m", "benchmarks.wvc_op", *map(str, args)])
+    return run_child(wvc_op_args(*args))
 
 
 def compile_bytecode() -> None:

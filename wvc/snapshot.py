@@ -30,6 +30,7 @@ class ParentIndex:
 
     by_path: dict[str, FileEntry] = field(default_factory=dict)
     by_tensor: dict[str, TensorEntry] = field(default_factory=dict)
+    by_path_tensor: dict[tuple[str, str], TensorEntry] = field(default_factory=dict)
 
     @classmethod
     def of(cls, tree: Tree | None) -> "ParentIndex":
@@ -39,14 +40,12 @@ class ParentIndex:
             for f in tree.files:
                 for t in f.tensors:
                     index.by_tensor.setdefault(t.name, t)
+                    index.by_path_tensor.setdefault((f.path, t.name), t)
         return index
 
     def tensor(self, path: str, name: str) -> TensorEntry | None:
-        entry = self.by_path.get(path)
-        for t in entry.tensors if entry else ():
-            if t.name == name:
-                return t
-        return self.by_tensor.get(name)
+        found = self.by_path_tensor.get((path, name))
+        return found if found is not None else self.by_tensor.get(name)
 
 
 def _base(chunks: tuple[str, ...] | None, i: int) -> str | None:
@@ -99,6 +98,8 @@ class Snapshotter:
     def _blob_file(self, path: str, fh, size: int, executable: bool = False) -> FileEntry:
         parent = self.parent.by_path.get(path)
         parent_chunks = parent.chunks if parent is not None and parent.kind == "blob" else None
+        if parent_chunks:
+            self.writer.expect_bases(parent_chunks)
         chunks = []
         for i, (begin, end) in enumerate(chunk_spans(size, 1, self.chunk_bytes)):
             raw = fh.read(end - begin)
@@ -110,6 +111,8 @@ class Snapshotter:
 
     def _safetensors_file(self, path: str, fh, header: st.SafetensorsHeader, executable: bool = False) -> FileEntry:
         parent = self.parent.by_path.get(path)
+        if parent is not None:
+            self.writer.expect_bases(parent.chunk_ids())  # the delta bases of this file, looked up at once
         header_id = self.writer.put(header.header_bytes, BYTES, parent.header if parent and parent.header else None,
                                     (path, 8))
         self.progress.advance(header.data_start)
@@ -157,6 +160,8 @@ class Snapshotter:
         header_bytes, layout = st.build_header(specs, metadata)
         header = st.parse_header(header_bytes, layout[-1].end if layout else 0, path)
         parent = self.parent.by_path.get(path)
+        if parent is not None:
+            self.writer.expect_bases(parent.chunk_ids())
         header_id = self.writer.put(header_bytes, BYTES, parent.header if parent and parent.header else None)
         self.progress.start(header.file_size, "commit")
         entries = []

@@ -218,6 +218,7 @@ def _refresh_working_file(repo, parent_tree: Tree | None, entry, progress: Progr
 
 def _check_objects_present(repo, tree: Tree) -> None:
     """Guard against gc having removed an object we deduplicated against meanwhile."""
-    missing = [c for c in tree.chunk_ids() if not repo.store.has(c)]
+    chunks = tree.chunk_ids()
+    missing = chunks - repo.store.present(chunks)
     if missing:
         raise MissingObject(f"{len(missing)} objects vanished during the commit (concurrent gc?); retry")

@@ -34,6 +34,7 @@ from .database import Database
 from .external import BASE_PACK, EXTERNAL_METHOD, ExternalFiles
 from .packs import PackReader, PackWriter
 
+ROW_BATCH = 500  # ids per query (SQLite before 3.32 binds at most 999 parameters)
 DEFAULT_MAX_CHAIN = 8  # with the payload rule of ChunkWriter._base_chain; measured in benchmarks/sync.py (docs/design.md, "Anchor policy")
 WORKERS = max(1, min(4, os.cpu_count() or 1))
 # How far ahead of the caller the pool works: at most IN_FLIGHT_BYTES of raw chunks (which
@@ -135,6 +136,46 @@ class ObjectStore:
             return ObjectRow(object_id, BASE_PACK, r[1], r[2], r[2], EXTERNAL_METHOD, None, 0, r[0])
         return None
 
+    def rows(self, object_ids) -> dict[str, ObjectRow]:
+        """The rows of those of ``object_ids`` that a pack holds: one query per ROW_BATCH ids
+        (a lookup per chunk cost a checkout of 1,616 small tensors more time on its main
+        thread than writing the file)."""
+        found: dict[str, ObjectRow] = {}
+        wanted = list(dict.fromkeys(object_ids))
+        for k in range(0, len(wanted), ROW_BATCH):
+            batch = wanted[k : k + ROW_BATCH]
+            for r in self.db.conn.execute(
+                    "SELECT id, pack, offset, length, raw_size, method, base, depth FROM objects "
+                    f"WHERE id IN ({','.join('?' * len(batch))})", batch):
+                found[r[0]] = ObjectRow(*r)
+        return found
+
+    def chain_rows(self, object_ids) -> dict[str, ObjectRow]:
+        """Rows of ``object_ids`` and of every base below them, a level of the chains at a
+        time (:meth:`rows` per level), for :meth:`chain`'s ``known``. Objects that no pack
+        holds (a base's files, a lazy clone's remote) are left to :meth:`chain`'s lookups."""
+        found: dict[str, ObjectRow] = {}
+        level = list(dict.fromkeys(object_ids))
+        for _ in range(self.max_links):
+            rows = self.rows(level)
+            found.update(rows)
+            level = [r.base for r in rows.values() if r.base is not None and r.base not in found]
+            if not level:
+                break
+        return found
+
+    def present(self, object_ids) -> set[str]:
+        """Those of ``object_ids`` the store holds, in a pack or a base's files (batched)."""
+        found: set[str] = set()
+        wanted = list(dict.fromkeys(object_ids))
+        for k in range(0, len(wanted), ROW_BATCH):
+            batch = wanted[k : k + ROW_BATCH]
+            marks = ",".join("?" * len(batch))
+            found.update(o for (o,) in self.db.conn.execute(
+                f"SELECT id FROM objects WHERE id IN ({marks}) UNION SELECT id FROM external_objects WHERE id IN ({marks})",
+                batch + batch))
+        return found
+
     def has(self, object_id: str) -> bool:
         return self.db.one("SELECT 1 FROM objects WHERE id = ? UNION ALL "
                            "SELECT 1 FROM external_objects WHERE id = ? LIMIT 1", (object_id, object_id)) is not None
@@ -154,11 +195,15 @@ class ObjectStore:
             row = self.row(object_id)
         return row
 
-    def chain(self, object_id: str, row: ObjectRow | None = None) -> list[ObjectRow]:
-        """The rows to decode for ``object_id`` (whose ``row`` the caller may have): itself
-        first, its keyframe last (store/chains.py)."""
+    def chain(self, object_id: str, row: ObjectRow | None = None,
+              known: dict[str, ObjectRow] | None = None) -> list[ObjectRow]:
+        """The rows to decode for ``object_id`` (whose ``row`` the caller may have, or rows
+        from :meth:`chain_rows` in ``known``): itself first, its keyframe last (store/chains.py)."""
         def lookup(oid: str) -> ObjectRow | None:
-            return row if row is not None and row.id == oid else self._row_or_supplied(oid)
+            if row is not None and row.id == oid:
+                return row
+            found = known.get(oid) if known is not None else None
+            return found if found is not None else self._row_or_supplied(oid)
 
         return resolve_chain(object_id, lookup, max_links=self.max_links)
 
@@ -196,9 +241,11 @@ class ObjectStore:
 
     def get_many(self, object_ids):
         """Yield each chunk's bytes in order, decoding ahead on the pool (see IN_FLIGHT_BYTES)."""
+        object_ids = list(object_ids)
+        known = self.chain_rows(object_ids)
         queue, ahead = collections.deque(), 0
         for oid in object_ids:
-            chain = self.chain(oid)
+            chain = self.chain(oid, known=known)
             queue.append((pool().submit(self.decode_chain, chain), chain[0].raw_size))
             ahead += chain[0].raw_size
             while queue and (ahead >= IN_FLIGHT_BYTES or len(queue) >= MAX_IN_FLIGHT):
@@ -302,6 +349,7 @@ class ChunkWriter:
         self.finished: tuple[str, int] | None = None
         self.kept: dict[str, bytes] = {}  # this commit's raw chunks, for store.recent_chunks
         self.kept_bytes = 0
+        self.base_rows: dict[str, ObjectRow] = {}  # see expect_bases
 
     def __enter__(self):
         return self
@@ -311,6 +359,11 @@ class ChunkWriter:
             for _, future, _ in self.in_flight:
                 future.cancel()
             self.pack.abort()
+
+    def expect_bases(self, base_ids) -> None:
+        """Look up the chains of chunks about to be offered as delta bases (a parent file's)
+        in a few queries now, instead of a query per link at each :meth:`put`."""
+        self.base_rows.update(self.store.chain_rows(b for b in base_ids if b not in self.base_rows))
 
     def known(self, object_id: str) -> bool:
         return object_id in self.pending or object_id in self.in_flight_ids or self.store.has(object_id)
@@ -323,10 +376,10 @@ class ChunkWriter:
         more than decoding a second keyframe). See docs/design.md, "Anchor policy"."""
         if base_id is None or base_id == object_id:
             return None
-        row = self.store._row_or_supplied(base_id)  # a lazy clone's parent may not be fetched yet
+        row = self.base_rows.get(base_id) or self.store._row_or_supplied(base_id)  # (a lazy clone's parent may not be fetched yet)
         if row is None or row.raw_size == 0:
             return None
-        chain = self.store.chain(base_id, row)
+        chain = self.store.chain(base_id, row, self.base_rows)
         if row.depth >= self.max_chain or sum(r.length for r in chain[:-1]) > chain[-1].length:
             chain = chain[-1:]  # the keyframe: depth 0
         return chain

@@ -92,6 +92,7 @@ class PackWriter:
         self.fh = EarlyWriteback(os.fdopen(fd, "wb"))  # written out as it grows: a short final fsync
         self.hasher = ids.hasher(ids.PACK)
         self.entries: list[PackEntry] = []
+        self.written = 0
         try:
             self._write(MAGIC)
         except BaseException:  # nobody holds this writer yet to abort it
@@ -101,10 +102,11 @@ class PackWriter:
     def _write(self, data) -> None:
         self.fh.write(data)
         self.hasher.update(data)
+        self.written += len(data)
 
     @property
     def offset(self) -> int:
-        return self.fh.tell()
+        return self.written  # (the file's tell() was a system call per object)
 
     def add(self, object_id: str, payload: bytes, raw_size: int, method: int, base: str | None) -> PackEntry:
         entry = PackEntry(object_id, self.offset, len(payload), raw_size, method, base)

@@ -1,0 +1,194 @@
+"""Speed in A/B pairs: wvc against zstd on the same bytes, run in turn, and on one core against two.
+
+    python -m benchmarks.speed                    # the many-tensor case (minilm x8), 5 pairs
+    python -m benchmarks.speed --pairs 9 --only "llm 1 GB bf16 step 0 -> 1" --llm-gb 1
+
+For each case: a delta commit of the case's last version onto a repository holding the one
+before, against ``zstd -3 -T2`` of the same file; a checkout of that commit with ``--output``
+against ``zstd -d`` of the same file (and ``zstd -d`` followed by an fsync of its output:
+wvc's checkout makes its file durable, zstd does not). Each pair runs its two commands one
+after the other on the same page-cache state (every step starts after a ``sync``), and the
+figure quoted is the median over the pairs of the per-pair ratio, so a machine whose speed
+drifts during the run still compares like with like. Then the same wvc commit and checkout
+pinned to one core and to two (``taskset``): the 2-core throughput over the 1-core one is
+the parallel efficiency that says how far more cores would carry (zstd's own beside it).
+
+Whole processes: the interpreter's start and the imports are in every wvc figure.
+Writes benchmarks/results/speed.json and speed.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from wvc import Repo
+
+from . import cases as C
+from .run import RESULTS, compile_bytecode, run_child, wvc_op, wvc_op_args
+
+DEFAULT_CASE = "minilm x8 bf16 step 0 -> 200"
+
+
+def _timed(args: list[str]) -> tuple[float, float]:
+    os.sync()
+    child = run_child(args)
+    return child.wall, child.cpu
+
+
+def _pin(cores: int | None, args: list[str]) -> list[str]:
+    return args if cores is None else ["taskset", "-c", ",".join(map(str, range(cores))), *args]
+
+
+def case_pairs(case: C.Case, scratch: Path, pairs: int) -> dict:
+    """Every figure of one case, over ``pairs`` A/B pairs."""
+    new = case.versions[-1] / "model.safetensors"
+    template, repo_dir, out = scratch / "template", scratch / "repo", scratch / "out"
+    shutil.rmtree(template, ignore_errors=True)
+    Repo.init(template).close()
+    for v in case.versions[:-1]:
+        wvc_op("commit", template, v)
+    zst, dec = scratch / "new.zst", scratch / "new.dec"
+
+    def fresh_repo():
+        shutil.rmtree(repo_dir, ignore_errors=True)
+        shutil.copytree(template, repo_dir)
+
+    def commit(cores=None):
+        fresh_repo()
+        return _timed(_pin(cores, wvc_op_args("commit", repo_dir, case.versions[-1])))
+
+    fresh_repo()
+    commit_id = wvc_op("commit", repo_dir, case.versions[-1]).out["commit"]
+    checked = scratch / "checked"
+    shutil.rmtree(checked, ignore_errors=True)
+    shutil.copytree(repo_dir, checked)
+
+    def checkout(cores=None):
+        shutil.rmtree(out, ignore_errors=True)
+        return _timed(_pin(cores, wvc_op_args("checkout", checked, commit_id, out)))
+
+    def zstd_c(cores=None):
+        return _timed(_pin(cores, ["zstd", "-3", f"-T{cores or 2}", "-q", "-f", str(new), "-o", str(zst)]))
+
+    def zstd_d(cores=None):
+        return _timed(_pin(cores, ["zstd", "-d", "-q", "-f", str(zst), "-o", str(dec)]))
+
+    def zstd_d_fsync():
+        return _timed(["sh", "-c", 'zstd -d -q -f "$0" -o "$1" && sync "$1"', str(zst), str(dec)])
+
+    zstd_c()
+    checkout()  # warm: the repository's packs in the page cache, as for every timed step after it
+    runs: dict[str, list[tuple[float, float]]] = {k: [] for k in (
+        "commit", "zstd3_T2", "checkout", "zstd_d", "zstd_d_fsync",
+        "commit_1core", "commit_2core", "checkout_1core", "checkout_2core",
+        "zstd3_1core", "zstd3_2core", "zstd_d_1core", "zstd_d_2core")}
+    for _ in range(pairs):
+        runs["commit"].append(commit())
+        runs["zstd3_T2"].append(zstd_c())
+        runs["checkout"].append(checkout())
+        runs["zstd_d"].append(zstd_d())
+        runs["zstd_d_fsync"].append(zstd_d_fsync())
+    identical = (out / "model.safetensors").read_bytes() == new.read_bytes()
+    for _ in range(pairs):
+        for cores in (1, 2):
+            runs[f"commit_{cores}core"].append(commit(cores))
+            runs[f"checkout_{cores}core"].append(checkout(cores))
+            runs[f"zstd3_{cores}core"].append(zstd_c(cores))
+            runs[f"zstd_d_{cores}core"].append(zstd_d(cores))
+
+    def med(key, k=0):
+        return statistics.median(r[k] for r in runs[key])
+
+    def ratio(a, b, k=0):
+        return statistics.median(x[k] / y[k] for x, y in zip(runs[a], runs[b]))
+
+    raw = new.stat().st_size
+    return {
+        "case": case.name, "raw_bytes": raw, "pairs": pairs, "byte_identical": identical,
+        "median_s": {k: med(k) for k in runs}, "median_cpu_s": {k: med(k, 1) for k in runs},
+        "commit_over_zstd3_T2": ratio("commit", "zstd3_T2"), "commit_over_zstd3_T2_cpu": ratio("commit", "zstd3_T2", 1),
+        "checkout_over_zstd_d": ratio("checkout", "zstd_d"), "checkout_over_zstd_d_cpu": ratio("checkout", "zstd_d", 1),
+        "checkout_over_zstd_d_fsync": ratio("checkout", "zstd_d_fsync"),
+        # throughput on 2 cores over 1 core = 1-core time over 2-core time, per pair
+        "commit_2core_speedup": ratio("commit_1core", "commit_2core"),
+        "checkout_2core_speedup": ratio("checkout_1core", "checkout_2core"),
+        "zstd3_2core_speedup": ratio("zstd3_1core", "zstd3_2core"),
+        "zstd_d_2core_speedup": ratio("zstd_d_1core", "zstd_d_2core"),
+        "runs": runs,
+    }
+
+
+def markdown(rows: list[dict], meta: dict) -> str:
+    lines = ["# wvc speed in A/B pairs", "",
+             f"{meta['when']} on {meta['machine']}, Python {meta['python']}. Whole processes (wvc's include "
+             f"the interpreter's start, {meta['startup_s']:.2f} s here); each ratio is the median over the pairs "
+             "of the ratio within a pair; times are medians. `python -m benchmarks.speed` reproduces it.", "",
+             "| case | pairs | commit s | zstd -3 -T2 s | commit / zstd time | commit / zstd CPU | checkout s | "
+             "zstd -d s | checkout / zstd -d time | checkout / zstd -d CPU | checkout / (zstd -d + fsync) time | "
+             "byte-identical |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        m = r["median_s"]
+        lines.append(
+            f"| {r['case']} | {r['pairs']} | {m['commit']:.2f} | {m['zstd3_T2']:.2f} | {r['commit_over_zstd3_T2']:.2f} | "
+            f"{r['commit_over_zstd3_T2_cpu']:.2f} | {m['checkout']:.2f} | {m['zstd_d']:.2f} | "
+            f"{r['checkout_over_zstd_d']:.2f} | {r['checkout_over_zstd_d_cpu']:.2f} | "
+            f"{r['checkout_over_zstd_d_fsync']:.2f} | {'yes' if r['byte_identical'] else 'NO'} |")
+    lines += ["", "## One core against two (`taskset`)", "",
+              "Throughput on 2 cores over throughput on 1 (1-core time / 2-core time, median over pairs); "
+              "zstd's figures are the same commands pinned the same way (`zstd -3 -T1` / `-T2`; `zstd -d` is "
+              "single-threaded).", "",
+              "| case | commit 1 core s | commit 2 cores s | commit 2-core speed-up | checkout 1 core s | "
+              "checkout 2 cores s | checkout 2-core speed-up | zstd -3 speed-up | zstd -d speed-up |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        m = r["median_s"]
+        lines.append(
+            f"| {r['case']} | {m['commit_1core']:.2f} | {m['commit_2core']:.2f} | {r['commit_2core_speedup']:.2f} | "
+            f"{m['checkout_1core']:.2f} | {m['checkout_2core']:.2f} | {r['checkout_2core_speedup']:.2f} | "
+            f"{r['zstd3_2core_speedup']:.2f} | {r['zstd_d_2core_speedup']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pairs", type=int, default=5)
+    ap.add_argument("--only", action="append", help="a case name (repeatable); default: the many-tensor case")
+    ap.add_argument("--llm-gb", type=float, default=None, help="build the LLM-shaped cases of this size too")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    compile_bytecode()
+    wanted = args.only or [DEFAULT_CASE]
+    cases = [c for c in C.all_cases(llm_gb=args.llm_gb) if c.name in wanted]
+    if len(cases) != len(wanted):
+        raise SystemExit(f"unknown case among {wanted}")
+    from .run import startup_floor
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="wvc-speed-", dir=os.environ.get("WVC_BENCH_SCRATCH")) as tmp:
+        for case in cases:
+            t = time.time()
+            rows.append(case_pairs(case, Path(tmp), args.pairs))
+            r = rows[-1]
+            print(f"{case.name}: commit/zstd-3-T2 {r['commit_over_zstd3_T2']:.2f}, checkout/zstd-d "
+                  f"{r['checkout_over_zstd_d']:.2f}, 2-core speed-up commit {r['commit_2core_speedup']:.2f} "
+                  f"checkout {r['checkout_2core_speedup']:.2f} ({time.time() - t:.0f} s)", flush=True)
+        floor = startup_floor()
+    meta = {"when": time.strftime("%Y-%m-%d %H:%M"), "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+            "python": platform.python_version(), **floor}
+    (args.out / "speed.json").write_text(json.dumps({"meta": meta, "cases": rows}, indent=1))
+    (args.out / "speed.md").write_text(markdown(rows, meta))
+    print((args.out / "speed.md").read_text())
+
+
+if __name__ == "__main__":
+    main()

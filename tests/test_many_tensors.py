@@ -1,0 +1,137 @@
+"""A model of many small tensors (LayerNorms, biases, attention projections) costs no fixed
+work per chunk beyond what its bytes need: delta bases and chains are looked up in a few
+queries, not one or more per chunk, and the pack is written without a system call per
+object. These count work instead of timing it (the times are in benchmarks/speed.py)."""
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from wvc import Repo
+
+TENSORS = 300
+
+
+def many_tensor_model(path, steps: int = 0):
+    """Small tensors (a weight, a bias and a norm per layer), after ``steps`` optimizer-like steps."""
+    g = torch.Generator().manual_seed(0)
+    weights = {f"layer.{i}.{kind}": torch.randn(shape, generator=g) * 0.02
+               for i in range(TENSORS // 3) for kind, shape in (("weight", (64, 64)), ("bias", (64,)), ("norm", (64,)))}
+    for step in range(1, steps + 1):
+        g = torch.Generator().manual_seed(step)
+        weights = {k: v + 2e-4 * torch.randn(v.shape, generator=g) for k, v in weights.items()}
+    path.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.to(torch.bfloat16) for k, v in weights.items()}, str(path / "model.safetensors"))
+
+
+class Queries:
+    """Counts the SQL statements a repository's connection runs (with their values filled in)."""
+
+    def __init__(self, repo):
+        self.statements: list[str] = []
+        repo.db.conn.set_trace_callback(self.statements.append)
+
+    def row_lookups(self) -> int:
+        """Statements that read object rows by id: one id each, or a batch."""
+        return sum(s.startswith("SELECT id, pack, offset") for s in self.statements)
+
+    def batched(self) -> int:
+        return sum(s.startswith("SELECT id, pack, offset") and " IN (" in s for s in self.statements)
+
+
+@pytest.fixture
+def two_versions(tmp_path):
+    root = tmp_path / "model"
+    many_tensor_model(root)
+    repo = Repo.init(root)
+    repo.commit("base")
+    many_tensor_model(root, steps=1)
+    yield repo, root
+    repo.close()
+
+
+def test_a_commit_looks_up_its_delta_bases_in_a_few_queries(two_versions):
+    """Before: a lookup of the parent chunk's row, then of its chain, at every chunk (two or
+    more statements per chunk on top of the new chunk's own existence check)."""
+    repo, root = two_versions
+    queries = Queries(repo)
+    result = repo.commit("step")
+    assert result.stored_bytes < 0.8 * (root / "model.safetensors").stat().st_size  # deltas were taken
+    assert queries.batched() >= 1
+    assert queries.row_lookups() <= 5, queries.row_lookups()
+    # what remains per chunk: the new chunk's existence check (dedup against all history); the
+    # check that no chunk vanished before the commit lands is batched too (it was one per chunk)
+    selects = sum(q.startswith("SELECT") for q in queries.statements)
+    assert selects < TENSORS + 40, selects
+
+
+def test_a_checkout_resolves_every_chain_in_a_few_queries(two_versions, tmp_path):
+    """Before: one or more statements per chunk (each delta and its keyframe), on the thread
+    that also writes the file."""
+    repo, root = two_versions
+    head = repo.commit("step").commit
+    expected = (root / "model.safetensors").read_bytes()
+    queries = Queries(repo)
+    repo.checkout(head, output=tmp_path / "out", force=True)
+    assert (tmp_path / "out" / "model.safetensors").read_bytes() == expected
+    assert queries.row_lookups() <= 5, queries.row_lookups()
+
+
+def test_chains_of_every_depth_resolve_from_the_batched_rows(tmp_path):
+    """Chains several links deep (max_chain 8): the batched lookup walks them level by level and
+    every version checks out exactly."""
+    root = tmp_path / "model"
+    repo = Repo.init(root)
+    saved = []
+    for step in range(6):
+        many_tensor_model(root, steps=step)
+        saved.append((repo.commit(f"step {step}").commit, (root / "model.safetensors").read_bytes()))
+    assert repo.db.one("SELECT MAX(depth) FROM objects") >= 3
+    for k, (commit, data) in enumerate(saved):
+        out = tmp_path / f"out{k}"
+        queries = Queries(repo)
+        repo.checkout(commit, output=out, force=True)
+        assert (out / "model.safetensors").read_bytes() == data
+        assert queries.row_lookups() <= 12, queries.row_lookups()
+    repo.close()
+
+
+def test_pack_offsets_need_no_system_call_per_object(two_versions, monkeypatch, tmp_path):
+    """The pack writer counts its own offset (it asked the file, tell(): a system call per
+    object), and the objects are where its index says (every version reads back exactly)."""
+    repo, root = two_versions
+    from wvc.store import packs
+
+    tells = []
+
+    class CountingFile:
+        def __init__(self, fh):
+            self.fh = fh
+
+        def tell(self):
+            tells.append(1)
+            return self.fh.tell()
+
+        def __getattr__(self, name):
+            return getattr(self.fh, name)
+
+    real_init, real_add = packs.PackWriter.__init__, packs.PackWriter.add
+    adds = []
+
+    def init(self, directory):
+        real_init(self, directory)
+        self.fh = CountingFile(self.fh)
+
+    def add(self, *a, **k):
+        before = len(tells)
+        entry = real_add(self, *a, **k)
+        adds.append(len(tells) - before)
+        return entry
+
+    monkeypatch.setattr(packs.PackWriter, "__init__", init)
+    monkeypatch.setattr(packs.PackWriter, "add", add)
+    result = repo.commit("step")
+    assert len(adds) >= TENSORS and sum(adds) == 0
+    data = (root / "model.safetensors").read_bytes()
+    repo.checkout(result.commit, output=tmp_path / "out", force=True)
+    assert (tmp_path / "out" / "model.safetensors").read_bytes() == data
