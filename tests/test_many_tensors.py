@@ -3,6 +3,8 @@ work per chunk beyond what its bytes need: delta bases and chains are looked up 
 queries, not one or more per chunk, and the pack is written without a system call per
 object. These count work instead of timing it (the times are in benchmarks/speed.py)."""
 
+import os
+
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -135,3 +137,69 @@ def test_pack_offsets_need_no_system_call_per_object(two_versions, monkeypatch, 
     data = (root / "model.safetensors").read_bytes()
     repo.checkout(result.commit, output=tmp_path / "out", force=True)
     assert (tmp_path / "out" / "model.safetensors").read_bytes() == data
+
+
+def test_checkout_writes_each_chunk_from_the_thread_that_decoded_it(two_versions, tmp_path, monkeypatch):
+    """The page-cache copy of a checkout runs on the decoding workers (os.pwrite at each
+    chunk's offset), not in series on the thread that hands out the chunks; the file is the
+    committed bytes."""
+    import threading
+
+    repo, root = two_versions
+    head = repo.commit("step").commit
+    expected = (root / "model.safetensors").read_bytes()
+    writers = []
+    real_pwrite = os.pwrite
+
+    def pwrite(fd, data, offset):
+        writers.append(threading.current_thread().name)
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    repo.checkout(head, output=tmp_path / "out", force=True)
+    assert (tmp_path / "out" / "model.safetensors").read_bytes() == expected
+    assert len(writers) >= TENSORS and all(name.startswith("wvc-codec") for name in writers)
+
+
+def test_a_failed_chunk_stops_every_writer_before_the_checkout_fails(two_versions, tmp_path, monkeypatch):
+    """A chunk that fails its check midway: the checkout raises CorruptObject, no worker writes
+    after that (the temp file's descriptor is closed and its number reused), and no output
+    file is left."""
+    import threading
+
+    from wvc.errors import CorruptObject
+    from wvc.store import objects
+
+    repo, root = two_versions
+    head = repo.commit("step").commit
+    calls, after = [0], []
+    raised = threading.Event()
+    real_decode = objects.ObjectStore.decode_chain
+
+    def decode_chain(self, chain):
+        calls[0] += 1
+        if calls[0] == 40:
+            raise CorruptObject("injected")
+        return real_decode(self, chain)
+
+    real_pwrite = os.pwrite
+
+    def pwrite(fd, data, offset):
+        if raised.is_set():
+            after.append(offset)
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(objects.ObjectStore, "decode_chain", decode_chain)
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    with pytest.raises(CorruptObject):
+        try:
+            repo.checkout(head, output=tmp_path / "out", force=True)
+        finally:
+            raised.set()
+    # one task per worker that waits for all of them: when they are done, every task
+    # submitted before them is done too (the pool runs its queue in order)
+    barrier = threading.Barrier(objects.WORKERS)
+    for f in [objects.pool().submit(barrier.wait, 10) for _ in range(objects.WORKERS)]:
+        f.result()
+    assert after == []
+    assert not (tmp_path / "out" / "model.safetensors").exists()
