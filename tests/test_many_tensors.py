@@ -203,3 +203,18 @@ def test_a_failed_chunk_stops_every_writer_before_the_checkout_fails(two_version
         f.result()
     assert after == []
     assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_the_codec_pool_size_can_be_set_for_machines_with_more_cores(monkeypatch):
+    """One thread per core up to 4 by default; WVC_CODEC_THREADS (1-64) sets it, so that a
+    16-core machine can be measured with 16; nonsense falls back to the default."""
+    from wvc.store import objects
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.delenv("WVC_CODEC_THREADS", raising=False)
+    assert objects._codec_threads() == 4
+    monkeypatch.setenv("WVC_CODEC_THREADS", "16")
+    assert objects._codec_threads() == 16
+    for bad in ("0", "65", "many", "-3"):
+        monkeypatch.setenv("WVC_CODEC_THREADS", bad)
+        assert objects._codec_threads() == 4

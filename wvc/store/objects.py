@@ -37,7 +37,18 @@ from .packs import PackReader, PackWriter
 
 ROW_BATCH = 500  # ids per query (SQLite before 3.32 binds at most 999 parameters)
 DEFAULT_MAX_CHAIN = 8  # with the payload rule of ChunkWriter._base_chain; measured in benchmarks/sync.py (docs/design.md, "Anchor policy")
-WORKERS = max(1, min(4, os.cpu_count() or 1))
+def _codec_threads() -> int:
+    """The codec pool's size: the cores, at most 4 (each thread holds ~5 chunk-sized buffers,
+    and 2 x threads x 4 MiB may be in flight); ``WVC_CODEC_THREADS`` sets it (1 to 64), so a
+    machine with more cores can be measured with more (benchmarks/speed.py's 1- and 2-core
+    runs show the scaling on two)."""
+    value = os.environ.get("WVC_CODEC_THREADS")
+    if value and value.isdigit() and 1 <= int(value) <= 64:
+        return int(value)
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+WORKERS = _codec_threads()
 # How far ahead of the caller the pool works: at most IN_FLIGHT_BYTES of raw chunks (which
 # bounds memory) and at most MAX_IN_FLIGHT chunks. A bound in bytes rather than in chunks:
 # results are taken in order, and with a count bound one big chunk at the head stalled the
