@@ -149,3 +149,22 @@ def test_whole_payloads_are_used_where_the_c_kernels_are_required():
     if not os.environ.get("WVC_REQUIRE_NATIVE"):
         pytest.skip("WVC_REQUIRE_NATIVE not set")
     assert native.whole_payloads
+
+
+def test_without_zstandards_library_or_with_another_version_the_stream_path_is_kept(monkeypatch):
+    """No cffi build of zstd beside zstandard (some distributions' packages), or one of another
+    version than zstandard's own (its payloads could differ): whole payloads stay off, and
+    the payloads are the same either way."""
+    import zstandard
+
+    assert native._zstd_functions(zstandard) is not None
+    monkeypatch.setattr(native.os.path, "exists", lambda p: False)
+    assert native._zstd_functions(zstandard) is None
+    assert native._connect_zstd() is False
+    monkeypatch.undo()
+    monkeypatch.setattr(zstandard, "ZSTD_VERSION", (1, 4, 0))
+    assert native._connect_zstd() is False
+    monkeypatch.undo()
+    assert native._connect_zstd() is True  # (use_zstd again: the same functions)
+    monkeypatch.setenv("WVC_NO_WHOLE_PAYLOADS", "1")
+    assert native._connect_zstd() is False
