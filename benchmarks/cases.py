@@ -265,7 +265,7 @@ def minilm_many_tensors(copies: int = 8) -> list[Path]:
     """A real model's shape of many small tensors at a size where start-up does not matter:
     the bf16 MiniLM fine-tune (step 0 and step 200), every tensor repeated ``copies`` times,
     each copy's elements permuted with its own fixed permutation (the same in both versions)
-    so that nothing deduplicates; 1,616 tensors, 364 MB."""
+    so that nothing deduplicates; 824 tensors, 364 MB."""
     root = CACHE / f"minilm-x{copies}"
     out = [root / "step0", root / "step200"]
     if all(_done(d) for d in out):
@@ -298,7 +298,7 @@ def all_cases(llm_gb: float | None = 1.0) -> list[Case]:
         cases.append(Case(f"minilm {prec} first commit", "1 real fine-tune", [v[200]], "no parent"))
     many = minilm_many_tensors()
     cases.append(Case("minilm x8 bf16 step 0 -> 200", "1 real fine-tune", many,
-                      "1,616 small tensors, 364 MB: each copy permuted"))
+                      "824 small tensors, 364 MB: each copy permuted"))
     if llm_gb:
         llm = llm_bf16(llm_gb)
         cases.append(Case(f"llm {llm_gb:g} GB bf16 step 0 -> 1", "2 LLM-shaped", llm[:2], "Adam-like lr 1e-5"))

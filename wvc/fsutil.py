@@ -90,16 +90,12 @@ class EarlyWriteback:
 
     def write(self, data) -> int:
         n = self.fh.write(data)
-        self.written_to(self.written + n)
-        return n
-
-    def written_to(self, end: int) -> None:
-        """The file is written up to ``end`` (by write, or by others at their offsets: pwrite)."""
-        self.written = end
+        self.written += n
         if self.start_writing is not None and self.written - self.started >= WRITEBACK_BYTES:
             self.fh.flush()
             self.start_writing(self.fh.fileno(), self.started, self.written - self.started, SYNC_FILE_RANGE_WRITE)
             self.started = self.written
+        return n
 
     def __getattr__(self, name):
         return getattr(self.fh, name)

@@ -15,7 +15,7 @@ from typing import Iterator
 from .. import ids
 from ..errors import CorruptObject
 from ..formats import safetensors as st
-from ..fsutil import EarlyWriteback, atomic_writer
+from ..fsutil import atomic_writer
 from ..objects import FileEntry
 from ..progress import NULL, Progress
 from ..store.objects import ObjectStore
@@ -55,42 +55,15 @@ def write_file(store: ObjectStore, entry: FileEntry, target: Path, progress: Pro
     h = ids.hasher(ids.FILE) if entry.hash != entry.content_id else None
     size = 0
     with atomic_writer(target, size_hint=entry.size, executable=entry.executable) as fh:
-        if h is None and isinstance(fh, EarlyWriteback) and isinstance(store, ObjectStore):
-            size = _write_in_place(store, entry, fh, progress)
-        else:  # a format-1 tree's file hash needs the bytes in order; O_DIRECT wants whole buffers
-            for block in file_blocks(store, entry):
-                fh.write(block)
-                if h is not None:
-                    h.update(block)
-                size += len(block)
-                progress.advance(len(block))
+        for block in file_blocks(store, entry):
+            fh.write(block)
+            if h is not None:
+                h.update(block)
+            size += len(block)
+            progress.advance(len(block))
         if size != entry.size or (h is not None and h.hexdigest() != entry.hash):
             raise CorruptObject(f"{entry.path}: rebuilt file does not match the recorded hash")
     return os.stat(target)
-
-
-def _write_in_place(store: ObjectStore, entry: FileEntry, fh: EarlyWriteback, progress: Progress) -> int:
-    """:func:`file_blocks` written by the decoders themselves, each chunk at its offset
-    (ObjectStore.write_many); returns the file's size."""
-    if entry.kind == "blob":
-        chunks = entry.chunks
-    else:
-        header_bytes = store.get(entry.header)
-        check_header(entry, header_bytes)
-        fh.write(len(header_bytes).to_bytes(8, "little"))
-        fh.write(header_bytes)
-        progress.advance(8 + len(header_bytes))
-        chunks = [c for t in entry.tensors for c in t.chunks]
-    fh.flush()  # the header reaches the file before the chunks are written after it
-    start = fh.written
-
-    def written(end: int) -> None:
-        progress.advance(end - fh.written)
-        fh.written_to(end)
-
-    end = store.write_many(chunks, fh.fileno(), start, written)
-    fh.seek(end)  # (the file object's position: nothing more is written through it)
-    return end
 
 
 def tensor_bytes(store: ObjectStore, chunks) -> bytearray:
