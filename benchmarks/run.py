@@ -187,7 +187,7 @@ def chain_checkout(scratch: Path, commits: int = 50, max_chain: int | None = Non
 
 def markdown(rows: list[dict], chain: dict | None, meta: dict, floor: dict | None = None) -> str:
     labels = ["wvc"] + [k for k in BASELINES if k != "full copy (LFS/DVC)"]
-    lines = [f"# wvc benchmark results", "", f"{meta['when']} on {meta['machine']}; "
+    lines = ["# wvc benchmark results", "", f"{meta['when']} on {meta['machine']}; "
              f"ratio = raw bytes / stored bytes (higher is better); every column measured in the same run.", ""]
     lines.append("| case | raw MB | " + " | ".join(labels) + " | wvc / BitX |")
     lines.append("|---|---|" + "---|" * (len(labels) + 1))

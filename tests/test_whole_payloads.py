@@ -17,17 +17,10 @@ from wvc.codec.transforms import applicable_methods
 from wvc.errors import CorruptObject
 from wvc.formats.dtypes import DTYPES
 
+from .test_codec import related_pair
+
 pytestmark = pytest.mark.skipif(not native.whole_payloads, reason="whole payloads unavailable (no C kernels or no "
                                 "zstandard cffi library)")
-
-
-def related_pair(nbytes: int, changed: float, seed: int) -> tuple[bytes, bytes]:
-    g = torch.Generator().manual_seed(seed)
-    raw = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=g)
-    base = raw.clone()
-    flip = torch.rand(nbytes, generator=g) < changed
-    base[flip] = torch.randint(0, 256, (int(flip.sum()),), dtype=torch.uint8, generator=g)
-    return raw.numpy().tobytes(), base.numpy().tobytes()
 
 
 def weights_pair(n: int, seed: int, dtype=torch.bfloat16, lr: float = 1e-4) -> tuple[bytes, bytes]:

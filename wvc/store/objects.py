@@ -36,6 +36,8 @@ from .packs import PackReader, PackWriter
 
 ROW_BATCH = 500  # ids per query (SQLite before 3.32 binds at most 999 parameters)
 DEFAULT_MAX_CHAIN = 8  # with the payload rule of ChunkWriter._base_chain; measured in benchmarks/sync.py (docs/design.md, "Anchor policy")
+
+
 def _codec_threads() -> int:
     """The codec pool's size: the cores, at most 4 (each thread holds ~5 chunk-sized buffers,
     and 2 x threads x 4 MiB may be in flight); ``WVC_CODEC_THREADS`` sets it (1 to 64), so a
