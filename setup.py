@@ -7,6 +7,6 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension("wvc.codec._native", ["wvc/codec/_native.c"], optional=True,
-                  extra_compile_args=["-O3", "-std=c99"], libraries=["m"]),
+                  extra_compile_args=["-O3", "-std=c99"], libraries=["m", "pthread"]),
     ],
 )

@@ -195,3 +195,32 @@ def test_the_c_decoder_alone_refuses_damaged_payloads_and_wrong_parameters():
         except ValueError:
             continue
         assert len(out) == struct.unpack_from("<Q", damaged, 4)[0]  # what the header declares, exactly
+
+
+def test_threads_that_exit_leave_no_kernel_buffers_behind():
+    """Each thread that codes keeps buffers of a few chunk sizes and two zstd contexts between
+    chunks; they are freed when it exits (a pthread key's destructor), so a program decoding
+    from many short-lived threads does not keep every dead thread's ~20 MiB."""
+    import threading
+    import time
+
+    new, base = weights_pair(1 << 19, seed=2)
+    payload = codec.encode(new, DTYPES["BF16"], base).payload
+    before = native.kernels.live_thread_states()
+    results = []
+
+    def work():
+        results.append(codec.decode(payload, len(new), base) == new and len(codec.encode(new, DTYPES["BF16"], base).payload))
+
+    threads = [threading.Thread(target=work) for _ in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 20 and all(results)
+    # join() returns once the Python side is done; the thread's C-level exit (where the
+    # destructor runs) follows at once: wait for that event, bounded
+    deadline = time.monotonic() + 10
+    while native.kernels.live_thread_states() > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert native.kernels.live_thread_states() == before

@@ -15,6 +15,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -380,14 +381,18 @@ static void release(Args *a) {
 }
 
 /* A per-thread scratch buffer, kept between calls: a fresh 4 MiB allocation per chunk costs
- * ~1000 page faults, as much as the kernel itself. Freed when the thread's buffer grows. */
+ * ~1000 page faults, as much as the kernel itself. Freed when the thread's buffer grows, and
+ * with the thread (note_thread): a program that decodes from many short-lived threads must
+ * not keep every dead thread's buffers. */
 typedef struct {
     void *buf;
     size_t cap;
 } Scratch;
-static __thread Scratch scratch_elements, scratch_keys;
+static __thread Scratch scratch_elements, scratch_keys, scratch_planes, scratch_zout, scratch_packed, scratch_streams;
+static void note_thread(void); /* (below, after the zstd contexts it also frees) */
 
 static void *scratch(Scratch *s, size_t size) {
+    note_thread();
     if (size > s->cap) {
         free(s->buf);
         s->buf = malloc(size); /* malloc: aligned for any element type */
@@ -904,8 +909,10 @@ typedef struct {
     void *(*createDCtx)(void);
     size_t (*decompressDCtx)(void *, void *, size_t, const void *, size_t);
     unsigned long long (*getFrameContentSize)(const void *, size_t);
+    size_t (*freeCCtx)(void *);
+    size_t (*freeDCtx)(void *);
 } ZstdApi;
-#define ZSTD_FUNCTIONS 9
+#define ZSTD_FUNCTIONS 11
 #define CONTENTSIZE_UNKNOWN (0ULL - 1)
 #define CONTENTSIZE_ERROR (0ULL - 2)
 static ZstdApi zstd;
@@ -932,7 +939,8 @@ static PyObject *use_zstd(PyObject *self, PyObject *args) {
                    (size_t (*)(void *, void *, size_t, const void *, size_t))p[3], (size_t (*)(size_t))p[4],
                    (unsigned (*)(size_t))p[5], (void *(*)(void))p[6],
                    (size_t (*)(void *, void *, size_t, const void *, size_t))p[7],
-                   (unsigned long long (*)(const void *, size_t))p[8]};
+                   (unsigned long long (*)(const void *, size_t))p[8], (size_t (*)(void *))p[9],
+                   (size_t (*)(void *))p[10]};
     zstd = api;
     have_zstd = 1;
     return PyLong_FromUnsignedLong(zstd.versionNumber());
@@ -948,8 +956,47 @@ typedef struct {
 } ZstdThread;
 static __thread ZstdThread zt = {NULL, NULL, {0}, -1};
 
+/* Every thread that takes a buffer or a context is noted once; a pthread key's destructor then
+ * frees them when the thread exits. live_threads counts the noted threads still running. */
+static pthread_key_t thread_key;
+static pthread_once_t thread_key_once = PTHREAD_ONCE_INIT;
+static int thread_key_made;
+static long live_threads;
+static __thread int thread_noted;
+
+static void release_thread(void *unused) {
+    Scratch *all[] = {&scratch_elements, &scratch_keys, &scratch_planes, &scratch_zout, &scratch_packed,
+                      &scratch_streams};
+    for (size_t k = 0; k < sizeof all / sizeof all[0]; k++) {
+        free(all[k]->buf);
+        all[k]->buf = NULL;
+        all[k]->cap = 0;
+    }
+    if (zt.cctx) zstd.freeCCtx(zt.cctx);
+    if (zt.dctx) zstd.freeDCtx(zt.dctx);
+    zt.cctx = zt.dctx = NULL;
+    zt.nconfig = -1;
+    __atomic_sub_fetch(&live_threads, 1, __ATOMIC_RELAXED);
+}
+
+static void make_thread_key(void) { thread_key_made = pthread_key_create(&thread_key, release_thread) == 0; }
+
+static void note_thread(void) {
+    if (thread_noted) return;
+    thread_noted = 1;
+    pthread_once(&thread_key_once, make_thread_key);
+    if (thread_key_made && pthread_setspecific(thread_key, &thread_noted) == 0)
+        __atomic_add_fetch(&live_threads, 1, __ATOMIC_RELAXED);
+}
+
+/* live_thread_states() -> how many running threads hold kernel buffers or zstd contexts */
+static PyObject *live_thread_states(PyObject *self, PyObject *unused) {
+    return PyLong_FromLong(__atomic_load_n(&live_threads, __ATOMIC_RELAXED));
+}
+
 /* set (parameter, value) pairs on this thread's context unless they are already set */
 static int zstd_configure(const int *config, Py_ssize_t n) {
+    note_thread();
     if (!zt.cctx && !(zt.cctx = zstd.createCCtx())) return -1;
     if (n == zt.nconfig && !memcmp(config, zt.config, sizeof(int) * (size_t)n)) return 0;
     zt.nconfig = -1;
@@ -1067,7 +1114,6 @@ static Py_ssize_t merge_groups(const Py_ssize_t *counts, Py_ssize_t nkeys, Py_ss
     return m;
 }
 
-static __thread Scratch scratch_planes, scratch_zout, scratch_packed, scratch_streams;
 
 /* encode_payload(x, base|None, width, transform, shift, method, param, sparse, min_group,
  *                zstd_params, stride, packed_below, incompressible) -> the payload
@@ -1242,6 +1288,7 @@ static const char *unzstd(const uint8_t *src, Py_ssize_t len, uint8_t *dst, Py_s
     if (declared != CONTENTSIZE_UNKNOWN && declared != (unsigned long long)expected)
         return "zstd frame declares the wrong size";
     if (expected == 0) return NULL;
+    note_thread();
     if (!zt.dctx && !(zt.dctx = zstd.createDCtx())) return "out of memory for a zstd context";
     const size_t got = zstd.decompressDCtx(zt.dctx, dst, (size_t)expected, src, (size_t)len);
     if (zstd.isError(got)) return "zstd stream is corrupt or decodes to the wrong length";
@@ -1459,6 +1506,8 @@ static PyMethodDef methods[] = {
     {"decode_planes", decode_planes, METH_VARARGS,
      "decode_planes(streams, base|None, width, transform, shift) -> (elements, key counts|None)\n"
      "The inverse of encode_planes; streams: each group's planes, group after group."},
+    {"live_thread_states", live_thread_states, METH_NOARGS,
+     "live_thread_states() -> how many running threads hold kernel buffers or zstd contexts"},
     {"use_zstd", use_zstd, METH_VARARGS,
      "use_zstd((address, ...)) -> version: the zstd functions encode_payload and decode_payload call"},
     {"encode_payload", encode_payload, METH_VARARGS,

@@ -27,7 +27,8 @@ if os.environ.get("WVC_NO_NATIVE"):
 # The zstd functions _native.c calls, in the order use_zstd takes them.
 ZSTD_FUNCTIONS = (
     "ZSTD_versionNumber", "ZSTD_createCCtx", "ZSTD_CCtx_setParameter", "ZSTD_compress2", "ZSTD_compressBound",
-    "ZSTD_isError", "ZSTD_createDCtx", "ZSTD_decompressDCtx", "ZSTD_getFrameContentSize",
+    "ZSTD_isError", "ZSTD_createDCtx", "ZSTD_decompressDCtx", "ZSTD_getFrameContentSize", "ZSTD_freeCCtx",
+    "ZSTD_freeDCtx",
 )
 
 
