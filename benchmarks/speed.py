@@ -7,8 +7,9 @@ For each case: a delta commit of the case's last version onto a repository holdi
 before, against ``zstd -3 -T2`` of the same file; a checkout of that commit with ``--output``
 against ``zstd -d`` of the same file (and ``zstd -d`` followed by an fsync of its output:
 wvc's checkout makes its file durable, zstd does not). Each pair runs its two commands one
-after the other on the same page-cache state (every step starts after a ``sync``), and the
-figure quoted is the median over the pairs of the per-pair ratio, so a machine whose speed
+after the other on the same page-cache state (every step starts after a ``sync``; the order
+flips from one pair to the next), and the figure quoted is the median over the pairs of the
+per-pair ratio, so a machine whose speed
 drifts during the run still compares like with like. Then the same wvc commit and checkout
 pinned to one core and to two (``taskset``): the 2-core throughput over the 1-core one is
 the parallel efficiency that says how far more cores would carry (zstd's own beside it).
@@ -90,19 +91,23 @@ def case_pairs(case: C.Case, scratch: Path, pairs: int) -> dict:
         "commit", "zstd3_T2", "checkout", "zstd_d", "zstd_d_fsync",
         "commit_1core", "commit_2core", "checkout_1core", "checkout_2core",
         "zstd3_1core", "zstd3_2core", "zstd_d_1core", "zstd_d_2core")}
-    for _ in range(pairs):
-        runs["commit"].append(commit())
-        runs["zstd3_T2"].append(zstd_c())
-        runs["checkout"].append(checkout())
-        runs["zstd_d"].append(zstd_d())
-        runs["zstd_d_fsync"].append(zstd_d_fsync())
+    def in_turn(k: int, *steps):
+        """Run the (key, step) pairs, in reverse order on odd pairs: the first run of a pair
+        was measurably slower or faster on this VM (writeback of the run before), and
+        alternating takes that out of the ratios."""
+        for key, step in (steps if k % 2 == 0 else steps[::-1]):
+            runs[key].append(step())
+
+    for k in range(pairs):
+        in_turn(k, ("commit", commit), ("zstd3_T2", zstd_c))
+        in_turn(k, ("checkout", checkout), ("zstd_d", zstd_d), ("zstd_d_fsync", zstd_d_fsync))
+    checkout()
     identical = (out / "model.safetensors").read_bytes() == new.read_bytes()
-    for _ in range(pairs):
-        for cores in (1, 2):
-            runs[f"commit_{cores}core"].append(commit(cores))
-            runs[f"checkout_{cores}core"].append(checkout(cores))
-            runs[f"zstd3_{cores}core"].append(zstd_c(cores))
-            runs[f"zstd_d_{cores}core"].append(zstd_d(cores))
+    for k in range(pairs):
+        in_turn(k, ("commit_1core", lambda: commit(1)), ("commit_2core", lambda: commit(2)))
+        in_turn(k, ("checkout_1core", lambda: checkout(1)), ("checkout_2core", lambda: checkout(2)))
+        in_turn(k, ("zstd3_1core", lambda: zstd_c(1)), ("zstd3_2core", lambda: zstd_c(2)))
+        in_turn(k, ("zstd_d_1core", lambda: zstd_d(1)), ("zstd_d_2core", lambda: zstd_d(2)))
 
     def med(key, k=0):
         return statistics.median(r[k] for r in runs[key])
