@@ -14,5 +14,10 @@ def test_clone_peak_rss_does_not_grow_with_the_model(tmp_path: Path):
     large = measure(tmp_path / "large", 128)
     assert small["byte_identical"] and large["byte_identical"]
     grew = large["clone_peak_rss_mb"] - small["clone_peak_rss_mb"]
-    assert grew < 0.25 * (large["model_mb"] - small["model_mb"]), (small, large)
+    # A verifier that kept its decoded bases would grow by about the whole difference (96 MB).
+    # What does vary between the two runs is fixed per thread: which codec threads took their
+    # chunk-sized work buffers and which malloc arenas kept freed chunks, measured at -2 to
+    # +22 MB over repeated pairs of runs (with the code of 924fd76 too), so the bound is half
+    # the difference; it was a quarter, which those runs crossed now and then.
+    assert grew < 0.5 * (large["model_mb"] - small["model_mb"]), (small, large)
     assert large["clone_peak_rss_mb"] < 300, large

@@ -1403,15 +1403,21 @@ static PyObject *decode_payload(PyObject *self, PyObject *args) {
         goto done;
     }
     out = PyBytes_FromStringAndSize(NULL, raw_size);
-    uint8_t *buf = out ? scratch(&scratch_streams, total ? (size_t)total : 1) : NULL;
     const Py_ssize_t groups = sparse ? 0 : count / width;
     const Py_ssize_t nkeys = shift >= 0 ? ((Py_ssize_t)1 << (bits - 1 - shift)) : 0;
     Grouping g = {NULL, nkeys > 256, nkeys, NULL};
     void *tmp = NULL, *keys = NULL;
-    if (!sparse) {
+    uint8_t *buf = NULL; /* where the decompressed streams go (they add up to the chunk's size) */
+    if (sparse) {
+        buf = out ? scratch(&scratch_streams, total ? (size_t)total : 1) : NULL;
+    } else {
         ptr = malloc(sizeof(uint8_t *) * (size_t)count);
         len = malloc(sizeof(Py_ssize_t) * (size_t)groups);
         tmp = scratch(&scratch_elements, raw_size ? (size_t)raw_size : 1);
+        /* No buffer of their own (one less chunk-sized buffer per thread): a grouped payload's
+         * streams go into the output, which the join reads into tmp before the gather writes
+         * the output; any other payload's go into tmp, which its one pass reads into the output. */
+        buf = nkeys ? (out ? (uint8_t *)PyBytes_AS_STRING(out) : NULL) : (uint8_t *)tmp;
         if (nkeys) {
             counts = malloc(sizeof(Py_ssize_t) * (size_t)nkeys);
             sizes = malloc(sizeof(Py_ssize_t) * (size_t)nkeys);
