@@ -21,6 +21,7 @@ Writes benchmarks/results/speed.json and speed.md.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import platform
@@ -87,10 +88,8 @@ def case_pairs(case: C.Case, scratch: Path, pairs: int) -> dict:
 
     zstd_c()
     checkout()  # warm: the repository's packs in the page cache, as for every timed step after it
-    runs: dict[str, list[tuple[float, float]]] = {k: [] for k in (
-        "commit", "zstd3_T2", "checkout", "zstd_d", "zstd_d_fsync",
-        "commit_1core", "commit_2core", "checkout_1core", "checkout_2core",
-        "zstd3_1core", "zstd3_2core", "zstd_d_1core", "zstd_d_2core")}
+    runs: dict[str, list[tuple[float, float]]] = collections.defaultdict(list)  # (wall, CPU) per run
+
     def in_turn(k: int, *steps):
         """Run the (key, step) pairs, in reverse order on odd pairs: the first run of a pair
         was measurably slower or faster on this VM (writeback of the run before), and

@@ -276,6 +276,43 @@ DEFINE_SPARSE_DECODE(uint16_t, 16)
 DEFINE_SPARSE_DECODE(uint32_t, 32)
 DEFINE_SPARSE_DECODE(uint64_t, 64)
 
+/* The SPARSE kernels by element width (every caller dispatches the same way). */
+static void sparse_count(int width, const uint8_t *xs, const uint8_t *bs, Py_ssize_t n, Py_ssize_t *nz,
+                         Py_ssize_t *end) {
+    switch (width) {
+    case 1: sparse_count_8(xs, bs, n, nz, end); break;
+    case 2: sparse_count_16(xs, bs, n, nz, end); break;
+    case 4: sparse_count_32(xs, bs, n, nz, end); break;
+    default: sparse_count_64(xs, bs, n, nz, end); break;
+    }
+}
+
+static Py_ssize_t sparse_fill(int width, const uint8_t *xs, const uint8_t *bs, Py_ssize_t end, int code,
+                              Py_ssize_t nz, uint8_t *small, uint8_t *values, uint32_t *gaps) {
+    switch (width) {
+    case 1: return sparse_fill_8(xs, bs, end, code, nz, small, values, gaps);
+    case 2: return sparse_fill_16(xs, bs, end, code, nz, small, values, gaps);
+    case 4: return sparse_fill_32(xs, bs, end, code, nz, small, values, gaps);
+    default: return sparse_fill_64(xs, bs, end, code, nz, small, values, gaps);
+    }
+}
+
+/* the escaped gaps (gap - 255) as four byte planes, least significant first */
+static void gap_planes(const uint32_t *gaps, Py_ssize_t nbig, uint8_t *planes) {
+    for (Py_ssize_t e = 0; e < nbig; e++)
+        for (int k = 0; k < 4; k++) planes[k * nbig + e] = (uint8_t)(gaps[e] >> (8 * k));
+}
+
+static int sparse_apply(int width, const uint8_t *small, const uint8_t *const *big, const uint8_t *const *values,
+                        Py_ssize_t count, int code, const uint8_t *bs, Py_ssize_t n, void *y) {
+    switch (width) {
+    case 1: return sparse_apply_8(small, big, values, count, code, bs, n, (uint8_t *)y);
+    case 2: return sparse_apply_16(small, big, values, count, code, bs, n, (uint16_t *)y);
+    case 4: return sparse_apply_32(small, big, values, count, code, bs, n, (uint32_t *)y);
+    default: return sparse_apply_64(small, big, values, count, code, bs, n, (uint64_t *)y);
+    }
+}
+
 /* The grouping key of every base element (its bits [shift, bits - 1): the exponent for
  * floats), then counts[k] (elements with key k, for the stream table) and the per-quarter
  * start positions g->next. */
@@ -690,12 +727,7 @@ static PyObject *sparse_encode(PyObject *self, PyObject *args) {
     const uint8_t *xs = a.data.buf, *bs = a.base.buf;
     Py_ssize_t nz = 0, nbig = 0, end = 0;
     Py_BEGIN_ALLOW_THREADS
-    switch (a.width) {
-    case 1: sparse_count_8(xs, bs, a.n, &nz, &end); break;
-    case 2: sparse_count_16(xs, bs, a.n, &nz, &end); break;
-    case 4: sparse_count_32(xs, bs, a.n, &nz, &end); break;
-    default: sparse_count_64(xs, bs, a.n, &nz, &end); break;
-    }
+    sparse_count(a.width, xs, bs, a.n, &nz, &end);
     Py_END_ALLOW_THREADS
     PyObject *small = PyBytes_FromStringAndSize(NULL, nz);
     PyObject *values = PyBytes_FromStringAndSize(NULL, nz * a.width);
@@ -704,18 +736,11 @@ static PyObject *sparse_encode(PyObject *self, PyObject *args) {
     if (small && values && gaps) {
         uint8_t *sp = (uint8_t *)PyBytes_AS_STRING(small), *vp = (uint8_t *)PyBytes_AS_STRING(values);
         Py_BEGIN_ALLOW_THREADS
-        switch (a.width) {
-        case 1: nbig = sparse_fill_8(xs, bs, end, a.code, nz, sp, vp, gaps); break;
-        case 2: nbig = sparse_fill_16(xs, bs, end, a.code, nz, sp, vp, gaps); break;
-        case 4: nbig = sparse_fill_32(xs, bs, end, a.code, nz, sp, vp, gaps); break;
-        default: nbig = sparse_fill_64(xs, bs, end, a.code, nz, sp, vp, gaps); break;
-        }
+        nbig = sparse_fill(a.width, xs, bs, end, a.code, nz, sp, vp, gaps);
         Py_END_ALLOW_THREADS
-        big = PyBytes_FromStringAndSize(NULL, 4 * nbig); /* the escaped gaps as four byte planes */
+        big = PyBytes_FromStringAndSize(NULL, 4 * nbig);
         if (big) {
-            uint8_t *bp = (uint8_t *)PyBytes_AS_STRING(big);
-            for (Py_ssize_t e = 0; e < nbig; e++)
-                for (int k = 0; k < 4; k++) bp[k * nbig + e] = (uint8_t)(gaps[e] >> (8 * k));
+            gap_planes(gaps, nbig, (uint8_t *)PyBytes_AS_STRING(big));
             result = PyTuple_Pack(3, small, big, values);
         }
     } else if (!gaps) {
@@ -744,12 +769,7 @@ static PyObject *changed_count(PyObject *self, PyObject *args) {
     }
     const Py_ssize_t n = x.len / width;
     Py_BEGIN_ALLOW_THREADS
-    switch (width) {
-    case 1: sparse_count_8(x.buf, b.buf, n, &nz, &end); break;
-    case 2: sparse_count_16(x.buf, b.buf, n, &nz, &end); break;
-    case 4: sparse_count_32(x.buf, b.buf, n, &nz, &end); break;
-    default: sparse_count_64(x.buf, b.buf, n, &nz, &end); break;
-    }
+    sparse_count(width, x.buf, b.buf, n, &nz, &end);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&x);
     PyBuffer_Release(&b);
@@ -866,12 +886,7 @@ static PyObject *sparse_decode(PyObject *self, PyObject *args) {
     int rc;
     void *y = PyBytes_AS_STRING(out);
     Py_BEGIN_ALLOW_THREADS
-    switch (width) {
-    case 1: rc = sparse_apply_8(small, big, values, count, code, bv.buf, n, y); break;
-    case 2: rc = sparse_apply_16(small, big, values, count, code, bv.buf, n, y); break;
-    case 4: rc = sparse_apply_32(small, big, values, count, code, bv.buf, n, y); break;
-    default: rc = sparse_apply_64(small, big, values, count, code, bv.buf, n, y); break;
-    }
+    rc = sparse_apply(width, small, big, values, count, code, bv.buf, n, y);
     Py_END_ALLOW_THREADS
     if (rc < 0) {
         Py_CLEAR(out);
@@ -946,8 +961,8 @@ static PyObject *use_zstd(PyObject *self, PyObject *args) {
     return PyLong_FromUnsignedLong(zstd.versionNumber());
 }
 
-/* one compression and one decompression context per thread, kept for the thread's life
- * (the codec's pool threads live as long as the process) */
+/* one compression and one decompression context per thread, kept between calls and freed
+ * when the thread exits (note_thread) */
 #define MAX_ZSTD_PARAMS 32
 typedef struct {
     void *cctx, *dctx;
@@ -1200,12 +1215,7 @@ static PyObject *encode_payload(PyObject *self, PyObject *args) {
         }
     } else {
         Py_ssize_t nz = 0, end = 0, nbig = 0;
-        switch (width) {
-        case 1: sparse_count_8(xs, bs, n, &nz, &end); break;
-        case 2: sparse_count_16(xs, bs, n, &nz, &end); break;
-        case 4: sparse_count_32(xs, bs, n, &nz, &end); break;
-        default: sparse_count_64(xs, bs, n, &nz, &end); break;
-        }
+        sparse_count(width, xs, bs, n, &nz, &end);
         const size_t gaps_cap = (size_t)(end / 256 + 1);
         /* one buffer: gap bytes, values' planes, escaped gaps as u32, then as 4 planes */
         const size_t span = (size_t)nz * (size_t)(1 + width) + gaps_cap * 8;
@@ -1218,14 +1228,8 @@ static PyObject *encode_payload(PyObject *self, PyObject *args) {
             uint32_t *gaps = (uint32_t *)scratch(&scratch_keys, gaps_cap * sizeof(uint32_t));
             if (!gaps) nomem = 1;
             else {
-                switch (width) {
-                case 1: nbig = sparse_fill_8(xs, bs, end, code, nz, small, values, gaps); break;
-                case 2: nbig = sparse_fill_16(xs, bs, end, code, nz, small, values, gaps); break;
-                case 4: nbig = sparse_fill_32(xs, bs, end, code, nz, small, values, gaps); break;
-                default: nbig = sparse_fill_64(xs, bs, end, code, nz, small, values, gaps); break;
-                }
-                for (Py_ssize_t e = 0; e < nbig; e++)
-                    for (int k = 0; k < 4; k++) bigp[k * nbig + e] = (uint8_t)(gaps[e] >> (8 * k));
+                nbig = sparse_fill(width, xs, bs, end, code, nz, small, values, gaps);
+                gap_planes(gaps, nbig, bigp);
                 const uint8_t *part[13];
                 Py_ssize_t plen[13];
                 part[0] = small;
@@ -1447,17 +1451,9 @@ static PyObject *decode_payload(PyObject *self, PyObject *args) {
         int consistent = nzc <= n;
         for (int k = 0; k < 4; k++) consistent &= streams[1 + k].len == escaped, big[k] = streams[1 + k].data;
         for (int k = 0; k < width; k++) consistent &= streams[5 + k].len == nzc, values[k] = streams[5 + k].data;
-        int rc = 0;
         if (!consistent) error = "sparse payload positions are inconsistent";
-        else {
-            switch (width) {
-            case 1: rc = sparse_apply_8(small, big, values, nzc, code, bs, n, (uint8_t *)y); break;
-            case 2: rc = sparse_apply_16(small, big, values, nzc, code, bs, n, (uint16_t *)y); break;
-            case 4: rc = sparse_apply_32(small, big, values, nzc, code, bs, n, (uint32_t *)y); break;
-            default: rc = sparse_apply_64(small, big, values, nzc, code, bs, n, (uint64_t *)y); break;
-            }
-            if (rc < 0) error = "sparse payload positions run past the chunk";
-        }
+        else if (sparse_apply(width, small, big, values, nzc, code, bs, n, y) < 0)
+            error = "sparse payload positions run past the chunk";
     } else if (!error) {
         for (Py_ssize_t j = 0; j < groups && !error; j++) {
             len[j] = streams[j * width].len;

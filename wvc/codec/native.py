@@ -54,12 +54,18 @@ def _connect_zstd() -> bool:
         return False
     import zstandard
 
+    import ctypes
+
     addresses = _zstd_functions(zstandard)
     if addresses is None or not all(addresses):
         return False
     major, minor, patch = zstandard.ZSTD_VERSION
-    # another libzstd could compress differently: then keep zstandard's own calls
-    return kernels.use_zstd(addresses) == major * 10000 + minor * 100 + patch
+    # another libzstd could compress differently: then the kernels get nothing and
+    # zstandard's own calls stay
+    if ctypes.CFUNCTYPE(ctypes.c_uint)(addresses[0])() != major * 10000 + minor * 100 + patch:
+        return False
+    kernels.use_zstd(addresses)
+    return True
 
 
 whole_payloads = _connect_zstd()

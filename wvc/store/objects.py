@@ -92,6 +92,13 @@ def decode_verified(object_id: str, payload, raw_size: int, base, where: str, *,
     return raw
 
 
+def _batches(object_ids):
+    """The distinct ids, ROW_BATCH at a time (one IN (...) query each)."""
+    wanted = list(dict.fromkeys(object_ids))
+    for k in range(0, len(wanted), ROW_BATCH):
+        yield wanted[k : k + ROW_BATCH]
+
+
 _POOL: ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
 
@@ -154,9 +161,7 @@ class ObjectStore:
         (a lookup per chunk cost a checkout of 824 small tensors more time on its main
         thread than writing the file)."""
         found: dict[str, ObjectRow] = {}
-        wanted = list(dict.fromkeys(object_ids))
-        for k in range(0, len(wanted), ROW_BATCH):
-            batch = wanted[k : k + ROW_BATCH]
+        for batch in _batches(object_ids):
             for r in self.db.conn.execute(
                     "SELECT id, pack, offset, length, raw_size, method, base, depth FROM objects "
                     f"WHERE id IN ({','.join('?' * len(batch))})", batch):
@@ -180,9 +185,7 @@ class ObjectStore:
     def present(self, object_ids) -> set[str]:
         """Those of ``object_ids`` the store holds, in a pack or a base's files (batched)."""
         found: set[str] = set()
-        wanted = list(dict.fromkeys(object_ids))
-        for k in range(0, len(wanted), ROW_BATCH):
-            batch = wanted[k : k + ROW_BATCH]
+        for batch in _batches(object_ids):
             marks = ",".join("?" * len(batch))
             found.update(o for (o,) in self.db.conn.execute(
                 f"SELECT id FROM objects WHERE id IN ({marks}) UNION SELECT id FROM external_objects WHERE id IN ({marks})",
