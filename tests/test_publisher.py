@@ -116,6 +116,27 @@ def test_a_committed_snapshots_buffers_take_the_next_snapshot(tmp_path):
     assert all(torch.equal(got1[k].view(torch.int16), sd[k].view(torch.int16)) for k in sd)
 
 
+def test_a_flush_returns_only_after_the_committed_snapshots_buffers_are_back(tmp_path, monkeypatch):
+    """CI found the reuse above failing now and then: the worker marked the job finished
+    before it gave the buffers back, so a flush could return in between and the next
+    snapshot allocated. Inside ``give`` the job must still count as unfinished."""
+    from wvc.publisher import SnapshotBuffers
+
+    seen = []
+    real = SnapshotBuffers.give
+
+    def give(self, buffers):
+        seen.append(pub.flush(timeout=0))  # True: a flush would already have returned
+        return real(self, buffers)
+
+    monkeypatch.setattr(SnapshotBuffers, "give", give)
+    pub = Publisher(tmp_path / "repo", "main", max_pending=1)
+    _, sd = next(model_steps(1))
+    pub.publish(sd, message="step 0", metadata={"step": 0})
+    assert pub.close(timeout=60)
+    assert seen == [False]
+
+
 def test_the_push_rate_waits_out_the_interval_unless_flushing_and_backs_off_after_a_failure():
     assert push_wait(100.0, float("-inf"), 0, 60.0, 2.0, False) <= 0  # the first push: at once
     assert push_wait(100.0, 90.0, 0, 60.0, 2.0, False) == 50.0  # 10 s after a push: 50 s to go

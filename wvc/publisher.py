@@ -278,13 +278,15 @@ class Publisher:
                 try:
                     self._commit(repo, job)
                 finally:
+                    # The buffers go back before the job counts as finished: a flush that
+                    # returned while they were still out made the next snapshot allocate.
+                    job.snapshot = None  # its buffers serve the next snapshots
+                    self.buffers.give(job.buffers)
                     with self._cond:
                         self._busy = False
                         if job.commit is not None and self._pusher is not None:
                             self._push_wanted = True
                         self._cond.notify_all()
-                    job.snapshot = None  # its buffers serve the next snapshots
-                    self.buffers.give(job.buffers)
                     job.done.set()
         finally:
             repo.close()
