@@ -36,7 +36,9 @@ log = logging.getLogger("wvc")
 
 # Raw chunks of the last commit kept in memory as the next commit's delta bases (a step's
 # chunks are deltas against the step before: decoding their chains instead made each
-# commit slower than the last). One more host copy of the weights, up to this much.
+# commit slower than the last), and those of the commit before (the bases' own bases, which
+# ULP_STEP codes a step's change against). Two more host copies of the weights, up to this
+# much each.
 KEEP_BYTES = 2 << 30
 
 # The Hub allows a bounded number of commits per repository and hour; one push a minute

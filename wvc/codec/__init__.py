@@ -14,22 +14,27 @@ from .container import CODEC_VERSION, Method, PayloadInfo, peek
 __all__ = ["CODEC_VERSION", "Method", "PayloadInfo", "peek", "encode", "decode", "Encoded"]
 
 
-def encode(raw, dtype, base=None, *, device: str = "cpu", level: int = 1, method=None):
+def encode(raw, dtype, base=None, *, context=None, device: str = "cpu", level: int = 1, method=None):
     """Encode ``raw`` (bytes-like) of ``dtype`` (a :class:`~wvc.formats.dtypes.DType`).
 
     With ``base`` (the raw bytes of the same chunk in the parent version) delta encodings
-    compete with the full one; the smallest wins. Returns an :class:`Encoded`.
+    compete with the full one; the smallest wins. ``context``: the raw bytes of the chunk
+    the base itself is stored as a delta against (the version before the base), which
+    lets ULP_STEP code this step's change given the step before. Returns an :class:`Encoded`.
     """
     from .transforms import encode_chunk
 
-    return encode_chunk(raw, dtype, base, device=device, level=level, method=method)
+    return encode_chunk(raw, dtype, base, context=context, device=device, level=level, method=method)
 
 
-def decode(payload, raw_size: int, base=None, *, device: str = "cpu") -> bytes:
-    """Decode a payload to exactly ``raw_size`` bytes (bounded: never allocates more)."""
+def decode(payload, raw_size: int, base=None, *, context=None, device: str = "cpu") -> bytes:
+    """Decode a payload to exactly ``raw_size`` bytes (bounded: never allocates more).
+
+    ``context``: the base's own base, as bytes or a function returning them, called only
+    when the payload needs it (``peek(payload).method.uses_context``)."""
     from .transforms import decode_chunk
 
-    return decode_chunk(payload, raw_size, base, device=device)
+    return decode_chunk(payload, raw_size, base, context=context, device=device)
 
 
 def __getattr__(name):

@@ -5,13 +5,15 @@ Layout of a payload (all integers little-endian)::
     u8  codec version (1)
     u8  method (Method)
     u8  element width in bytes
-    u8  parameter (ULP_EXP: the exponent field's bit shift; SPARSE: the inner method;
-        PLANES: 1 when each element was rotated left by one bit first; else 0)
+    u8  parameter (ULP_EXP, ULP_STEP: the exponent field's bit shift; SPARSE: the inner
+        method; PLANES: 1 when each element was rotated left by one bit first; else 0)
     u64 raw size
     u32 stream count
     per stream: u8 coder, u64 raw length, u64 stored length
         coders: 0 stored; 1 zstd; 2, 3, 4: bytes < 2, 4, 16 packed 8, 4, 2 to a byte, then zstd
     stream bytes, in order
+
+ULP_STEP has no streams (count 0): its range-coded bits follow the header (codec/step.py).
 
 A stream is one byte plane (byte *k* of every element, of the value or of its delta), or
 for grouped methods one plane of one group. Splitting bytes by significance puts the
@@ -50,10 +52,16 @@ class Method(enum.IntEnum):
     SUB = 4  # byte planes of zigzag(value - base), integers
     ULP_EXP = 5  # ULP deltas grouped by the base value's exponent, planes per group
     SPARSE = 6  # positions (gap-coded) and values of the nonzero deltas of an inner method
+    ULP_STEP = 7  # ULP deltas range-coded in the context of the base's own step (codec/step.py)
 
     @property
     def uses_base(self) -> bool:
-        return self in (Method.XOR, Method.ULP, Method.SUB, Method.ULP_EXP, Method.SPARSE)
+        return self in (Method.XOR, Method.ULP, Method.SUB, Method.ULP_EXP, Method.SPARSE, Method.ULP_STEP)
+
+    @property
+    def uses_context(self) -> bool:
+        """Decoding also needs the base's own base (the version before the base)."""
+        return self is Method.ULP_STEP
 
 
 @dataclass(frozen=True)
@@ -93,6 +101,13 @@ def peek(payload) -> PayloadInfo:
     elif method is Method.PLANES:
         if param not in (0, ROTATED) or (param and width == 1):
             raise CorruptObject(f"bad codec parameter {param}")
+    elif method is Method.ULP_STEP:
+        from .step import supports
+
+        if not supports(width, param):
+            raise CorruptObject(f"bad codec parameter {param} for width {width}")
+        if count:
+            raise CorruptObject("a ULP_STEP payload has no stream table")
     elif param >= width * 8 - 1 or (param and method != Method.ULP_EXP):
         raise CorruptObject(f"bad codec parameter {param}")
     if count > MAX_STREAMS:
@@ -110,6 +125,8 @@ def peek(payload) -> PayloadInfo:
         streams.append((coder, raw_len, offset, length))
         offset += length
         total += raw_len
+    if method is Method.ULP_STEP:
+        return PayloadInfo(method, width, param, raw_size, ())
     if offset != len(payload):
         raise CorruptObject("payload length does not match its stream table")
     if total != raw_size and method is not Method.SPARSE:
@@ -264,6 +281,15 @@ def compress_stream(data, level: int) -> tuple[int, int, bytes]:
     if len(compressed) < n - n // 64:
         return CODER_ZSTD, n, compressed
     return CODER_STORED, n, bytes(view)
+
+
+def step_bits(payload) -> memoryview:
+    """A ULP_STEP payload's coded bits (after the header; peek has checked it is one)."""
+    return memoryview(payload)[_HEAD.size:]
+
+
+def pack_step(width: int, param: int, raw_size: int, bits: bytes) -> bytes:
+    return _HEAD.pack(CODEC_VERSION, int(Method.ULP_STEP), width, param, raw_size, 0) + bits
 
 
 def stream_bytes(payload, info: PayloadInfo, k: int):

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 from ..errors import CorruptObject
 from ..formats.dtypes import DType
-from . import native
+from . import native, step
 from .container import (ENTROPY_SAMPLE_STRIDE, INCOMPRESSIBLE_BITS, PACKED_BELOW, ROTATED, Method, compress_stream,
-                        pack, peek, stream_bytes, zstd_parameters)
+                        pack, pack_step, peek, step_bits, stream_bytes, zstd_parameters)
 
 # transform codes of _native.c
 _NATIVE_CODE = {Method.RAW: 0, Method.PLANES: 0, Method.XOR: 1, Method.ULP: 2, Method.ULP_EXP: 2, Method.SUB: 3}
@@ -132,17 +132,30 @@ def inner_method(dtype: DType) -> Method:
     return {"float": Method.ULP, "int": Method.SUB}.get(dtype.kind, Method.XOR)
 
 
-def applicable_methods(dtype: DType, has_base: bool) -> list[Method]:
+def applicable_methods(dtype: DType, has_base: bool, has_context: bool = False) -> list[Method]:
     """Every method that can encode this dtype (each decodes whatever the encoder picked)."""
     full = Method.PLANES if dtype.width > 1 else Method.RAW
     if not has_base:
         return [full]
     if dtype.kind == "float":
         grouped = [Method.ULP_EXP] if dtype.exponent else []
-        return [full, Method.XOR, Method.ULP, *grouped, Method.SPARSE]
+        stepped = [Method.ULP_STEP] if has_context and step_applies(dtype) else []
+        return [full, Method.XOR, Method.ULP, *grouped, Method.SPARSE, *stepped]
     if dtype.kind == "int":
         return [full, Method.XOR, Method.SUB, Method.SPARSE]
     return [full, Method.XOR, Method.SPARSE]
+
+
+def step_applies(dtype: DType) -> bool:
+    """ULP_STEP codes floats of 1, 2 or 4 bytes with an exponent field (bf16, fp16, fp32, fp8)."""
+    return dtype.kind == "float" and bool(dtype.exponent) and step.supports(dtype.width, dtype.exponent[0])
+
+
+# ULP_STEP is tried only when at most this share of the chunk's elements changed: its cost
+# is per changed element (a run and a value, ~15-25 coded decisions each), and where most
+# elements change (checkpoints far apart, a dense fine-tune) the previous step no longer
+# predicts much: there it would cost several times ULP_EXP's encode time to lose.
+STEP_MAX_CHANGED = 0.25
 
 
 def candidate_methods(dtype: DType, has_base: bool) -> list[Method]:
@@ -268,15 +281,49 @@ def _decode_native(payload, info, b) -> bytes:
     return raw
 
 
+def _encode_step(raw, base, context, dtype: DType) -> bytes:
+    shift = dtype.exponent[0]
+    return pack_step(dtype.width, shift, len(raw), step.encode(raw, base, context, dtype.width, shift))
+
+
 def encode_chunk(
-    raw, dtype: DType, base=None, *, device: str = "cpu", level: int = 1, method: Method | None = None
+    raw, dtype: DType, base=None, *, context=None, device: str = "cpu", level: int = 1, method: Method | None = None
 ) -> Encoded:
-    """Smallest encoding of ``raw``; ``method`` forces one (tests use it to cover each)."""
+    """Smallest encoding of ``raw``; ``method`` forces one (tests use it to cover each).
+
+    ``context`` (the base's own base) adds ULP_STEP to the candidates, for floats it codes
+    and when few enough elements changed (STEP_MAX_CHANGED); it is tried in full beside
+    the winner of the other methods, with the C coder only (the Python twin is slow)."""
     raw = memoryview(raw).cast("B")
     if len(raw) % dtype.width:
         raise ValueError("chunk is not a whole number of elements")
     if base is not None:
         base = memoryview(fit_base(base, len(raw))).cast("B")
+    if context is not None:
+        context = memoryview(fit_base(context, len(raw))).cast("B") if base is not None and step_applies(dtype) else None
+    if method is Method.ULP_STEP:
+        if context is None:
+            raise ValueError("ULP_STEP needs a base, a context and a float dtype it codes")
+        return Encoded(_encode_step(raw, base, context, dtype), Method.ULP_STEP)
+    best = _encode_others(raw, dtype, base, device, level, method)
+    if method is None and context is not None and step.native() and len(raw):
+        changed = native.kernels.changed_count(raw, base, dtype.width) if native.kernels is not None \
+            else _changed_numpy(raw, base, dtype.width)
+        if changed <= STEP_MAX_CHANGED * (len(raw) // dtype.width):
+            payload = _encode_step(raw, base, context, dtype)
+            if len(payload) < len(best.payload):
+                best = Encoded(payload, Method.ULP_STEP)
+    return best
+
+
+def _changed_numpy(x, b, width: int) -> int:
+    import numpy as np
+
+    dt = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[width]
+    return int((np.frombuffer(x, dtype=dt) != np.frombuffer(b, dtype=dt)).sum())
+
+
+def _encode_others(raw, dtype: DType, base, device: str, level: int, method: Method | None) -> Encoded:
     if device == "cpu" and native.kernels is not None:
         # the C kernels work on the raw buffers: this path never imports numpy
         x, b, encode_with, sample = raw, base, _encode_native, _sample_bytes
@@ -374,7 +421,7 @@ def _best_on_sample(encode_with, sample, count_changed, methods, x, b, dtype, le
     return min(sizes, key=lambda m: (sizes[m], methods.index(m)))
 
 
-def decode_chunk(payload, raw_size: int, base=None, *, device: str = "cpu") -> bytes:
+def decode_chunk(payload, raw_size: int, base=None, *, context=None, device: str = "cpu") -> bytes:
     info = peek(payload)
     if info.raw_size != raw_size:
         raise CorruptObject(f"payload holds {info.raw_size} bytes, expected {raw_size}")
@@ -386,6 +433,11 @@ def decode_chunk(payload, raw_size: int, base=None, *, device: str = "cpu") -> b
         if base is None:
             raise CorruptObject("delta payload without its base chunk")
         base_raw = fit_base(base, raw_size)
+    if info.method is Method.ULP_STEP:  # the same C or Python coder on every device
+        context = context() if callable(context) else context
+        if context is None:
+            raise CorruptObject("ULP_STEP payload without the version before its base")
+        return step.decode(step_bits(payload), base_raw, fit_base(context, raw_size), width, info.param)
     if device == "cpu" and native.kernels is not None:  # on the raw buffers, without numpy
         if native.whole_payloads:
             return _decode_whole(payload, info, base_raw)

@@ -279,7 +279,25 @@ def verify_packs(store: ObjectStore, packs: list[tuple[str, Path]],
     def stop(oid: str) -> bool:  # bytes available without decoding further down
         return oid in cache or (oid not in by_id and store.has(oid))
 
-    def decode(oid: str) -> None:
+    def raw_of(oid: str) -> bytes:  # a chunk of this fetch or of the store, decoded again if need be
+        raw = cache.get(oid)
+        if raw is None:
+            raw = decode(oid) if oid in by_id else store.get(oid)
+        return raw
+
+    def base_of(oid: str) -> str | None:
+        if oid in by_id:
+            return by_id[oid].entry.base
+        row = store.row(oid)
+        return row.base if row is not None else None
+
+    def context_below(oid: str):  # a ULP_STEP link's context when the walk stopped at its base
+        def context():
+            base = base_of(oid)
+            return None if base is None else raw_of(base)
+        return context
+
+    def decode(oid: str) -> bytes:
         chain = resolve_chain(oid, lookup, stop=stop, where="the fetched packs")
         below = chain[-1].base
         if below is None:
@@ -289,12 +307,15 @@ def verify_packs(store: ObjectStore, packs: list[tuple[str, Path]],
         else:
             row = store.row(below)
             raw, d = store.get(below), row.depth
+        context = None if below is None else context_below(below)
         for link in reversed(chain):
-            raw = decode_verified(link.id, payload(link), link.entry.raw_size, raw, f"remote pack {link.pack[:12]}")
+            raw, context = decode_verified(link.id, payload(link), link.entry.raw_size, raw,
+                                           f"remote pack {link.pack[:12]}", context=context), raw
             d += 1
             depth[link.id] = d
             if link.id in is_base:
                 cache.put(link.id, raw)
+        return raw
 
     try:
         out = []
@@ -431,6 +452,13 @@ class RemoteChunks:
             raise MissingObject(f"remote has no object {ids.short(oid)}")
         return found[1]
 
+    def _base_bytes(self, oid: str) -> bytes | None:
+        """The bytes of ``oid``'s delta base (a ULP_STEP payload on top of ``oid`` needs
+        them): held by a follower (the version it had before), cached, or fetched."""
+        found = self.index.get(oid)
+        base = found[1].base if found is not None else None
+        return None if base is None else self(base)
+
     def __call__(self, oid: str) -> bytes:
         raw = self.cache.get(oid)
         if raw is not None:
@@ -446,12 +474,14 @@ class RemoteChunks:
                               where="the remote")
         below = chain[-1].base
         raw = None if below is None else self(below)
+        context = None if below is None else (lambda: self._base_bytes(below))
         for entry in reversed(chain):
             pack = self.index[entry.id][0]
             payload = self.payloads.pop(entry.id, None)
             if payload is None:
                 payload = self.remote.read_range(pack_path(pack), entry.offset, entry.length)
-            raw = decode_verified(entry.id, payload, entry.raw_size, raw, f"remote pack {pack[:12]}")
+            raw, context = decode_verified(entry.id, payload, entry.raw_size, raw, f"remote pack {pack[:12]}",
+                                           context=context), raw
             self.cache.put(entry.id, raw)
             if entry.base is None and self.keep_keyframe is not None:
                 self.keep_keyframe(entry.id, raw)

@@ -75,16 +75,18 @@ class ObjectRow:
         return self.file is not None
 
 
-def decode_verified(object_id: str, payload, raw_size: int, base, where: str, *, verify: bool = True) -> bytes:
+def decode_verified(object_id: str, payload, raw_size: int, base, where: str, *, verify: bool = True,
+                    context=None) -> bytes:
     """Decode one payload and check the result against its id: the only way bytes leave a pack.
 
     ``verify=False`` skips the hash check, for a link in the middle of a delta chain whose
-    result is checked through the final object's (ObjectStore.decode_chain).
+    result is checked through the final object's (ObjectStore.decode_chain). ``context``:
+    the base's own base (bytes, or a function returning them), which a ULP_STEP payload needs.
     """
     from .. import codec  # numpy and zstandard: not loaded by commands that decode nothing
 
     try:
-        raw = codec.decode(payload, raw_size, base)
+        raw = codec.decode(payload, raw_size, base, context=context)
     except CorruptObject as exc:
         raise CorruptObject(f"object {ids.short(object_id)} in {where}: {exc}") from None
     if verify and ids.chunk_id(raw) != object_id:
@@ -140,9 +142,11 @@ class ObjectStore:
         # A long-lived writer (the Publisher: a commit every training step) keeps the raw
         # chunks of its last commit, up to this many bytes, so that the next commit's delta
         # bases are in hand instead of decoded through their chains (deep chains follow the
-        # steps: decoding them grew a commit's time with each step). 0: keep nothing.
+        # steps: decoding them grew a commit's time with each step). The commit before's are
+        # kept too, up to as many bytes: the bases' own bases, ULP_STEP's contexts. 0: keep nothing.
         self.keep_recent_bytes = 0
         self.recent_chunks: dict[str, bytes] = {}
+        self.older_chunks: dict[str, bytes] = {}  # the commit before's (ChunkWriter.finish)
 
     def row(self, object_id: str) -> ObjectRow | None:
         r = self.db.conn.execute(
@@ -231,6 +235,10 @@ class ObjectStore:
         link cost a quarter of a checkout's CPU. When it fails, the chain is decoded again
         checking every link, so that the error names the first bad object.
         """
+        return self.decode_chain_and_base(chain)[0]
+
+    def decode_chain_and_base(self, chain: list[ObjectRow]) -> tuple[bytes, bytes | None]:
+        """:meth:`decode_chain`, and the bytes of the chain's second link (None for a keyframe)."""
         try:
             return self._decode_links(chain, verify_links=False)
         except CorruptObject:
@@ -238,18 +246,21 @@ class ObjectStore:
                 raise
             return self._decode_links(chain, verify_links=True)
 
-    def _decode_links(self, chain: list[ObjectRow], verify_links: bool) -> bytes:
-        raw = None
+    def _decode_links(self, chain: list[ObjectRow], verify_links: bool) -> tuple[bytes, bytes | None]:
+        """(the chain's result, the link below it): a ULP_STEP link needs the two below it,
+        its base and the base's base, which a chain down to its keyframe always holds."""
+        raw = below = None
         for k in range(len(chain) - 1, -1, -1):
             row, verify = chain[k], verify_links or k == 0
             if row.external:
                 if self.external is None:
                     raise MissingObject(f"object {ids.short(row.id)} belongs to a base this repository cannot read")
-                raw = self.external.read(row.id, row.file, row.offset, row.length, verify=verify)
+                raw, below = self.external.read(row.id, row.file, row.offset, row.length, verify=verify), raw
                 continue
             payload = self.reader.read(row.pack, row.offset, row.length)
-            raw = decode_verified(row.id, payload, row.raw_size, raw, f"pack {row.pack[:12]}", verify=verify)
-        return raw
+            raw, below = decode_verified(row.id, payload, row.raw_size, raw, f"pack {row.pack[:12]}", verify=verify,
+                                         context=below), raw
+        return raw, below
 
     def get(self, object_id: str) -> bytes:
         """The raw bytes of a chunk, decoded through its delta chain and hash-verified."""
@@ -423,11 +434,16 @@ class ChunkWriter:
         return object_id
 
     def _encode(self, raw, dtype, base_chain, base_raw=None):
+        """The chunk encoded against its base chain's head; the link below the head (the
+        base's own base, when the chain was not re-anchored) is ULP_STEP's context."""
         from .. import codec
 
+        context = None
         if base_raw is None and base_chain:
-            base_raw = self.store.decode_chain(base_chain)
-        encoded = codec.encode(raw, dtype, base_raw, device=self.device, level=self.level)
+            base_raw, context = self.store.decode_chain_and_base(base_chain)
+        elif base_chain and len(base_chain) > 1:
+            context = self.store.older_chunks.get(base_chain[1].id)
+        encoded = codec.encode(raw, dtype, base_raw, context=context, device=self.device, level=self.level)
         base = base_chain[0] if encoded.uses_base else None
         return encoded, len(raw), base
 
@@ -450,6 +466,7 @@ class ChunkWriter:
         self.finished = self.pack.finish() or ("", 0)
         rows = list(self.pending.values())
         if self.store.keep_recent_bytes:
-            self.store.recent_chunks = self.kept  # the next commit's delta bases
+            # the next commit's delta bases, and their bases: ULP_STEP's contexts
+            self.store.older_chunks, self.store.recent_chunks = self.store.recent_chunks, self.kept
         self.kept = {}
         return (self.finished if self.finished[0] else None), rows

@@ -1,0 +1,323 @@
+"""ULP_STEP's coder: a float chunk's ULP deltas coded in the context of each element's previous step.
+
+An optimizer step moves an element that moved at the step before again, mostly the same way
+by a similar number of units in the last place (Adam's moments). The base ``b`` (step t-1)
+and *its* base ``g`` (step t-2) are both known to the decoder, so the previous step's delta
+``o(b) - o(g)`` is a context that costs nothing to transmit. docs/design.md, "ULP_STEP",
+has the format; ``_step.c`` is the fast implementation and this module its Python twin
+(same bytes; used without the C build, and by the tests to check one against the other).
+
+:func:`encode` / :func:`decode` are the entry points: they take the chunk, its base and the
+context chunk as raw bytes of equal length, and choose C or Python.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import CorruptObject
+
+try:
+    from . import _step as _c
+except ImportError:
+    _c = None
+if os.environ.get("WVC_NO_NATIVE"):
+    _c = None
+
+CLASSES = 7
+BUCKETS = 40
+MAG_UNARY = 16
+RATE_LIMIT = 255
+RECIP = [(1 << 33) // (2 * n + 3) for n in range(RATE_LIMIT + 1)]
+WIDTHS = (1, 2, 4)
+MAX_EXPONENT_BITS = 12
+
+
+def supports(width: int, shift: int) -> bool:
+    """Whether the coder takes elements of ``width`` bytes with an exponent field at ``shift``."""
+    return width in WIDTHS and 1 <= shift < 8 * width - 1 and 8 * width - 1 - shift <= MAX_EXPONENT_BITS
+
+
+def native() -> bool:
+    return _c is not None
+
+
+def encode(x, b, g, width: int, shift: int) -> bytes:
+    if _c is not None:
+        return _c.encode(x, b, g, width, shift)
+    return _encode_py(x, b, g, width, shift)
+
+
+def decode(data, b, g, width: int, shift: int) -> bytes:
+    if _c is not None:
+        try:
+            return _c.decode(data, b, g, width, shift)
+        except ValueError as exc:
+            raise CorruptObject(str(exc)) from None
+    return _decode_py(data, b, g, width, shift)
+
+
+# -- the Python twin -----------------------------------------------------------------------------
+class _Bit:
+    __slots__ = ("p", "n")
+
+    def __init__(self):
+        self.p, self.n = 0x80000000, 0
+
+    def prob16(self) -> int:
+        return min(max(self.p >> 16, 1), 65535)
+
+    def adapt(self, bit: int) -> None:
+        r = RECIP[self.n]
+        if bit:
+            self.p -= (self.p * r) >> 32
+        else:
+            self.p += ((0xFFFFFFFF - self.p) * r) >> 32
+        if self.n < RATE_LIMIT:
+            self.n += 1
+
+
+class _Model:
+    def __init__(self):
+        self.run_bucket = [_Bit() for _ in range(BUCKETS + 1)]
+        self.run_top = [[_Bit() for _ in range(3)] for _ in range(BUCKETS + 1)]
+        self.sign = _Bit()
+        self.mag = [_Bit() for _ in range(MAG_UNARY)]
+        self.mag_bucket = [_Bit() for _ in range(BUCKETS + 1)]
+        self.mag_top = [[_Bit() for _ in range(3)] for _ in range(BUCKETS + 1)]
+
+
+class _Encoder:
+    def __init__(self):
+        self.low, self.range, self.cache, self.pending, self.started = 0, 0xFFFFFFFF, 0, 1, False
+        self.out = bytearray()
+
+    def _shift_low(self) -> None:
+        if (self.low & 0xFFFFFFFF) < 0xFF000000 or self.low >> 32:
+            carry, temp = self.low >> 32, self.cache
+            while True:
+                if self.started:
+                    self.out.append((temp + carry) & 0xFF)
+                self.started = True
+                temp = 0xFF
+                self.pending -= 1
+                if not self.pending:
+                    break
+            self.cache = (self.low >> 24) & 0xFF
+        self.pending += 1
+        self.low = (self.low & 0x00FFFFFF) << 8
+
+    def bit(self, m: _Bit, bit: int) -> None:
+        bound = (self.range >> 16) * m.prob16()
+        if bit:
+            self.low += bound
+            self.range -= bound
+        else:
+            self.range = bound
+        m.adapt(bit)
+        while self.range < 1 << 24:
+            self.range = (self.range << 8) & 0xFFFFFFFF
+            self._shift_low()
+
+    def direct(self, bit: int) -> None:
+        self.range >>= 1
+        if bit:
+            self.low += self.range
+        while self.range < 1 << 24:
+            self.range = (self.range << 8) & 0xFFFFFFFF
+            self._shift_low()
+
+    def golomb(self, bucket, top, v: int) -> None:
+        j = v.bit_length() - 1
+        for t in range(j):
+            self.bit(bucket[t], 1)
+        self.bit(bucket[j], 0)
+        node = 0
+        for t in range(j - 1, -1, -1):
+            bit = (v >> t) & 1
+            if t >= j - 2:
+                self.bit(top[j][node], bit)
+                node = 1 + bit
+            else:
+                self.direct(bit)
+
+    def value(self, m: _Model, negative: int, mag: int) -> None:
+        self.bit(m.sign, negative)
+        u = mag - 1
+        for t in range(min(u, MAG_UNARY)):
+            self.bit(m.mag[t], 1)
+        if u < MAG_UNARY:
+            self.bit(m.mag[u], 0)
+        else:
+            self.golomb(m.mag_bucket, m.mag_top, u - MAG_UNARY + 1)
+
+    def finish(self) -> bytes:
+        for _ in range(5):
+            self._shift_low()
+        return bytes(self.out).rstrip(b"\0")
+
+
+class _Decoder:
+    def __init__(self, data):
+        self.data, self.at, self.range, self.code = bytes(data), 0, 0xFFFFFFFF, 0
+        for _ in range(4):
+            self.code = (self.code << 8) | self._next()
+
+    def _next(self) -> int:
+        if self.at < len(self.data):
+            self.at += 1
+            return self.data[self.at - 1]
+        return 0
+
+    def bit(self, m: _Bit) -> int:
+        bound = (self.range >> 16) * m.prob16()
+        if self.code < bound:
+            self.range, bit = bound, 0
+        else:
+            self.code -= bound
+            self.range -= bound
+            bit = 1
+        m.adapt(bit)
+        while self.range < 1 << 24:
+            self.range = (self.range << 8) & 0xFFFFFFFF
+            self.code = ((self.code << 8) | self._next()) & 0xFFFFFFFF
+        return bit
+
+    def direct(self) -> int:
+        self.range >>= 1
+        bit = int(self.code >= self.range)
+        if bit:
+            self.code -= self.range
+        while self.range < 1 << 24:
+            self.range = (self.range << 8) & 0xFFFFFFFF
+            self.code = ((self.code << 8) | self._next()) & 0xFFFFFFFF
+        return bit
+
+    def golomb(self, bucket, top, max_bucket: int) -> int:
+        j = 0
+        while self.bit(bucket[j]):
+            j += 1
+            if j > max_bucket:
+                raise CorruptObject("ULP_STEP payload: a run or delta is out of range")
+        v, node = 1, 0
+        for t in range(j - 1, -1, -1):
+            if t >= j - 2:
+                bit = self.bit(top[j][node])
+                node = 1 + bit
+            else:
+                bit = self.direct()
+            v = (v << 1) | bit
+        return v
+
+    def value(self, m: _Model, max_bucket: int) -> tuple[int, int]:
+        negative = self.bit(m.sign)
+        u = 0
+        while u < MAG_UNARY and self.bit(m.mag[u]):
+            u += 1
+        if u == MAG_UNARY:
+            u = MAG_UNARY + self.golomb(m.mag_bucket, m.mag_top, max_bucket) - 1
+        return negative, u + 1
+
+
+def _arrays(b, g, width: int, shift: int):
+    """(unsigned view of b, ordered(b), context of every element, number of contexts)."""
+    import numpy as np
+
+    utype = {1: np.uint8, 2: np.uint16, 4: np.uint32}[width]
+    bits = 8 * width
+    bu = np.frombuffer(b, dtype=utype).astype(np.int64)
+    gu = np.frombuffer(g, dtype=utype).astype(np.int64)
+    mask, sign = (1 << bits) - 1, 1 << (bits - 1)
+    ob, og = _ordered(bu, sign), _ordered(gu, sign)
+    p = (ob - og) & mask
+    neg = (-p) & mask
+    cls = np.select([p == 0, p == 1, (p & sign) == 0, neg == 1, neg <= 3], [0, 1, 2, 4, 5], 6)
+    cls = np.where(((p & sign) == 0) & (p > 3), 3, cls)
+    nexp = 1 << (bits - 1 - shift)
+    ctx = cls * nexp + ((bu >> shift) & (nexp - 1))
+    return utype, bu, ob, ctx, CLASSES * nexp
+
+
+def _ordered(v, sign: int):
+    return v ^ ((v & sign != 0) * (sign - 1))
+
+
+def _ranks(ctx, k_count: int):
+    """(stable order of the elements by context, first position of each context in it)."""
+    import numpy as np
+
+    order = np.argsort(ctx, kind="stable")
+    starts = np.zeros(k_count + 1, dtype=np.int64)
+    np.cumsum(np.bincount(ctx, minlength=k_count), out=starts[1:])
+    return order, starts
+
+
+def _encode_py(x, b, g, width: int, shift: int) -> bytes:
+    import numpy as np
+
+    if not supports(width, shift) or not len(x) == len(b) == len(g) or len(x) % width:
+        raise ValueError("ULP_STEP encode: sizes, width or shift do not fit")
+    utype, bu, ob, ctx, k_count = _arrays(b, g, width, shift)
+    bits = 8 * width
+    mask, sign = (1 << bits) - 1, 1 << (bits - 1)
+    ox = _ordered(np.frombuffer(x, dtype=utype).astype(np.int64), sign)
+    delta = (ox - ob) & mask
+    order, starts = _ranks(ctx, k_count)
+    enc = _Encoder()
+    for k in range(k_count):
+        seen = int(starts[k + 1] - starts[k])
+        if not seen:
+            continue
+        m = _Model()
+        d = delta[order[starts[k]:starts[k + 1]]]
+        nxt = 0
+        for rank in np.flatnonzero(d).tolist():
+            enc.golomb(m.run_bucket, m.run_top, rank - nxt + 1)
+            v = int(d[rank])
+            negative = int(v & sign != 0)
+            enc.value(m, negative, ((-v) & mask) if negative else v)
+            nxt = rank + 1
+        if nxt < seen:
+            enc.golomb(m.run_bucket, m.run_top, seen - nxt + 1)
+    return enc.finish()
+
+
+def _decode_py(data, b, g, width: int, shift: int) -> bytes:
+    import numpy as np
+
+    if not supports(width, shift) or len(b) != len(g) or len(b) % width:
+        raise CorruptObject("ULP_STEP payload: sizes, width or shift do not fit")
+    utype, bu, ob, ctx, k_count = _arrays(b, g, width, shift)
+    bits = 8 * width
+    mask, sign = (1 << bits) - 1, 1 << (bits - 1)
+    order, starts = _ranks(ctx, k_count)
+    dec = _Decoder(data)
+    where, deltas = [], []
+    for k in range(k_count):
+        seen = int(starts[k + 1] - starts[k])
+        if not seen:
+            continue
+        m = _Model()
+        nxt = 0
+        while nxt < seen:
+            v = dec.golomb(m.run_bucket, m.run_top, 32)
+            left = seen - nxt
+            if v - 1 > left:
+                raise CorruptObject("ULP_STEP payload: a run is longer than its context")
+            if v - 1 == left:
+                break
+            rank = nxt + v - 1
+            negative, mag = dec.value(m, bits - 1)
+            if mag > sign or (not negative and mag == sign):
+                raise CorruptObject("ULP_STEP payload: a delta is out of range")
+            where.append(int(starts[k]) + rank)
+            deltas.append(((-mag) & mask) if negative else mag)
+            nxt = rank + 1
+    if dec.at != len(dec.data):
+        raise CorruptObject("ULP_STEP payload length does not match its contents")
+    out = np.frombuffer(b, dtype=utype).copy()
+    if where:
+        idx = order[np.asarray(where, dtype=np.int64)]
+        o = (ob[idx] + np.asarray(deltas, dtype=np.int64)) & mask
+        out[idx] = _ordered(o, sign).astype(utype)
+    return out.tobytes()
