@@ -19,16 +19,20 @@
  * an error; the result is checked against its id by the caller.
  */
 #define PY_SSIZE_T_CLEAN
+#define _GNU_SOURCE /* statement expressions are a GNU C extension gcc and clang both have */
 #include <Python.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define CLASSES 7
+#define LANES 4 /* quarters walked side by side: one counter's increments no longer wait on each other */
 #define MAX_CONTEXTS (CLASSES << 12) /* exponent fields of at most 12 bits */
 #define BUCKETS 40                   /* exp-Golomb buckets: values below 2^40 */
 #define MAG_UNARY 16                 /* magnitudes 1..16 unary, larger ones escape */
-#define RATE_LIMIT 255               /* a probability adapts like a count up to this many updates */
+#ifndef RATE_LIMIT
+#define RATE_LIMIT 255 /* a probability adapts like a count up to this many updates */
+#endif
 
 /* ---- adaptive binary probabilities ---------------------------------------------------- */
 typedef struct {
@@ -66,6 +70,31 @@ typedef struct {
 static void model_init(Model *m) {
     Bit *b = (Bit *)m;
     for (size_t k = 0; k < sizeof(Model) / sizeof(Bit); k++) b[k].p = 0x80000000u, b[k].n = 0;
+}
+
+/* A context starts from where the last coded context of its class (the neighbouring
+ * exponent, mostly) left its probabilities, trusted like INHERIT_N updates: neighbouring
+ * exponents differ by a factor of two in ULP size, so their statistics are close, and a
+ * context with a handful of changed elements no longer pays to learn every probability
+ * from one half. */
+#ifndef INHERIT_N
+#define INHERIT_N 3
+#endif
+typedef struct {
+    Model last[CLASSES];
+    int have[CLASSES];
+} Inherit;
+
+static void model_start(Model *m, Inherit *h, int cls) {
+    if (!h->have[cls]) { model_init(m); return; }
+    *m = h->last[cls];
+    Bit *b = (Bit *)m;
+    for (size_t k = 0; k < sizeof(Model) / sizeof(Bit); k++) if (b[k].n > INHERIT_N) b[k].n = INHERIT_N;
+}
+
+static void model_end(const Model *m, Inherit *h, int cls) {
+    h->last[cls] = *m;
+    h->have[cls] = 1;
 }
 
 /* ---- range coder (LZMA's) ------------------------------------------------------------- */
@@ -286,46 +315,137 @@ static int push(Events *v, Event e) {
     return 1;
 }
 
+/* The passes over every element, one per width (the per-element work is a few integer
+ * operations: a generic load and class cost twice the time). CLASS: 0 | +1 | +2..3 | >=+4
+ * for p >= 0, 3 more for p < 0, without branches; the same classes as step_class. */
+#define ORDERED(T, ST, BITS, v) ((T)((v) ^ ((T)((ST)(v) >> ((BITS) - 1)) >> 1)))
+#define CONTEXT(T, ST, BITS, bv, gv, L)                                                       \
+    ({                                                                                        \
+        int64_t p_ = (ST)(T)(ORDERED(T, ST, BITS, bv) - ORDERED(T, ST, BITS, gv));             \
+        uint64_t m_ = p_ < 0 ? (uint64_t)(-p_) : (uint64_t)p_;                                \
+        int c_ = (m_ > 0) + (m_ > 1) + (m_ > 3) + (p_ < 0) * 3;                               \
+        c_ * (L)->nexp + (int)(((bv) >> (L)->shift) & (L)->emask);                            \
+    })
+#define DEFINE_PASSES(T, ST, BITS)                                                            \
+    /* lane l's changed elements as events: rank within (lane, context), ctx = k * LANES + l */\
+    static int events_pass_##BITS(const uint8_t *xs, const uint8_t *bs, const uint16_t *keys, \
+                                  Py_ssize_t n, int K, uint32_t *cnt, Events *all) {          \
+        const T *x = (const T *)xs, *b = (const T *)bs;                                       \
+        const Py_ssize_t q = n / LANES;                                                       \
+        for (Py_ssize_t i = 0; i < q; i++)                                                    \
+            for (int l = 0; l < LANES; l++) {                                                 \
+                Py_ssize_t j = i + l * q;                                                     \
+                uint32_t r = cnt[l * K + keys[j]]++;                                          \
+                if (x[j] != b[j] && !push(all, (Event){r, (uint32_t)keys[j] * LANES + l,      \
+                        (T)(ORDERED(T, ST, BITS, x[j]) - ORDERED(T, ST, BITS, b[j]))}))       \
+                    return 0;                                                                 \
+            }                                                                                 \
+        for (Py_ssize_t j = LANES * q; j < n; j++) {                                          \
+            uint32_t r = cnt[(LANES - 1) * K + keys[j]]++;                                    \
+            if (x[j] != b[j] && !push(all, (Event){r, (uint32_t)keys[j] * LANES + LANES - 1,  \
+                    (T)(ORDERED(T, ST, BITS, x[j]) - ORDERED(T, ST, BITS, b[j]))}))           \
+                return 0;                                                                     \
+        }                                                                                     \
+        return 1;                                                                             \
+    }                                                                                         \
+    static void keys_pass_##BITS(const uint8_t *bs, const uint8_t *gs, Py_ssize_t n,          \
+                                 const Layout *L, uint16_t *keys) {                           \
+        const T *b = (const T *)bs, *g = (const T *)gs;                                       \
+        const int shift = L->shift, nexp = L->nexp, emask = (int)L->emask;                    \
+        for (Py_ssize_t j = 0; j < n; j++) { /* branch-free: it vectorises */                 \
+            ST p = (ST)(T)(ORDERED(T, ST, BITS, b[j]) - ORDERED(T, ST, BITS, g[j]));           \
+            int neg = p < 0;                                                                  \
+            T m = neg ? (T)(0 - (T)p) : (T)p;                                                 \
+            int c = (m > 0) + (m > 1) + (m > 3) + neg * 3;                                    \
+            keys[j] = (uint16_t)(c * nexp + ((b[j] >> shift) & emask));                       \
+        }                                                                                     \
+    }                                                                                         \
+    /* keys[i] = element i's context; cnt[l * K + k]: lane l's elements of context k */      \
+    static void count_pass_##BITS(const uint8_t *bs, const uint8_t *gs, Py_ssize_t n,         \
+                                  const Layout *L, uint16_t *keys, uint32_t *cnt, int K) {    \
+        keys_pass_##BITS(bs, gs, n, L, keys);                                                 \
+        const Py_ssize_t q = n / LANES;                                                       \
+        for (Py_ssize_t i = 0; i < q; i++)                                                    \
+            for (int l = 0; l < LANES; l++) cnt[l * K + keys[i + l * q]]++;                   \
+        for (Py_ssize_t j = LANES * q; j < n; j++) cnt[(LANES - 1) * K + keys[j]]++;          \
+    }                                                                                         \
+    /* per lane l and context k: rank[.] the next element's rank, at[.] its next event,       \
+     * left[.] how many events it has left (0: the lane skips the context's elements) */     \
+    static void apply_pass_##BITS(const uint8_t *bs, const uint16_t *keys, Py_ssize_t n,      \
+                                  int K, uint32_t *rank, uint32_t *at, uint32_t *left,        \
+                                  const Event *ev, uint8_t *xs) {                             \
+        const T *b = (const T *)bs;                                                           \
+        T *x = (T *)xs;                                                                       \
+        const Py_ssize_t q = n / LANES;                                                       \
+        for (Py_ssize_t i = 0; i < q; i++)                                                    \
+            for (int l = 0; l < LANES; l++) {                                                 \
+                Py_ssize_t j = i + l * q;                                                     \
+                uint32_t s = (uint32_t)(l * K + keys[j]);                                     \
+                if (left[s] && ev[at[s]].rank == rank[s]++) {                                 \
+                    x[j] = ORDERED(T, ST, BITS, (T)(ORDERED(T, ST, BITS, b[j]) + (T)ev[at[s]].delta)); \
+                    at[s]++, left[s]--;                                                       \
+                }                                                                             \
+            }                                                                                 \
+        for (Py_ssize_t j = LANES * q; j < n; j++) {                                          \
+            uint32_t s = (uint32_t)((LANES - 1) * K + keys[j]);                               \
+            if (left[s] && ev[at[s]].rank == rank[s]++) {                                     \
+                x[j] = ORDERED(T, ST, BITS, (T)(ORDERED(T, ST, BITS, b[j]) + (T)ev[at[s]].delta)); \
+                at[s]++, left[s]--;                                                           \
+            }                                                                                 \
+        }                                                                                     \
+    }
+DEFINE_PASSES(uint8_t, int8_t, 8)
+DEFINE_PASSES(uint16_t, int16_t, 16)
+DEFINE_PASSES(uint32_t, int32_t, 32)
+
 /* 0 on success, else an error message; the coded bytes in *out (malloc'd) */
 static const char *encode_step(const uint8_t *x, const uint8_t *b, const uint8_t *g, Py_ssize_t n,
                                const Layout *L, uint8_t **out, size_t *out_len) {
     const int K = CLASSES * L->nexp;
     uint32_t *seen = calloc(K, sizeof(uint32_t));
-    uint32_t *evcount = calloc(K + 1, sizeof(uint32_t));
+    uint32_t *cnt = calloc((size_t)LANES * K, sizeof(uint32_t));
+    uint32_t *evcount = calloc((size_t)LANES * K + 1, sizeof(uint32_t)); /* per (context, lane) */
+    uint16_t *keys = malloc((n ? n : 1) * sizeof(uint16_t));
     Events all = {0}, sorted = {0};
     Model *models = NULL;
+    Inherit *inherit = calloc(1, sizeof(Inherit));
     Enc e = {0, 0xFFFFFFFFu, 0, 1, 0, NULL, 0, 0, 0};
     const char *err = "out of memory";
-    if (!seen || !evcount) goto done;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        uint64_t bv = load(b, i, L->width);
-        int k = context_of(bv, load(g, i, L->width), L);
-        uint64_t dv = (ordered(load(x, i, L->width), L) - ordered(bv, L)) & L->mask;
-        uint32_t rank = seen[k]++;
-        if (dv) {
-            if (!push(&all, (Event){rank, (uint32_t)k, dv})) goto done;
-            evcount[k + 1]++;
+    if (!seen || !cnt || !evcount || !keys || !inherit) goto done;
+    int ok;
+    if (L->bits == 8) keys_pass_8(b, g, n, L, keys), ok = events_pass_8(x, b, keys, n, K, cnt, &all);
+    else if (L->bits == 16) keys_pass_16(b, g, n, L, keys), ok = events_pass_16(x, b, keys, n, K, cnt, &all);
+    else keys_pass_32(b, g, n, L, keys), ok = events_pass_32(x, b, keys, n, K, cnt, &all);
+    if (!ok) goto done;
+    /* a lane's ranks start after the lanes before it; the events grouped by context and, in
+     * each, by lane (a stable counting sort on ctx * LANES + lane): element order */
+    for (int k = 0; k < K; k++) {
+        uint32_t base = 0;
+        for (int l = 0; l < LANES; l++) {
+            uint32_t c = cnt[l * K + k];
+            cnt[l * K + k] = base;
+            base += c;
         }
+        seen[k] = base;
     }
-    /* the events grouped by context, in element order within each (a stable counting sort) */
-    for (int k = 0; k < K; k++) evcount[k + 1] += evcount[k];
+    for (size_t j = 0; j < all.n; j++) evcount[all.ev[j].ctx + 1]++;
+    for (int s = 0; s < LANES * K; s++) evcount[s + 1] += evcount[s];
     sorted.ev = malloc((all.n ? all.n : 1) * sizeof(Event));
     models = malloc(sizeof(Model));
     if (!sorted.ev || !models) goto done;
-    {
-        uint32_t *at = calloc(K, sizeof(uint32_t));
-        if (!at) goto done;
-        for (size_t j = 0; j < all.n; j++) {
-            uint32_t k = all.ev[j].ctx;
-            sorted.ev[evcount[k] + at[k]++] = all.ev[j];
-        }
-        free(at);
+    for (size_t j = 0; j < all.n; j++) {
+        Event ev = all.ev[j];
+        uint32_t k = ev.ctx / LANES, l = ev.ctx % LANES;
+        ev.rank += cnt[l * K + k];
+        sorted.ev[evcount[ev.ctx]++] = ev;
+        /* evcount[s] ends at the start of bucket s + 1: context k's events end at evcount[k * LANES + LANES - 1] */
     }
     for (int k = 0; k < K; k++) {
         if (!seen[k]) continue;
-        model_init(models);
+        model_start(models, inherit, k / L->nexp);
         uint64_t next = 0; /* the context's first element not yet coded */
-        for (uint32_t j = evcount[k]; j < evcount[k + 1]; j++) {
+        uint32_t from = k ? evcount[k * LANES - 1] : 0, to = evcount[k * LANES + LANES - 1];
+        for (uint32_t j = from; j < to; j++) {
             const Event *ev = &sorted.ev[j];
             enc_golomb(&e, models->run_bucket, models->run_top, (uint64_t)ev->rank - next + 1);
             int negative = (ev->delta & L->sign) != 0;
@@ -334,6 +454,7 @@ static const char *encode_step(const uint8_t *x, const uint8_t *b, const uint8_t
         }
         if (next < seen[k]) /* the zeros to the end: a run as long as what is left */
             enc_golomb(&e, models->run_bucket, models->run_top, seen[k] - next + 1);
+        model_end(models, inherit, k / L->nexp);
     }
     for (int k = 0; k < 5; k++) shift_low(&e);
     if (e.nomem) goto done;
@@ -342,7 +463,7 @@ static const char *encode_step(const uint8_t *x, const uint8_t *b, const uint8_t
     e.out = NULL;
     err = NULL;
 done:
-    free(seen), free(evcount), free(all.ev), free(sorted.ev), free(models), free(e.out);
+    free(seen), free(cnt), free(evcount), free(keys), free(all.ev), free(sorted.ev), free(models), free(inherit), free(e.out);
     return err;
 }
 
@@ -350,25 +471,32 @@ done:
 static const char *decode_step(const uint8_t *data, size_t len, const uint8_t *b, const uint8_t *g, Py_ssize_t n,
                                const Layout *L, uint8_t *x) {
     const int K = CLASSES * L->nexp;
-    uint32_t *seen = calloc(K, sizeof(uint32_t));
+    uint32_t *cnt = calloc((size_t)LANES * K, sizeof(uint32_t)); /* per lane, then (below) per lane's rank */
     uint32_t *first = calloc(K + 1, sizeof(uint32_t)); /* context k's events: [first[k], first[k+1]) */
+    uint32_t *at = malloc((size_t)LANES * K * sizeof(uint32_t)), *left = calloc((size_t)LANES * K, sizeof(uint32_t));
+    uint16_t *keys = malloc((n ? n : 1) * sizeof(uint16_t));
     Events ev = {0};
     Model *models = malloc(sizeof(Model));
+    Inherit *inherit = calloc(1, sizeof(Inherit));
     const char *err = "out of memory";
-    if (!seen || !first || !models) goto done;
-    for (Py_ssize_t i = 0; i < n; i++) seen[context_of(load(b, i, L->width), load(g, i, L->width), L)]++;
+    if (!cnt || !first || !at || !left || !keys || !models || !inherit) goto done;
+    if (L->bits == 8) count_pass_8(b, g, n, L, keys, cnt, K);
+    else if (L->bits == 16) count_pass_16(b, g, n, L, keys, cnt, K);
+    else count_pass_32(b, g, n, L, keys, cnt, K);
     Dec d;
     dec_init(&d, data, len);
     for (int k = 0; k < K; k++) {
         first[k] = (uint32_t)ev.n;
-        if (!seen[k]) continue;
-        model_init(models);
+        uint64_t seen = 0;
+        for (int l = 0; l < LANES; l++) seen += cnt[l * K + k];
+        if (!seen) continue;
+        model_start(models, inherit, k / L->nexp);
         uint64_t next = 0;
-        while (next < seen[k]) {
+        while (next < seen) {
             int64_t v = dec_golomb(&d, models->run_bucket, models->run_top, 32); /* runs: below 2^32 */
-            uint64_t left = seen[k] - next;
-            if (v < 1 || (uint64_t)v - 1 > left) { err = "ULP_STEP payload: a run is longer than its context"; goto done; }
-            if ((uint64_t)v - 1 == left) break; /* the zeros to the end */
+            uint64_t remaining = seen - next;
+            if (v < 1 || (uint64_t)v - 1 > remaining) { err = "ULP_STEP payload: a run is longer than its context"; goto done; }
+            if ((uint64_t)v - 1 == remaining) break; /* the zeros to the end */
             uint64_t rank = next + (uint64_t)v - 1;
             int negative;
             uint64_t mag = dec_value(&d, models, &negative, L->sign, L->bits - 1);
@@ -377,27 +505,31 @@ static const char *decode_step(const uint8_t *data, size_t len, const uint8_t *b
             if (!push(&ev, (Event){(uint32_t)rank, (uint32_t)k, delta})) goto done;
             next = rank + 1;
         }
+        model_end(models, inherit, k / L->nexp);
     }
     first[K] = (uint32_t)ev.n;
     if (d.at != len) { err = "ULP_STEP payload length does not match its contents"; goto done; }
     memcpy(x, b, (size_t)n * L->width);
-    memset(seen, 0, K * sizeof(uint32_t));
     if (ev.n) {
-        uint32_t *at = first; /* each context's next event, advanced in place (the ctx check ends each) */
-        for (Py_ssize_t i = 0; i < n; i++) {
-            uint64_t bv = load(b, i, L->width);
-            int k = context_of(bv, load(g, i, L->width), L);
-            uint32_t rank = seen[k]++;
-            if (at[k] < ev.n && ev.ev[at[k]].ctx == (uint32_t)k && ev.ev[at[k]].rank == rank) {
-                uint64_t o = (ordered(bv, L) + ev.ev[at[k]].delta) & L->mask;
-                store(x, i, L->width, ordered(o, L));
-                at[k]++;
+        /* lane l holds ranks [base, base + cnt) of context k: its events are those in that range */
+        for (int k = 0; k < K; k++) {
+            uint32_t base = 0, e = first[k];
+            for (int l = 0; l < LANES; l++) {
+                uint32_t s = (uint32_t)(l * K + k), count = cnt[s];
+                at[s] = e;
+                while (e < first[k + 1] && ev.ev[e].rank < base + count) e++;
+                left[s] = e - at[s];
+                cnt[s] = base; /* now the lane's next rank */
+                base += count;
             }
         }
+        if (L->bits == 8) apply_pass_8(b, keys, n, K, cnt, at, left, ev.ev, x);
+        else if (L->bits == 16) apply_pass_16(b, keys, n, K, cnt, at, left, ev.ev, x);
+        else apply_pass_32(b, keys, n, K, cnt, at, left, ev.ev, x);
     }
     err = NULL;
 done:
-    free(seen), free(first), free(ev.ev), free(models);
+    free(cnt), free(first), free(at), free(left), free(keys), free(ev.ev), free(models), free(inherit);
     return err;
 }
 

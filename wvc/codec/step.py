@@ -28,6 +28,7 @@ CLASSES = 7
 BUCKETS = 40
 MAG_UNARY = 16
 RATE_LIMIT = 255
+INHERIT_N = 3  # a context starts from its class's last coded context, trusted like this many updates
 RECIP = [(1 << 33) // (2 * n + 3) for n in range(RATE_LIMIT + 1)]
 WIDTHS = (1, 2, 4)
 MAX_EXPONENT_BITS = 12
@@ -78,6 +79,23 @@ class _Bit:
 
 
 class _Model:
+    def bits(self):
+        yield from self.run_bucket
+        for t in self.run_top:
+            yield from t
+        yield self.sign
+        yield from self.mag
+        yield from self.mag_bucket
+        for t in self.mag_top:
+            yield from t
+
+    def inherited(self) -> "_Model":
+        """A copy for the next context of the same class, counts capped at INHERIT_N."""
+        m = _Model()
+        for mine, theirs in zip(m.bits(), self.bits()):
+            mine.p, mine.n = theirs.p, min(theirs.n, INHERIT_N)
+        return m
+
     def __init__(self):
         self.run_bucket = [_Bit() for _ in range(BUCKETS + 1)]
         self.run_top = [[_Bit() for _ in range(3)] for _ in range(BUCKETS + 1)]
@@ -264,11 +282,14 @@ def _encode_py(x, b, g, width: int, shift: int) -> bytes:
     delta = (ox - ob) & mask
     order, starts = _ranks(ctx, k_count)
     enc = _Encoder()
+    last: dict[int, _Model] = {}
     for k in range(k_count):
         seen = int(starts[k + 1] - starts[k])
         if not seen:
             continue
-        m = _Model()
+        cls = k >> (8 * width - 1 - shift)
+        m = last[cls].inherited() if cls in last else _Model()
+        last[cls] = m
         d = delta[order[starts[k]:starts[k + 1]]]
         nxt = 0
         for rank in np.flatnonzero(d).tolist():
@@ -293,11 +314,14 @@ def _decode_py(data, b, g, width: int, shift: int) -> bytes:
     order, starts = _ranks(ctx, k_count)
     dec = _Decoder(data)
     where, deltas = [], []
+    last: dict[int, _Model] = {}
     for k in range(k_count):
         seen = int(starts[k + 1] - starts[k])
         if not seen:
             continue
-        m = _Model()
+        cls = k >> (8 * width - 1 - shift)
+        m = last[cls].inherited() if cls in last else _Model()
+        last[cls] = m
         nxt = 0
         while nxt < seen:
             v = dec.golomb(m.run_bucket, m.run_top, 32)
