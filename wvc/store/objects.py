@@ -443,6 +443,12 @@ class ChunkWriter:
             base_raw, context = self.store.decode_chain_and_base(base_chain)
         elif base_chain and len(base_chain) > 1:
             context = self.store.older_chunks.get(base_chain[1].id)
+        # Only a context of the same tensor layout: the same byte size as the chunk and its
+        # base (a shape change is not a step). The dtype is the chunk's own: the snapshot
+        # offers a parent chunk as base only when the dtype is unchanged, so a chain never
+        # crosses dtypes.
+        if context is not None and not len(context) == len(base_raw) == len(raw):
+            context = None
         encoded = codec.encode(raw, dtype, base_raw, context=context, device=self.device, level=self.level)
         base = base_chain[0] if encoded.uses_base else None
         return encoded, len(raw), base

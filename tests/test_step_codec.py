@@ -1,0 +1,239 @@
+"""ULP_STEP (issue #17): a step's ULP deltas coded in the context of the step before."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as hs
+
+import wvc
+from wvc import codec
+from wvc.api import Repo
+from wvc.codec import step
+from wvc.codec.container import Method, peek
+from wvc.codec.transforms import STEP_MAX_CHANGED, applicable_methods, step_applies
+from wvc.errors import CorruptObject
+from wvc.formats.dtypes import DTYPES, by_torch_dtype
+
+STEP_DTYPES = sorted(name for name, d in DTYPES.items() if step_applies(d))
+BF16 = by_torch_dtype(torch.bfloat16)
+needs_c = pytest.mark.skipif(not step.native(), reason="the C coder was not built")
+
+
+def test_the_method_is_offered_for_floats_with_an_exponent_and_only_with_a_context():
+    assert STEP_DTYPES == ["BF16", "F16", "F32", "F8_E4M3", "F8_E5M2"]
+    for name, dtype in DTYPES.items():
+        assert (Method.ULP_STEP in applicable_methods(dtype, True, has_context=True)) == (name in STEP_DTYPES)
+        assert Method.ULP_STEP not in applicable_methods(dtype, True)
+
+
+def near(data, base: bytes, width: int) -> bytes:
+    """``base`` with some elements moved by a few units (what steps look like), or random."""
+    if data.draw(hs.booleans()):
+        return data.draw(hs.binary(min_size=len(base), max_size=len(base)))
+    a = np.frombuffer(base, dtype={1: np.uint8, 2: np.uint16, 4: np.uint32}[width]).copy()
+    for _ in range(data.draw(hs.integers(0, 20))):
+        if len(a):
+            i = data.draw(hs.integers(0, len(a) - 1))
+            a[i] = (int(a[i]) + data.draw(hs.integers(-40, 40))) % (1 << (8 * width))
+    return a.tobytes()
+
+
+@settings(max_examples=120, deadline=None)
+@given(name=hs.sampled_from(STEP_DTYPES), data=hs.data())
+def test_every_bit_pattern_round_trips_and_both_coders_write_the_same_bytes(name, data):
+    dtype = DTYPES[name]
+    n = data.draw(hs.integers(0, 400))
+    g = data.draw(hs.binary(min_size=n * dtype.width, max_size=n * dtype.width))
+    b = near(data, g, dtype.width)
+    x = near(data, b, dtype.width)
+    enc = codec.encode(x, dtype, b, context=g, method=Method.ULP_STEP)
+    assert enc.method is Method.ULP_STEP and peek(enc.payload).method is Method.ULP_STEP
+    assert codec.decode(enc.payload, len(x), b, context=g) == x
+    assert codec.decode(enc.payload, len(x), b, context=lambda: g) == x  # a context asked for lazily
+    shift = dtype.exponent[0]
+    bits = step._encode_py(x, b, g, dtype.width, shift)
+    assert enc.payload[16:] == bits  # the Python twin writes the C coder's bytes
+    assert step._decode_py(bits, b, g, dtype.width, shift) == x
+
+
+def test_extreme_deltas_round_trip():
+    """The largest deltas (sign flips of the widest magnitude), NaN payloads and -0.0."""
+    for name in STEP_DTYPES:
+        dtype = DTYPES[name]
+        w = dtype.width
+        top = 1 << (8 * w - 1)
+        ut = {1: np.uint8, 2: np.uint16, 4: np.uint32}[w]
+        vals = [0, top, top - 1, 2 * top - 1, 1, top + 1, (top >> 1) + 3, top | (top >> 1)]
+        g = np.array(vals * 3, dtype=ut)
+        b = np.array(vals[1:] + vals[:1] + vals * 2, dtype=ut)
+        x = np.array(vals[::-1] * 2 + vals, dtype=ut)
+        enc = codec.encode(x.tobytes(), dtype, b.tobytes(), context=g.tobytes(), method=Method.ULP_STEP)
+        assert codec.decode(enc.payload, x.nbytes, b.tobytes(), context=g.tobytes()) == x.tobytes()
+        assert step._decode_py(enc.payload[16:], b.tobytes(), g.tobytes(), w, dtype.exponent[0]) == x.tobytes()
+
+
+def adam_like_steps(n_steps: int, n: int = 1 << 17, share: float = 0.03, seed: int = 0):
+    """bf16 bits of a weight vector over steps: a fixed set of elements keeps moving, each the
+    same way by a unit or two most steps (what Adam's moments do at a small learning rate)."""
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal(n) * 0.02).astype(np.float32)
+    bits = torch.from_numpy(w).to(torch.bfloat16).view(torch.int16).numpy().astype(np.int64)
+    o = np.where(bits < 0, bits ^ 0x7FFF, bits)  # value-ordered
+    active = rng.random(n) < share
+    direction = rng.choice([-1, 1], n)
+    out = []
+    for _ in range(n_steps):
+        move = active & (rng.random(n) < 0.85)
+        o = o + move * direction * rng.choice([1, 1, 1, 2], n)
+        b = np.where(o < 0, o ^ 0x7FFF, o).astype(np.int16)
+        out.append(b.tobytes())
+    return out
+
+
+@needs_c
+def test_correlated_steps_choose_the_method_and_cost_under_half_of_the_best_without_it():
+    g, b, x = adam_like_steps(3)
+    without = codec.encode(x, BF16, b)
+    with_context = codec.encode(x, BF16, b, context=g)
+    assert with_context.method is Method.ULP_STEP
+    sizes = len(with_context.payload), len(without.payload)
+    assert sizes[0] < 0.5 * sizes[1], sizes
+    assert codec.decode(with_context.payload, len(x), b, context=g) == x
+
+
+@needs_c
+def test_a_mostly_changed_chunk_does_not_try_the_method(monkeypatch):
+    rng = np.random.default_rng(3)
+    n = 1 << 15
+    g = rng.integers(0, 1 << 16, n, dtype=np.uint16)
+    g = g & 0x3FFF  # positive values: a unit more is a unit further in value order too
+    changed = rng.random(n) < STEP_MAX_CHANGED + 0.1
+    b = g + changed
+    x = b + changed  # every changed element moves the way it moved before: ULP_STEP would win
+    forced = len(codec.encode(x.tobytes(), BF16, b.tobytes(), context=g.tobytes(), method=Method.ULP_STEP).payload)
+    assert forced < len(codec.encode(x.tobytes(), BF16, b.tobytes()).payload)
+    tried = []
+    real = step.encode
+    monkeypatch.setattr(step, "encode", lambda *a: tried.append(1) or real(*a))
+    assert codec.encode(x.tobytes(), BF16, b.tobytes(), context=g.tobytes()).method is not Method.ULP_STEP
+    assert tried == []
+
+
+def test_a_payload_without_its_context_or_with_a_wrong_one_is_refused_or_caught_by_its_id():
+    g, b, x = adam_like_steps(3, n=4096)
+    enc = codec.encode(x, BF16, b, context=g, method=Method.ULP_STEP)
+    with pytest.raises(CorruptObject, match="version before its base"):
+        codec.decode(enc.payload, len(x), b)
+    with pytest.raises(CorruptObject, match="version before its base"):
+        codec.decode(enc.payload, len(x), b, context=lambda: None)
+    try:  # a wrong context: refused, or wrong bytes, which the id check then rejects
+        assert codec.decode(enc.payload, len(x), b, context=b) != x
+    except CorruptObject:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=hs.data())
+def test_mutated_payloads_fail_cleanly_in_both_coders(data):
+    g, b, x = adam_like_steps(3, n=2048, seed=data.draw(hs.integers(0, 3)))
+    bits = bytearray(codec.encode(x, BF16, b, context=g, method=Method.ULP_STEP).payload[16:])
+    for _ in range(data.draw(hs.integers(1, 4))):
+        kind = data.draw(hs.sampled_from(["flip", "cut", "append"]))
+        if kind == "flip" and bits:
+            bits[data.draw(hs.integers(0, len(bits) - 1))] ^= 1 << data.draw(hs.integers(0, 7))
+        elif kind == "cut":
+            del bits[data.draw(hs.integers(0, len(bits))):]
+        else:
+            bits += data.draw(hs.binary(min_size=1, max_size=8))
+    outcomes = []
+    for decoder in ([step.decode] if step.native() else []) + [step._decode_py]:
+        try:
+            out = decoder(bytes(bits), b, g, 2, 7)
+            assert len(out) == len(x)
+            outcomes.append(out)
+        except CorruptObject:
+            outcomes.append("refused")
+    assert len(set(outcomes)) == 1  # C and Python agree on every input
+
+
+def bf16_state(step_bits: bytes) -> dict:
+    t = torch.frombuffer(bytearray(step_bits), dtype=torch.int16).view(torch.bfloat16)
+    return {"w": t.reshape(256, -1).clone(), "bias": torch.zeros(64, dtype=torch.bfloat16)}
+
+
+def methods_of(repo) -> dict:
+    return {m: count for m, (count, _) in repo.store.bytes_by_method().items()}
+
+
+@needs_c
+def test_a_run_of_commits_stores_steps_with_it_and_every_version_checks_out_exactly(tmp_path):
+    steps = [bf16_state(s) for s in adam_like_steps(6)]
+    repo = Repo.init(tmp_path / "repo")
+    commits = []
+    for i, sd in enumerate(steps):
+        repo.commit(f"step {i}", source=sd)
+        commits.append(repo.resolve("HEAD"))
+    assert methods_of(repo).get(int(Method.ULP_STEP), 0) >= 4  # steps 2..5
+    for commit, sd in zip(commits, steps):
+        got = repo.load_state_dict(commit)
+        assert all(torch.equal(got[k].view(torch.int16), sd[k].view(torch.int16)) for k in sd)
+    # a directory remote and a clone of it: the packs are verified object by object on fetch
+    repo.remote_add("origin", str(tmp_path / "remote"))
+    repo.push("origin", "main")
+    clone = Repo.init(tmp_path / "clone")
+    clone.remote_add("origin", str(tmp_path / "remote"))
+    clone.fetch("origin")
+    for commit, sd in zip(commits, steps):
+        got = clone.load_state_dict(commit)
+        assert all(torch.equal(got[k].view(torch.int16), sd[k].view(torch.int16)) for k in sd)
+
+
+@needs_c
+def test_a_follower_applies_every_step_from_the_chunks_it_held(tmp_path):
+    """The follower keeps the chunks an update replaced: the next step's ULP_STEP payload is
+    decoded from them, without downloading the version before again."""
+    steps = [bf16_state(s) for s in adam_like_steps(6)]
+    repo = Repo.init(tmp_path / "repo")
+    repo.remote_add("origin", str(tmp_path / "remote"))
+    follower, beyond = None, []
+    for i, sd in enumerate(steps):
+        repo.commit(f"step {i}", source=sd)
+        repo.push("origin", "main")
+        if follower is None:
+            follower = wvc.follow("file://" + str(tmp_path / "remote"))
+        update = follower.update()
+        assert update is not None
+        assert all(torch.equal(follower.state_dict[k].view(torch.int16), sd[k].view(torch.int16)) for k in sd)
+        beyond.append(update.downloaded_bytes - repo.log()[0].stored_bytes)  # catalogs, and any older chunk
+    assert methods_of(repo).get(int(Method.ULP_STEP), 0) >= 4
+    # the catalogs' share stays flat: without the kept chunks, each step also fetched the
+    # version before through its chain (+4 KB, +6 KB, +7 KB here)
+    assert max(beyond[3:]) <= beyond[2] + 512, beyond
+
+
+@needs_c
+def test_a_grandparent_of_another_shape_or_dtype_is_never_the_context(tmp_path):
+    g, b, x = adam_like_steps(3)
+    repo = Repo.init(tmp_path / "repo")
+    repo.commit("t-2: another shape", source={"w": bf16_state(g)["w"][:128].clone()})
+    repo.commit("t-1", source={"w": bf16_state(b)["w"]})
+    repo.commit("t", source={"w": bf16_state(x)["w"]})
+    assert int(Method.ULP_STEP) not in methods_of(repo)
+    other = Repo.init(tmp_path / "other")
+    other.commit("t-2: another dtype", source={"w": bf16_state(g)["w"].float()})
+    other.commit("t-1", source={"w": bf16_state(b)["w"]})
+    other.commit("t", source={"w": bf16_state(x)["w"]})
+    assert int(Method.ULP_STEP) not in methods_of(other)
+    same = Repo.init(tmp_path / "same")  # the control: the same steps in one layout use it
+    for bits in (g, b, x):
+        same.commit("step", source={"w": bf16_state(bits)["w"]})
+    assert int(Method.ULP_STEP) in methods_of(same)
+
+
+def test_without_the_c_build_the_python_twin_decodes_what_c_wrote(monkeypatch):
+    g, b, x = adam_like_steps(3, n=8192)
+    payload = codec.encode(x, BF16, b, context=g, method=Method.ULP_STEP).payload
+    monkeypatch.setattr(step, "_c", None)
+    assert codec.decode(payload, len(x), b, context=g) == x
+    assert codec.encode(x, BF16, b, context=g).method is not Method.ULP_STEP  # never chosen: too slow in Python
