@@ -1,39 +1,42 @@
-"""A probe for issue #17: how much does the previous step's delta predict this step's?
+"""Issue #17: ULP_STEP, each step's delta coded in the context of the step before.
 
     python -m benchmarks.step_context [--steps 20] [--lr 1e-5 1e-6] [--out benchmarks/results/step_context.md]
 
 A real bf16 AdamW run of all-MiniLM-L6-v2 (``benchmarks.sync``), every step kept. For each
 step t >= 2 and each 4 MiB chunk of every float tensor it compares, in bytes:
 
-- **best today**: wvc's codec encoding step t against step t-1 (the smallest method wins);
-- **ULP + exponent + previous-delta groups** (the prototype): ULP_EXP's payload with the
-  elements grouped by the base's exponent *and* a class of the previous delta
-  ``ordered(b) - ordered(g)`` of the same element (0, +1, +2..3, +>=4, -1, -2..-3, -<=-4),
-  which the decoder knows from steps t-1 and t-2: nothing extra is transmitted. Per group
-  the byte planes are zstd'd as ULP_EXP's are (the same ``compress_stream``);
+- **best today**: the codec encoding step t against step t-1 without a context (the
+  smallest of the methods before ULP_STEP wins: what wvc stored before this issue);
+- **with ULP_STEP**: the same encode given step t-2 as the context (the writer's choice:
+  ULP_STEP or today's best, whichever is smaller), whole payloads, headers included;
 - **estimate**: the plug-in entropy of the delta (clipped to +-8 with an escape, escapes
-  costed at 16 bits) given the same (exponent, previous-delta class) context, in bytes.
+  costed at 16 bits) given (the base's exponent, a class of the previous delta
+  ``ordered(b) - ordered(g)``: 0, +1, +2..3, +>=4, -1, -2..-3, -<=-4), per chunk: the
+  information the issue's table measured, without any model cost;
+- **TRL sparse**: int32 indices + bf16 values of the changed elements in one safetensors
+  file (``benchmarks.sync.trl_sparse_bytes``), over every tensor;
+- encode and decode seconds of the chunks, with and without the context (same process,
+  interleaved per chunk).
 
-No format is changed: this measures what the grouping alone would give before building
-the method (a new method id, the grandparent chunk on both sides, the follower keeping its
-previous delta class).
+The medians are over the steps after the first five, as the issue asks.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from wvc.codec import encode
-from wvc.codec.container import compress_stream
-from wvc.codec.transforms import _ordered, _zigzag, merge_groups
+from wvc.codec import decode, encode
+from wvc.codec.transforms import _ordered
 from wvc.formats.dtypes import by_torch_dtype
 
-from .sync import minilm_bf16_steps
+from .sync import minilm_bf16_steps, trl_sparse_bytes
 
 CHUNK = 4 << 20
 RESULTS = Path(__file__).parent / "results"
@@ -45,35 +48,28 @@ def prev_class(p: np.ndarray) -> np.ndarray:
     return np.where(p < 0, mag + 3, mag).astype(np.uint16) * (p != 0)
 
 
-def grouped_bytes(x: np.ndarray, b: np.ndarray, g: np.ndarray) -> tuple[int, float]:
-    """(prototype payload bytes, estimate bytes) of x given base b and grandparent g."""
+def estimate_bytes(x: np.ndarray, b: np.ndarray, g: np.ndarray) -> float:
+    """The plug-in estimate (bytes) of x given base b and context g (bf16 bits as int16)."""
     ox, ob, og = (_ordered(v.astype(np.int32), 16) for v in (x, b, g))
     d = ox - ob
-    y = _zigzag(d.astype(np.int16), 16)  # what ULP codes (wrapping int16, as the codec does)
     exp = ((b.view(np.uint16) >> 7) & 0xFF).astype(np.uint16)
     key = prev_class(ob - og) * 256 + exp
     perm = np.argsort(key, kind="stable")
-    ys = y[perm]
-    sizes = merge_groups(np.bincount(key, minlength=7 * 256).tolist())
-    total, start = 0, 0
-    for n in sizes:
-        part = ys[start:start + n].view(np.uint8)
-        for plane in (np.ascontiguousarray(part[0::2]), np.ascontiguousarray(part[1::2])):
-            coder, _, data = compress_stream(plane, 1)
-            total += len(data) + 8  # + a stream header's worth
-        start += n
-    # plug-in estimate per context of the clipped delta
-    clipped = np.clip(d, -9, 9)
-    bits = 0.0
+    clipped = np.clip(d, -9, 9)[perm]
     ks = key[perm]
-    cs = clipped[perm]
-    bounds = np.flatnonzero(np.diff(ks)) + 1
-    for seg in np.split(np.arange(len(ks)), bounds):
-        vals, counts = np.unique(cs[seg], return_counts=True)
+    bits = 0.0
+    for seg in np.split(np.arange(len(ks)), np.flatnonzero(np.diff(ks)) + 1):
+        _, counts = np.unique(clipped[seg], return_counts=True)
         p = counts / counts.sum()
         bits += float(-(counts * np.log2(p)).sum())
-        bits += 16.0 * int((np.abs(cs[seg]) == 9).sum())
-    return total, bits / 8
+        bits += 16.0 * int((np.abs(clipped[seg]) == 9).sum())
+    return bits / 8
+
+
+def timed(fn, *args, **kw):
+    t = time.perf_counter()
+    out = fn(*args, **kw)
+    return out, time.perf_counter() - t
 
 
 def main(argv=None) -> None:
@@ -83,39 +79,62 @@ def main(argv=None) -> None:
     ap.add_argument("--out", type=Path, default=RESULTS / "step_context.md")
     args = ap.parse_args(argv)
     bf16 = by_torch_dtype(torch.bfloat16)
-    lines = ["| lr | step | best today KB | prototype KB | ratio | estimate KB | prototype / estimate |",
-             "|---|---|---|---|---|---|---|"]
-    summary = []
+    lines = ["| lr | step | changed | best today KB | ULP_STEP KB | ratio | estimate KB | ULP_STEP / estimate "
+             "| TRL sparse KB | TRL / ULP_STEP | encode s today / ULP_STEP | decode s today / ULP_STEP |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    summary, rows = [], []
     for lr in args.lr:
         history: list[dict] = []
-        ratios = []
+        kept = []
         for step, sd in minilm_bf16_steps(args.steps, lr=lr):
-            history.append({k: v.detach().clone().contiguous().reshape(-1).view(torch.int16).numpy()
-                            for k, v in sd.items() if v.dtype == torch.bfloat16})
+            history.append({k: v.detach().clone().contiguous() for k, v in sd.items()})
             history = history[-3:]
             if step < 2:
                 continue
-            g, b, x = history
-            today = proto = est = 0.0
+            g, b, x = ({k: v.reshape(-1).view(torch.int16).numpy() for k, v in h.items() if v.dtype == torch.bfloat16}
+                       for h in history)
+            row = dict(lr=lr, step=step, today=0, step_bytes=0, estimate=0.0, enc=[0.0, 0.0], dec=[0.0, 0.0],
+                       changed=0, elements=0, methods={})
             for name in x:
                 for s in range(0, len(x[name]), CHUNK // 2):
-                    xs, bs, gs = (h[name][s:s + CHUNK // 2] for h in (x, b, g))
-                    today += len(encode(xs.tobytes(), bf16, bs.tobytes()).payload)
-                    p, e = grouped_bytes(xs, bs, gs)
-                    proto += p
-                    est += e
-            ratio = proto / today
-            if step > min(5, args.steps - 1):
-                ratios.append((ratio, proto / est))
-            lines.append(f"| {lr:g} | {step} | {today / 1e3:.1f} | {proto / 1e3:.1f} | {ratio:.3f} | {est / 1e3:.1f} "
-                         f"| {proto / est:.2f} |")
+                    xs, bs, gs = (h[name][s:s + CHUNK // 2].tobytes() for h in (x, b, g))
+                    today, t0 = timed(encode, xs, bf16, bs)
+                    stepped, t1 = timed(encode, xs, bf16, bs, context=gs)
+                    back0, d0 = timed(decode, today.payload, len(xs), bs)
+                    back1, d1 = timed(decode, stepped.payload, len(xs), bs, context=gs)
+                    assert back0 == xs and back1 == xs  # lossless, byte for byte
+                    row["today"] += len(today.payload)
+                    row["step_bytes"] += len(stepped.payload)
+                    row["methods"][stepped.method.name] = row["methods"].get(stepped.method.name, 0) + 1
+                    row["enc"][0] += t0
+                    row["enc"][1] += t1
+                    row["dec"][0] += d0
+                    row["dec"][1] += d1
+                    xa, ba, ga = (np.frombuffer(v, dtype=np.int16) for v in (xs, bs, gs))
+                    row["estimate"] += estimate_bytes(xa, ba, ga)
+                    row["changed"] += int((xa != ba).sum())
+                    row["elements"] += len(xa)
+            row["trl"] = trl_sparse_bytes(history[1], history[2])[0]
+            rows.append(row)
+            if step > 5:
+                kept.append(row)
+            lines.append(
+                f"| {lr:g} | {step} | {row['changed'] / row['elements']:.2%} | {row['today'] / 1e3:.1f} "
+                f"| {row['step_bytes'] / 1e3:.1f} | {row['step_bytes'] / row['today']:.3f} | {row['estimate'] / 1e3:.1f} "
+                f"| {row['step_bytes'] / row['estimate']:.2f} | {row['trl'] / 1e3:.0f} | {row['trl'] / row['step_bytes']:.1f} "
+                f"| {row['enc'][0]:.3f} / {row['enc'][1]:.3f} | {row['dec'][0]:.3f} / {row['dec'][1]:.3f} |")
             print(lines[-1], flush=True)
-        summary.append(f"lr {lr:g}: median prototype / best today over steps 6-{args.steps}: "
-                       f"{statistics.median(r for r, _ in ratios):.3f}; median prototype / estimate: "
-                       f"{statistics.median(e for _, e in ratios):.2f}")
+        med = statistics.median
+        summary.append(
+            f"lr {lr:g}, steps 6-{args.steps}: median ULP_STEP / best today {med(r['step_bytes'] / r['today'] for r in kept):.3f}; "
+            f"ULP_STEP / estimate {med(r['step_bytes'] / r['estimate'] for r in kept):.2f}; "
+            f"TRL sparse / ULP_STEP {med(r['trl'] / r['step_bytes'] for r in kept):.1f}; "
+            f"encode time ULP_STEP / today {med(r['enc'][1] / r['enc'][0] for r in kept):.2f}; "
+            f"decode time {med(r['dec'][1] / r['dec'][0] for r in kept):.2f}")
     text = "\n".join(lines + [""] + summary) + "\n"
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)
+    args.out.with_suffix(".json").write_text(json.dumps(rows, indent=1))
     print("\n".join(summary))
 
 

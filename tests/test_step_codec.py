@@ -207,9 +207,9 @@ def test_a_follower_applies_every_step_from_the_chunks_it_held(tmp_path):
         assert all(torch.equal(follower.state_dict[k].view(torch.int16), sd[k].view(torch.int16)) for k in sd)
         beyond.append(update.downloaded_bytes - repo.log()[0].stored_bytes)  # catalogs, and any older chunk
     assert methods_of(repo).get(int(Method.ULP_STEP), 0) >= 4
-    # the catalogs' share stays flat: without the kept chunks, each step also fetched the
-    # version before through its chain (+4 KB, +6 KB, +7 KB here)
-    assert max(beyond[3:]) <= beyond[2] + 512, beyond
+    # what is not the step's own payload (catalogs: 0.5-1.8 KB here) stays flat; without the
+    # kept chunks each step also fetched the version before through its chain (5.6, 6.4, 7.7 KB)
+    assert max(beyond[3:]) < 2 * beyond[2] + 1024, beyond
 
 
 @needs_c
