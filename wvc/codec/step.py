@@ -80,6 +80,7 @@ class _Bit:
 
 class _Model:
     def bits(self):
+        yield self.any
         yield from self.run_bucket
         for t in self.run_top:
             yield from t
@@ -97,6 +98,7 @@ class _Model:
         return m
 
     def __init__(self):
+        self.any = _Bit()
         self.run_bucket = [_Bit() for _ in range(BUCKETS + 1)]
         self.run_top = [[_Bit() for _ in range(3)] for _ in range(BUCKETS + 1)]
         self.sign = _Bit()
@@ -291,8 +293,10 @@ def _encode_py(x, b, g, width: int, shift: int) -> bytes:
         m = last[cls].inherited() if cls in last else _Model()
         last[cls] = m
         d = delta[order[starts[k]:starts[k + 1]]]
-        nxt = 0
-        for rank in np.flatnonzero(d).tolist():
+        changed = np.flatnonzero(d).tolist()
+        enc.bit(m.any, int(bool(changed)))
+        nxt = 0 if changed else seen
+        for rank in changed:
             enc.golomb(m.run_bucket, m.run_top, rank - nxt + 1)
             v = int(d[rank])
             negative = int(v & sign != 0)
@@ -322,7 +326,7 @@ def _decode_py(data, b, g, width: int, shift: int) -> bytes:
         cls = k >> (8 * width - 1 - shift)
         m = last[cls].inherited() if cls in last else _Model()
         last[cls] = m
-        nxt = 0
+        nxt = 0 if dec.bit(m.any) else seen
         while nxt < seen:
             v = dec.golomb(m.run_bucket, m.run_top, 32)
             left = seen - nxt
