@@ -132,7 +132,10 @@ def follow_main(url: str, branch: str, count: int) -> None:
 
 
 # -- one run ---------------------------------------------------------------------------------
-def run_sync(name: str, steps_iter, n_steps: int, max_chain: int, work: Path, url: str) -> dict:
+def run_sync(name: str, steps_iter, n_steps: int, max_chain: int, work: Path, url: str,
+             step_context: bool = True) -> dict:
+    """One publisher/follower run; ``step_context=False``: without ULP_STEP (what wvc
+    stored before issue #17; set in this process, where the publisher commits)."""
     from safetensors.torch import save_file
 
     from wvc import Repo
@@ -140,7 +143,10 @@ def run_sync(name: str, steps_iter, n_steps: int, max_chain: int, work: Path, ur
 
     from .baselines import bitx
 
-    repo_dir = work / f"repo-{name}-{max_chain}"
+    repo_dir = work / f"repo-{name}-{max_chain}-{int(step_context)}"
+    os.environ.pop("WVC_NO_STEP_CONTEXT", None)
+    if not step_context:
+        os.environ["WVC_NO_STEP_CONTEXT"] = "1"
     Repo.init(repo_dir, max_chain=max_chain).close()
     pub = Publisher(repo_dir, "main", push_to=url, push_interval=0, max_pending=1)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent), "OMP_NUM_THREADS": "1"}
@@ -182,6 +188,7 @@ def run_sync(name: str, steps_iter, n_steps: int, max_chain: int, work: Path, ur
             os.replace(cur_file, prev_file)
     finally:
         pub.close(timeout=60)
+        os.environ.pop("WVC_NO_STEP_CONTEXT", None)
         if follower is not None:
             follower.kill()
     with Repo.open(repo_dir) as repo:
@@ -193,15 +200,19 @@ def run_sync(name: str, steps_iter, n_steps: int, max_chain: int, work: Path, ur
         repo.load_state_dict(log[-1].id)
         keyframe = time.perf_counter() - t
         stored_total = sum(e.stored_bytes for e in log)
-    return {"run": name, "max_chain": max_chain, "steps": rows, "stored_total": stored_total,
+    return {"run": name, "max_chain": max_chain, "step_context": step_context, "steps": rows, "stored_total": stored_total,
             "load_tip_s": deepest, "load_first_s": keyframe}
+
+
+def _median(values: list) -> float | None:
+    return sorted(values)[len(values) // 2] if values else None
 
 
 def summary(res: dict) -> dict:
     steps = [r for r in res["steps"] if "trl_bytes" in r]
     ratio = [r["follower_bytes"] / r["trl_bytes"] for r in steps if r["trl_bytes"]]
     return {
-        "run": res["run"], "max_chain": res["max_chain"],
+        "run": res["run"], "max_chain": res["max_chain"], "step_context": res.get("step_context", True),
         "all_exact": all(r["exact"] for r in res["steps"]),
         "follower_mb_mean": sum(r["follower_bytes"] for r in steps) / len(steps) / 1e6,
         "trl_mb_mean": sum(r["trl_bytes"] for r in steps) / len(steps) / 1e6,
@@ -214,23 +225,28 @@ def summary(res: dict) -> dict:
         "pause_s_median": sorted(r["pause_s"] for r in steps)[len(steps) // 2],
         "save_file_s_median": sorted(r["save_file_s"] for r in steps)[len(steps) // 2],
         "apply_s_median": sorted(r["apply_s"] for r in steps)[len(steps) // 2],
+        "commit_s_median": sorted(r["commit_s"] for r in steps)[len(steps) // 2],
+        "follower_mb_median_after_5": _median([r["follower_bytes"] / 1e6 for r in steps if r["step"] > 5]),
         "stored_mb_total": res["stored_total"] / 1e6,
         "load_tip_s": res["load_tip_s"], "load_first_s": res["load_first_s"],
     }
 
 
 def markdown(summaries: list[dict]) -> str:
-    lines = ["| run | max chain | changed / step | follower MB / step (mean) | TRL sparse MB | BitX MB | full MB "
-             "| follower / TRL (max step, run) | pause / save_file (max) | apply s (median) | stored MB total "
-             "| load tip / first s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| run | max chain | ULP_STEP | changed / step | follower MB / step (mean; median after step 5) "
+             "| TRL sparse MB | BitX MB | full MB | follower / TRL (max step, run) | pause / save_file (max) "
+             "| commit s (median) | apply s (median) | stored MB total | load tip / first s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in summaries:
+        after = s.get("follower_mb_median_after_5")
         lines.append(
-            f"| {s['run']} | {s['max_chain']} | {s['changed_pct'][0]:.2f}-{s['changed_pct'][1]:.2f}% "
-            f"| {s['follower_mb_mean']:.3f} | {s['trl_mb_mean']:.3f} | {s['bitx_mb_mean']:.3f} | {s['full_mb']:.1f} "
+            f"| {s['run']} | {s['max_chain']} | {'yes' if s.get('step_context', True) else 'no'} "
+            f"| {s['changed_pct'][0]:.2f}-{s['changed_pct'][1]:.2f}% "
+            f"| {s['follower_mb_mean']:.3f}; {after if after is None else round(after, 3)} "
+            f"| {s['trl_mb_mean']:.3f} | {s['bitx_mb_mean']:.3f} | {s['full_mb']:.1f} "
             f"| {s['follower_over_trl_max']:.3f}, {s['follower_over_trl_mean_of_bytes']:.3f} "
-            f"| {s['pause_over_save_file_max']:.2f} | {s['apply_s_median']:.3f} | {s['stored_mb_total']:.1f} "
-            f"| {s['load_tip_s']:.2f} / {s['load_first_s']:.2f} |")
+            f"| {s['pause_over_save_file_max']:.2f} | {s['commit_s_median']:.3f} | {s['apply_s_median']:.3f} "
+            f"| {s['stored_mb_total']:.1f} | {s['load_tip_s']:.2f} / {s['load_first_s']:.2f} |")
     return "\n".join(lines)
 
 
@@ -241,6 +257,8 @@ def main(argv=None) -> None:
     ap.add_argument("--llm-steps", type=int, default=10, help="0: skip the LLM-shaped run")
     ap.add_argument("--max-chain", type=int, nargs="+", default=[1, DEFAULT_MAX_CHAIN, 64],
                     help="MiniLM runs, one per chain bound (the LLM-shaped run uses the default)")
+    ap.add_argument("--without-step-context", action="store_true",
+                    help="also the MiniLM run at the default chain bound without ULP_STEP (the baseline of issue #17)")
     ap.add_argument("--out", type=Path, default=RESULTS / "sync.json")
     ap.add_argument("--follow", help=argparse.SUPPRESS)
     ap.add_argument("--count", type=int, help=argparse.SUPPRESS)
@@ -260,6 +278,9 @@ def main(argv=None) -> None:
         for max_chain in args.max_chain:
             results.append(run_sync("minilm-bf16", minilm_bf16_steps(args.steps), args.steps, max_chain, work,
                                     f"hf://bench/minilm-{max_chain}"))
+        if args.without_step_context:
+            results.append(run_sync("minilm-bf16", minilm_bf16_steps(args.steps), args.steps, DEFAULT_MAX_CHAIN, work,
+                                    "hf://bench/minilm-no-step", step_context=False))
         if args.llm_steps:
             results.append(run_sync(f"llm-{args.llm_gb:g}gb-bf16", llm_bf16_steps(args.llm_steps, args.llm_gb),
                                     args.llm_steps, DEFAULT_MAX_CHAIN, work, "hf://bench/llm"))

@@ -318,9 +318,14 @@ def test_commit_and_checkout_on_the_c_kernels_do_not_load_numpy(tmp_path):
     g = torch.Generator().manual_seed(0)
     w = {"w": torch.randn(256, 700, generator=g), "b": torch.randn(700, generator=g)}
     versions = [{k: v.to(torch.bfloat16) for k, v in w.items()}]
-    versions.append({k: (v + 1e-3 * torch.randn(v.shape, generator=g)).to(torch.bfloat16) for k, v in w.items()})
-    # an RL-like step: 1% of the elements move, so SPARSE is chosen
-    versions.append({k: torch.where(torch.rand(v.shape, generator=g) < 0.01, v * 1.5, v) for k, v in versions[-1].items()})
+
+    def rl_step(sd):  # 1% of the elements move
+        return {k: torch.where(torch.rand(v.shape, generator=g) < 0.01, v * 1.5, v) for k, v in sd.items()}
+
+    versions.append(rl_step(versions[-1]))  # against a keyframe, no step before it: SPARSE
+    versions.append({k: (v.float() + 1e-3 * torch.randn(v.shape, generator=g)).to(torch.bfloat16)
+                     for k, v in versions[-1].items()})  # dense: ULP_EXP (too many changes for ULP_STEP)
+    versions.append(rl_step(versions[-1]))  # with the step before at hand: ULP_STEP
     sources = []
     for step, sd in enumerate(versions):
         d = tmp_path / f"step{step}"
@@ -335,7 +340,7 @@ def test_commit_and_checkout_on_the_c_kernels_do_not_load_numpy(tmp_path):
     assert r.returncode == 0, r.stderr
     methods, imported = r.stdout.strip().splitlines()[-2:]
     assert imported == "numpy imported: False"
-    assert all(f"{int(m)}" in methods for m in (Method.PLANES, Method.ULP_EXP, Method.SPARSE)), methods
+    assert all(f"{int(m)}" in methods for m in (Method.PLANES, Method.ULP_EXP, Method.SPARSE, Method.ULP_STEP)), methods
     for back, source in enumerate(reversed(sources)):
         out = (tmp_path / f"repo-out{back}" / "model.safetensors").read_bytes()
         assert out == (Path(source) / "model.safetensors").read_bytes()

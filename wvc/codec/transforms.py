@@ -15,6 +15,7 @@ nothing to transmit.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from ..errors import CorruptObject
@@ -293,7 +294,8 @@ def encode_chunk(
 
     ``context`` (the base's own base) adds ULP_STEP to the candidates, for floats it codes
     and when few enough elements changed (STEP_MAX_CHANGED); it is tried in full beside
-    the winner of the other methods, with the C coder only (the Python twin is slow)."""
+    the winner of the other methods, with the C coder only (the Python twin is slow), and
+    not with ``WVC_NO_STEP_CONTEXT`` set (the benchmarks' baseline; decoding is unaffected)."""
     raw = memoryview(raw).cast("B")
     if len(raw) % dtype.width:
         raise ValueError("chunk is not a whole number of elements")
@@ -305,14 +307,16 @@ def encode_chunk(
         if context is None:
             raise ValueError("ULP_STEP needs a base, a context and a float dtype it codes")
         return Encoded(_encode_step(raw, base, context, dtype), Method.ULP_STEP)
-    best = _encode_others(raw, dtype, base, device, level, method)
-    if method is None and context is not None and step.native() and len(raw):
+    stepped = None
+    if method is None and context is not None and step.native() and len(raw) and not os.environ.get("WVC_NO_STEP_CONTEXT"):
         changed = native.kernels.changed_count(raw, base, dtype.width) if native.kernels is not None \
             else _changed_numpy(raw, base, dtype.width)
         if changed <= STEP_MAX_CHANGED * (len(raw) // dtype.width):
-            payload = _encode_step(raw, base, context, dtype)
-            if len(payload) < len(best.payload):
-                best = Encoded(payload, Method.ULP_STEP)
+            stepped = Encoded(_encode_step(raw, base, context, dtype), Method.ULP_STEP)
+    best = _encode_others(raw, dtype, base, device, level, method,
+                          beat=len(stepped.payload) if stepped is not None else None)
+    if stepped is not None and (best is None or len(stepped.payload) < len(best.payload)):
+        return stepped
     return best
 
 
@@ -323,7 +327,16 @@ def _changed_numpy(x, b, width: int) -> int:
     return int((np.frombuffer(x, dtype=dt) != np.frombuffer(b, dtype=dt)).sum())
 
 
-def _encode_others(raw, dtype: DType, base, device: str, level: int, method: Method | None) -> Encoded:
+# A ULP_STEP payload at most this fraction of the others' best as estimated on the sample
+# wins without that best being encoded in full (the sample's estimate of ULP_EXP is within
+# a few percent; encoding it in full cost as much as ULP_STEP itself).
+STEP_CLEARLY_BEST = 0.8
+
+
+def _encode_others(raw, dtype: DType, base, device: str, level: int, method: Method | None,
+                   beat: int | None = None) -> Encoded | None:
+    """The smallest encoding of the methods before ULP_STEP; None when ``beat`` (a
+    ULP_STEP payload's size) is clearly smaller than the best's size estimated on the sample."""
     if device == "cpu" and native.kernels is not None:
         # the C kernels work on the raw buffers: this path never imports numpy
         x, b, encode_with, sample = raw, base, _encode_native, _sample_bytes
@@ -348,7 +361,11 @@ def _encode_others(raw, dtype: DType, base, device: str, level: int, method: Met
     methods = [method] if method is not None else candidate_methods(dtype, b is not None)
     if len(methods) > 1 and len(raw) >= MIN_SAMPLED:
         sample_bytes = min(SAMPLE_BYTES, len(raw) // 4)
-        methods = [_best_on_sample(encode_with, sample, count_changed, methods, x, b, dtype, level, len(raw), sample_bytes)]
+        chosen, estimate = _best_on_sample(encode_with, sample, count_changed, methods, x, b, dtype, level, len(raw),
+                                           sample_bytes)
+        if beat is not None and beat <= STEP_CLEARLY_BEST * estimate:
+            return None
+        methods = [chosen]
     best = None
     for m in methods:
         payload = encode_with(m, x, b, dtype, level)
@@ -399,8 +416,10 @@ SPARSE_MAX_CHANGED = 0.6
 ONE_DELTA_SAMPLE_BYTES = 32 * 1024
 
 
-def _best_on_sample(encode_with, sample, count_changed, methods, x, b, dtype, level, nbytes: int, sample_bytes: int) -> Method:
-    """Cheap model selection: encode a few spread slices with each method, keep the best."""
+def _best_on_sample(encode_with, sample, count_changed, methods, x, b, dtype, level, nbytes: int,
+                    sample_bytes: int) -> tuple[Method, float]:
+    """Cheap model selection: encode a few spread slices with each method, keep the best.
+    Returns it and its payload size scaled from the sample to the chunk."""
     n = nbytes // dtype.width
     per = max(1, sample_bytes // dtype.width // 4)
     starts = [0, n // 3, (2 * n) // 3, max(0, n - per)]
@@ -418,7 +437,8 @@ def _best_on_sample(encode_with, sample, count_changed, methods, x, b, dtype, le
         for m in methods:
             if m not in sizes:
                 sizes[m] = len(encode_with(m, xs, bs, dtype, level))
-    return min(sizes, key=lambda m: (sizes[m], methods.index(m)))
+    best = min(sizes, key=lambda m: (sizes[m], methods.index(m)))
+    return best, sizes[best] * nbytes / sample_len
 
 
 def decode_chunk(payload, raw_size: int, base=None, *, context=None, device: str = "cpu") -> bytes:
