@@ -10,7 +10,7 @@ import wvc
 from wvc import codec
 from wvc.api import Repo
 from wvc.codec import step
-from wvc.codec.container import Method, peek
+from wvc.codec.container import Method, peek, step_bits
 from wvc.codec.transforms import STEP_MAX_CHANGED, applicable_methods, step_applies
 from wvc.errors import CorruptObject
 from wvc.formats.dtypes import DTYPES, by_torch_dtype
@@ -53,7 +53,7 @@ def test_every_bit_pattern_round_trips_and_both_coders_write_the_same_bytes(name
     assert codec.decode(enc.payload, len(x), b, context=lambda: g) == x  # a context asked for lazily
     shift = dtype.exponent[0]
     bits = step._encode_py(x, b, g, dtype.width, shift)
-    assert enc.payload[16:] == bits  # the Python twin writes the C coder's bytes
+    assert step_bits(enc.payload) == bits  # the Python twin writes the C coder's bytes
     assert step._decode_py(bits, b, g, dtype.width, shift) == x
 
 
@@ -70,7 +70,7 @@ def test_extreme_deltas_round_trip():
         x = np.array(vals[::-1] * 2 + vals, dtype=ut)
         enc = codec.encode(x.tobytes(), dtype, b.tobytes(), context=g.tobytes(), method=Method.ULP_STEP)
         assert codec.decode(enc.payload, x.nbytes, b.tobytes(), context=g.tobytes()) == x.tobytes()
-        assert step._decode_py(enc.payload[16:], b.tobytes(), g.tobytes(), w, dtype.exponent[0]) == x.tobytes()
+        assert step._decode_py(step_bits(enc.payload), b.tobytes(), g.tobytes(), w, dtype.exponent[0]) == x.tobytes()
 
 
 def adam_like_steps(n_steps: int, n: int = 1 << 17, share: float = 0.03, seed: int = 0):
@@ -137,7 +137,7 @@ def test_a_payload_without_its_context_or_with_a_wrong_one_is_refused_or_caught_
 @given(data=hs.data())
 def test_mutated_payloads_fail_cleanly_in_both_coders(data):
     g, b, x = adam_like_steps(3, n=2048, seed=data.draw(hs.integers(0, 3)))
-    bits = bytearray(codec.encode(x, BF16, b, context=g, method=Method.ULP_STEP).payload[16:])
+    bits = bytearray(step_bits(codec.encode(x, BF16, b, context=g, method=Method.ULP_STEP).payload))
     for _ in range(data.draw(hs.integers(1, 4))):
         kind = data.draw(hs.sampled_from(["flip", "cut", "append"]))
         if kind == "flip" and bits:
@@ -157,8 +157,8 @@ def test_mutated_payloads_fail_cleanly_in_both_coders(data):
     assert len(set(outcomes)) == 1  # C and Python agree on every input
 
 
-def bf16_state(step_bits: bytes) -> dict:
-    t = torch.frombuffer(bytearray(step_bits), dtype=torch.int16).view(torch.bfloat16)
+def bf16_state(bits: bytes) -> dict:
+    t = torch.frombuffer(bytearray(bits), dtype=torch.int16).view(torch.bfloat16)
     return {"w": t.reshape(256, -1).clone(), "bias": torch.zeros(64, dtype=torch.bfloat16)}
 
 
@@ -237,3 +237,27 @@ def test_without_the_c_build_the_python_twin_decodes_what_c_wrote(monkeypatch):
     monkeypatch.setattr(step, "_c", None)
     assert codec.decode(payload, len(x), b, context=g) == x
     assert codec.encode(x, BF16, b, context=g).method is not Method.ULP_STEP  # never chosen: too slow in Python
+
+
+def test_the_short_header_is_bounded_and_in_its_shortest_form():
+    g, b, x = adam_like_steps(3, n=4096)
+    payload = codec.encode(x, BF16, b, context=g, method=Method.ULP_STEP).payload
+    info = peek(payload)
+    assert (info.method, info.width, info.param, info.raw_size) == (Method.ULP_STEP, 2, 7, len(x))
+    assert payload[:4] == bytes((1, 7, 2, 7)) and len(payload) - len(step_bits(payload)) == 4 + 2  # 8192: two bytes
+    for bad in (payload[:4], payload[:4] + b"\x80", payload[:4] + b"\x80\x00" + payload[6:],
+                payload[:4] + b"\xff" * 12, bytes((1, 7, 2, 3)) + payload[4:], bytes((1, 7, 8, 7)) + payload[4:],
+                bytes((1, 7, 2, 7, 3)) + payload[6:]):
+        with pytest.raises(CorruptObject):
+            codec.decode(bad, len(x), b, context=g)
+
+
+@settings(max_examples=200, deadline=None)
+@given(tail=hs.binary(max_size=40))
+def test_any_bytes_after_the_method_byte_fail_cleanly(tail):
+    g, b, x = adam_like_steps(3, n=512)
+    try:
+        out = codec.decode(bytes((1, 7)) + tail, len(x), b, context=g)
+        assert len(out) == len(x)
+    except CorruptObject:
+        pass

@@ -460,6 +460,12 @@ static const char *encode_step(const uint8_t *x, const uint8_t *b, const uint8_t
             enc_golomb(&e, models->run_bucket, models->run_top, seen[k] - next + 1);
         model_end(models, inherit, k / L->nexp);
     }
+    /* the final value: the one in [low, low + range) with the most trailing zero bits, whose
+     * zero bytes are then not written (the decoder reads zeros past the end) */
+    for (int m = 32; m >= 0; m--) {
+        uint64_t v = (e.low + (1ULL << m) - 1) & ~((1ULL << m) - 1);
+        if (v < e.low + e.range) { e.low = v; break; }
+    }
     for (int k = 0; k < 5; k++) shift_low(&e);
     if (e.nomem) goto done;
     while (e.len && e.out[e.len - 1] == 0) e.len--; /* the decoder reads zeros past the end */

@@ -13,7 +13,10 @@ Layout of a payload (all integers little-endian)::
         coders: 0 stored; 1 zstd; 2, 3, 4: bytes < 2, 4, 16 packed 8, 4, 2 to a byte, then zstd
     stream bytes, in order
 
-ULP_STEP has no streams (count 0): its range-coded bits follow the header (codec/step.py).
+ULP_STEP's header is shorter (its payloads are tens of bytes for a small tensor's step, where
+twelve bytes were a tenth of a step): u8 version, method, width, parameter, then the raw size
+as an unsigned LEB128 varint (at most 10 bytes, the shortest form), then the range-coded bits
+(codec/step.py); no stream table.
 
 A stream is one byte plane (byte *k* of every element, of the value or of its delta), or
 for grouped methods one plane of one group. Splitting bytes by significance puts the
@@ -81,9 +84,45 @@ def pack(method: Method, width: int, param: int, raw_size: int, streams: list[tu
     return b"".join(parts)
 
 
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _step_head(payload) -> tuple[int, int, int, int]:
+    """(width, param, raw size, header length) of a ULP_STEP payload, bounded."""
+    if len(payload) < 5:
+        raise CorruptObject("payload shorter than its header")
+    width, param = payload[2], payload[3]
+    raw_size, shift, at = 0, 0, 4
+    while True:
+        if at >= len(payload) or at >= 14:
+            raise CorruptObject("ULP_STEP payload size is truncated or too long")
+        byte = payload[at]
+        raw_size |= (byte & 0x7F) << shift
+        at += 1
+        if not byte & 0x80:
+            break
+        shift += 7
+    if at > 5 and payload[at - 1] == 0 or raw_size >= 1 << 64:
+        raise CorruptObject("ULP_STEP payload size is not in its shortest form")
+    return width, param, raw_size, at
+
+
 def peek(payload) -> PayloadInfo:
     """Parse and bound-check a payload's header without decoding it."""
     payload = memoryview(payload)
+    if len(payload) >= 2 and payload[0] == CODEC_VERSION and payload[1] == Method.ULP_STEP:
+        from .step import supports
+
+        width, param, raw_size, _ = _step_head(payload)
+        if not supports(width, param) or raw_size % width:
+            raise CorruptObject(f"bad codec parameter {param} for width {width}")
+        return PayloadInfo(Method.ULP_STEP, width, param, raw_size, ())
     if len(payload) < _HEAD.size:
         raise CorruptObject("payload shorter than its header")
     version, method, width, param, raw_size, count = _HEAD.unpack_from(payload)
@@ -101,13 +140,6 @@ def peek(payload) -> PayloadInfo:
     elif method is Method.PLANES:
         if param not in (0, ROTATED) or (param and width == 1):
             raise CorruptObject(f"bad codec parameter {param}")
-    elif method is Method.ULP_STEP:
-        from .step import supports
-
-        if not supports(width, param):
-            raise CorruptObject(f"bad codec parameter {param} for width {width}")
-        if count:
-            raise CorruptObject("a ULP_STEP payload has no stream table")
     elif param >= width * 8 - 1 or (param and method != Method.ULP_EXP):
         raise CorruptObject(f"bad codec parameter {param}")
     if count > MAX_STREAMS:
@@ -125,8 +157,6 @@ def peek(payload) -> PayloadInfo:
         streams.append((coder, raw_len, offset, length))
         offset += length
         total += raw_len
-    if method is Method.ULP_STEP:
-        return PayloadInfo(method, width, param, raw_size, ())
     if offset != len(payload):
         raise CorruptObject("payload length does not match its stream table")
     if total != raw_size and method is not Method.SPARSE:
@@ -285,11 +315,11 @@ def compress_stream(data, level: int) -> tuple[int, int, bytes]:
 
 def step_bits(payload) -> memoryview:
     """A ULP_STEP payload's coded bits (after the header; peek has checked it is one)."""
-    return memoryview(payload)[_HEAD.size:]
+    return memoryview(payload)[_step_head(memoryview(payload))[3]:]
 
 
 def pack_step(width: int, param: int, raw_size: int, bits: bytes) -> bytes:
-    return _HEAD.pack(CODEC_VERSION, int(Method.ULP_STEP), width, param, raw_size, 0) + bits
+    return bytes((CODEC_VERSION, int(Method.ULP_STEP), width, param)) + _varint(raw_size) + bits
 
 
 def stream_bytes(payload, info: PayloadInfo, k: int):

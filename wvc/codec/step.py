@@ -172,6 +172,11 @@ class _Encoder:
             self.golomb(m.mag_bucket, m.mag_top, u - MAG_UNARY + 1)
 
     def finish(self) -> bytes:
+        for m in range(32, -1, -1):  # the value with the most trailing zero bits (_step.c)
+            v = (self.low + (1 << m) - 1) & ~((1 << m) - 1)
+            if v < self.low + self.range:
+                self.low = v
+                break
         for _ in range(5):
             self._shift_low()
         return bytes(self.out).rstrip(b"\0")
