@@ -371,10 +371,17 @@ static int push(Events *v, Event e) {
             for (int l = 0; l < LANES; l++) cnt[l * K + keys[i + l * q]]++;                   \
         for (Py_ssize_t j = LANES * q; j < n; j++) cnt[(LANES - 1) * K + keys[j]]++;          \
     }                                                                                         \
-    /* per lane l and context k: rank[.] the next element's rank, at[.] its next event,       \
-     * left[.] how many events it has left (0: the lane skips the context's elements) */     \
+    /* per lane l and context k, s = l * K + k: skip[s] elements of the context to pass before \
+     * its next event (UINT32_MAX: none left; a lane has fewer elements), at[s] that event,     \
+     * left[s] how many the lane has left. One load and store per element on the common path. */\
+    static inline void apply_event_##BITS(const T *b, T *x, Py_ssize_t j, uint32_t s, uint32_t *skip, \
+                                          uint32_t *at, uint32_t *left, const Event *ev) {    \
+        const Event *e = &ev[at[s]++];                                                        \
+        x[j] = ORDERED(T, ST, BITS, (T)(ORDERED(T, ST, BITS, b[j]) + (T)e->delta));           \
+        skip[s] = --left[s] ? e[1].rank - e->rank - 1 : UINT32_MAX;                           \
+    }                                                                                         \
     static void apply_pass_##BITS(const uint8_t *bs, const uint16_t *keys, Py_ssize_t n,      \
-                                  int K, uint32_t *rank, uint32_t *at, uint32_t *left,        \
+                                  int K, uint32_t *skip, uint32_t *at, uint32_t *left,        \
                                   const Event *ev, uint8_t *xs) {                             \
         const T *b = (const T *)bs;                                                           \
         T *x = (T *)xs;                                                                       \
@@ -383,17 +390,11 @@ static int push(Events *v, Event e) {
             for (int l = 0; l < LANES; l++) {                                                 \
                 Py_ssize_t j = i + l * q;                                                     \
                 uint32_t s = (uint32_t)(l * K + keys[j]);                                     \
-                if (left[s] && ev[at[s]].rank == rank[s]++) {                                 \
-                    x[j] = ORDERED(T, ST, BITS, (T)(ORDERED(T, ST, BITS, b[j]) + (T)ev[at[s]].delta)); \
-                    at[s]++, left[s]--;                                                       \
-                }                                                                             \
+                if (__builtin_expect(skip[s]-- == 0, 0)) apply_event_##BITS(b, x, j, s, skip, at, left, ev); \
             }                                                                                 \
         for (Py_ssize_t j = LANES * q; j < n; j++) {                                          \
             uint32_t s = (uint32_t)((LANES - 1) * K + keys[j]);                               \
-            if (left[s] && ev[at[s]].rank == rank[s]++) {                                     \
-                x[j] = ORDERED(T, ST, BITS, (T)(ORDERED(T, ST, BITS, b[j]) + (T)ev[at[s]].delta)); \
-                at[s]++, left[s]--;                                                           \
-            }                                                                                 \
+            if (__builtin_expect(skip[s]-- == 0, 0)) apply_event_##BITS(b, x, j, s, skip, at, left, ev); \
         }                                                                                     \
     }
 DEFINE_PASSES(uint8_t, int8_t, 8)
@@ -529,7 +530,7 @@ static const char *decode_step(const uint8_t *data, size_t len, const uint8_t *b
                 at[s] = e;
                 while (e < first[k + 1] && ev.ev[e].rank < base + count) e++;
                 left[s] = e - at[s];
-                cnt[s] = base; /* now the lane's next rank */
+                cnt[s] = left[s] ? ev.ev[at[s]].rank - base : UINT32_MAX; /* now the lane's skip */
                 base += count;
             }
         }
