@@ -15,6 +15,8 @@ step t >= 2 and each 4 MiB chunk of every float tensor it compares, in bytes:
   information the issue's table measured, without any model cost;
 - **TRL sparse**: int32 indices + bf16 values of the changed elements in one safetensors
   file (``benchmarks.sync.trl_sparse_bytes``), over every tensor;
+- **BitX**: ZipLLM's XOR + exponent / sign-mantissa split + zstd of the same step
+  (``benchmarks.baselines.bitx``, over the step's safetensors files);
 - encode and decode seconds of the chunks, with and without the context (same process,
   interleaved per chunk).
 
@@ -25,7 +27,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -36,6 +40,7 @@ from wvc.codec import decode, encode
 from wvc.codec.transforms import _ordered
 from wvc.formats.dtypes import by_torch_dtype
 
+from .baselines import bitx
 from .sync import minilm_bf16_steps, trl_sparse_bytes
 
 CHUNK = 4 << 20
@@ -80,8 +85,11 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     bf16 = by_torch_dtype(torch.bfloat16)
     lines = ["| lr | step | changed | best today KB | ULP_STEP KB | ratio | estimate KB | ULP_STEP / estimate "
-             "| TRL sparse KB | TRL / ULP_STEP | encode s today / ULP_STEP | decode s today / ULP_STEP |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| TRL sparse KB | TRL / ULP_STEP | BitX KB | encode s today / ULP_STEP | decode s today / ULP_STEP |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    from safetensors.torch import save_file
+
+    files = Path(tempfile.mkdtemp(prefix="wvc-step-context-"))
     summary, rows = [], []
     for lr in args.lr:
         history: list[dict] = []
@@ -89,6 +97,7 @@ def main(argv=None) -> None:
         for step, sd in minilm_bf16_steps(args.steps, lr=lr):
             history.append({k: v.detach().clone().contiguous() for k, v in sd.items()})
             history = history[-3:]
+            save_file(history[-1], str(files / f"step{step % 2}.safetensors"))
             if step < 2:
                 continue
             g, b, x = ({k: v.reshape(-1).view(torch.int16).numpy() for k, v in h.items() if v.dtype == torch.bfloat16}
@@ -115,6 +124,7 @@ def main(argv=None) -> None:
                     row["changed"] += int((xa != ba).sum())
                     row["elements"] += len(xa)
             row["trl"] = trl_sparse_bytes(history[1], history[2])[0]
+            row["bitx"] = bitx(files / f"step{(step - 1) % 2}.safetensors", files / f"step{step % 2}.safetensors")
             rows.append(row)
             if step > 5:
                 kept.append(row)
@@ -122,6 +132,7 @@ def main(argv=None) -> None:
                 f"| {lr:g} | {step} | {row['changed'] / row['elements']:.2%} | {row['today'] / 1e3:.1f} "
                 f"| {row['step_bytes'] / 1e3:.1f} | {row['step_bytes'] / row['today']:.3f} | {row['estimate'] / 1e3:.1f} "
                 f"| {row['step_bytes'] / row['estimate']:.2f} | {row['trl'] / 1e3:.0f} | {row['trl'] / row['step_bytes']:.1f} "
+                f"| {row['bitx'] / 1e3:.0f} "
                 f"| {row['enc'][0]:.3f} / {row['enc'][1]:.3f} | {row['dec'][0]:.3f} / {row['dec'][1]:.3f} |")
             print(lines[-1], flush=True)
         med = statistics.median
@@ -131,6 +142,7 @@ def main(argv=None) -> None:
             f"TRL sparse / ULP_STEP {med(r['trl'] / r['step_bytes'] for r in kept):.1f}; "
             f"encode time ULP_STEP / today {med(r['enc'][1] / r['enc'][0] for r in kept):.2f}; "
             f"decode time {med(r['dec'][1] / r['dec'][0] for r in kept):.2f}")
+    shutil.rmtree(files, ignore_errors=True)
     text = "\n".join(lines + [""] + summary) + "\n"
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)

@@ -103,12 +103,15 @@ def test_correlated_steps_choose_the_method_and_cost_under_half_of_the_best_with
 
 
 @needs_c
-def test_a_mostly_changed_chunk_does_not_try_the_method(monkeypatch):
+def test_a_chunk_with_a_fifth_of_its_elements_changed_does_not_try_the_method(monkeypatch):
+    """Found on the benchmark's Adam-like chain (20% changed a step): ULP_STEP stored 11% less
+    but its decode, ~50 ns a changed element, made the deepest checkout 3.6x slower."""
     rng = np.random.default_rng(3)
     n = 1 << 15
     g = rng.integers(0, 1 << 16, n, dtype=np.uint16)
     g = g & 0x3FFF  # positive values: a unit more is a unit further in value order too
-    changed = rng.random(n) < STEP_MAX_CHANGED + 0.1
+    changed = rng.random(n) < 0.2
+    assert STEP_MAX_CHANGED < 0.2
     b = g + changed
     x = b + changed  # every changed element moves the way it moved before: ULP_STEP would win
     forced = len(codec.encode(x.tobytes(), BF16, b.tobytes(), context=g.tobytes(), method=Method.ULP_STEP).payload)
