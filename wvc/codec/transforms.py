@@ -152,14 +152,16 @@ def step_applies(dtype: DType) -> bool:
     return dtype.kind == "float" and bool(dtype.exponent) and step.supports(dtype.width, dtype.exponent[0])
 
 
-# ULP_STEP is tried only when at most this share of the chunk's elements changed. Its decode
-# costs ~1.7 ns an element (finding each one's context) plus ~50 ns a changed one (a run and
-# a value: ~12 adaptive binary decisions), where SPARSE's costs ~3 ns a changed one and
-# ULP_EXP's ~1.8 ns an element. At 2.5% changed (a bf16 AdamW step at lr 1e-5) it decodes as
-# fast as ULP_EXP; at 20% (the LLM-shaped Adam-like chain of the benchmark) its chain of 8
-# links made the deepest checkout 3.6x slower for 11% fewer bytes, and encodes cost up to
-# 3.8x. 5% keeps a step's decode within ~2x ULP_EXP's.
-STEP_MAX_CHANGED = 0.05
+# ULP_STEP is tried only when at most this share of the chunk's elements changed: its decode
+# costs ~1.7 ns an element (finding each one's context) and ~50 ns a changed one (~12
+# adaptive binary decisions), where ULP_EXP's costs ~1.8 ns an element and SPARSE's ~3 ns a
+# changed one. The real bf16 run at lr 1e-5 changes 0.4-8.6% of a chunk (and decodes in
+# 1.4x ULP_EXP's time over the model); the benchmark's Adam-like chain 20%, where ULP_STEP
+# stored 7-11% less but the deepest checkout took 9-15x the first's instead of 4.3x.
+STEP_MAX_CHANGED = 0.10
+# ... unless so few changed that its decode costs nothing to speak of (~50 us at most): a
+# small tensor's step (a LayerNorm's, a bias's) often changes more of its elements.
+STEP_FEW_CHANGES = 1024
 
 
 def candidate_methods(dtype: DType, has_base: bool) -> list[Method]:
@@ -296,9 +298,9 @@ def encode_chunk(
     """Smallest encoding of ``raw``; ``method`` forces one (tests use it to cover each).
 
     ``context`` (the base's own base) adds ULP_STEP to the candidates, for floats it codes
-    and when few enough elements changed (STEP_MAX_CHANGED); it is tried in full beside
-    the winner of the other methods, with the C coder only (the Python twin is slow), and
-    not with ``WVC_NO_STEP_CONTEXT`` set (the benchmarks' baseline; decoding is unaffected)."""
+    and when few enough elements changed (STEP_MAX_CHANGED); it must beat the other methods
+    by a margin (STEP_MIN_GAIN), with the C coder only (the Python twin is slow), and never
+    with ``WVC_NO_STEP_CONTEXT`` set (the benchmarks' baseline; decoding is unaffected)."""
     raw = memoryview(raw).cast("B")
     if len(raw) % dtype.width:
         raise ValueError("chunk is not a whole number of elements")
@@ -310,17 +312,24 @@ def encode_chunk(
         if context is None:
             raise ValueError("ULP_STEP needs a base, a context and a float dtype it codes")
         return Encoded(_encode_step(raw, base, context, dtype), Method.ULP_STEP)
-    stepped = None
-    if method is None and context is not None and step.native() and len(raw) and not os.environ.get("WVC_NO_STEP_CONTEXT"):
-        changed = native.kernels.changed_count(raw, base, dtype.width) if native.kernels is not None \
-            else _changed_numpy(raw, base, dtype.width)
-        if changed <= STEP_MAX_CHANGED * (len(raw) // dtype.width):
-            stepped = Encoded(_encode_step(raw, base, context, dtype), Method.ULP_STEP)
-    best = _encode_others(raw, dtype, base, device, level, method,
-                          beat=len(stepped.payload) if stepped is not None else None)
-    if stepped is not None and (best is None or len(stepped.payload) < len(best.payload)):
-        return stepped
-    return best
+    if not (method is None and context is not None and step.native() and len(raw)
+            and not os.environ.get("WVC_NO_STEP_CONTEXT")):
+        return _encode_others(raw, dtype, base, device, level, method)
+    changed = native.kernels.changed_count(raw, base, dtype.width) if native.kernels is not None \
+        else _changed_numpy(raw, base, dtype.width)
+    n = len(raw) // dtype.width
+    if changed > max(STEP_MAX_CHANGED * n, STEP_FEW_CHANGES):
+        return _encode_others(raw, dtype, base, device, level, method)
+    # ULP_STEP in full (a sample trial of it cost more than it saved), then the others: on big
+    # chunks their winner is encoded in full only when ULP_STEP does not clearly beat its
+    # estimate on the samples
+    stepped = Encoded(_encode_step(raw, base, context, dtype), Method.ULP_STEP)
+    best = _encode_others(raw, dtype, base, device, level, method, step_size=len(stepped.payload))
+    return stepped if best is None or _step_wins(len(stepped.payload), len(best.payload)) else best
+
+
+def _step_wins(step_size: float, best_size: float) -> bool:
+    return step_size <= STEP_MIN_GAIN * best_size
 
 
 def _changed_numpy(x, b, width: int) -> int:
@@ -330,16 +339,16 @@ def _changed_numpy(x, b, width: int) -> int:
     return int((np.frombuffer(x, dtype=dt) != np.frombuffer(b, dtype=dt)).sum())
 
 
-# A ULP_STEP payload at most this fraction of the others' best as estimated on the sample
-# wins without that best being encoded in full (the sample's estimate of ULP_EXP is within
-# a few percent; encoding it in full cost as much as ULP_STEP itself).
-STEP_CLEARLY_BEST = 0.8
+# ULP_STEP is kept only when at most this fraction of the other methods' best (on big chunks
+# of its estimate on the samples, when its full encode is skipped): its decode costs more a
+# changed element, so a marginal saving is not worth it.
+STEP_MIN_GAIN = 0.8
 
 
 def _encode_others(raw, dtype: DType, base, device: str, level: int, method: Method | None,
-                   beat: int | None = None) -> Encoded | None:
-    """The smallest encoding of the methods before ULP_STEP; None when ``beat`` (a
-    ULP_STEP payload's size) is clearly smaller than the best's size estimated on the sample."""
+                   step_size: int | None = None) -> Encoded | None:
+    """The smallest encoding of the methods before ULP_STEP; None when ``step_size`` (a
+    ULP_STEP payload's) wins against the best's size estimated on the samples."""
     if device == "cpu" and native.kernels is not None:
         # the C kernels work on the raw buffers: this path never imports numpy
         x, b, encode_with, sample = raw, base, _encode_native, _sample_bytes
@@ -366,7 +375,7 @@ def _encode_others(raw, dtype: DType, base, device: str, level: int, method: Met
         sample_bytes = min(SAMPLE_BYTES, len(raw) // 4)
         chosen, estimate = _best_on_sample(encode_with, sample, count_changed, methods, x, b, dtype, level, len(raw),
                                            sample_bytes)
-        if beat is not None and beat <= STEP_CLEARLY_BEST * estimate:
+        if step_size is not None and _step_wins(step_size, estimate):
             return None
         methods = [chosen]
     best = None
