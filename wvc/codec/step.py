@@ -60,7 +60,7 @@ def decode(data, b, g, width: int, shift: int) -> bytes:
 
 # -- the Python twin -----------------------------------------------------------------------------
 class _Bit:
-    __slots__ = ("p", "n")
+    __slots__ = ("n", "p")
 
     def __init__(self):
         self.p, self.n = 0x80000000, 0
@@ -90,7 +90,7 @@ class _Model:
         for t in self.mag_top:
             yield from t
 
-    def inherited(self) -> "_Model":
+    def inherited(self) -> _Model:
         """A copy for the next context of the same class, counts capped at INHERIT_N."""
         m = _Model()
         for mine, theirs in zip(m.bits(), self.bits()):
@@ -282,7 +282,7 @@ def _encode_py(x, b, g, width: int, shift: int) -> bytes:
 
     if not supports(width, shift) or not len(x) == len(b) == len(g) or len(x) % width:
         raise ValueError("ULP_STEP encode: sizes, width or shift do not fit")
-    utype, bu, ob, ctx, k_count = _arrays(b, g, width, shift)
+    utype, _, ob, ctx, k_count = _arrays(b, g, width, shift)
     bits = 8 * width
     mask, sign = (1 << bits) - 1, 1 << (bits - 1)
     ox = _ordered(np.frombuffer(x, dtype=utype).astype(np.int64), sign)
@@ -317,7 +317,7 @@ def _decode_py(data, b, g, width: int, shift: int) -> bytes:
 
     if not supports(width, shift) or len(b) != len(g) or len(b) % width:
         raise CorruptObject("ULP_STEP payload: sizes, width or shift do not fit")
-    utype, bu, ob, ctx, k_count = _arrays(b, g, width, shift)
+    utype, _, ob, ctx, k_count = _arrays(b, g, width, shift)
     bits = 8 * width
     mask, sign = (1 << bits) - 1, 1 << (bits - 1)
     order, starts = _ranks(ctx, k_count)
