@@ -105,7 +105,7 @@ def test_correlated_steps_choose_the_method_and_cost_under_half_of_the_best_with
 @needs_c
 def test_a_chunk_with_a_fifth_of_its_elements_changed_does_not_try_the_method(monkeypatch):
     """Found on the benchmark's Adam-like chain (20% changed a step): ULP_STEP stored 7-11%
-    less but its decode, ~50 ns a changed element, made the deepest checkout 2-3.5x slower."""
+    less but its decode, ~35 ns a changed element, made the deepest checkout 2-3.5x slower."""
     rng = np.random.default_rng(3)
     n = 1 << 15
     g = rng.integers(0, 1 << 16, n, dtype=np.uint16)

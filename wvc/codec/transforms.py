@@ -153,7 +153,7 @@ def step_applies(dtype: DType) -> bool:
 
 
 # ULP_STEP is tried only when at most this share of the chunk's elements changed: its decode
-# costs ~1.7 ns an element (finding each one's context) and ~50 ns a changed one (~12
+# costs ~2 ns an element (finding each one's context) and ~35 ns a changed one (~12
 # adaptive binary decisions), where ULP_EXP's costs ~1.8 ns an element and SPARSE's ~3 ns a
 # changed one. The real bf16 run at lr 1e-5 changes 0.4-8.6% of a chunk (and decodes in
 # 1.4x ULP_EXP's time over the model); the benchmark's Adam-like chain 20%, where ULP_STEP
