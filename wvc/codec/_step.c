@@ -20,7 +20,6 @@
  * an error; the result is checked against its id by the caller.
  */
 #define PY_SSIZE_T_CLEAN
-#define _GNU_SOURCE /* statement expressions are a GNU C extension gcc and clang both have */
 #include <Python.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -242,23 +241,6 @@ static uint64_t dec_value(Dec *d, Model *m, int *negative, uint64_t max_mag, int
     return u + 1 > max_mag ? 0 : u + 1;
 }
 
-/* ---- element access, per width -------------------------------------------------------- */
-static inline uint64_t load(const uint8_t *p, Py_ssize_t i, int width) {
-    switch (width) {
-    case 1: return p[i];
-    case 2: { uint16_t v; memcpy(&v, p + 2 * i, 2); return v; }
-    default: { uint32_t v; memcpy(&v, p + 4 * i, 4); return v; }
-    }
-}
-
-static inline void store(uint8_t *p, Py_ssize_t i, int width, uint64_t v) {
-    switch (width) {
-    case 1: p[i] = (uint8_t)v; break;
-    case 2: { uint16_t w = (uint16_t)v; memcpy(p + 2 * i, &w, 2); break; }
-    default: { uint32_t w = (uint32_t)v; memcpy(p + 4 * i, &w, 4); break; }
-    }
-}
-
 typedef struct {
     int width, bits, shift;
     uint64_t mask, sign;      /* the element's bits; its sign bit */
@@ -266,28 +248,11 @@ typedef struct {
     int nexp;                 /* exponent values (E) */
 } Layout;
 
-static inline uint64_t ordered(uint64_t v, const Layout *L) {
-    return (v & L->sign) ? v ^ (L->sign - 1) : v;
-}
-
-static inline int step_class(uint64_t p, const Layout *L) {
-    p &= L->mask;
-    if (p == 0) return 0;
-    if (!(p & L->sign)) return p == 1 ? 1 : (p <= 3 ? 2 : 3);
-    uint64_t m = (L->mask - p + 1) & L->mask; /* -p */
-    return m == 1 ? 4 : (m <= 3 ? 5 : 6);
-}
-
-static inline int context_of(uint64_t b, uint64_t g, const Layout *L) {
-    int c = step_class(ordered(b, L) - ordered(g, L), L);
-    return c * L->nexp + (int)((b >> L->shift) & L->emask);
-}
-
 static int layout(Layout *L, int width, int shift) {
     if (width != 1 && width != 2 && width != 4) return 0;
     L->width = width, L->bits = 8 * width, L->shift = shift;
     if (shift < 1 || shift >= L->bits - 1 || L->bits - 1 - shift > 12) return 0;
-    L->mask = (L->bits == 64) ? ~0ULL : ((1ULL << L->bits) - 1);
+    L->mask = (1ULL << L->bits) - 1;
     L->sign = 1ULL << (L->bits - 1);
     L->nexp = 1 << (L->bits - 1 - shift);
     L->emask = (uint64_t)L->nexp - 1;
@@ -318,16 +283,9 @@ static int push(Events *v, Event e) {
 }
 
 /* The passes over every element, one per width (the per-element work is a few integer
- * operations: a generic load and class cost twice the time). CLASS: 0 | +1 | +2..3 | >=+4
- * for p >= 0, 3 more for p < 0, without branches; the same classes as step_class. */
+ * operations: a generic load and class cost twice the time). The class: 0 | +1 | +2..3 |
+ * >=+4 for p >= 0, 3 more for p < 0, without branches (keys_pass). */
 #define ORDERED(T, ST, BITS, v) ((T)((v) ^ ((T)((ST)(v) >> ((BITS) - 1)) >> 1)))
-#define CONTEXT(T, ST, BITS, bv, gv, L)                                                       \
-    ({                                                                                        \
-        int64_t p_ = (ST)(T)(ORDERED(T, ST, BITS, bv) - ORDERED(T, ST, BITS, gv));             \
-        uint64_t m_ = p_ < 0 ? (uint64_t)(-p_) : (uint64_t)p_;                                \
-        int c_ = (m_ > 0) + (m_ > 1) + (m_ > 3) + (p_ < 0) * 3;                               \
-        c_ * (L)->nexp + (int)(((bv) >> (L)->shift) & (L)->emask);                            \
-    })
 #define DEFINE_PASSES(T, ST, BITS)                                                            \
     /* lane l's changed elements as events: rank within (lane, context), ctx = k * LANES + l */\
     static int events_pass_##BITS(const uint8_t *xs, const uint8_t *bs, const uint16_t *keys, \

@@ -244,37 +244,43 @@ class _Decoder:
         return negative, u + 1
 
 
-def _arrays(b, g, width: int, shift: int):
-    """(unsigned view of b, ordered(b), context of every element, number of contexts)."""
-    import numpy as np
+class _Layout:
+    """What both sides derive from the base and the context: every element's context, the
+    elements in context order, and where each context starts in that order."""
 
-    utype = {1: np.uint8, 2: np.uint16, 4: np.uint32}[width]
-    bits = 8 * width
-    bu = np.frombuffer(b, dtype=utype).astype(np.int64)
-    gu = np.frombuffer(g, dtype=utype).astype(np.int64)
-    mask, sign = (1 << bits) - 1, 1 << (bits - 1)
-    ob, og = _ordered(bu, sign), _ordered(gu, sign)
-    p = (ob - og) & mask
-    neg = (-p) & mask
-    cls = np.select([p == 0, p == 1, (p & sign) == 0, neg == 1, neg <= 3], [0, 1, 2, 4, 5], 6)
-    cls = np.where(((p & sign) == 0) & (p > 3), 3, cls)
-    nexp = 1 << (bits - 1 - shift)
-    ctx = cls * nexp + ((bu >> shift) & (nexp - 1))
-    return utype, bu, ob, ctx, CLASSES * nexp
+    def __init__(self, b, g, width: int, shift: int):
+        import numpy as np
+
+        self.utype = {1: np.uint8, 2: np.uint16, 4: np.uint32}[width]
+        self.bits = bits = 8 * width
+        self.mask, self.sign = mask, sign = (1 << bits) - 1, 1 << (bits - 1)
+        bu = np.frombuffer(b, dtype=self.utype).astype(np.int64)
+        self.ob = _ordered(bu, sign)
+        p = (self.ob - _ordered(np.frombuffer(g, dtype=self.utype).astype(np.int64), sign)) & mask
+        neg = (-p) & mask
+        cls = np.select([p == 0, p == 1, (p & sign) == 0, neg == 1, neg <= 3], [0, 1, 2, 4, 5], 6)
+        cls = np.where(((p & sign) == 0) & (p > 3), 3, cls)
+        self.exp_bits = bits - 1 - shift
+        nexp = 1 << self.exp_bits
+        ctx = cls * nexp + ((bu >> shift) & (nexp - 1))
+        self.order = np.argsort(ctx, kind="stable")
+        self.starts = np.zeros(CLASSES * nexp + 1, dtype=np.int64)
+        np.cumsum(np.bincount(ctx, minlength=CLASSES * nexp), out=self.starts[1:])
+
+    def contexts(self):
+        """(first position in context order, element count, model) of each nonempty context,
+        in coding order; the model starts from the last one of its class (_step.c)."""
+        last: dict[int, _Model] = {}
+        for k in range(len(self.starts) - 1):
+            seen = int(self.starts[k + 1] - self.starts[k])
+            if seen:
+                cls = k >> self.exp_bits
+                last[cls] = last[cls].inherited() if cls in last else _Model()
+                yield int(self.starts[k]), seen, last[cls]
 
 
 def _ordered(v, sign: int):
     return v ^ ((v & sign != 0) * (sign - 1))
-
-
-def _ranks(ctx, k_count: int):
-    """(stable order of the elements by context, first position of each context in it)."""
-    import numpy as np
-
-    order = np.argsort(ctx, kind="stable")
-    starts = np.zeros(k_count + 1, dtype=np.int64)
-    np.cumsum(np.bincount(ctx, minlength=k_count), out=starts[1:])
-    return order, starts
 
 
 def _encode_py(x, b, g, width: int, shift: int) -> bytes:
@@ -282,22 +288,13 @@ def _encode_py(x, b, g, width: int, shift: int) -> bytes:
 
     if not supports(width, shift) or not len(x) == len(b) == len(g) or len(x) % width:
         raise ValueError("ULP_STEP encode: sizes, width or shift do not fit")
-    utype, _, ob, ctx, k_count = _arrays(b, g, width, shift)
-    bits = 8 * width
-    mask, sign = (1 << bits) - 1, 1 << (bits - 1)
-    ox = _ordered(np.frombuffer(x, dtype=utype).astype(np.int64), sign)
-    delta = (ox - ob) & mask
-    order, starts = _ranks(ctx, k_count)
+    lay = _Layout(b, g, width, shift)
+    mask, sign = lay.mask, lay.sign
+    ox = _ordered(np.frombuffer(x, dtype=lay.utype).astype(np.int64), sign)
+    delta = (ox - lay.ob) & mask
     enc = _Encoder()
-    last: dict[int, _Model] = {}
-    for k in range(k_count):
-        seen = int(starts[k + 1] - starts[k])
-        if not seen:
-            continue
-        cls = k >> (8 * width - 1 - shift)
-        m = last[cls].inherited() if cls in last else _Model()
-        last[cls] = m
-        d = delta[order[starts[k]:starts[k + 1]]]
+    for start, seen, m in lay.contexts():
+        d = delta[lay.order[start:start + seen]]
         changed = np.flatnonzero(d).tolist()
         enc.bit(m.any, int(bool(changed)))
         nxt = 0 if changed else seen
@@ -317,20 +314,11 @@ def _decode_py(data, b, g, width: int, shift: int) -> bytes:
 
     if not supports(width, shift) or len(b) != len(g) or len(b) % width:
         raise CorruptObject("ULP_STEP payload: sizes, width or shift do not fit")
-    utype, _, ob, ctx, k_count = _arrays(b, g, width, shift)
-    bits = 8 * width
-    mask, sign = (1 << bits) - 1, 1 << (bits - 1)
-    order, starts = _ranks(ctx, k_count)
+    lay = _Layout(b, g, width, shift)
+    mask, sign = lay.mask, lay.sign
     dec = _Decoder(data)
     where, deltas = [], []
-    last: dict[int, _Model] = {}
-    for k in range(k_count):
-        seen = int(starts[k + 1] - starts[k])
-        if not seen:
-            continue
-        cls = k >> (8 * width - 1 - shift)
-        m = last[cls].inherited() if cls in last else _Model()
-        last[cls] = m
+    for start, seen, m in lay.contexts():
         nxt = 0 if dec.bit(m.any) else seen
         while nxt < seen:
             v = dec.golomb(m.run_bucket, m.run_top, 32)
@@ -340,17 +328,17 @@ def _decode_py(data, b, g, width: int, shift: int) -> bytes:
             if v - 1 == left:
                 break
             rank = nxt + v - 1
-            negative, mag = dec.value(m, bits - 1)
+            negative, mag = dec.value(m, lay.bits - 1)
             if mag > sign or (not negative and mag == sign):
                 raise CorruptObject("ULP_STEP payload: a delta is out of range")
-            where.append(int(starts[k]) + rank)
+            where.append(start + rank)
             deltas.append(((-mag) & mask) if negative else mag)
             nxt = rank + 1
     if dec.at != len(dec.data):
         raise CorruptObject("ULP_STEP payload length does not match its contents")
-    out = np.frombuffer(b, dtype=utype).copy()
+    out = np.frombuffer(b, dtype=lay.utype).copy()
     if where:
-        idx = order[np.asarray(where, dtype=np.int64)]
-        o = (ob[idx] + np.asarray(deltas, dtype=np.int64)) & mask
-        out[idx] = _ordered(o, sign).astype(utype)
+        idx = lay.order[np.asarray(where, dtype=np.int64)]
+        o = (lay.ob[idx] + np.asarray(deltas, dtype=np.int64)) & mask
+        out[idx] = _ordered(o, sign).astype(lay.utype)
     return out.tobytes()

@@ -315,8 +315,13 @@ def encode_chunk(
     if not (method is None and context is not None and step.native() and len(raw)
             and not os.environ.get("WVC_NO_STEP_CONTEXT")):
         return _encode_others(raw, dtype, base, device, level, method)
-    changed = native.kernels.changed_count(raw, base, dtype.width) if native.kernels is not None \
-        else _changed_numpy(raw, base, dtype.width)
+    if native.kernels is not None:
+        changed = native.kernels.changed_count(raw, base, dtype.width)
+    else:
+        from .backends import backend
+
+        xp = backend("cpu")
+        changed = xp.count_changed(xp.from_bytes(raw, dtype.width), xp.from_bytes(base, dtype.width))
     n = len(raw) // dtype.width
     if changed > max(STEP_MAX_CHANGED * n, STEP_FEW_CHANGES):
         return _encode_others(raw, dtype, base, device, level, method)
@@ -330,13 +335,6 @@ def encode_chunk(
 
 def _step_wins(step_size: float, best_size: float) -> bool:
     return step_size <= STEP_MIN_GAIN * best_size
-
-
-def _changed_numpy(x, b, width: int) -> int:
-    import numpy as np
-
-    dt = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[width]
-    return int((np.frombuffer(x, dtype=dt) != np.frombuffer(b, dtype=dt)).sum())
 
 
 # ULP_STEP is kept only when at most this fraction of the other methods' best (on big chunks
