@@ -164,6 +164,10 @@ class Snapshotter:
             self.writer.expect_bases(parent.chunk_ids())
         header_id = self.writer.put(header_bytes, BYTES, parent.header if parent and parent.header else None)
         self.progress.start(header.file_size, "commit")
+        if self.writer.device != "cpu":
+            entries = self._device_tensors(path, header, tensors)
+            self.progress.close()
+            return FileEntry.of(path, "safetensors", header.file_size, header=header_id, tensors=tuple(entries))
         entries = []
         for info in header.tensors:
             flat = tensors[info.name].contiguous().reshape(-1).view(torch.uint8)
@@ -177,3 +181,46 @@ class Snapshotter:
             entries.append(self._tensor(path, info.name, info.dtype, info.shape, info.nbytes, read))
         self.progress.close()
         return FileEntry.of(path, "safetensors", header.file_size, header=header_id, tensors=tuple(entries))
+
+    def _device_tensors(self, path: str, header: st.SafetensorsHeader, tensors: dict) -> list[TensorEntry]:
+        """The tensors' chunks, batched for the device path (``writer.device`` a torch device):
+        chunks of several tensors travel and are transformed together, BATCH_BYTES at a time,
+        and the next batch's copy to the host (its bytes are hashed there) is started before
+        this batch is encoded, so copies, device work and host work overlap."""
+        import torch
+
+        from .device_copy import DeviceCopies
+
+        device = "cpu" if self.writer.device == "torch-cpu" else self.writer.device
+        copies = DeviceCopies(device)
+        plan = []  # (tensor index, chunk index, device uint8 slice, dtype, base id)
+        for k, info in enumerate(header.tensors):
+            flat = tensors[info.name].contiguous().reshape(-1).view(torch.uint8)
+            if flat.device != copies.device:
+                flat = flat.to(copies.device)
+            parent = self.parent.tensor(path, info.name)
+            parent_chunks = parent.chunks if parent is not None and parent.dtype == info.dtype.name else None
+            for i, (begin, end) in enumerate(chunk_spans(info.nbytes, info.dtype.width, self.chunk_bytes)):
+                plan.append((k, flat[begin:end], info.dtype, _base(parent_chunks, i)))
+        batches, batch, size = [], [], 0
+        for item in plan:
+            if batch and size + item[1].numel() > copies.batch_bytes:
+                batches.append(batch)
+                batch, size = [], 0
+            batch.append(item)
+            size += item[1].numel()
+        if batch:
+            batches.append(batch)
+        chunks: list[list[str]] = [[] for _ in header.tensors]
+        ahead = copies.gather_to_host([item[1] for item in batches[0]]) if batches else None
+        for n, batch in enumerate(batches):
+            host = ahead()
+            if n + 1 < len(batches):  # the next batch's copy runs while this one is encoded
+                ahead = copies.gather_to_host([item[1] for item in batches[n + 1]])
+            got = self.writer.put_device_batch(
+                [(h, x, dtype, base) for h, (_, x, dtype, base) in zip(host, batch)], copies)
+            for (k, *_), object_id in zip(batch, got):
+                chunks[k].append(object_id)
+            self.progress.advance(sum(len(h) for h in host))
+        return [TensorEntry(info.name, info.dtype.name, tuple(info.shape), tuple(chunks[k]))
+                for k, info in enumerate(header.tensors)]

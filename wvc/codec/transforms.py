@@ -312,18 +312,7 @@ def encode_chunk(
         if context is None:
             raise ValueError("ULP_STEP needs a base, a context and a float dtype it codes")
         return Encoded(_encode_step(raw, base, context, dtype), Method.ULP_STEP)
-    if not (method is None and context is not None and step.native() and len(raw)
-            and not os.environ.get("WVC_NO_STEP_CONTEXT")):
-        return _encode_others(raw, dtype, base, device, level, method)
-    if native.kernels is not None:
-        changed = native.kernels.changed_count(raw, base, dtype.width)
-    else:
-        from .backends import backend
-
-        xp = backend("cpu")
-        changed = xp.count_changed(xp.from_bytes(raw, dtype.width), xp.from_bytes(base, dtype.width))
-    n = len(raw) // dtype.width
-    if changed > max(STEP_MAX_CHANGED * n, STEP_FEW_CHANGES):
+    if not (method is None and _tries_step(raw, dtype, base, context)):
         return _encode_others(raw, dtype, base, device, level, method)
     # ULP_STEP in full (a sample trial of it cost more than it saved), then the others: on big
     # chunks their winner is encoded in full only when ULP_STEP does not clearly beat its
@@ -331,6 +320,29 @@ def encode_chunk(
     stepped = Encoded(_encode_step(raw, base, context, dtype), Method.ULP_STEP)
     best = _encode_others(raw, dtype, base, device, level, method, step_size=len(stepped.payload))
     return stepped if best is None or _step_wins(len(stepped.payload), len(best.payload)) else best
+
+
+def tries_step(raw, dtype: DType, base, context) -> bool:
+    """Whether :func:`encode_chunk` tries ULP_STEP on this chunk (a device commit hands
+    these chunks to the host: the range coder runs there)."""
+    if base is None or context is None or not step_applies(dtype):
+        return False
+    raw = memoryview(raw).cast("B")
+    return _tries_step(raw, dtype, memoryview(fit_base(base, len(raw))).cast("B"), context)
+
+
+def _tries_step(raw, dtype: DType, base, context) -> bool:
+    """(``base`` fitted, ``context`` None unless it applies: encode_chunk's arguments)"""
+    if not (context is not None and step.native() and len(raw) and not os.environ.get("WVC_NO_STEP_CONTEXT")):
+        return False
+    if native.kernels is not None:
+        changed = native.kernels.changed_count(raw, base, dtype.width)
+    else:
+        from .backends import backend
+
+        xp = backend("cpu")
+        changed = xp.count_changed(xp.from_bytes(raw, dtype.width), xp.from_bytes(base, dtype.width))
+    return changed <= max(STEP_MAX_CHANGED * (len(raw) // dtype.width), STEP_FEW_CHANGES)
 
 
 def _step_wins(step_size: float, best_size: float) -> bool:
@@ -343,33 +355,36 @@ def _step_wins(step_size: float, best_size: float) -> bool:
 STEP_MIN_GAIN = 0.8
 
 
+def _operations(raw, base, dtype: DType, device: str):
+    """(x, b, encode_with, sample, count_changed) for the trials and the encode on ``device``."""
+    if device == "cpu" and native.kernels is not None:
+        # the C kernels work on the raw buffers: this path never imports numpy
+        def count_changed(xs, bs):
+            return native.kernels.changed_count(xs, bs, dtype.width)
+
+        return raw, base, _encode_native, _sample_bytes, count_changed
+    from .backends import backend
+
+    xp = backend(device)
+    x = xp.from_bytes(raw, dtype.width)
+    b = xp.from_bytes(base, dtype.width) if base is not None else None
+
+    def encode_with(m, x, b, dtype, level):
+        return _encode_with(xp, m, x, b, dtype, level)
+
+    def sample(arr, width, starts, per):
+        return xp.sample(arr, starts, per)
+
+    return x, b, encode_with, sample, xp.count_changed
+
+
 def _encode_others(raw, dtype: DType, base, device: str, level: int, method: Method | None,
                    step_size: int | None = None) -> Encoded | None:
     """The smallest encoding of the methods before ULP_STEP; None when ``step_size`` (a
     ULP_STEP payload's) wins against the best's size estimated on the samples."""
-    if device == "cpu" and native.kernels is not None:
-        # the C kernels work on the raw buffers: this path never imports numpy
-        x, b, encode_with, sample = raw, base, _encode_native, _sample_bytes
-
-        def count_changed(xs, bs):
-            return native.kernels.changed_count(xs, bs, dtype.width)
-    else:
-        from .backends import backend
-
-        xp = backend(device)
-        x = xp.from_bytes(raw, dtype.width)
-        b = xp.from_bytes(base, dtype.width) if base is not None else None
-
-        def encode_with(m, x, b, dtype, level):
-            return _encode_with(xp, m, x, b, dtype, level)
-
-        def sample(arr, width, starts, per):
-            return xp.sample(arr, starts, per)
-
-        count_changed = xp.count_changed
-
+    x, b, encode_with, sample, count_changed = _operations(raw, base, dtype, device)
     methods = [method] if method is not None else candidate_methods(dtype, b is not None)
-    if len(methods) > 1 and len(raw) >= MIN_SAMPLED:
+    if len(methods) > 1 and len(raw) >= MIN_SAMPLED:  # (chosen_method repeats this choice)
         sample_bytes = min(SAMPLE_BYTES, len(raw) // 4)
         chosen, estimate = _best_on_sample(encode_with, sample, count_changed, methods, x, b, dtype, level, len(raw),
                                            sample_bytes)
@@ -382,6 +397,25 @@ def _encode_others(raw, dtype: DType, base, device: str, level: int, method: Met
         if best is None or len(payload) < len(best.payload):
             best = Encoded(payload, m)
     return best
+
+
+def chosen_method(raw, dtype: DType, base, level: int = 1) -> Method | None:
+    """The one method :func:`encode_chunk` (without a context) encodes ``raw`` with in full,
+    chosen on the host exactly as it does; None for a chunk it tries several methods on in
+    full (below MIN_SAMPLED). The batched device encoder (codec/batched.py) asks this and
+    encodes the chosen method on the device: the same choice, so the same payload."""
+    raw = memoryview(raw).cast("B")
+    if base is not None:
+        base = memoryview(fit_base(base, len(raw))).cast("B")
+    methods = candidate_methods(dtype, base is not None)
+    if len(methods) == 1:
+        return methods[0]
+    if len(raw) < MIN_SAMPLED:
+        return None
+    x, b, encode_with, sample, count_changed = _operations(raw, base, dtype, "cpu")
+    chosen, _ = _best_on_sample(encode_with, sample, count_changed, methods, x, b, dtype, level, len(raw),
+                                min(SAMPLE_BYTES, len(raw) // 4))
+    return chosen
 
 
 def _sample_bytes(buf, width: int, starts, per: int) -> bytes:

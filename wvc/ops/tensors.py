@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..codec.devices import resolve_device
+from ..errors import CorruptObject
 from ..formats.dtypes import DTYPES
 from .materialize import tensor_bytes
 
@@ -13,12 +14,49 @@ def tensor_from_chunks(store, entry, device: str):
     """A tensor entry's chunks (from anything with ``get_many``) as a torch tensor on ``device``."""
     import torch
 
+    if device != "cpu":
+        return tensors_on_device(store, {entry.name: entry}, device)[entry.name]
     dtype = getattr(torch, DTYPES[entry.dtype].torch_name)
     raw = tensor_bytes(store, entry.chunks)
     if not raw:
-        return torch.empty(entry.shape, dtype=dtype, device=device)
-    t = torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(entry.shape)
-    return t.to(device) if device != "cpu" else t
+        return torch.empty(entry.shape, dtype=dtype)
+    return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(entry.shape)
+
+
+def tensors_on_device(store, entries: dict, device: str, batch_bytes: int | None = None) -> dict:
+    """Tensor entries decoded on the host (every chunk hash-checked, decoded ahead on the
+    codec pool) and copied to ``device`` a batch at a time, through pinned memory and the
+    copy stream (wvc/device_copy.py): a copy per chunk, not one per tensor through pageable
+    memory, and the host decodes the next chunks while a batch crosses."""
+    import torch
+
+    from ..device_copy import DeviceCopies
+
+    copies = DeviceCopies(device, batch_bytes)
+    out, flats = {}, []
+    for name, e in entries.items():
+        t = out[name] = torch.empty(tuple(e.shape), dtype=getattr(torch, DTYPES[e.dtype].torch_name), device=device)
+        flats += [(t.reshape(-1).view(torch.uint8), len(e.chunks))]
+    chunks = store.get_many([c for e in entries.values() for c in e.chunks])
+    batch, parts, size = [], [], 0
+    for flat, count in flats:
+        at = 0
+        for _ in range(count):  # the chunks, in order, are the tensor's bytes
+            raw = next(chunks)
+            if at + len(raw) > flat.numel():
+                raise CorruptObject("a tensor's chunks hold more bytes than its shape")
+            batch.append(flat[at : at + len(raw)])
+            parts.append(raw)
+            at += len(raw)
+            size += len(raw)
+            if size >= copies.batch_bytes:
+                copies.into(batch, parts)
+                batch, parts, size = [], [], 0
+        if at != flat.numel():
+            raise CorruptObject("a tensor's chunks hold fewer bytes than its shape")
+    if batch:
+        copies.into(batch, parts)
+    return out
 
 
 class LazyStateDict(Mapping):
@@ -48,4 +86,6 @@ def load_state_dict(repo, rev: str = "HEAD", *, device: str = "cpu", lazy: bool 
     if lazy:
         return LazyStateDict(repo, entries, device)
     repo.store.ensure_local(c for e in entries.values() for c in e.chunks)
+    if device != "cpu":  # many tensors a copy
+        return tensors_on_device(repo.store, entries, device)
     return {name: tensor_from_chunks(repo.store, e, device) for name, e in entries.items()}

@@ -359,6 +359,21 @@ class ObjectStore:
         return self.db.one("SELECT COUNT(*) FROM external_objects")
 
 
+class _Deferred:
+    """An in-flight entry of a device batch: the Future of its Encoded is known only once
+    the batch is launched; ``result()`` gives what :meth:`ChunkWriter._encode` returns."""
+
+    def __init__(self, base: ObjectRow | None, raw_size: int):
+        self.base, self.raw_size, self.future = base, raw_size, None
+
+    def result(self):
+        encoded = self.future.result()
+        return encoded, self.raw_size, self.base if encoded.uses_base else None
+
+    def cancel(self) -> bool:
+        return self.future.cancel() if self.future is not None else False
+
+
 class ChunkWriter:
     """Collects new chunks of one operation into one pack, encoding them in parallel."""
 
@@ -433,22 +448,97 @@ class ChunkWriter:
             self._drain_one()
         return object_id
 
-    def _encode(self, raw, dtype, base_chain, base_raw=None):
-        """The chunk encoded against its base chain's head; the link below the head (the
-        base's own base, when the chain was not re-anchored) is ULP_STEP's context."""
+    def put_device_batch(self, items, copies) -> list[str]:
+        """Offer a batch of chunks that live on a torch device (a commit from device memory);
+        returns their ids. ``items``: (host copy of the bytes, the bytes on the device as a
+        uint8 tensor, dtype, base id or None); ``copies``: the operation's
+        :class:`~wvc.device_copy.DeviceCopies`.
+
+        The same payloads as :meth:`put`, computed where each part is cheapest: the ids
+        hashed from the host copies on the pool; each new chunk's base decoded (or taken
+        from the chunks kept) and its method chosen on the pool; the bases that the device
+        encodes against copied up in one copy; the transforms of every chunk the device
+        takes in a few passes (codec/batched.py). ULP_STEP candidates and small chunks
+        (where every method is tried in full) are encoded on the host, as by :meth:`put`.
+        """
+        from ..codec import batched
+        from ..codec.transforms import fit_base
+
+        object_ids = list(pool().map(lambda item: ids.chunk_id(item[0]), items))
+        offered = []  # (object_id, size, preparation future), in the order of items
+        for (raw, x, dtype, base_id), object_id in zip(items, object_ids):
+            if self.kept_bytes + len(raw) <= self.store.keep_recent_bytes and object_id not in self.kept:
+                self.kept[object_id] = bytes(raw)
+                self.kept_bytes += len(raw)
+            if self.known(object_id):
+                continue
+            self.in_flight_ids.add(object_id)
+            base_chain = self._base_chain(base_id, object_id, len(raw))
+            base_raw = self.store.recent_chunks.get(base_chain[0].id) if base_chain else None
+            prepared = pool().submit(self._prepare, raw, dtype, base_chain, base_raw)
+            offered.append((object_id, raw, x, dtype, base_chain, prepared))
+        on_device, slots, bases = [], [], []
+        for object_id, raw, x, dtype, base_chain, prepared in offered:
+            base_raw, context, method = prepared.result()
+            if method is None:  # the host's: a ULP_STEP candidate, or a small chunk
+                future = pool().submit(self._encode_prepared, raw, dtype, base_chain, base_raw, context)
+            else:
+                future = _Deferred(base_chain[0] if method.uses_base else None, len(raw))
+                slots.append(future)
+                on_device.append(batched.DeviceChunk(x, None, dtype, method))
+                if method.uses_base:
+                    bases.append((len(on_device) - 1, fit_base(base_raw, len(raw))))
+            self.in_flight.append((object_id, future, len(raw)))
+            self.in_flight_bytes += len(raw)
+        if on_device:
+            for (k, _), b in zip(bases, copies.to_device([b for _, b in bases]) if bases else ()):
+                on_device[k].b = b
+            encoded = batched.encode_on_device(on_device, level=self.level, submit=pool().submit,
+                                               copy=copies.to_host)
+            for slot, future in zip(slots, encoded):
+                slot.future = future
+        # two batches in flight at most: the host compresses this one while the caller
+        # copies and transforms the next
+        while self.in_flight and self.in_flight_bytes > copies.batch_bytes:
+            self._drain_one()
+        return object_ids
+
+    def _prepare(self, raw, dtype, base_chain, base_raw):
+        """(base bytes, ULP_STEP context, the method the device encodes, or None: the host's)."""
+        from ..codec import transforms
+
+        base_raw, context = self._base_and_context(raw, base_chain, base_raw)
+        if context is not None and transforms.tries_step(raw, dtype, base_raw, context):
+            return base_raw, context, None
+        return base_raw, None, transforms.chosen_method(raw, dtype, base_raw, self.level) if len(raw) else None
+
+    def _encode_prepared(self, raw, dtype, base_chain, base_raw, context):
         from .. import codec
 
+        encoded = codec.encode(raw, dtype, base_raw, context=context, device="cpu", level=self.level)
+        return encoded, len(raw), base_chain[0] if encoded.uses_base else None
+
+    def _base_and_context(self, raw, base_chain, base_raw):
+        """The base's bytes (decoded unless given) and ULP_STEP's context: the link below
+        the base (the base's own base, when the chain was not re-anchored), only of the
+        same byte size as the chunk and its base (a shape change is not a step). The dtype
+        is the chunk's own: the snapshot offers a parent chunk as base only when the dtype
+        is unchanged, so a chain never crosses dtypes."""
         context = None
         if base_raw is None and base_chain:
             base_raw, context = self.store.decode_chain_and_base(base_chain)
         elif base_chain and len(base_chain) > 1:
             context = self.store.older_chunks.get(base_chain[1].id)
-        # Only a context of the same tensor layout: the same byte size as the chunk and its
-        # base (a shape change is not a step). The dtype is the chunk's own: the snapshot
-        # offers a parent chunk as base only when the dtype is unchanged, so a chain never
-        # crosses dtypes.
         if context is not None and not len(context) == len(base_raw) == len(raw):
             context = None
+        return base_raw, context
+
+    def _encode(self, raw, dtype, base_chain, base_raw=None):
+        """The chunk encoded against its base chain's head; the link below the head (the
+        base's own base, when the chain was not re-anchored) is ULP_STEP's context."""
+        from .. import codec
+
+        base_raw, context = self._base_and_context(raw, base_chain, base_raw)
         encoded = codec.encode(raw, dtype, base_raw, context=context, device=self.device, level=self.level)
         base = base_chain[0] if encoded.uses_base else None
         return encoded, len(raw), base
