@@ -186,18 +186,17 @@ class Snapshotter:
         """The tensors' chunks, batched for the device path (``writer.device`` a torch device):
         chunks of several tensors travel and are transformed together, BATCH_BYTES at a time,
         and the next batch's copy to the host (its bytes are hashed there) is started before
-        this batch is encoded, so copies, device work and host work overlap."""
+        this batch is encoded, so copies, device work and host work overlap. Tensors already
+        on the host are hashed where they are and copied up instead."""
         import torch
 
         from .device_copy import DeviceCopies
 
         device = "cpu" if self.writer.device == "torch-cpu" else self.writer.device
         copies = DeviceCopies(device)
-        plan = []  # (tensor index, chunk index, device uint8 slice, dtype, base id)
+        plan = []  # (tensor index, the chunk's bytes as a uint8 tensor, dtype, base id)
         for k, info in enumerate(header.tensors):
             flat = tensors[info.name].contiguous().reshape(-1).view(torch.uint8)
-            if flat.device != copies.device:
-                flat = flat.to(copies.device)
             parent = self.parent.tensor(path, info.name)
             parent_chunks = parent.chunks if parent is not None and parent.dtype == info.dtype.name else None
             for i, (begin, end) in enumerate(chunk_spans(info.nbytes, info.dtype.width, self.chunk_bytes)):
@@ -211,14 +210,25 @@ class Snapshotter:
             size += item[1].numel()
         if batch:
             batches.append(batch)
+
+        def start(batch):
+            """Start the batch's copies: device chunks down (to hash them), host chunks up."""
+            down = [x for _, x, _, _ in batch if x.device == copies.device and x.device.type != "cpu"]
+            wait = copies.gather_to_host(down) if down else list
+            up = [x for _, x, _, _ in batch if x.device != copies.device]
+            uploaded = iter(copies.to_device([x.numpy() for x in up]) if up else ())
+            return wait, [next(uploaded) if x.device != copies.device else x for _, x, _, _ in batch]
+
         chunks: list[list[str]] = [[] for _ in header.tensors]
-        ahead = copies.gather_to_host([item[1] for item in batches[0]]) if batches else None
+        ahead = start(batches[0]) if batches else None
         for n, batch in enumerate(batches):
-            host = ahead()
-            if n + 1 < len(batches):  # the next batch's copy runs while this one is encoded
-                ahead = copies.gather_to_host([item[1] for item in batches[n + 1]])
+            wait, on_device = ahead
+            fetched = iter(wait())
+            host = [next(fetched) if x.device.type != "cpu" else x.numpy() for _, x, _, _ in batch]
+            if n + 1 < len(batches):  # the next batch's copies run while this one is encoded
+                ahead = start(batches[n + 1])
             got = self.writer.put_device_batch(
-                [(h, x, dtype, base) for h, (_, x, dtype, base) in zip(host, batch)], copies)
+                [(h, x, dtype, base) for h, x, (_, _, dtype, base) in zip(host, on_device, batch)], copies)
             for (k, *_), object_id in zip(batch, got):
                 chunks[k].append(object_id)
             self.progress.advance(sum(len(h) for h in host))

@@ -72,7 +72,7 @@ def encode_on_device(chunks: list[DeviceChunk], *, level: int, submit, copy) -> 
         launched.append((method, members, _launch(torch, method, [chunks[i] for i in members], copy)))
     for method, members, pending in launched:
         for i, job in zip(members, pending()):
-            futures[i] = submit(lambda job=job: Encoded(job(level), method))
+            futures[i] = submit(lambda job=job, method=method: Encoded(job(level), method))
     return futures
 
 

@@ -40,7 +40,7 @@ from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, W
 from torch.futures import Future
 
 from ..api import Repo
-from ..codec.devices import resolve_device
+from ..codec.path_choice import commit_device
 from ..errors import FormatError, MissingObject, WvcError
 from ..formats import dcp_layout as layout_format
 from ..formats.dtypes import BYTES, DTYPES, by_torch_dtype
@@ -135,7 +135,7 @@ class WvcStorageWriter(StorageWriter):
             tensors = [i for i in items if i.type != WriteItemType.BYTE_IO]
             blobs = [i for i in items if i.type == WriteItemType.BYTE_IO]
             results, files = [], []
-            with repo.store.writer(device=resolve_device(self.device), max_chain=repo.max_chain) as writer:
+            with repo.store.writer(device=commit_device(self.device), max_chain=repo.max_chain) as writer:
                 snap = Snapshotter(writer, parent_tree, chunk_bytes, NULL)
                 if tensors:
                     entry, names = _write_tensors(snap, path, tensors, planner)

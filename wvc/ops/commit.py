@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConcurrentUpdate, MissingObject, NothingToCommit, WvcError
-from ..codec.devices import resolve_device
+from ..codec.path_choice import commit_device, data_location
 from ..objects import Commit, Tree, check_metadata
 from ..progress import NULL, Progress
 from ..store.refs import HEADS
@@ -140,7 +140,7 @@ def _commit(repo, message, source, *, author, metadata, allow_empty, device, sta
         scanned = scan(root, exclude)
         scanned.refuse_bad_names()  # before anything is written
 
-    with repo.store.writer(device=resolve_device(device), max_chain=repo.max_chain) as writer:
+    with repo.store.writer(device=commit_device(device, data_location(source)), max_chain=repo.max_chain) as writer:
         snap = Snapshotter(writer, parent_tree, chunk_bytes, progress)
         if isinstance(source, Mapping):
             entry = snap.state_dict_file(source, state_dict_path)
