@@ -32,9 +32,16 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
+# The C path with every core of the machine (the codec pool's default stops at 4 threads):
+# the issue compares against the host's full width. Set before wvc is imported.
+os.environ.setdefault("WVC_CODEC_THREADS", str(min(64, os.cpu_count() or 1)))
+
+import torch  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
+
+
+HIDDEN = 2048  # the LLM shapes' width (--hidden: the tests build a narrower, smaller model)
 
 
 def llm_on_device(size_gb: float, device: str, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -42,7 +49,7 @@ def llm_on_device(size_gb: float, device: str, seed: int = 0) -> dict[str, torch
 
     g = torch.Generator(device=device).manual_seed(seed)
     master = {}
-    for name, shape in llm_shapes(size_gb * 1e9).items():
+    for name, shape in llm_shapes(size_gb * 1e9, hidden=HIDDEN).items():
         if name.endswith("norm.weight"):
             master[name] = 1.0 + 0.05 * torch.randn(shape, generator=g, device=device)
         else:
@@ -144,6 +151,45 @@ def run_size(size_gb: float, codec_device: str, work: Path) -> dict:
     return out
 
 
+def profile_commit(size_gb: float, codec_device: str, work: Path, top: int = 30) -> str:
+    """torch.profiler (host and device) and cProfile (the host's Python) tables of one
+    device-path commit of an Adam-like step: what bounds the device path, measured."""
+    import cProfile
+    import io
+    import pstats
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from wvc import Repo
+
+    device = "cpu" if codec_device == "torch-cpu" else codec_device
+    master = llm_on_device(size_gb, device)
+    repo = Repo.init(work / f"profile-{size_gb:g}")
+    repo.commit("initial", source={k: v.to(torch.bfloat16) for k, v in master.items()}, device=codec_device)
+    adam_like(master)
+    step = {k: v.to(torch.bfloat16) for k, v in master.items()}
+    del master
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+    python = cProfile.Profile()
+    sync(device)
+    t = time.perf_counter()
+    with profile(activities=activities) as prof:
+        python.enable()
+        repo.commit("adam step", source=step, device=codec_device)
+        python.disable()
+        sync(device)
+    seconds = time.perf_counter() - t
+    repo.close()
+    shutil.rmtree(work / f"profile-{size_gb:g}", ignore_errors=True)
+    sort = "cuda_time_total" if device.startswith("cuda") else "cpu_time_total"
+    stats = io.StringIO()
+    pstats.Stats(python, stream=stats).sort_stats("tottime").print_stats(top)
+    return (f"# device-path commit of an Adam-like step, {size_gb:g} GB bf16, {seconds:.2f} s under the profilers\n\n"
+            f"## torch.profiler, by {sort}\n\n{prof.key_averages().table(sort_by=sort, row_limit=top)}\n\n"
+            f"## cProfile, by own time (the host's threads other than the caller's are not in it)\n\n"
+            f"{stats.getvalue()}")
+
+
 def table(results: list[dict]) -> str:
     lines = ["| model | version | commit GB/s device / C | load GB/s device / C | follower apply s device / C "
              "| stored MB (both) | exact |", "|---|---|---|---|---|---|---|"]
@@ -156,12 +202,32 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def auto_choice(codec_device: str) -> dict:
+    """What ``device="auto"`` picks here for device tensors and for host tensors, and the
+    trial times it picked on (wvc/ops/device_choice.py)."""
+    from wvc.ops import device_choice
+
+    if not codec_device.startswith("cuda"):
+        return {}
+    out = {}
+    for location in ("device", "host", "files"):
+        chosen = device_choice.commit_device("auto", location)
+        out[location] = {"chosen": chosen, "seconds": device_choice.MEASURED.get((codec_device, location), {})}
+    return out
+
+
 def main(argv=None) -> None:
+    global HIDDEN
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=float, nargs="+", default=[4, 16], help="model sizes in GB")
     ap.add_argument("--device", default="cuda", help="cuda, cuda:N, or torch-cpu (no GPU: for the tests)")
     ap.add_argument("--out", type=Path, default=RESULTS / "gpu.json")
+    ap.add_argument("--profile-gb", type=float, default=None,
+                    help="profile one device-path commit of a model this size (default: the first of "
+                         "--sizes; 0: none); the tables go beside --out, as gpu_profile.txt")
+    ap.add_argument("--hidden", type=int, default=HIDDEN, help="the model's width (the tests: 256)")
     args = ap.parse_args(argv)
+    HIDDEN = args.hidden
     device = "cpu" if args.device == "torch-cpu" else args.device
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("no CUDA device here: use --device torch-cpu to try the script on the CPU")
@@ -172,7 +238,13 @@ def main(argv=None) -> None:
             r = run_size(size, args.device, Path(tmp))
             results.append(r)
             print(table([r]), flush=True)
-    report = {"device": name, "cpu_count": os.cpu_count(), "torch": torch.__version__, "results": results}
+        profile_gb = args.sizes[0] if args.profile_gb is None else args.profile_gb
+        if profile_gb:
+            profiled = profile_commit(profile_gb, args.device, Path(tmp))
+            (args.out.parent / "gpu_profile.txt").parent.mkdir(parents=True, exist_ok=True)
+            (args.out.parent / "gpu_profile.txt").write_text(profiled)
+    report = {"device": name, "cpu_count": os.cpu_count(), "codec_threads": os.environ["WVC_CODEC_THREADS"],
+              "torch": torch.__version__, "results": results, "auto": auto_choice(args.device)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))
     print(f"\non {name}, {os.cpu_count()} CPU cores\n" + table(results))

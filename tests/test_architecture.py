@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "wvc"
 LAYERS = [
     ["wvc.errors", "wvc.ids", "wvc.progress", "wvc.allocator"],
     ["wvc.fsutil", "wvc.formats", "wvc.testing"],
-    ["wvc.objects", "wvc.codec", "wvc.merge_methods"],
+    ["wvc.objects", "wvc.codec", "wvc.device_copy", "wvc.merge_methods"],
     ["wvc.store", "wvc.worktree"],
     ["wvc.snapshot", "wvc.revparse", "wvc.remotes"],
     ["wvc.basemodel"],

@@ -9,7 +9,8 @@ import torch
 
 import wvc
 from wvc import Repo, device_copy
-from wvc.codec import Method, batched, path_choice
+from wvc.codec import Method, batched
+from wvc.ops import device_choice
 from wvc.errors import CorruptObject
 from wvc.ops.tensors import tensors_on_device
 
@@ -119,32 +120,27 @@ def test_a_device_commit_stores_the_c_paths_payloads_for_every_dtype_and_route(t
 
 
 def test_many_small_tensors_are_transformed_a_batch_a_pass_not_a_chunk_at_a_time(tmp_path, small_batches,
-                                                                                device_methods):
+                                                                                device_methods, monkeypatch):
     g = torch.Generator().manual_seed(1)
     v0 = {f"layer{i}.w": (torch.randn(160, 512, generator=g) * 0.02).to(torch.bfloat16) for i in range(120)}
     v1 = {k: (t.float() + torch.randn(t.shape, generator=g) * 1e-3).to(torch.bfloat16) for k, t in v0.items()}
     uploads = []
-    real_to_device = device_copy.DeviceCopies.to_device
+    real_upload = device_copy.DeviceCopies.upload
 
-    def count(self, parts):
-        uploads.append(len(parts))
-        return real_to_device(self, parts)
+    def count(self, staging):
+        uploads.append(staging.numel())
+        return real_upload(self, staging)
 
     repo = Repo.init(tmp_path / "r", chunk_bytes=CHUNK)
     repo.commit("v0", source=v0, device="torch-cpu")
     device_methods["batches"].clear()
-    import wvc.device_copy as dc
-
-    dc.DeviceCopies.to_device = count
-    try:
-        repo.commit("v1", source=v1, device="torch-cpu")
-    finally:
-        dc.DeviceCopies.to_device = real_to_device
+    monkeypatch.setattr(device_copy.DeviceCopies, "upload", count)
+    repo.commit("v1", source=v1, device="torch-cpu")
     total = sum(t.numel() * 2 for t in v1.values())  # 19.7 MB in 120 tensors of 160 KiB
     passes = device_methods["batches"]
     assert sum(passes) == 120  # every chunk went through the device pass ...
     assert len(passes) <= total // (3 << 20) + 1  # ... in a pass per batch, not one per chunk
-    assert len(uploads) == len(passes) and sum(uploads) == 120  # the bases: one copy up per batch
+    assert len(uploads) == len(passes) and sum(uploads) == total  # the bases: one copy up per batch
     repo.close()
 
 
@@ -180,9 +176,9 @@ def test_loads_onto_a_device_copy_a_batch_at_a_time_and_check_sizes(tmp_path):
     copies = []
     real = device_copy.DeviceCopies.into
 
-    def count(self, regions, parts):
+    def count(self, regions, parts, map=map):
         copies.append(len(regions))
-        return real(self, regions, parts)
+        return real(self, regions, parts, map)
 
     device_copy.DeviceCopies.into = count
     try:
@@ -254,10 +250,10 @@ def test_auto_keeps_the_path_measured_faster_and_the_c_path_when_they_disagree()
             return payloads
         return go
 
-    assert path_choice.fastest({"cuda": run(1.0, [b"a"]), "cpu": run(3.0, [b"a"])}, clock=clock) == "cuda"
-    assert path_choice.fastest({"cuda": run(2.0, [b"a"]), "cpu": run(1.5, [b"a"])}, clock=clock) == "cpu"
+    assert device_choice.fastest({"cuda": run(1.0, [b"a"]), "cpu": run(3.0, [b"a"])}, clock=clock) == "cuda"
+    assert device_choice.fastest({"cuda": run(2.0, [b"a"]), "cpu": run(1.5, [b"a"])}, clock=clock) == "cpu"
     # a path that wrote other bytes is never chosen, however fast
-    assert path_choice.fastest({"cuda": run(0.1, [b"x"]), "cpu": run(9.0, [b"a"])}, clock=clock) == "cpu"
+    assert device_choice.fastest({"cuda": run(0.1, [b"x"]), "cpu": run(9.0, [b"a"])}, clock=clock) == "cpu"
 
 
 def test_auto_measures_once_per_process_and_source_kind_and_not_at_all_without_a_gpu(monkeypatch):
@@ -269,28 +265,28 @@ def test_auto_measures_once_per_process_and_source_kind_and_not_at_all_without_a
         trials.append((device, location))
         return lambda: [b"same"]
 
-    monkeypatch.setattr(path_choice, "_trial", fake_trial)
-    monkeypatch.setattr(path_choice, "_CHOSEN", {})
+    monkeypatch.setattr(device_choice, "_trial", fake_trial)
+    monkeypatch.setattr(device_choice, "_CHOSEN", {})
     monkeypatch.setattr(devices, "_cuda_usable", lambda: False)
-    assert path_choice.commit_device("auto", "device") == "cpu" and trials == []
+    assert device_choice.commit_device("auto", "device") == "cpu" and trials == []
     monkeypatch.setattr(devices, "_cuda_usable", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    first = path_choice.commit_device("auto", "device")
+    first = device_choice.commit_device("auto", "device")
     assert first in ("cuda", "cpu") and sorted(trials) == [("cpu", "device"), ("cuda", "device")]
-    assert path_choice.commit_device("auto", "device") == first and len(trials) == 2  # kept
-    path_choice.commit_device("auto", "files")
+    assert device_choice.commit_device("auto", "device") == first and len(trials) == 2  # kept
+    device_choice.commit_device("auto", "files")
     assert len(trials) == 4  # another kind of source is measured on its own
-    assert path_choice.commit_device("cpu", "device") == "cpu" and len(trials) == 4  # asked for: not measured
+    assert device_choice.commit_device("cpu", "device") == "cpu" and len(trials) == 4  # asked for: not measured
 
 
 @pytest.mark.parametrize("location", ["host", "files"])
 def test_the_auto_trials_run_both_paths_and_write_the_same_bytes(location):
-    device_run, c_run = path_choice._trial("torch-cpu", location), path_choice._trial("cpu", location)
+    device_run, c_run = device_choice._trial("torch-cpu", location), device_choice._trial("cpu", location)
     a, b = device_run(), c_run()
     assert len(a) == 4 and a == b
 
 
 def test_data_location_tells_device_host_and_files_apart():
-    assert path_choice.data_location({"w": torch.zeros(2)}) == "host"
-    assert path_choice.data_location("/some/dir") == "files" and path_choice.data_location(None) == "files"
-    assert path_choice.data_location({"w": torch.zeros(2, device="meta")}) == "host"
+    assert device_choice.data_location({"w": torch.zeros(2)}) == "host"
+    assert device_choice.data_location("/some/dir") == "files" and device_choice.data_location(None) == "files"
+    assert device_choice.data_location({"w": torch.zeros(2, device="meta")}) == "host"

@@ -90,59 +90,71 @@ class DeviceCopies:
 
         return split
 
+    def staging(self, nbytes: int):
+        """A host buffer (pinned on CUDA) of ``nbytes``, as a uint8 tensor, for the caller to
+        fill (from several threads, each its own slice) before :meth:`upload`."""
+        return self._pinned(nbytes, self.torch.uint8)
+
+    def upload(self, staging):
+        """One copy of a filled :meth:`staging` buffer to the device; returns the device
+        tensor, usable on the current stream at once (it waits for the copy on the device)."""
+        t = self.torch
+        self.copies += 1
+        self.bytes_to_device += staging.numel()
+        if not self.cuda:
+            return staging
+        flat = t.empty(staging.numel(), dtype=t.uint8, device=self.device)
+        self.stream.wait_stream(t.cuda.current_stream(self.device))
+        with t.cuda.stream(self.stream):
+            flat.copy_(staging, non_blocking=True)
+            done = t.cuda.Event()
+            done.record(self.stream)
+        t.cuda.current_stream(self.device).wait_event(done)
+        flat.record_stream(self.stream)  # (torch keeps the pinned block until the copy's event)
+        return flat
+
     def to_device(self, parts):
         """One copy of the host byte buffers ``parts`` to the device; returns their device
-        uint8 tensors (views of one allocation), usable on the current stream at once (it
-        waits for the copy on the device, not on the host)."""
-        t = self.torch
+        uint8 tensors (views of one allocation), usable on the current stream at once."""
         sizes = [len(memoryview(p).cast("B")) for p in parts]
-        total = sum(sizes)
-        self.copies += 1
-        self.bytes_to_device += total
-        staging = self._pinned(total, t.uint8)
-        host = staging.numpy()
-        at = 0
+        staging = self.staging(sum(sizes))
+        host, at = staging.numpy(), 0
         for p, n in zip(parts, sizes):
             host[at : at + n] = memoryview(p).cast("B")
             at += n
-        if not self.cuda:
-            flat = staging
-        else:
-            flat = t.empty(total, dtype=t.uint8, device=self.device)
-            with t.cuda.stream(self.stream):
-                flat.copy_(staging, non_blocking=True)
-                done = t.cuda.Event()
-                done.record(self.stream)
-            t.cuda.current_stream(self.device).wait_event(done)
-            flat.record_stream(self.stream)  # (torch keeps the pinned block until the copy's event)
-        out, at = [], 0
+        flat, out, at = self.upload(staging), [], 0
         for n in sizes:
             out.append(flat[at : at + n])
             at += n
         return out
 
-    def into(self, regions, parts) -> None:
+    def into(self, regions, parts, map=map) -> None:
         """Copy host byte buffers ``parts`` into device uint8 tensors ``regions`` (the same
-        sizes): gathered into one pinned buffer, then a copy per region on the copy stream
-        (no device buffer in between); the current stream waits for them on the device."""
+        sizes): gathered into one pinned buffer (by ``map``: a pool's, to copy side by side),
+        then a copy per region on the copy stream (no device buffer in between); the current
+        stream waits for them on the device."""
         t = self.torch
         sizes = [len(memoryview(p).cast("B")) for p in parts]
         self.copies += 1
         self.bytes_to_device += sum(sizes)
         staging = self._pinned(sum(sizes), t.uint8)
-        host, at = staging.numpy(), 0
-        for p, n in zip(parts, sizes):
-            host[at : at + n] = memoryview(p).cast("B")
-            at += n
+        host, starts = staging.numpy(), [0]
+        for n in sizes:
+            starts.append(starts[-1] + n)
+
+        def place(k):
+            host[starts[k] : starts[k + 1]] = memoryview(parts[k]).cast("B")
+
+        for _ in map(place, range(len(parts))):
+            pass
+        at = 0
         if not self.cuda:
-            at = 0
             for region, n in zip(regions, sizes):
                 region.copy_(staging[at : at + n])
                 at += n
             return
         self.stream.wait_stream(t.cuda.current_stream(self.device))  # after what used the regions
         with t.cuda.stream(self.stream):
-            at = 0
             for region, n in zip(regions, sizes):
                 region.copy_(staging[at : at + n], non_blocking=True)
                 region.record_stream(self.stream)

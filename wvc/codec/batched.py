@@ -106,9 +106,11 @@ def _launch(torch, method: Method, chunks: list[DeviceChunk], copy):
         param = dtype.exponent[0]
         y = _transform(method, x, b, bits)
         mask = (1 << (bits - 1 - param)) - 1
-        owner = torch.repeat_interleave(torch.arange(len(chunks), device=x.device),
+        # 32-bit keys while they fit (a radix sort's passes, and torch's CPU sort, ~1.5x faster)
+        kind = torch.int32 if len(chunks) * (mask + 1) < 1 << 31 else torch.int64
+        owner = torch.repeat_interleave(torch.arange(len(chunks), device=x.device, dtype=kind),
                                         torch.tensor(counts, device=x.device))
-        key = ((b >> param) & mask).to(torch.int64) + owner * (mask + 1)
+        key = ((b >> param) & mask).to(kind) + owner * (mask + 1)
         perm = torch.argsort(key, stable=True)
         per_key = torch.bincount(key, minlength=len(chunks) * (mask + 1)).reshape(len(chunks), mask + 1)
         y = y[perm]

@@ -40,7 +40,7 @@ from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, W
 from torch.futures import Future
 
 from ..api import Repo
-from ..codec.path_choice import commit_device
+from ..ops.device_choice import commit_device
 from ..errors import FormatError, MissingObject, WvcError
 from ..formats import dcp_layout as layout_format
 from ..formats.dtypes import BYTES, DTYPES, by_torch_dtype

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConcurrentUpdate, MissingObject, NothingToCommit, WvcError
-from ..codec.path_choice import commit_device, data_location
+from .device_choice import commit_device, data_location
 from ..objects import Commit, Tree, check_metadata
 from ..progress import NULL, Progress
 from ..store.refs import HEADS

@@ -31,6 +31,7 @@ def tensors_on_device(store, entries: dict, device: str, batch_bytes: int | None
     import torch
 
     from ..device_copy import DeviceCopies
+    from ..store.objects import pool
 
     copies = DeviceCopies(device, batch_bytes)
     out, flats = {}, []
@@ -50,12 +51,12 @@ def tensors_on_device(store, entries: dict, device: str, batch_bytes: int | None
             at += len(raw)
             size += len(raw)
             if size >= copies.batch_bytes:
-                copies.into(batch, parts)
+                copies.into(batch, parts, pool().map)
                 batch, parts, size = [], [], 0
         if at != flat.numel():
             raise CorruptObject("a tensor's chunks hold fewer bytes than its shape")
     if batch:
-        copies.into(batch, parts)
+        copies.into(batch, parts, pool().map)
     return out
 
 

@@ -462,10 +462,9 @@ class ChunkWriter:
         (where every method is tried in full) are encoded on the host, as by :meth:`put`.
         """
         from ..codec import batched
-        from ..codec.transforms import fit_base
 
         object_ids = list(pool().map(lambda item: ids.chunk_id(item[0]), items))
-        offered = []  # (object_id, size, preparation future), in the order of items
+        offered = []  # (object_id, raw, x, dtype, base chain, where its base goes up, its preparation)
         for (raw, x, dtype, base_id), object_id in zip(items, object_ids):
             if self.kept_bytes + len(raw) <= self.store.keep_recent_bytes and object_id not in self.kept:
                 self.kept[object_id] = bytes(raw)
@@ -473,29 +472,41 @@ class ChunkWriter:
             if self.known(object_id):
                 continue
             self.in_flight_ids.add(object_id)
-            base_chain = self._base_chain(base_id, object_id, len(raw))
+            offered.append([object_id, raw, x, dtype, self._base_chain(base_id, object_id, len(raw))])
+        # The bases go up in one copy, from one pinned buffer that the preparing workers fill
+        # side by side (a serial copy into it on this thread took as long as the upload).
+        at = 0
+        for entry in offered:
+            entry.append(at if entry[4] else None)
+            at += len(entry[1]) if entry[4] else 0
+        staging = copies.staging(at) if at else None
+        slots = staging.numpy() if staging is not None else None
+        for entry in offered:
+            raw, dtype, base_chain, slot = entry[1], entry[3], entry[4], entry[5]
             base_raw = self.store.recent_chunks.get(base_chain[0].id) if base_chain else None
-            prepared = pool().submit(self._prepare, raw, dtype, base_chain, base_raw)
-            offered.append((object_id, raw, x, dtype, base_chain, prepared))
-        on_device, slots, bases = [], [], []
-        for object_id, raw, x, dtype, base_chain, prepared in offered:
+            target = slots[slot : slot + len(raw)] if slot is not None else None
+            entry.append(pool().submit(self._prepare, raw, dtype, base_chain, base_raw, target))
+        on_device, deferred, with_base = [], [], []
+        for object_id, raw, x, dtype, base_chain, slot, prepared in offered:
             base_raw, context, method = prepared.result()
             if method is None:  # the host's: a ULP_STEP candidate, or a small chunk
                 future = pool().submit(self._encode_prepared, raw, dtype, base_chain, base_raw, context)
             else:
                 future = _Deferred(base_chain[0] if method.uses_base else None, len(raw))
-                slots.append(future)
+                deferred.append(future)
                 on_device.append(batched.DeviceChunk(x, None, dtype, method))
                 if method.uses_base:
-                    bases.append((len(on_device) - 1, fit_base(base_raw, len(raw))))
+                    with_base.append((on_device[-1], slot, len(raw)))
             self.in_flight.append((object_id, future, len(raw)))
             self.in_flight_bytes += len(raw)
         if on_device:
-            for (k, _), b in zip(bases, copies.to_device([b for _, b in bases]) if bases else ()):
-                on_device[k].b = b
+            if with_base:
+                uploaded = copies.upload(staging)
+                for chunk, slot, n in with_base:
+                    chunk.b = uploaded[slot : slot + n]
             encoded = batched.encode_on_device(on_device, level=self.level, submit=pool().submit,
                                                copy=copies.to_host)
-            for slot, future in zip(slots, encoded):
+            for slot, future in zip(deferred, encoded):
                 slot.future = future
         # two batches in flight at most: the host compresses this one while the caller
         # copies and transforms the next
@@ -503,14 +514,18 @@ class ChunkWriter:
             self._drain_one()
         return object_ids
 
-    def _prepare(self, raw, dtype, base_chain, base_raw):
-        """(base bytes, ULP_STEP context, the method the device encodes, or None: the host's)."""
+    def _prepare(self, raw, dtype, base_chain, base_raw, target):
+        """(base bytes, ULP_STEP context, the method the device encodes, or None: the host's);
+        a base the device will need is written into ``target``, its slot of the upload."""
         from ..codec import transforms
 
         base_raw, context = self._base_and_context(raw, base_chain, base_raw)
         if context is not None and transforms.tries_step(raw, dtype, base_raw, context):
             return base_raw, context, None
-        return base_raw, None, transforms.chosen_method(raw, dtype, base_raw, self.level) if len(raw) else None
+        method = transforms.chosen_method(raw, dtype, base_raw, self.level) if len(raw) else None
+        if method is not None and method.uses_base:
+            target[:] = memoryview(transforms.fit_base(base_raw, len(raw))).cast("B")
+        return base_raw, None, method
 
     def _encode_prepared(self, raw, dtype, base_chain, base_raw, context):
         from .. import codec

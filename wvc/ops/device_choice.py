@@ -15,9 +15,10 @@ from __future__ import annotations
 import threading
 import time
 
-from .devices import resolve_device
+from ..codec.devices import resolve_device
 
 _CHOSEN: dict[tuple[str, str], str] = {}
+MEASURED: dict[tuple[str, str], dict[str, float]] = {}  # (device, source kind) -> path -> best seconds
 _LOCK = threading.Lock()
 TRIAL_BYTES = 16 << 20
 TRIALS = 3  # the fastest of three runs of each path (the first pays for warm-up)
@@ -40,15 +41,19 @@ def commit_device(requested: str, location: str = "files") -> str:
     with _LOCK:
         key = (resolved, location)
         if key not in _CHOSEN:
-            _CHOSEN[key] = fastest({resolved: _trial(resolved, location), "cpu": _trial("cpu", location)})
+            seconds = MEASURED[key] = {}
+            _CHOSEN[key] = fastest({resolved: _trial(resolved, location), "cpu": _trial("cpu", location)},
+                                   seconds=seconds)
         return _CHOSEN[key]
 
 
-def fastest(paths: dict, trials: int = TRIALS, clock=time.perf_counter) -> str:
+def fastest(paths: dict, trials: int = TRIALS, clock=time.perf_counter, seconds: dict | None = None) -> str:
     """The name of the fastest of ``paths`` (name -> a function running it once, returning
     the payloads it wrote), each run ``trials`` times, interleaved; all must write the same
-    payloads (else the C path's name, "cpu", is returned: the reference)."""
-    best = dict.fromkeys(paths, float("inf"))
+    payloads (else the C path's name, "cpu", is returned: the reference). ``seconds``, when
+    given, gets each path's best time."""
+    best = dict.fromkeys(paths, float("inf")) if seconds is None else seconds
+    best.update(dict.fromkeys(paths, float("inf")))
     outputs = {}
     for _ in range(trials):
         for name, run in paths.items():
@@ -66,8 +71,8 @@ def _trial(device: str, location: str):
 
     from ..formats.dtypes import DTYPES
     from ..store.objects import pool
-    from . import encode
-    from .transforms import chosen_method
+    from ..codec import encode
+    from ..codec.transforms import chosen_method
 
     bf16 = DTYPES["BF16"]
     g = torch.Generator().manual_seed(0)
@@ -94,7 +99,7 @@ def _trial(device: str, location: str):
         return run
 
     from ..device_copy import DeviceCopies
-    from .batched import DeviceChunk, encode_on_device
+    from ..codec.batched import DeviceChunk, encode_on_device
 
     def run():
         copies = DeviceCopies(where)
