@@ -117,16 +117,15 @@ class DeviceCopies:
         """One copy of the host byte buffers ``parts`` to the device; returns their device
         uint8 tensors (views of one allocation), usable on the current stream at once."""
         sizes = [len(memoryview(p).cast("B")) for p in parts]
-        staging = self.staging(sum(sizes))
-        host, at = staging.numpy(), 0
-        for p, n in zip(parts, sizes):
+        starts = [0]
+        for n in sizes:  # each part 16-byte aligned, so that any dtype can view it
+            starts.append(starts[-1] + -(-n // 16) * 16)
+        staging = self.staging(starts[-1])
+        host = staging.numpy()
+        for p, at, n in zip(parts, starts, sizes):
             host[at : at + n] = memoryview(p).cast("B")
-            at += n
-        flat, out, at = self.upload(staging), [], 0
-        for n in sizes:
-            out.append(flat[at : at + n])
-            at += n
-        return out
+        flat = self.upload(staging)
+        return [flat[at : at + n] for at, n in zip(starts, sizes)]
 
     def into(self, regions, parts, map=map) -> None:
         """Copy host byte buffers ``parts`` into device uint8 tensors ``regions`` (the same
