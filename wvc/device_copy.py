@@ -41,6 +41,8 @@ class DeviceCopies:
         self.torch = torch
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
+        if self.cuda and self.device.index is None:  # "cuda" is the current device: cuda:N, comparable
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.stream = torch.cuda.Stream(self.device) if self.cuda else None
         self.copies = 0  # copies issued, each way (the tests count them)
         self.bytes_to_host = 0

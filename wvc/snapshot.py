@@ -197,6 +197,8 @@ class Snapshotter:
         plan = []  # (tensor index, the chunk's bytes as a uint8 tensor, dtype, base id)
         for k, info in enumerate(header.tensors):
             flat = tensors[info.name].contiguous().reshape(-1).view(torch.uint8)
+            if flat.device.type != "cpu" and flat.device != copies.device:  # another GPU's: over to ours
+                flat = flat.to(copies.device)
             parent = self.parent.tensor(path, info.name)
             parent_chunks = parent.chunks if parent is not None and parent.dtype == info.dtype.name else None
             for i, (begin, end) in enumerate(chunk_spans(info.nbytes, info.dtype.width, self.chunk_bytes)):
