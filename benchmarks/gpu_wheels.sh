@@ -10,5 +10,5 @@ version="${1:-$(python3 -c 'import sys; print(f"{sys.version_info[0]}.{sys.versi
 rm -rf wheels && mkdir wheels
 python3 -m pip download --quiet --dest wheels --only-binary=:all: --python-version "$version" \
     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
-    blake3 zstandard sqlite-utils
+    blake3 zstandard sqlite-utils pytest
 ls wheels

@@ -89,11 +89,17 @@ def device_methods(monkeypatch):
     return seen
 
 
+GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here (benchmarks/gpu_run.sh runs it there)")
+
+
+@pytest.mark.parametrize("device", ["torch-cpu", pytest.param("cuda", marks=GPU)])
 def test_a_device_commit_stores_the_c_paths_payloads_for_every_dtype_and_route(tmp_path, small_batches,
-                                                                               device_methods):
+                                                                               device_methods, device):
     versions = _versions()
+    if device == "cuda":  # the state dict in device memory, as a trainer's
+        versions = [{k: t.to("cuda") for k, t in v.items()} for v in versions]
     trees = {}
-    for device in ("cpu", "torch-cpu"):
+    for device in ("cpu", device):
         repo = Repo.init(tmp_path / device, chunk_bytes=CHUNK)
         trees[device] = [repo.commit(f"v{i}", source=v, device=device).tree for i, v in enumerate(versions)]
         if device == "cpu":
@@ -102,7 +108,7 @@ def test_a_device_commit_stores_the_c_paths_payloads_for_every_dtype_and_route(t
         else:
             on_device = _payloads(repo)
         repo.close()
-    assert trees["cpu"] == trees["torch-cpu"]
+    assert trees["cpu"] == trees[device]
     assert on_device.keys() == on_cpu.keys()
     assert all(on_device[k] == on_cpu[k] for k in on_cpu)  # method, base and payload bytes
     methods = set(device_methods["methods"])
@@ -112,9 +118,9 @@ def test_a_device_commit_stores_the_c_paths_payloads_for_every_dtype_and_route(t
     assert Method.ULP_STEP in stored  # (the host's) -- the route that never reaches the device pass
     assert Method.ULP_STEP not in methods
     # and every version loads back bit for bit from the device-made repository
-    repo = Repo.open(tmp_path / "torch-cpu")
+    repo = Repo.open(tmp_path / device)
     for i, v in enumerate(versions):
-        got = repo.load_state_dict(f"HEAD~{len(versions) - 1 - i}")
+        got = repo.load_state_dict(f"HEAD~{len(versions) - 1 - i}", device="cuda" if device == "cuda" else "cpu")
         assert all(torch.equal(got[k].view(torch.uint8), v[k].contiguous().view(torch.uint8)) for k in v)
     repo.close()
 
