@@ -132,6 +132,26 @@ def test_sparse_is_not_tried_on_a_mostly_changed_chunk(monkeypatch):
     assert Method.SPARSE in tried
 
 
+def test_a_dense_steps_clearly_best_delta_is_encoded_once_without_a_trial(monkeypatch):
+    """A dense step's chunk (SPARSE cut, one delta left) is encoded in full with that delta
+    first and kept when it is clearly best: no trial encode on the sample (it cost a fifth
+    of a many-tensor fine-tune's encode time, #21). A delta that is not clearly best still
+    goes through the trials, and the device path's choice defers to the host's there."""
+    from wvc.codec.transforms import chosen_method
+
+    tried = encoded_methods(monkeypatch)
+    new, base = bf16_pair_with_changed_share(0.7)
+    enc = codec.encode(new, DTYPES["BF16"], base)
+    assert enc.method is Method.ULP_EXP and tried == [Method.ULP_EXP]  # one encode: the payload
+    assert chosen_method(new, DTYPES["BF16"], base) is Method.ULP_EXP
+    g = torch.Generator().manual_seed(5)
+    unrelated = (torch.randn(1 << 18, generator=g) * 0.02).to(torch.bfloat16).view(torch.uint8).numpy().tobytes()
+    tried.clear()
+    enc = codec.encode(new, DTYPES["BF16"], unrelated)
+    assert enc.method is Method.PLANES and tried[0] is Method.ULP_EXP and Method.PLANES in tried[1:]
+    assert chosen_method(new, DTYPES["BF16"], unrelated) is None  # the host's: it depends on the full delta
+
+
 def test_a_chunk_against_an_unrelated_base_is_stored_in_full():
     """Re-initialised weights: every element changed and the delta is no smaller than the
     value, so the full encoding wins the (short) trial."""

@@ -386,11 +386,16 @@ def _encode_others(raw, dtype: DType, base, device: str, level: int, method: Met
     methods = [method] if method is not None else candidate_methods(dtype, b is not None)
     if len(methods) > 1 and len(raw) >= MIN_SAMPLED:  # (chosen_method repeats this choice)
         sample_bytes = min(SAMPLE_BYTES, len(raw) // 4)
-        chosen, estimate = _best_on_sample(encode_with, sample, count_changed, methods, x, b, dtype, level, len(raw),
-                                           sample_bytes)
-        if step_size is not None and _step_wins(step_size, estimate):
+        # (not when a ULP_STEP payload competes: it is weighed against the sample's estimate,
+        # and wins most often without the others encoded in full at all)
+        choice = _best_on_sample(encode_with, sample, count_changed, methods, x, b, dtype, level, len(raw),
+                                 sample_bytes, full=None if step_size is not None else
+                                 lambda m: encode_with(m, x, b, dtype, level))
+        if step_size is not None and _step_wins(step_size, choice.estimate):
             return None
-        methods = [chosen]
+        if choice.payload is not None:
+            return Encoded(choice.payload, choice.method)
+        methods = [choice.method]
     best = None
     for m in methods:
         payload = encode_with(m, x, b, dtype, level)
@@ -413,9 +418,13 @@ def chosen_method(raw, dtype: DType, base, level: int = 1) -> Method | None:
     if len(raw) < MIN_SAMPLED:
         return None
     x, b, encode_with, sample, count_changed = _operations(raw, base, dtype, "cpu")
-    chosen, _ = _best_on_sample(encode_with, sample, count_changed, methods, x, b, dtype, level, len(raw),
-                                min(SAMPLE_BYTES, len(raw) // 4))
-    return chosen
+    choice = _best_on_sample(encode_with, sample, count_changed, methods, x, b, dtype, level, len(raw),
+                             min(SAMPLE_BYTES, len(raw) // 4))
+    if choice.single_delta and not choice.method.uses_base:
+        # the host encodes the delta in full before it trusts the sample to reject it
+        # (_best_on_sample's ``full``): this choice depends on that size, so it is the host's
+        return None
+    return choice.method
 
 
 def _sample_bytes(buf, width: int, starts, per: int) -> bytes:
@@ -460,10 +469,23 @@ SPARSE_MAX_CHANGED = 0.6
 ONE_DELTA_SAMPLE_BYTES = 32 * 1024
 
 
+@dataclass(frozen=True)
+class _Choice:
+    method: Method
+    estimate: float  # its payload's size, scaled from the sample (exact when ``payload`` is set)
+    payload: bytes | None = None  # already encoded in full
+    single_delta: bool = False  # one delta method was left to weigh against the full encoding
+
+
 def _best_on_sample(encode_with, sample, count_changed, methods, x, b, dtype, level, nbytes: int,
-                    sample_bytes: int) -> tuple[Method, float]:
-    """Cheap model selection: encode a few spread slices with each method, keep the best.
-    Returns it and its payload size scaled from the sample to the chunk."""
+                    sample_bytes: int, full=None) -> _Choice:
+    """Cheap model selection: encode a few spread slices with each method, keep the best,
+    with its payload size scaled from the sample to the chunk.
+
+    With one delta method left (a dense step, SPARSE cut) and ``full`` (encodes a method on
+    the whole chunk), that delta is encoded in full first and kept without any trial when
+    it is clearly best (DELTA_IS_CLEARLY_BEST): its trial on the sample decided nothing
+    else, and cost a fifth of a many-tensor fine-tune's encode time."""
     n = nbytes // dtype.width
     per = max(1, sample_bytes // dtype.width // 4)
     starts = [0, n // 3, (2 * n) // 3, max(0, n - per)]
@@ -471,6 +493,11 @@ def _best_on_sample(encode_with, sample, count_changed, methods, x, b, dtype, le
     if Method.SPARSE in methods and count_changed(xs, bs) > SPARSE_MAX_CHANGED * len(starts) * per:
         methods = [m for m in methods if m is not Method.SPARSE]
     deltas = [m for m in methods if m.uses_base]
+    encoded = None
+    if len(deltas) == 1 and full is not None:
+        encoded = full(deltas[0])
+        if len(encoded) <= nbytes * DELTA_IS_CLEARLY_BEST:
+            return _Choice(deltas[0], len(encoded), encoded, True)
     if len(deltas) == 1 and per * dtype.width > ONE_DELTA_SAMPLE_BYTES // 4:
         per = ONE_DELTA_SAMPLE_BYTES // dtype.width // 4
         xs, bs = sample(x, dtype.width, starts, per), sample(b, dtype.width, starts, per)
@@ -482,7 +509,9 @@ def _best_on_sample(encode_with, sample, count_changed, methods, x, b, dtype, le
             if m not in sizes:
                 sizes[m] = len(encode_with(m, xs, bs, dtype, level))
     best = min(sizes, key=lambda m: (sizes[m], methods.index(m)))
-    return best, sizes[best] * nbytes / sample_len
+    if encoded is not None and best is deltas[0]:
+        return _Choice(best, len(encoded), encoded, True)
+    return _Choice(best, sizes[best] * nbytes / sample_len, None, len(deltas) == 1)
 
 
 def decode_chunk(payload, raw_size: int, base=None, *, context=None, device: str = "cpu") -> bytes:
