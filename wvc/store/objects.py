@@ -359,6 +359,19 @@ class ObjectStore:
         return self.db.one("SELECT COUNT(*) FROM external_objects")
 
 
+@dataclass
+class _Offered:
+    """A new chunk of a device batch, between its offer and its encoding."""
+
+    object_id: str
+    raw: object  # the host copy
+    x: object  # the bytes on the device
+    dtype: object
+    chain: list[ObjectRow] | None  # its delta base's chain
+    slot: int | None  # where its base lies in the batch's upload (when it has one)
+    prepared: object = None  # the Future of ChunkWriter._prepare
+
+
 class _Deferred:
     """An in-flight entry of a device batch: the Future of its Encoded is known only once
     the batch is launched; ``result()`` gives what :meth:`ChunkWriter._encode` returns."""
@@ -464,7 +477,8 @@ class ChunkWriter:
         from ..codec import batched
 
         object_ids = list(pool().map(lambda item: ids.chunk_id(item[0]), items))
-        offered = []  # (object_id, raw, x, dtype, base chain, where its base goes up, its preparation)
+        offered: list[_Offered] = []
+        upload_bytes = 0
         for (raw, x, dtype, base_id), object_id in zip(items, object_ids):
             if self.kept_bytes + len(raw) <= self.store.keep_recent_bytes and object_id not in self.kept:
                 self.kept[object_id] = bytes(raw)
@@ -472,33 +486,30 @@ class ChunkWriter:
             if self.known(object_id):
                 continue
             self.in_flight_ids.add(object_id)
-            offered.append([object_id, raw, x, dtype, self._base_chain(base_id, object_id, len(raw))])
+            chain = self._base_chain(base_id, object_id, len(raw))
+            offered.append(_Offered(object_id, raw, x, dtype, chain, upload_bytes if chain else None))
+            upload_bytes += len(raw) if chain else 0
         # The bases go up in one copy, from one pinned buffer that the preparing workers fill
         # side by side (a serial copy into it on this thread took as long as the upload).
-        at = 0
-        for entry in offered:
-            entry.append(at if entry[4] else None)
-            at += len(entry[1]) if entry[4] else 0
-        staging = copies.staging(at) if at else None
+        staging = copies.staging(upload_bytes) if upload_bytes else None
         slots = staging.numpy() if staging is not None else None
-        for entry in offered:
-            raw, dtype, base_chain, slot = entry[1], entry[3], entry[4], entry[5]
-            base_raw = self.store.recent_chunks.get(base_chain[0].id) if base_chain else None
-            target = slots[slot : slot + len(raw)] if slot is not None else None
-            entry.append(pool().submit(self._prepare, raw, dtype, base_chain, base_raw, target))
+        for o in offered:
+            base_raw = self.store.recent_chunks.get(o.chain[0].id) if o.chain else None
+            target = slots[o.slot : o.slot + len(o.raw)] if o.slot is not None else None
+            o.prepared = pool().submit(self._prepare, o.raw, o.dtype, o.chain, base_raw, target)
         on_device, deferred, with_base = [], [], []
-        for object_id, raw, x, dtype, base_chain, slot, prepared in offered:
-            base_raw, context, method = prepared.result()
+        for o in offered:
+            base_raw, context, method = o.prepared.result()
             if method is None:  # the host's: a ULP_STEP candidate, or a small chunk
-                future = pool().submit(self._encode_prepared, raw, dtype, base_chain, base_raw, context)
+                future = pool().submit(self._encode_prepared, o.raw, o.dtype, o.chain, base_raw, context)
             else:
-                future = _Deferred(base_chain[0] if method.uses_base else None, len(raw))
+                future = _Deferred(o.chain[0] if method.uses_base else None, len(o.raw))
                 deferred.append(future)
-                on_device.append(batched.DeviceChunk(x, None, dtype, method))
+                on_device.append(batched.DeviceChunk(o.x, None, o.dtype, method))
                 if method.uses_base:
-                    with_base.append((on_device[-1], slot, len(raw)))
-            self.in_flight.append((object_id, future, len(raw)))
-            self.in_flight_bytes += len(raw)
+                    with_base.append((on_device[-1], o.slot, len(o.raw)))
+            self.in_flight.append((o.object_id, future, len(o.raw)))
+            self.in_flight_bytes += len(o.raw)
         if on_device:
             if with_base:
                 uploaded = copies.upload(staging)
@@ -506,8 +517,8 @@ class ChunkWriter:
                     chunk.b = uploaded[slot : slot + n]
             encoded = batched.encode_on_device(on_device, level=self.level, submit=pool().submit,
                                                copy=copies.to_host)
-            for slot, future in zip(deferred, encoded):
-                slot.future = future
+            for entry, future in zip(deferred, encoded):
+                entry.future = future
         # two batches in flight at most: the host compresses this one while the caller
         # copies and transforms the next
         while self.in_flight and self.in_flight_bytes > copies.batch_bytes:
