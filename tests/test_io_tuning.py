@@ -36,6 +36,31 @@ def test_durable_writes_start_writeback_per_stretch_and_keep_every_byte(tmp_path
     assert calls[-1][0] + calls[-1][1] <= len(data)
 
 
+def test_a_pack_starts_its_writeback_every_8_mib_so_its_final_fsync_is_short(tmp_path, monkeypatch):
+    """A pack's fsync is a commit's last step, with nothing to overlap it: the pack starts
+    writing back every PACK_WRITEBACK_BYTES (8 MiB), not every 32 MiB as other files do (a
+    many-tensor commit's 62 MB pack waited 22-26 ms in its fsync, now 6-7 ms, #21)."""
+    from wvc.store.packs import PackWriter
+
+    calls = []
+    real = fsutil.sync_file_range()
+    if real is None:
+        pytest.skip("no sync_file_range here")
+
+    def spy(fd, offset, length, flags):
+        calls.append((offset, length))
+        return real(fd, offset, length, flags)
+
+    monkeypatch.setattr(fsutil, "sync_file_range", lambda: spy)
+    pack = PackWriter(tmp_path)
+    payload = os.urandom(1 << 20)
+    for k in range(20):  # 20 MiB: under the 32 MiB of other files
+        pack.add(hashlib.sha256(bytes([k])).hexdigest(), payload, len(payload), 1, None)
+    pack.finish()
+    assert len(calls) == 2 and all(length >= fsutil.PACK_WRITEBACK_BYTES for _, length in calls)
+    assert fsutil.PACK_WRITEBACK_BYTES == 8 << 20 < fsutil.WRITEBACK_BYTES
+
+
 def test_a_non_durable_write_is_not_wrapped(tmp_path):
     with fsutil.atomic_writer(tmp_path / "f", durable=False) as fh:
         assert not isinstance(fh, fsutil.EarlyWriteback)

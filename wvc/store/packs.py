@@ -26,7 +26,7 @@ from pathlib import Path
 
 from .. import ids
 from ..errors import CorruptObject
-from ..fsutil import TEMP_PREFIX, EarlyWriteback, file_mode, fsync_dir
+from ..fsutil import PACK_WRITEBACK_BYTES, TEMP_PREFIX, EarlyWriteback, file_mode, fsync_dir
 from ..objects import MAX_PAYLOAD, MAX_RAW_CHUNK, canonical_json
 
 MAGIC = b"WVCPACK\x01"
@@ -89,7 +89,7 @@ class PackWriter:
         self.directory = directory
         fd, self.tmp_path = tempfile.mkstemp(prefix=TEMP_PREFIX, suffix=".pack", dir=directory)
         os.fchmod(fd, file_mode())  # mkstemp's 0600 would keep a shared repository's packs private
-        self.fh = EarlyWriteback(os.fdopen(fd, "wb"))  # written out as it grows: a short final fsync
+        self.fh = EarlyWriteback(os.fdopen(fd, "wb"), PACK_WRITEBACK_BYTES)  # written out as it grows: a short final fsync
         self.hasher = ids.hasher(ids.PACK)
         self.entries: list[PackEntry] = []
         self.written = 0
