@@ -37,9 +37,9 @@ class Child(NamedTuple):
     cpu: float  # user + system seconds of the process and its children
 
 
-def run_child(args: list[str]) -> Child:
+def run_child(args: list[str], env: dict | None = None, cwd: str | None = None) -> Child:
     t = time.perf_counter()
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
     out = proc.stdout.read()
     err = proc.stderr.read()
     _, status, usage = os.wait4(proc.pid, 0)

@@ -2,6 +2,7 @@
 
     python -m benchmarks.speed                    # the many-tensor case (minilm x8), 5 pairs
     python -m benchmarks.speed --pairs 9 --only "llm 1 GB bf16 step 0 -> 1" --llm-gb 1
+    git worktree add /tmp/before REV && python -m benchmarks.speed --baseline /tmp/before   # a change, A/B
 
 For each case: a delta commit of the case's last version onto a repository holding the one
 before, against ``zstd -3 -T2`` of the same file; a checkout of that commit with ``--output``
@@ -39,9 +40,14 @@ from .run import RESULTS, compile_bytecode, run_child, wvc_op, wvc_op_args
 DEFAULT_CASE = "minilm x8 bf16 step 0 -> 200"
 
 
-def _timed(args: list[str]) -> tuple[float, float]:
+def _timed(args: list[str], tree: Path | None = None) -> tuple[float, float]:
+    """(wall, CPU) of one process; ``tree``: run the wvc of that source tree instead."""
     os.sync()
-    child = run_child(args)
+    env = None
+    if tree is not None:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        env["PYTHONPATH"] = str(tree)
+    child = run_child(args, env=env, cwd=str(tree) if tree is not None else None)
     return child.wall, child.cpu
 
 
@@ -49,8 +55,10 @@ def _pin(cores: int | None, args: list[str]) -> list[str]:
     return args if cores is None else ["taskset", "-c", ",".join(map(str, range(cores))), *args]
 
 
-def case_pairs(case: C.Case, scratch: Path, pairs: int) -> dict:
-    """Every figure of one case, over ``pairs`` A/B pairs."""
+def case_pairs(case: C.Case, scratch: Path, pairs: int, baseline: Path | None = None) -> dict:
+    """Every figure of one case, over ``pairs`` A/B pairs; with ``baseline`` (another wvc
+    source tree, e.g. a ``git worktree`` of an older commit) also its commit and checkout of
+    the same bytes, paired with this tree's: the change measured against itself in one run."""
     new = case.versions[-1] / "model.safetensors"
     template, repo_dir, out = scratch / "template", scratch / "repo", scratch / "out"
     shutil.rmtree(template, ignore_errors=True)
@@ -63,9 +71,9 @@ def case_pairs(case: C.Case, scratch: Path, pairs: int) -> dict:
         shutil.rmtree(repo_dir, ignore_errors=True)
         shutil.copytree(template, repo_dir)
 
-    def commit(cores=None):
+    def commit(cores=None, tree=None):
         fresh_repo()
-        return _timed(_pin(cores, wvc_op_args("commit", repo_dir, case.versions[-1])))
+        return _timed(_pin(cores, wvc_op_args("commit", repo_dir, case.versions[-1])), tree)
 
     fresh_repo()
     commit_id = wvc_op("commit", repo_dir, case.versions[-1]).out["commit"]
@@ -73,9 +81,9 @@ def case_pairs(case: C.Case, scratch: Path, pairs: int) -> dict:
     shutil.rmtree(checked, ignore_errors=True)
     shutil.copytree(repo_dir, checked)
 
-    def checkout(cores=None):
+    def checkout(cores=None, tree=None):
         shutil.rmtree(out, ignore_errors=True)
-        return _timed(_pin(cores, wvc_op_args("checkout", checked, commit_id, out)))
+        return _timed(_pin(cores, wvc_op_args("checkout", checked, commit_id, out)), tree)
 
     def zstd_c(cores=None):
         return _timed(_pin(cores, ["zstd", "-3", f"-T{cores or 2}", "-q", "-f", str(new), "-o", str(zst)]))
@@ -100,6 +108,10 @@ def case_pairs(case: C.Case, scratch: Path, pairs: int) -> dict:
     for k in range(pairs):
         in_turn(k, ("commit", commit), ("zstd3_T2", zstd_c))
         in_turn(k, ("checkout", checkout), ("zstd_d", zstd_d), ("zstd_d_fsync", zstd_d_fsync))
+    if baseline is not None:
+        for k in range(pairs):
+            in_turn(k, ("commit_ab", commit), ("commit_baseline", lambda: commit(tree=baseline)))
+            in_turn(k, ("checkout_ab", checkout), ("checkout_baseline", lambda: checkout(tree=baseline)))
     checkout()
     identical = (out / "model.safetensors").read_bytes() == new.read_bytes()
     for k in range(pairs):
@@ -127,6 +139,12 @@ def case_pairs(case: C.Case, scratch: Path, pairs: int) -> dict:
         "zstd3_2core_speedup": ratio("zstd3_1core", "zstd3_2core"),
         "zstd_d_2core_speedup": ratio("zstd_d_1core", "zstd_d_2core"),
         "runs": runs,
+        **({"baseline": str(baseline),
+            "commit_over_baseline": ratio("commit_ab", "commit_baseline"),
+            "commit_over_baseline_cpu": ratio("commit_ab", "commit_baseline", 1),
+            "checkout_over_baseline": ratio("checkout_ab", "checkout_baseline"),
+            "checkout_over_baseline_cpu": ratio("checkout_ab", "checkout_baseline", 1)}
+           if baseline is not None else {}),
     }
 
 
@@ -159,6 +177,15 @@ def markdown(rows: list[dict], meta: dict) -> str:
             f"| {r['case']} | {m['commit_1core']:.2f} | {m['commit_2core']:.2f} | {r['commit_2core_speedup']:.2f} | "
             f"{m['checkout_1core']:.2f} | {m['checkout_2core']:.2f} | {r['checkout_2core_speedup']:.2f} | "
             f"{r['zstd3_2core_speedup']:.2f} | {r['zstd_d_2core_speedup']:.2f} |")
+    based = [r for r in rows if "baseline" in r]
+    if based:
+        lines += ["", "## Against a baseline tree", "",
+                  f"This tree's commit and checkout over those of `{based[0]['baseline']}` on the same bytes, in "
+                  "A/B pairs of the same run (median of the per-pair ratio; below 1: faster now).", "",
+                  "| case | commit time | commit CPU | checkout time | checkout CPU |", "|---|---|---|---|---|"]
+        for r in based:
+            lines.append(f"| {r['case']} | {r['commit_over_baseline']:.3f} | {r['commit_over_baseline_cpu']:.3f} | "
+                         f"{r['checkout_over_baseline']:.3f} | {r['checkout_over_baseline_cpu']:.3f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -168,6 +195,9 @@ def main(argv=None):
     ap.add_argument("--only", action="append", help="a case name (repeatable); default: the many-tensor case")
     ap.add_argument("--llm-gb", type=float, default=None, help="build the LLM-shaped cases of this size too")
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="another wvc source tree (a git worktree of an older commit): its commit and "
+                         "checkout paired with this tree's in the same run")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     compile_bytecode()
@@ -181,7 +211,7 @@ def main(argv=None):
     with tempfile.TemporaryDirectory(prefix="wvc-speed-", dir=os.environ.get("WVC_BENCH_SCRATCH")) as tmp:
         for case in cases:
             t = time.time()
-            rows.append(case_pairs(case, Path(tmp), args.pairs))
+            rows.append(case_pairs(case, Path(tmp), args.pairs, args.baseline and args.baseline.resolve()))
             r = rows[-1]
             print(f"{case.name}: commit/zstd-3-T2 {r['commit_over_zstd3_T2']:.2f}, checkout/zstd-d "
                   f"{r['checkout_over_zstd_d']:.2f}, 2-core speed-up commit {r['commit_2core_speedup']:.2f} "

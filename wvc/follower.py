@@ -350,8 +350,8 @@ class Follower:
                     continue
                 undo.append((region, region.clone()))
                 old = self._entries.get(name)
-                if old is not None and self._chunk_bytes == chunk_bytes and i < len(old.chunks) \
-                        and len(undo[-1][1]) == region.numel():
+                if old is not None and self._chunk_bytes == chunk_bytes and i < len(old.chunks):
+                    # (not fresh: the same shape, so the old chunk has this region's size)
                     previous[old.chunks[i]] = self._mirror.get(old.chunks[i], undo[-1][1])
                 _write_chunk(region, new)
         except BaseException:

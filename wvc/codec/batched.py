@@ -109,7 +109,7 @@ def _launch(torch, method: Method, chunks: list[DeviceChunk], copy):
         # 32-bit keys while they fit (a radix sort's passes, and torch's CPU sort, ~1.5x faster)
         kind = torch.int32 if len(chunks) * (mask + 1) < 1 << 31 else torch.int64
         owner = torch.repeat_interleave(torch.arange(len(chunks), device=x.device, dtype=kind),
-                                        torch.tensor(counts, device=x.device))
+                                        torch.tensor(counts, device=x.device), output_size=int(starts[-1]))
         key = ((b >> param) & mask).to(kind) + owner * (mask + 1)
         perm = torch.argsort(key, stable=True)
         per_key = torch.bincount(key, minlength=len(chunks) * (mask + 1)).reshape(len(chunks), mask + 1)
