@@ -63,6 +63,27 @@ def _versions():
     return versions
 
 
+def _commit_all(path, versions) -> list[str]:
+    repo = Repo.init(path, chunk_bytes=CHUNK)
+    commits = [repo.commit(f"v{i}", source=v).commit for i, v in enumerate(versions)]
+    repo.close()
+    return commits
+
+
+@pytest.fixture
+def uploads(monkeypatch):
+    """The sizes of the parts of every DeviceCopies.to_device call, a list per call."""
+    calls = []
+    real = device_copy.DeviceCopies.to_device
+
+    def spy(self, parts):
+        calls.append([len(memoryview(p).cast("B")) for p in parts])
+        return real(self, parts)
+
+    monkeypatch.setattr(device_copy.DeviceCopies, "to_device", spy)
+    return calls
+
+
 def _payloads(repo):
     store = repo.store
     return {oid: (row.method, row.base, bytes(store.reader.read(row.pack, row.offset, row.length)))
@@ -174,7 +195,7 @@ def test_a_failure_inside_a_device_batch_leaves_the_repository_as_it_was(tmp_pat
     repo.close()
 
 
-def test_loads_onto_a_device_copy_a_batch_at_a_time_and_check_sizes(tmp_path):
+def test_loads_onto_a_device_copy_a_batch_at_a_time_and_check_sizes(tmp_path, monkeypatch):
     versions = _versions()
     repo = Repo.init(tmp_path / "r", chunk_bytes=CHUNK)
     commit = repo.commit("v0", source=versions[0]).commit
@@ -186,11 +207,8 @@ def test_loads_onto_a_device_copy_a_batch_at_a_time_and_check_sizes(tmp_path):
         copies.append(len(regions))
         return real(self, regions, parts, map)
 
-    device_copy.DeviceCopies.into = count
-    try:
-        got = tensors_on_device(repo.store, entries, "cpu", batch_bytes=2 << 20)
-    finally:
-        device_copy.DeviceCopies.into = real
+    monkeypatch.setattr(device_copy.DeviceCopies, "into", count)
+    got = tensors_on_device(repo.store, entries, "cpu", batch_bytes=2 << 20)
     assert all(torch.equal(got[k].view(torch.uint8), versions[0][k].contiguous().view(torch.uint8)) for k in entries)
     chunks = sum(len(e.chunks) for e in entries.values())
     total = sum(e.nbytes for e in entries.values())
@@ -203,26 +221,16 @@ def test_loads_onto_a_device_copy_a_batch_at_a_time_and_check_sizes(tmp_path):
     repo.close()
 
 
-def test_a_follower_uploads_many_changed_chunks_in_one_copy(tmp_path, monkeypatch):
+def test_a_follower_uploads_many_changed_chunks_in_one_copy(tmp_path, uploads):
     versions = _versions()
-    repo = Repo.init(tmp_path / "r", chunk_bytes=CHUNK)
-    commits = [repo.commit(f"v{i}", source=v).commit for i, v in enumerate(versions)]
-    repo.close()
-    uploads = []
-    real = device_copy.DeviceCopies.to_device
-
-    def count(self, parts):
-        uploads.append(len(parts))
-        return real(self, parts)
-
-    monkeypatch.setattr(device_copy.DeviceCopies, "to_device", count)
+    commits = _commit_all(tmp_path / "r", versions)
     follower = wvc.follow(tmp_path / "r")
     for commit, v in zip(commits, versions):
         uploads.clear()
         update = follower.update(rev=commit)
         assert all(torch.equal(follower.state_dict[k].view(torch.uint8), v[k].contiguous().view(torch.uint8))
                    for k in v if v[k].numel())
-        assert update is not None and len(uploads) < sum(uploads)  # chunks of many tensors per copy
+        assert update is not None and len(uploads) < sum(map(len, uploads))  # chunks of many tensors per copy
 
 
 def test_device_copies_keep_order_and_bytes_on_the_host_backend():
@@ -322,28 +330,18 @@ def _rl_versions(steps: int = 3):
     return out
 
 
-def test_a_device_follower_sends_only_the_changed_elements_of_a_sparse_step(tmp_path, mirrored, monkeypatch):
+def test_a_device_follower_sends_only_the_changed_elements_of_a_sparse_step(tmp_path, mirrored, uploads):
     versions = _rl_versions()
-    repo = Repo.init(tmp_path / "r", chunk_bytes=CHUNK)
-    commits = [repo.commit(f"v{i}", source=v).commit for i, v in enumerate(versions)]
-    repo.close()
-    sent = []
-    real = device_copy.DeviceCopies.to_device
-
-    def count(self, parts):
-        sent.append(sum(len(memoryview(p).cast("B")) for p in parts))
-        return real(self, parts)
-
-    monkeypatch.setattr(device_copy.DeviceCopies, "to_device", count)
+    commits = _commit_all(tmp_path / "r", versions)
     given = {k: torch.zeros_like(t) for k, t in versions[0].items()}
     follower = wvc.follow(tmp_path / "r", state_dict=given)
     for n, (commit, v) in enumerate(zip(commits, versions)):
-        sent.clear()
+        uploads.clear()
         follower.update(rev=commit)
         assert all(torch.equal(given[k].view(torch.uint8), v[k].view(torch.uint8)) for k in v)  # in place, exact
         changed = sum(v[k].numel() * v[k].element_size() for k in ("w0", "w2", "f32"))
         if n:  # the changed tensors' chunks cross as ~1% of their elements, positions and values
-            assert sum(sent) < changed / 10, (sum(sent), changed)
+            assert sum(map(sum, uploads)) < changed / 10, (uploads, changed)
     # the bases the deltas decode against came from the host copies: none was read back
     assert set(follower._mirror) == {c for f in Repo.open(tmp_path / "r").tree_of(commits[-1]).files
                                      for t in f.tensors for c in t.chunks}
@@ -351,9 +349,7 @@ def test_a_device_follower_sends_only_the_changed_elements_of_a_sparse_step(tmp_
 
 def test_an_interrupt_while_patching_restores_every_tensor(tmp_path, mirrored, monkeypatch):
     versions = _rl_versions(1)
-    repo = Repo.init(tmp_path / "r", chunk_bytes=CHUNK)
-    first, second = (repo.commit(f"v{i}", source=v).commit for i, v in enumerate(versions))
-    repo.close()
+    first, second = _commit_all(tmp_path / "r", versions)
     given = {k: torch.zeros_like(t) for k, t in versions[0].items()}
     follower = wvc.follow(tmp_path / "r", state_dict=given)
     follower.update(rev=first)
