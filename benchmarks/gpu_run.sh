@@ -3,6 +3,7 @@
 #
 #   here:  bash benchmarks/gpu_wheels.sh 3.X        # the device image's Python version
 #   there: bash benchmarks/gpu_run.sh [OUT_DIR]     # (device tool: carry benchmarks/wheels)
+#   a dry run without a GPU: GPU_RUN_DEVICE=torch-cpu GPU_RUN_ARGS="--sizes 0.03 --hidden 256" bash benchmarks/gpu_run.sh /tmp/g
 #
 # Installs wvc and the wheels it lacks there (blake3, zstandard, sqlite-utils), builds the C
 # kernels (the C path it is compared with), runs the device-path tests, then
@@ -19,5 +20,5 @@ export PYTHONUNBUFFERED=1
     python3 -m pip install --quiet --no-deps --no-build-isolation -e . || python3 setup.py build_ext --inplace
     python3 -c 'from wvc.codec import native; assert native.kernels is not None, "no C kernels: the C path would be numpy"'
     python3 -m pytest -q tests/test_device_path.py -p no:cacheprovider || true  # the cuda case runs there
-    python3 -m benchmarks.gpu --device cuda --sizes 4 16 --out "$out/gpu.json"
+    python3 -m benchmarks.gpu --device "${GPU_RUN_DEVICE:-cuda}" ${GPU_RUN_ARGS:---sizes 4 16} --out "$out/gpu.json"
 } 2>&1 | tee "$out/gpu_run.log"
