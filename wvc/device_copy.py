@@ -44,9 +44,6 @@ class DeviceCopies:
         if self.cuda and self.device.index is None:  # "cuda" is the current device: cuda:N, comparable
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.stream = torch.cuda.Stream(self.device) if self.cuda else None
-        self.copies = 0  # copies issued, each way (the tests count them)
-        self.bytes_to_host = 0
-        self.bytes_to_device = 0
 
     def _pinned(self, nbytes: int, dtype):
         t = self.torch
@@ -56,8 +53,6 @@ class DeviceCopies:
         """Start copying ``tensor`` (contiguous, on the device) to the host; returns ``wait()``
         -> the host copy as a numpy array (valid as long as it is referenced)."""
         t = self.torch
-        self.copies += 1
-        self.bytes_to_host += tensor.numel() * tensor.element_size()
         if not self.cuda:
             host = tensor.contiguous()
             return lambda: host.numpy()
@@ -97,12 +92,28 @@ class DeviceCopies:
         fill (from several threads, each its own slice) before :meth:`upload`."""
         return self._pinned(nbytes, self.torch.uint8)
 
+    def _staged(self, parts, align: int = 1, map=map):
+        """``parts`` (host byte buffers) copied into one staging buffer, each at a multiple of
+        ``align`` (by ``map``: a pool's, to copy side by side); returns it, the parts' starts
+        and their sizes."""
+        sizes = [len(memoryview(p).cast("B")) for p in parts]
+        starts = [0]
+        for n in sizes:
+            starts.append(starts[-1] + -(-n // align) * align)
+        staging = self.staging(starts[-1])
+        host = staging.numpy()
+
+        def place(k):
+            host[starts[k] : starts[k] + sizes[k]] = memoryview(parts[k]).cast("B")
+
+        for _ in map(place, range(len(parts))):
+            pass
+        return staging, starts, sizes
+
     def upload(self, staging):
         """One copy of a filled :meth:`staging` buffer to the device; returns the device
         tensor, usable on the current stream at once (it waits for the copy on the device)."""
         t = self.torch
-        self.copies += 1
-        self.bytes_to_device += staging.numel()
         if not self.cuda:
             return staging
         flat = t.empty(staging.numel(), dtype=t.uint8, device=self.device)
@@ -117,15 +128,9 @@ class DeviceCopies:
 
     def to_device(self, parts):
         """One copy of the host byte buffers ``parts`` to the device; returns their device
-        uint8 tensors (views of one allocation), usable on the current stream at once."""
-        sizes = [len(memoryview(p).cast("B")) for p in parts]
-        starts = [0]
-        for n in sizes:  # each part 16-byte aligned, so that any dtype can view it
-            starts.append(starts[-1] + -(-n // 16) * 16)
-        staging = self.staging(starts[-1])
-        host = staging.numpy()
-        for p, at, n in zip(parts, starts, sizes):
-            host[at : at + n] = memoryview(p).cast("B")
+        uint8 tensors (views of one allocation), usable on the current stream at once. Each
+        part starts 16-byte aligned, so that any dtype can view it."""
+        staging, starts, sizes = self._staged(parts, align=16)
         flat = self.upload(staging)
         return [flat[at : at + n] for at, n in zip(starts, sizes)]
 
@@ -135,35 +140,17 @@ class DeviceCopies:
         then a copy per region on the copy stream (no device buffer in between); the current
         stream waits for them on the device."""
         t = self.torch
-        sizes = [len(memoryview(p).cast("B")) for p in parts]
-        self.copies += 1
-        self.bytes_to_device += sum(sizes)
-        staging = self._pinned(sum(sizes), t.uint8)
-        host, starts = staging.numpy(), [0]
-        for n in sizes:
-            starts.append(starts[-1] + n)
-
-        def place(k):
-            host[starts[k] : starts[k + 1]] = memoryview(parts[k]).cast("B")
-
-        for _ in map(place, range(len(parts))):
-            pass
-        at = 0
+        staging, starts, sizes = self._staged(parts, map=map)
+        pieces = [(region, staging[at : at + n]) for region, at, n in zip(regions, starts, sizes)]
         if not self.cuda:
-            for region, n in zip(regions, sizes):
-                region.copy_(staging[at : at + n])
-                at += n
+            for region, piece in pieces:
+                region.copy_(piece)
             return
         self.stream.wait_stream(t.cuda.current_stream(self.device))  # after what used the regions
         with t.cuda.stream(self.stream):
-            for region, n in zip(regions, sizes):
-                region.copy_(staging[at : at + n], non_blocking=True)
+            for region, piece in pieces:
+                region.copy_(piece, non_blocking=True)
                 region.record_stream(self.stream)
-                at += n
             done = t.cuda.Event()
             done.record(self.stream)
         t.cuda.current_stream(self.device).wait_event(done)
-
-    def synchronize(self) -> None:
-        if self.cuda:
-            self.stream.synchronize()

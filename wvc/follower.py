@@ -187,7 +187,9 @@ class _Uploads:
             from .device_copy import DeviceCopies
 
             device = self.writes[k][2].device
-            lane = self.lanes.get(device) or self.lanes.setdefault(device, DeviceCopies(device))
+            if device not in self.lanes:
+                self.lanes[device] = DeviceCopies(device)
+            lane = self.lanes[device]
             batch, parts, size = [], [], 0
             for j in range(k, len(self.writes)):
                 up = self.writes[j][3]

@@ -30,13 +30,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..formats.dtypes import DType
-from .backends import NumpyBackend
+from .backends import backend
 from .container import ROTATED, Method, compress_stream, pack
 from .transforms import (Encoded, _gap_streams, _rotate_left, _transform, inner_method, merge_groups,
                          planes_param)
-
-_HOST = NumpyBackend()
-
 
 @dataclass
 class DeviceChunk:
@@ -153,7 +150,7 @@ def _sparse_builder(positions, values, start: int, end: int, width: int, inner: 
         pos = positions[lo:hi] - start
         gaps = (np.diff(pos, prepend=-1) - 1).astype(np.uint32)
         streams = [compress_stream(p, level) for p in _gap_streams(gaps)]
-        streams += [compress_stream(p, level) for p in _HOST.planes(values[lo:hi], width)]
+        streams += [compress_stream(p, level) for p in backend("cpu").planes(values[lo:hi], width)]
         return pack(Method.SPARSE, width, int(inner), int(end - start) * width, streams)
 
     return build

@@ -52,7 +52,7 @@ def fastest(paths: dict, trials: int = TRIALS, clock=time.perf_counter, seconds:
     the payloads it wrote), each run ``trials`` times, interleaved; all must write the same
     payloads (else the C path's name, "cpu", is returned: the reference). ``seconds``, when
     given, gets each path's best time."""
-    best = dict.fromkeys(paths, float("inf")) if seconds is None else seconds
+    best = {} if seconds is None else seconds
     best.update(dict.fromkeys(paths, float("inf")))
     outputs = {}
     for _ in range(trials):
