@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from .container import CODEC_VERSION, Method, PayloadInfo, peek
 
-__all__ = ["CODEC_VERSION", "Method", "PayloadInfo", "peek", "encode", "decode", "Encoded"]
+__all__ = ["CODEC_VERSION", "Method", "PayloadInfo", "peek", "encode", "decode", "decode_on_keyframe", "Encoded"]
 
 
 def encode(raw, dtype, base=None, *, context=None, device: str = "cpu", level: int = 1, method=None):
@@ -35,6 +35,15 @@ def decode(payload, raw_size: int, base=None, *, context=None, device: str = "cp
     from .transforms import decode_chunk
 
     return decode_chunk(payload, raw_size, base, context=context, device=device)
+
+
+def decode_on_keyframe(payload, keyframe, raw_size: int) -> bytes | None:
+    """``decode(payload, raw_size, decode(keyframe, raw_size))`` in one pass that never
+    materialises the base, for the pairs that allow it (see transforms.decode_on_keyframe);
+    None for the others."""
+    from .transforms import decode_on_keyframe
+
+    return decode_on_keyframe(payload, keyframe, raw_size)
 
 
 def __getattr__(name):

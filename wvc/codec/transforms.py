@@ -564,6 +564,27 @@ def decode_chunk(payload, raw_size: int, base=None, *, context=None, device: str
     return xp.to_bytes(_inverse(info.method, y, b, bits))
 
 
+def decode_on_keyframe(payload, keyframe, raw_size: int) -> bytes | None:
+    """The chunk that ``payload`` decodes to over the chunk that ``keyframe`` decodes to, in
+    one C call that never materialises that base, where the pair has the shape it takes
+    (a bfloat16 or float32 ULP_EXP delta over a rotated PLANES keyframe of the same size: a
+    fine-tune over the version it started from); None elsewhere (decode the keyframe, then
+    the delta). Only the result's id checks it: a caller hashes it, as for any chain."""
+    if not native.whole_payloads:
+        return None
+    info, key = peek(payload), peek(keyframe)
+    width = info.width
+    if not (info.method is Method.ULP_EXP and key.method is Method.PLANES and key.param == ROTATED
+            and width in (2, 4) and key.width == width and info.param == 8 * width - 9
+            and info.raw_size == key.raw_size == raw_size > 0):
+        return None
+    try:
+        return native.kernels.decode_on_keyframe(payload, keyframe, width, _NATIVE_CODE[Method.ULP_EXP], info.param,
+                                                 MIN_GROUP)
+    except ValueError as exc:  # every length is checked on the C side
+        raise CorruptObject(str(exc)) from None
+
+
 GAP_ESCAPE = 255
 
 
