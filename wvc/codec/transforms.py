@@ -515,7 +515,8 @@ def _best_on_sample(encode_with, sample, count_changed, methods, x, b, dtype, le
 
 
 def decode_chunk(payload, raw_size: int, base=None, *, context=None, device: str = "cpu") -> bytes:
-    info = peek(payload)
+    whole = device == "cpu" and native.kernels is not None and native.whole_payloads
+    info = peek(payload, table=not whole)  # (the C decoder checks the stream table itself)
     if info.raw_size != raw_size:
         raise CorruptObject(f"payload holds {info.raw_size} bytes, expected {raw_size}")
     if raw_size == 0:
@@ -531,9 +532,9 @@ def decode_chunk(payload, raw_size: int, base=None, *, context=None, device: str
         if context is None:
             raise CorruptObject("ULP_STEP payload without the version before its base")
         return step.decode(step_bits(payload), base_raw, fit_base(context, raw_size), width, info.param)
+    if whole:
+        return _decode_whole(payload, info, base_raw)
     if device == "cpu" and native.kernels is not None:  # on the raw buffers, without numpy
-        if native.whole_payloads:
-            return _decode_whole(payload, info, base_raw)
         if info.method is Method.SPARSE:
             return _decode_sparse_native(payload, info, base_raw)
         return _decode_native(payload, info, base_raw)
@@ -572,7 +573,7 @@ def decode_on_keyframe(payload, keyframe, raw_size: int) -> bytes | None:
     the delta). Only the result's id checks it: a caller hashes it, as for any chain."""
     if not native.whole_payloads:
         return None
-    info, key = peek(payload), peek(keyframe)
+    info, key = peek(payload, table=False), peek(keyframe, table=False)  # (checked again in C)
     width = info.width
     if not (info.method is Method.ULP_EXP and key.method is Method.PLANES and key.param == ROTATED
             and width in (2, 4) and key.width == width and info.param == 8 * width - 9
