@@ -19,9 +19,8 @@ from ..errors import MissingEntry, UncommittedChanges, WvcError
 from ..fsutil import resolve_inside
 from ..objects import Tree
 from ..progress import NULL, Progress
-from ..store.refs import HEADS
+from ..store.refs import HEADS, MERGE_HEAD, MERGE_RECIPE
 from ..worktree import StatCache, scan
-from .commit import MERGE_HEAD, MERGE_RECIPE
 from .materialize import write_file
 
 

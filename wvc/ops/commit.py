@@ -21,15 +21,13 @@ from ..errors import ConcurrentUpdate, MissingObject, NothingToCommit, WvcError
 from .device_choice import commit_device, data_location
 from ..objects import Commit, Tree, check_metadata
 from ..progress import NULL, Progress
-from ..store.refs import HEADS
+from ..store.refs import HEADS, MERGE_HEAD, MERGE_RECIPE
 from ..worktree import StatCache, scan
 from ..snapshot import STATE_DICT_PATH, Snapshotter
 
 
 # A merge written with --no-commit (ops/merge.py) waits here for the next commit, which
 # takes the other parent and the recipe; any checkout drops it.
-MERGE_HEAD = "merge.head"
-MERGE_RECIPE = "merge.recipe"
 
 
 @dataclass

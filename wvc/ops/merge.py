@@ -24,9 +24,9 @@ from ..formats.dtypes import DTYPES
 from ..merge_methods import COMPUTED, TAKE_SIDE, MergeParameters, merge_tensor
 from ..objects import Commit, FileEntry, TensorEntry, Tree, chunk_spans
 from ..progress import NULL, Progress
-from ..store.refs import HEADS
+from ..store.refs import HEADS, MERGE_HEAD, MERGE_RECIPE
 from .checkout import checkout
-from .commit import MERGE_HEAD, MERGE_RECIPE, default_author
+from .commit import default_author
 from .materialize import write_file
 from .status import status
 

@@ -17,6 +17,9 @@ from .database import Database
 HEADS = "refs/heads/"
 TAGS = "refs/tags/"
 HEAD_KEY = "HEAD"
+# config keys of a merge in progress: the other side's commit, and how it was merged
+MERGE_HEAD = "merge.head"
+MERGE_RECIPE = "merge.recipe"
 _BAD_CHARS = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]")
 
 
