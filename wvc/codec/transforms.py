@@ -356,13 +356,18 @@ STEP_MIN_GAIN = 0.8
 
 
 def _operations(raw, base, dtype: DType, device: str):
-    """(x, b, encode_with, sample, count_changed) for the trials and the encode on ``device``."""
+    """(x, b, encode_with, sample, changed_in_sample) for the trials and the encode on
+    ``device``; ``changed_in_sample(x, b, starts, per)``: how many of the sample's elements
+    changed."""
     if device == "cpu" and native.kernels is not None:
         # the C kernels work on the raw buffers: this path never imports numpy
-        def count_changed(xs, bs):
-            return native.kernels.changed_count(xs, bs, dtype.width)
+        def changed_in_sample(xs, bs, starts, per):
+            # slice by slice: no joined copy of samples that a dense step never trials
+            w = dtype.width
+            return sum(native.kernels.changed_count(xs[s * w : (s + per) * w], bs[s * w : (s + per) * w], w)
+                       for s in starts)
 
-        return raw, base, _encode_native, _sample_bytes, count_changed
+        return raw, base, _encode_native, _sample_bytes, changed_in_sample
     from .backends import backend
 
     xp = backend(device)
@@ -375,20 +380,23 @@ def _operations(raw, base, dtype: DType, device: str):
     def sample(arr, width, starts, per):
         return xp.sample(arr, starts, per)
 
-    return x, b, encode_with, sample, xp.count_changed
+    def changed_in_sample(xs, bs, starts, per):
+        return xp.count_changed(xp.sample(xs, starts, per), xp.sample(bs, starts, per))
+
+    return x, b, encode_with, sample, changed_in_sample
 
 
 def _encode_others(raw, dtype: DType, base, device: str, level: int, method: Method | None,
                    step_size: int | None = None) -> Encoded | None:
     """The smallest encoding of the methods before ULP_STEP; None when ``step_size`` (a
     ULP_STEP payload's) wins against the best's size estimated on the samples."""
-    x, b, encode_with, sample, count_changed = _operations(raw, base, dtype, device)
+    x, b, encode_with, sample, changed_in_sample = _operations(raw, base, dtype, device)
     methods = [method] if method is not None else candidate_methods(dtype, b is not None)
     if len(methods) > 1 and len(raw) >= MIN_SAMPLED:  # (chosen_method repeats this choice)
         sample_bytes = min(SAMPLE_BYTES, len(raw) // 4)
         # (not when a ULP_STEP payload competes: it is weighed against the sample's estimate,
         # and wins most often without the others encoded in full at all)
-        choice = _best_on_sample(encode_with, sample, count_changed, methods, x, b, dtype, level, len(raw),
+        choice = _best_on_sample(encode_with, sample, changed_in_sample, methods, x, b, dtype, level, len(raw),
                                  sample_bytes, full=None if step_size is not None else
                                  lambda m: encode_with(m, x, b, dtype, level))
         if step_size is not None and _step_wins(step_size, choice.estimate):
@@ -417,8 +425,8 @@ def chosen_method(raw, dtype: DType, base, level: int = 1) -> Method | None:
         return methods[0]
     if len(raw) < MIN_SAMPLED:
         return None
-    x, b, encode_with, sample, count_changed = _operations(raw, base, dtype, "cpu")
-    choice = _best_on_sample(encode_with, sample, count_changed, methods, x, b, dtype, level, len(raw),
+    x, b, encode_with, sample, changed_in_sample = _operations(raw, base, dtype, "cpu")
+    choice = _best_on_sample(encode_with, sample, changed_in_sample, methods, x, b, dtype, level, len(raw),
                              min(SAMPLE_BYTES, len(raw) // 4))
     if choice.single_delta and not choice.method.uses_base:
         # the host encodes the delta in full before it trusts the sample to reject it
@@ -477,7 +485,7 @@ class _Choice:
     single_delta: bool = False  # one delta method was left to weigh against the full encoding
 
 
-def _best_on_sample(encode_with, sample, count_changed, methods, x, b, dtype, level, nbytes: int,
+def _best_on_sample(encode_with, sample, changed_in_sample, methods, x, b, dtype, level, nbytes: int,
                     sample_bytes: int, full=None) -> _Choice:
     """Cheap model selection: encode a few spread slices with each method, keep the best,
     with its payload size scaled from the sample to the chunk.
@@ -489,8 +497,7 @@ def _best_on_sample(encode_with, sample, count_changed, methods, x, b, dtype, le
     n = nbytes // dtype.width
     per = max(1, sample_bytes // dtype.width // 4)
     starts = [0, n // 3, (2 * n) // 3, max(0, n - per)]
-    xs, bs = sample(x, dtype.width, starts, per), sample(b, dtype.width, starts, per)
-    if Method.SPARSE in methods and count_changed(xs, bs) > SPARSE_MAX_CHANGED * len(starts) * per:
+    if Method.SPARSE in methods and changed_in_sample(x, b, starts, per) > SPARSE_MAX_CHANGED * len(starts) * per:
         methods = [m for m in methods if m is not Method.SPARSE]
     deltas = [m for m in methods if m.uses_base]
     encoded = None
@@ -500,7 +507,7 @@ def _best_on_sample(encode_with, sample, count_changed, methods, x, b, dtype, le
             return _Choice(deltas[0], len(encoded), encoded, True)
     if len(deltas) == 1 and per * dtype.width > ONE_DELTA_SAMPLE_BYTES // 4:
         per = ONE_DELTA_SAMPLE_BYTES // dtype.width // 4
-        xs, bs = sample(x, dtype.width, starts, per), sample(b, dtype.width, starts, per)
+    xs, bs = sample(x, dtype.width, starts, per), sample(b, dtype.width, starts, per)
     sample_len = len(starts) * per * dtype.width
     sizes = {m: len(encode_with(m, xs, bs, dtype, level)) for m in deltas}
     best = min(deltas, key=sizes.__getitem__) if deltas else None
