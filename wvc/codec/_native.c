@@ -20,6 +20,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The GIL is let go around a kernel only for inputs of at least RELEASE_GIL_BYTES: a small
+ * chunk's kernel (a bias, a norm) takes a few microseconds, and handing the GIL to another
+ * thread and waiting to get it back cost several times that (a commit of 3,000 768-byte
+ * tensors: each call 4-5x its own time, in futex waits and context switches). */
+#define RELEASE_GIL_BYTES (64 * 1024)
+#define BEGIN_KERNEL(bytes) { PyThreadState *_save = (bytes) >= RELEASE_GIL_BYTES ? PyEval_SaveThread() : NULL;
+#define END_KERNEL if (_save) PyEval_RestoreThread(_save); }
+
 #define LANES 4 /* quarters walked side by side by the grouped passes (2: as fast; 8, 16: slower) */
 
 /* Grouping by the base's key, done in passes that each vectorise or stay short: the keys
@@ -526,10 +534,10 @@ static PyObject *encode_planes(PyObject *self, PyObject *args) {
         kernel_fn fn = enc[a.width - 1];
         const uint8_t *bs = a.has_base ? (const uint8_t *)a.base.buf : NULL;
         uint8_t *dst = (uint8_t *)PyBytes_AS_STRING(out);
-        Py_BEGIN_ALLOW_THREADS
+        BEGIN_KERNEL(a.data.len)
         if (a.nkeys) group(bs, a.n, a.width, a.shift, &g, keys, counts);
         fn((const uint8_t *)a.data.buf, bs, a.n, a.code, a.nkeys ? &g : NULL, dst, tmp);
-        Py_END_ALLOW_THREADS
+        END_KERNEL
     }
     PyObject *result = NULL;
     if (out) {
@@ -619,10 +627,10 @@ static PyObject *decode_planes(PyObject *self, PyObject *args) {
     const Pieces pieces = {ptr, len, groups};
     const uint8_t *bs = has_base ? (const uint8_t *)bv.buf : NULL;
     uint8_t *dst = (uint8_t *)PyBytes_AS_STRING(out);
-    Py_BEGIN_ALLOW_THREADS
+    BEGIN_KERNEL(n * width)
     if (nkeys) group(bs, n, width, shift, &g, keys, counts);
     dec[width - 1](&pieces, bs, n, code, nkeys ? &g : NULL, dst, tmp);
-    Py_END_ALLOW_THREADS
+    END_KERNEL
     PyObject *sizes = key_counts(counts, nkeys);
     if (sizes) result = PyTuple_Pack(2, out, sizes);
     Py_XDECREF(sizes);
@@ -719,9 +727,9 @@ static PyObject *pack_bits(PyObject *self, PyObject *args) {
     PyObject *out = PyBytes_FromStringAndSize(NULL, m);
     if (out) {
         uint8_t *dst = (uint8_t *)PyBytes_AS_STRING(out);
-        Py_BEGIN_ALLOW_THREADS
+        BEGIN_KERNEL(n)
         pack_into(in.buf, n, bits, dst);
-        Py_END_ALLOW_THREADS
+        END_KERNEL
     }
     PyBuffer_Release(&in);
     return out;
@@ -756,9 +764,9 @@ static PyObject *unpack_bits(PyObject *self, PyObject *args) {
     PyObject *out = PyBytes_FromStringAndSize(NULL, n);
     if (out) {
         uint8_t *dst = (uint8_t *)PyBytes_AS_STRING(out);
-        Py_BEGIN_ALLOW_THREADS
+        BEGIN_KERNEL(n)
         unpack_into(in.buf, bits, n, dst);
-        Py_END_ALLOW_THREADS
+        END_KERNEL
     }
     PyBuffer_Release(&in);
     return out;
@@ -776,18 +784,18 @@ static PyObject *sparse_encode(PyObject *self, PyObject *args) {
     }
     const uint8_t *xs = a.data.buf, *bs = a.base.buf;
     Py_ssize_t nz = 0, nbig = 0, end = 0;
-    Py_BEGIN_ALLOW_THREADS
+    BEGIN_KERNEL(a.data.len)
     sparse_count(a.width, xs, bs, a.n, &nz, &end);
-    Py_END_ALLOW_THREADS
+    END_KERNEL
     PyObject *small = PyBytes_FromStringAndSize(NULL, nz);
     PyObject *values = PyBytes_FromStringAndSize(NULL, nz * a.width);
     PyObject *big = NULL, *result = NULL;
     uint32_t *gaps = malloc(sizeof(uint32_t) * (size_t)(end / 256 + 1));
     if (small && values && gaps) {
         uint8_t *sp = (uint8_t *)PyBytes_AS_STRING(small), *vp = (uint8_t *)PyBytes_AS_STRING(values);
-        Py_BEGIN_ALLOW_THREADS
+        BEGIN_KERNEL(a.data.len)
         nbig = sparse_fill(a.width, xs, bs, end, a.code, nz, sp, vp, gaps);
-        Py_END_ALLOW_THREADS
+        END_KERNEL
         big = PyBytes_FromStringAndSize(NULL, 4 * nbig);
         if (big) {
             gap_planes(gaps, nbig, (uint8_t *)PyBytes_AS_STRING(big));
@@ -818,9 +826,9 @@ static PyObject *changed_count(PyObject *self, PyObject *args) {
         return NULL;
     }
     const Py_ssize_t n = x.len / width;
-    Py_BEGIN_ALLOW_THREADS
+    BEGIN_KERNEL(x.len)
     sparse_count(width, x.buf, b.buf, n, &nz, &end);
-    Py_END_ALLOW_THREADS
+    END_KERNEL
     PyBuffer_Release(&x);
     PyBuffer_Release(&b);
     return PyLong_FromSsize_t(nz);
@@ -876,9 +884,9 @@ static PyObject *stream_stats(PyObject *self, PyObject *args) {
     }
     unsigned top;
     double bits;
-    Py_BEGIN_ALLOW_THREADS
+    BEGIN_KERNEL(in.len)
     top = byte_stats(in.buf, in.len, stride, min_top, &bits);
-    Py_END_ALLOW_THREADS
+    END_KERNEL
     PyBuffer_Release(&in);
     if (bits < 0) return Py_BuildValue("IO", top, Py_None);
     return Py_BuildValue("Id", top, bits);
@@ -935,9 +943,9 @@ static PyObject *sparse_decode(PyObject *self, PyObject *args) {
     for (int k = 0; k < width; k++) values[k] = views[5 + k].buf;
     int rc;
     void *y = PyBytes_AS_STRING(out);
-    Py_BEGIN_ALLOW_THREADS
+    BEGIN_KERNEL(n * width)
     rc = sparse_apply(width, small, big, values, count, code, bv.buf, n, y);
-    Py_END_ALLOW_THREADS
+    END_KERNEL
     if (rc < 0) {
         Py_CLEAR(out);
         error = "sparse payload positions run past the chunk";
@@ -1142,7 +1150,7 @@ static PyObject *assemble(int method, int width, int param, Py_ssize_t raw_size,
     PyObject *out = PyBytes_FromStringAndSize(NULL, total);
     if (!out) return NULL;
     uint8_t *p = (uint8_t *)PyBytes_AS_STRING(out);
-    Py_BEGIN_ALLOW_THREADS
+    BEGIN_KERNEL(total)
     p[0] = CODEC_VERSION;
     p[1] = (uint8_t)method;
     p[2] = (uint8_t)width;
@@ -1157,7 +1165,7 @@ static PyObject *assemble(int method, int width, int param, Py_ssize_t raw_size,
         memcpy(d, streams[k].data, (size_t)streams[k].len);
         d += streams[k].len;
     }
-    Py_END_ALLOW_THREADS
+    END_KERNEL
     return out;
 }
 
@@ -1223,7 +1231,7 @@ static PyObject *encode_payload(PyObject *self, PyObject *args) {
     Stream *streams = NULL;
     int failed = 0, nomem = 0;
     /* every allocation happens without the GIL too: malloc does not need it */
-    Py_BEGIN_ALLOW_THREADS
+    BEGIN_KERNEL(a.data.len)
     if (zstd_configure(params.buf, params.len / (Py_ssize_t)sizeof(int)) < 0) {
         failed = 1;
     } else if (!sparse) {
@@ -1300,7 +1308,7 @@ static PyObject *encode_payload(PyObject *self, PyObject *args) {
             }
         }
     }
-    Py_END_ALLOW_THREADS
+    END_KERNEL
     if (nomem) PyErr_NoMemory();
     else if (failed) PyErr_SetString(PyExc_RuntimeError, "zstd failed to compress a stream");
     else result = assemble(method, width, param, a.data.len, streams, count);
@@ -1489,7 +1497,7 @@ static PyObject *decode_payload(PyObject *self, PyObject *args) {
     const uint8_t *bs = bv.obj ? bv.buf : NULL;
     int nomem = 0;
     uint8_t *packed = packed_scratch(streams, count, &nomem);
-    Py_BEGIN_ALLOW_THREADS
+    BEGIN_KERNEL(raw_size)
     if (nomem) error = "out of memory";
     for (Py_ssize_t k = 0, cursor = 0; !error && k < count; cursor += streams[k].raw, k++)
         error = open_stream(&streams[k], buf + cursor, packed);
@@ -1524,7 +1532,7 @@ static PyObject *decode_payload(PyObject *self, PyObject *args) {
             dec[width - 1](&pieces, bs, n, code, nkeys ? &g : NULL, y, tmp);
         }
     }
-    Py_END_ALLOW_THREADS
+    END_KERNEL
     if (error) Py_CLEAR(out);
 done:
     if (error && !PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, error);
@@ -1637,7 +1645,7 @@ static PyObject *decode_on_keyframe(PyObject *self, PyObject *args) {
     }
     uint8_t *y = (uint8_t *)PyBytes_AS_STRING(out);
     int nomem = 0;
-    Py_BEGIN_ALLOW_THREADS
+    BEGIN_KERNEL(raw_size)
     uint8_t *packed = packed_scratch(kstreams, width, &nomem);
     for (int k = 0; !nomem && !error && k < width; k++) error = open_stream(&kstreams[k], planes + k * n, packed);
     if (!nomem && !error) packed = packed_scratch(streams, count, &nomem);
@@ -1665,7 +1673,7 @@ static PyObject *decode_on_keyframe(PyObject *self, PyObject *args) {
             else decode_keyed_32(&pieces, pl, n, code, &g, (uint32_t *)y, tmp);
         }
     }
-    Py_END_ALLOW_THREADS
+    END_KERNEL
     if (error) Py_CLEAR(out);
 done:
     if (error && !PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, error);
