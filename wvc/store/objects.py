@@ -126,7 +126,7 @@ class ObjectRow:
 
 
 # codec.Method's PLANES and ULP_EXP, which the objects table records (the store reads them
-# without importing the codec; tests/test_codec_pairs.py checks they agree)
+# without importing the codec; tests/test_delta_on_keyframe.py checks they agree)
 _PLANES, _ULP_EXP = 1, 5
 
 
