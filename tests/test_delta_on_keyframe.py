@@ -108,7 +108,8 @@ def test_damaged_inputs_are_refused_never_a_crash():
 
 def test_the_store_names_the_methods_the_codec_writes():
     """objects.py reads these two from the objects table without importing the codec."""
-    assert (objects._PLANES, objects._ULP_EXP) == (int(Method.PLANES), int(Method.ULP_EXP))
+    assert (objects._PLANES, objects._ULP_EXP, objects._ULP_STEP) == (int(Method.PLANES), int(Method.ULP_EXP),
+                                                                       int(Method.ULP_STEP))
 
 
 def _fine_tune(tmp_path):
@@ -166,3 +167,32 @@ def test_a_damaged_delta_is_named_as_before(tmp_path):
     pack.write_bytes(bytes(data))
     with pytest.raises(CorruptObject, match=row.id[:8]):
         store.get(row.id)
+
+
+def test_a_longer_chain_decodes_its_bottom_pair_in_one_pass(tmp_path, monkeypatch):
+    """Three versions: the newest is a delta over a delta over the keyframe. Its checkout
+    decodes the keyframe and the first delta in one pass, then the last delta over that;
+    the file byte-identical. (A ULP_STEP link above the pair needs the keyframe's bytes as
+    its context: that chain is decoded link by link, which the suite's step tests cover.)"""
+    from safetensors.torch import save_file
+
+    repo, _, _ = _fine_tune(tmp_path)
+    model = repo.root
+    g = torch.Generator().manual_seed(9)
+    from safetensors.torch import load_file
+
+    step = {k: (v.float() + torch.randn(v.shape, generator=g) * 1e-3).to(torch.bfloat16)
+            for k, v in load_file(str(model / "model.safetensors")).items()}
+    save_file(step, str(model / "model.safetensors"))
+    third = repo.commit("third").commit
+    expected = (model / "model.safetensors").read_bytes()
+    store = repo.store
+    depths = [d for (d,) in store.db.query("SELECT depth FROM objects")]
+    assert max(depths) == 2
+    pairs = []
+    real = codec.decode_on_keyframe
+    monkeypatch.setattr(codec, "decode_on_keyframe", lambda *a: pairs.append(1) or real(*a))
+    out = tmp_path / "out3"
+    repo.checkout(third, output=out, force=True)
+    assert (out / "model.safetensors").read_bytes() == expected
+    assert len(pairs) >= 3

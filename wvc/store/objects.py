@@ -125,9 +125,9 @@ class ObjectRow:
         return self.file is not None
 
 
-# codec.Method's PLANES and ULP_EXP, which the objects table records (the store reads them
+# codec.Method's PLANES, ULP_EXP and ULP_STEP, which the objects table records (the store reads them
 # without importing the codec; tests/test_delta_on_keyframe.py checks they agree)
-_PLANES, _ULP_EXP = 1, 5
+_PLANES, _ULP_EXP, _ULP_STEP = 1, 5, 7
 
 
 def decode_verified(object_id: str, payload, raw_size: int, base, where: str, *, verify: bool = True,
@@ -325,16 +325,33 @@ class ObjectStore:
 
     def _decode_links(self, chain: list[ObjectRow], verify_links: bool, payloads=None) -> tuple[bytes, bytes | None]:
         """(the chain's result, the link below it): a ULP_STEP link needs the two below it,
-        its base and the base's base, which a chain down to its keyframe always holds."""
+        its base and the base's base, which a chain down to its keyframe always holds.
+
+        In a chain of three or more, the keyframe and the delta over it are decoded in one
+        pass (codec.decode_on_keyframe) unless the link above them is a ULP_STEP, which
+        needs the keyframe's bytes as its context; the links checked one by one never are."""
         raw = below = None
-        for k in range(len(chain) - 1, -1, -1):
+        top = len(chain) - 1
+        if not verify_links and len(chain) >= 3 and chain[-2].method == _ULP_EXP and chain[-1].method == _PLANES \
+                and chain[-3].method != _ULP_STEP and not (chain[-1].external or chain[-2].external):
+            from .. import codec
+
+            payloads = list(payloads) if payloads is not None else [None] * len(chain)
+            for k in (-2, -1):
+                if payloads[k] is None:
+                    payloads[k] = self.reader.read(chain[k].pack, chain[k].offset, chain[k].length)
+            raw = codec.decode_on_keyframe(payloads[-2], payloads[-1], chain[-2].raw_size)  # (a CorruptObject: checked link by link)
+            if raw is not None:
+                top = len(chain) - 3
+        for k in range(top, -1, -1):
             row, verify = chain[k], verify_links or k == 0
             if row.external:
                 if self.external is None:
                     raise MissingObject(f"object {ids.short(row.id)} belongs to a base this repository cannot read")
                 raw, below = self.external.read(row.id, row.file, row.offset, row.length, verify=verify), raw
                 continue
-            payload = payloads[k] if payloads is not None else self.reader.read(row.pack, row.offset, row.length)
+            payload = payloads[k] if payloads is not None and payloads[k] is not None else \
+                self.reader.read(row.pack, row.offset, row.length)
             raw, below = decode_verified(row.id, payload, row.raw_size, raw, f"pack {row.pack[:12]}", verify=verify,
                                          context=below), raw
         return raw, below
