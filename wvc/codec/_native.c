@@ -736,13 +736,23 @@ static PyObject *pack_bits(PyObject *self, PyObject *args) {
 }
 
 /* n values of `bits` bits from src (at least ceil(n * bits / 8) bytes) into dst; no GIL */
-static void unpack_into(const uint8_t *src, int bits, Py_ssize_t n, uint8_t *dst) {
+static void unpack_into(const uint8_t *restrict src, int bits, Py_ssize_t n, uint8_t *restrict dst) {
     const int per = 8 / bits;
     const uint64_t *table = spread_table[bits == 1 ? 0 : bits == 2 ? 1 : 2];
     const Py_ssize_t whole = n / per; /* packed bytes whose values all fit */
 #define UNPACK_LOOP(PER) \
     for (Py_ssize_t j = 0; j < whole; j++) memcpy(dst + j * PER, &table[src[j]], PER);
-    if (per == 8) UNPACK_LOOP(8) else if (per == 4) UNPACK_LOOP(4) else UNPACK_LOOP(2)
+    if (per == 8) {
+        UNPACK_LOOP(8)
+    } else if (per == 4) {
+        UNPACK_LOOP(4)
+    } else { /* two nibbles: a loop that vectorises, 4x the table's speed (1 and 2 bits: slower) */
+        for (Py_ssize_t j = 0; j < whole; j++) {
+            const uint8_t v = src[j];
+            dst[2 * j] = v & 15;
+            dst[2 * j + 1] = v >> 4;
+        }
+    }
 #undef UNPACK_LOOP
     if (whole * per < n) {
         const uint64_t last = table[src[whole]];
