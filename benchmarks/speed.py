@@ -3,6 +3,9 @@
     python -m benchmarks.speed                    # the many-tensor case (minilm x8), 5 pairs
     python -m benchmarks.speed --pairs 9 --only "llm 1 GB bf16 step 0 -> 1" --llm-gb 1
     git worktree add /tmp/before REV && python -m benchmarks.speed --baseline /tmp/before   # a change, A/B
+    # (the baseline table also has the operations' own in-process time and CPU, without the
+    # interpreter's start; for a REV whose benchmarks/wvc_op.py predates cpu_seconds, copy
+    # this tree's into the worktree to get the baseline's CPU too)
 
 For each case: a delta commit of the case's last version onto a repository holding the one
 before, against ``zstd -3 -T2`` of the same file; a checkout of that commit with ``--output``
@@ -40,15 +43,18 @@ from .run import RESULTS, compile_bytecode, run_child, wvc_op, wvc_op_args
 DEFAULT_CASE = "minilm x8 bf16 step 0 -> 200"
 
 
-def _timed(args: list[str], tree: Path | None = None) -> tuple[float, float]:
-    """(wall, CPU) of one process; ``tree``: run the wvc of that source tree instead."""
+def _timed(args: list[str], tree: Path | None = None) -> tuple:
+    """(wall, CPU, in-process wall, in-process CPU) of one process; the last two are what a
+    wvc operation reports of itself (benchmarks/wvc_op.py: no interpreter start, which
+    dilutes a change's effect on the whole process), None for zstd or a tree whose wvc_op
+    does not report them. ``tree``: run the wvc of that source tree instead."""
     os.sync()
     env = None
     if tree is not None:
         env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
         env["PYTHONPATH"] = str(tree)
     child = run_child(args, env=env, cwd=str(tree) if tree is not None else None)
-    return child.wall, child.cpu
+    return child.wall, child.cpu, child.out.get("seconds"), child.out.get("cpu_seconds")
 
 
 def _pin(cores: int | None, args: list[str]) -> list[str]:
@@ -124,7 +130,8 @@ def case_pairs(case: C.Case, scratch: Path, pairs: int, baseline: Path | None = 
         return statistics.median(r[k] for r in runs[key])
 
     def ratio(a, b, k=0):
-        return statistics.median(x[k] / y[k] for x, y in zip(runs[a], runs[b]))
+        pairs = [x[k] / y[k] for x, y in zip(runs[a], runs[b]) if x[k] is not None and y[k] is not None]
+        return statistics.median(pairs) if pairs else None
 
     raw = new.stat().st_size
     return {
@@ -143,7 +150,11 @@ def case_pairs(case: C.Case, scratch: Path, pairs: int, baseline: Path | None = 
             "commit_over_baseline": ratio("commit_ab", "commit_baseline"),
             "commit_over_baseline_cpu": ratio("commit_ab", "commit_baseline", 1),
             "checkout_over_baseline": ratio("checkout_ab", "checkout_baseline"),
-            "checkout_over_baseline_cpu": ratio("checkout_ab", "checkout_baseline", 1)}
+            "checkout_over_baseline_cpu": ratio("checkout_ab", "checkout_baseline", 1),
+            "commit_over_baseline_inproc": ratio("commit_ab", "commit_baseline", 2),
+            "commit_over_baseline_inproc_cpu": ratio("commit_ab", "commit_baseline", 3),
+            "checkout_over_baseline_inproc": ratio("checkout_ab", "checkout_baseline", 2),
+            "checkout_over_baseline_inproc_cpu": ratio("checkout_ab", "checkout_baseline", 3)}
            if baseline is not None else {}),
     }
 
@@ -181,11 +192,19 @@ def markdown(rows: list[dict], meta: dict) -> str:
     if based:
         lines += ["", "## Against a baseline tree", "",
                   f"This tree's commit and checkout over those of `{based[0]['baseline']}` on the same bytes, in "
-                  "A/B pairs of the same run (median of the per-pair ratio; below 1: faster now).", "",
-                  "| case | commit time | commit CPU | checkout time | checkout CPU |", "|---|---|---|---|---|"]
+                  "A/B pairs of the same run (median of the per-pair ratio; below 1: faster now): whole processes, "
+                  "and the operation's own time inside its process (no interpreter start; n/a where the "
+                  "baseline's `benchmarks/wvc_op.py` does not report it).", "",
+                  "| case | commit time | commit CPU | checkout time | checkout CPU | in process: commit time | "
+                  "commit CPU | checkout time | checkout CPU |", "|---|---|---|---|---|---|---|---|---|"]
+
+        def fmt(value):
+            return "n/a" if value is None else f"{value:.3f}"
+
+        columns = [f"{op}_over_baseline{where}{kind}" for where in ("", "_inproc") for op in ("commit", "checkout")
+                   for kind in ("", "_cpu")]
         for r in based:
-            lines.append(f"| {r['case']} | {r['commit_over_baseline']:.3f} | {r['commit_over_baseline_cpu']:.3f} | "
-                         f"{r['checkout_over_baseline']:.3f} | {r['checkout_over_baseline_cpu']:.3f} |")
+            lines.append(f"| {r['case']} | " + " | ".join(fmt(r.get(c)) for c in columns) + " |")
     return "\n".join(lines) + "\n"
 
 

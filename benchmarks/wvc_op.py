@@ -17,7 +17,7 @@ from wvc import Repo  # noqa: E402
 
 def main(argv):
     op = argv[0]
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), time.process_time()
     if op == "startup":
         import blake3  # noqa: F401
         import zstandard  # noqa: F401
@@ -40,6 +40,7 @@ def main(argv):
     else:
         raise SystemExit(f"unknown op {op}")
     out["seconds"] = time.perf_counter() - t
+    out["cpu_seconds"] = time.process_time() - cpu  # (the operation's own, every thread: no start-up)
     out["peak_rss_bytes"] = peak_rss()
     print(json.dumps(out))
 
