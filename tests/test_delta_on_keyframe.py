@@ -156,7 +156,7 @@ def test_a_checkout_of_a_fine_tune_decodes_each_chunk_in_one_pass(tmp_path, monk
 
 def test_a_damaged_delta_is_named_as_before(tmp_path):
     """When the one pass fails (here: a flipped byte in a delta's stream), the link-by-link
-    decode runs on the payloads already read and names the object at fault."""
+    decode runs again, every link checked, and names the object at fault."""
     repo, commit, _ = _fine_tune(tmp_path)
     store = repo.store
     row = next(r for r in (store.chain(oid) for (oid,) in store.db.query("SELECT id FROM objects WHERE depth = 1"))

@@ -1402,6 +1402,40 @@ static const char *open_stream(Stream *s, uint8_t *dst, uint8_t *packed) {
     return NULL;
 }
 
+/* The sum of the streams' raw lengths into *total; an error when it overflows. */
+static const char *stream_total(const Stream *streams, Py_ssize_t count, Py_ssize_t *total) {
+    *total = 0;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        if (streams[k].raw > PY_SSIZE_T_MAX - *total) return "payload stream table is inconsistent";
+        *total += streams[k].raw;
+    }
+    return NULL;
+}
+
+/* Each group's planes as the opened streams hold them (ptr[g * width + k], len[g]); an error
+ * when the planes of a group differ in length. */
+static const char *group_pieces(const Stream *streams, Py_ssize_t groups, int width, const uint8_t **ptr,
+                                Py_ssize_t *len) {
+    for (Py_ssize_t j = 0; j < groups; j++) {
+        len[j] = streams[j * width].len;
+        for (int k = 0; k < width; k++) {
+            ptr[j * width + k] = streams[j * width + k].data;
+            if (streams[j * width + k].len != len[j]) return "stream lengths do not match the chunk's groups";
+        }
+    }
+    return NULL;
+}
+
+/* Whether the groups the keys' counts make (merged as the encoder merges them) are the
+ * payload's, group for group; an error otherwise. */
+static const char *check_groups(const Py_ssize_t *counts, Py_ssize_t nkeys, Py_ssize_t min_group, Py_ssize_t *sizes,
+                                const Py_ssize_t *len, Py_ssize_t groups) {
+    const Py_ssize_t m = merge_groups(counts, nkeys, min_group, sizes);
+    if (m != groups || memcmp(sizes, len, sizeof(Py_ssize_t) * (size_t)m))
+        return "stream count does not match the chunk's groups";
+    return NULL;
+}
+
 /* decode_payload(payload, base|None, width, transform, shift, sparse, min_group) -> the chunk.
  * The payload's header must have been checked by container.peek (method, width, parameter);
  * every length is checked again here before it is used (ValueError). */
@@ -1461,15 +1495,8 @@ static PyObject *decode_payload(PyObject *self, PyObject *args) {
         PyErr_NoMemory();
         goto done;
     }
-    if ((error = read_table(p, pv.len, streams, count))) goto done;
     Py_ssize_t total = 0;
-    for (Py_ssize_t k = 0; k < count; k++) {
-        if (streams[k].raw > PY_SSIZE_T_MAX - total) {
-            error = "payload stream table is inconsistent";
-            goto done;
-        }
-        total += streams[k].raw;
-    }
+    if ((error = read_table(p, pv.len, streams, count)) || (error = stream_total(streams, count, &total))) goto done;
     if (sparse ? total > n * (1 + 4 + width) : total != raw_size) {
         error = "stream lengths do not add up to the chunk";
         goto done;
@@ -1522,19 +1549,10 @@ static PyObject *decode_payload(PyObject *self, PyObject *args) {
         if (!consistent) error = "sparse payload positions are inconsistent";
         else if (sparse_apply(width, small, big, values, nzc, code, bs, n, y) < 0)
             error = "sparse payload positions run past the chunk";
-    } else if (!error) {
-        for (Py_ssize_t j = 0; j < groups && !error; j++) {
-            len[j] = streams[j * width].len;
-            for (int k = 0; k < width; k++) {
-                ptr[j * width + k] = streams[j * width + k].data;
-                if (streams[j * width + k].len != len[j]) error = "stream lengths do not match the chunk's groups";
-            }
-        }
-        if (!error && nkeys) {
+    } else if (!error && !(error = group_pieces(streams, groups, width, ptr, len))) {
+        if (nkeys) {
             group(bs, n, width, shift, &g, keys, counts);
-            const Py_ssize_t m = merge_groups(counts, nkeys, min_group, sizes);
-            if (m != groups || memcmp(sizes, len, sizeof(Py_ssize_t) * (size_t)m))
-                error = "stream count does not match the chunk's groups";
+            error = check_groups(counts, nkeys, min_group, sizes, len, groups);
         }
         if (!error) {
             static const decode_fn dec[] = {decode_8, decode_16, NULL, decode_32, NULL, NULL, NULL, decode_64};
@@ -1625,15 +1643,8 @@ static PyObject *decode_on_keyframe(PyObject *self, PyObject *args) {
         PyErr_NoMemory();
         goto done;
     }
-    if ((error = read_table(p, pv.len, streams, count))) goto done;
     Py_ssize_t total = 0;
-    for (Py_ssize_t k = 0; k < count; k++) {
-        if (streams[k].raw > raw_size - total) {
-            error = "stream lengths do not add up to the chunk";
-            goto done;
-        }
-        total += streams[k].raw;
-    }
+    if ((error = read_table(p, pv.len, streams, count)) || (error = stream_total(streams, count, &total))) goto done;
     if (total != raw_size) {
         error = "stream lengths do not add up to the chunk";
         goto done;
@@ -1662,20 +1673,10 @@ static PyObject *decode_on_keyframe(PyObject *self, PyObject *args) {
     for (Py_ssize_t k = 0, cursor = 0; !nomem && !error && k < count; cursor += streams[k].raw, k++)
         error = open_stream(&streams[k], y + cursor, packed);
     if (nomem) error = "out of memory";
-    for (Py_ssize_t j = 0; j < groups && !error; j++) {
-        len[j] = streams[j * width].len;
-        for (int k = 0; k < width; k++) {
-            ptr[j * width + k] = streams[j * width + k].data;
-            if (streams[j * width + k].len != len[j]) error = "stream lengths do not match the chunk's groups";
-        }
-    }
-    if (!error) {
+    if (!error && !(error = group_pieces(streams, groups, width, ptr, len))) {
         Grouping g = {kstreams[width - 1].data, 0, NKEYS, next};
         count_keys(&g, n, counts);
-        const Py_ssize_t m = merge_groups(counts, NKEYS, min_group, sizes);
-        if (m != groups || memcmp(sizes, len, sizeof(Py_ssize_t) * (size_t)m)) {
-            error = "stream count does not match the chunk's groups";
-        } else {
+        if (!(error = check_groups(counts, NKEYS, min_group, sizes, len, groups))) {
             const Pieces pieces = {ptr, len, groups};
             const uint8_t *pl[4];
             for (int k = 0; k < width; k++) pl[k] = kstreams[k].data;

@@ -290,59 +290,47 @@ class ObjectStore:
         link cost a quarter of a checkout's CPU. When it fails, the chain is decoded again
         checking every link, so that the error names the first bad object.
         """
-        if len(chain) == 2 and chain[0].method == _ULP_EXP and chain[1].method == _PLANES:
-            return self._decode_on_keyframe(chain)
-        return self.decode_chain_and_base(chain)[0]
+        return self._decode(chain, with_base=False)[0]
 
-    def _decode_on_keyframe(self, chain: list[ObjectRow]) -> bytes:
-        """A delta over a keyframe in one pass that never materialises the base (the most
-        common chain of a checkout: a fine-tune over its starting version; ~0.9x the CPU of
-        decoding the two in turn). Where the pair has another shape, or anything fails, the
-        link-by-link decode runs on the payloads already read, and names what is wrong."""
-        from .. import codec
+    def decode_chain_and_base(self, chain: list[ObjectRow]) -> tuple[bytes, bytes | None]:
+        """:meth:`decode_chain`, and the bytes of the chain's second link (None for a keyframe)."""
+        return self._decode(chain, with_base=True)
 
-        delta, keyframe = chain
-        if delta.external or keyframe.external:
-            return self.decode_chain_and_base(chain)[0]
-        payloads = [self.reader.read(row.pack, row.offset, row.length) for row in chain]
+    def _decode(self, chain: list[ObjectRow], with_base: bool) -> tuple[bytes, bytes | None]:
         try:
-            raw = codec.decode_on_keyframe(payloads[0], payloads[1], delta.raw_size)
-        except CorruptObject:
-            raw = None
-        if raw is not None and ids.chunk_id(raw) == delta.id:
-            return raw
-        return self.decode_chain_and_base(chain, payloads)[0]
-
-    def decode_chain_and_base(self, chain: list[ObjectRow], payloads=None) -> tuple[bytes, bytes | None]:
-        """:meth:`decode_chain`, and the bytes of the chain's second link (None for a keyframe).
-        ``payloads``: the links' payloads where the caller has read them already."""
-        try:
-            return self._decode_links(chain, verify_links=False, payloads=payloads)
+            return self._decode_links(chain, verify_links=False, with_base=with_base)
         except CorruptObject:
             if len(chain) == 1:
                 raise
-            return self._decode_links(chain, verify_links=True, payloads=payloads)
+            return self._decode_links(chain, verify_links=True, with_base=with_base)
 
-    def _decode_links(self, chain: list[ObjectRow], verify_links: bool, payloads=None) -> tuple[bytes, bytes | None]:
-        """(the chain's result, the link below it): a ULP_STEP link needs the two below it,
-        its base and the base's base, which a chain down to its keyframe always holds.
+    def _decode_links(self, chain: list[ObjectRow], verify_links: bool,
+                      with_base: bool = True) -> tuple[bytes, bytes | None]:
+        """(the chain's result, the link below it; None for the link below unless
+        ``with_base``): a ULP_STEP link needs the two below it, its base and the base's
+        base, which a chain down to its keyframe always holds.
 
-        In a chain of three or more, the keyframe and the delta over it are decoded in one
-        pass (codec.decode_on_keyframe) unless the link above them is a ULP_STEP, which
-        needs the keyframe's bytes as its context; the links checked one by one never are."""
+        The keyframe and the delta over it are decoded in one pass (codec.decode_on_keyframe:
+        no base materialised; a checkout's most common chain is a fine-tune over its starting
+        version), unless their bytes are wanted: the keyframe's as the context of a ULP_STEP
+        link above the pair, or as the link below a two-link chain's result ``with_base``.
+        A pair of another shape is decoded link by link; links checked one by one never
+        take the pass."""
         raw = below = None
         top = len(chain) - 1
-        if not verify_links and len(chain) >= 3 and chain[-2].method == _ULP_EXP and chain[-1].method == _PLANES \
-                and chain[-3].method != _ULP_STEP and not (chain[-1].external or chain[-2].external):
+        payloads = [None] * len(chain)
+        if not verify_links and len(chain) >= 2 and chain[-2].method == _ULP_EXP and chain[-1].method == _PLANES \
+                and (chain[-3].method != _ULP_STEP if len(chain) >= 3 else not with_base) \
+                and not (chain[-1].external or chain[-2].external):
             from .. import codec
 
-            payloads = list(payloads) if payloads is not None else [None] * len(chain)
             for k in (-2, -1):
-                if payloads[k] is None:
-                    payloads[k] = self.reader.read(chain[k].pack, chain[k].offset, chain[k].length)
+                payloads[k] = self.reader.read(chain[k].pack, chain[k].offset, chain[k].length)
             raw = codec.decode_on_keyframe(payloads[-2], payloads[-1], chain[-2].raw_size)  # (a CorruptObject: checked link by link)
             if raw is not None:
                 top = len(chain) - 3
+                if top < 0 and ids.chunk_id(raw) != chain[0].id:  # (the pair is the chain: its result is checked here)
+                    raise CorruptObject(f"object {ids.short(chain[0].id)} fails its hash check")
         for k in range(top, -1, -1):
             row, verify = chain[k], verify_links or k == 0
             if row.external:
@@ -350,8 +338,7 @@ class ObjectStore:
                     raise MissingObject(f"object {ids.short(row.id)} belongs to a base this repository cannot read")
                 raw, below = self.external.read(row.id, row.file, row.offset, row.length, verify=verify), raw
                 continue
-            payload = payloads[k] if payloads is not None and payloads[k] is not None else \
-                self.reader.read(row.pack, row.offset, row.length)
+            payload = payloads[k] if payloads[k] is not None else self.reader.read(row.pack, row.offset, row.length)
             raw, below = decode_verified(row.id, payload, row.raw_size, raw, f"pack {row.pack[:12]}", verify=verify,
                                          context=below), raw
         return raw, below
@@ -525,8 +512,11 @@ class ChunkWriter:
         self.base_rows.update(self.store.chain_rows(b for b in base_ids if b not in self.base_rows))
 
     def known(self, object_id: str) -> bool:
-        return (object_id in self.pending or object_id in self.in_flight_ids or object_id in self.offered_ids
-                or self.store.has(object_id))
+        return self._holds(object_id) or self.store.has(object_id)
+
+    def _holds(self, object_id: str) -> bool:
+        """Whether this writer has the chunk already: written, being encoded, or offered."""
+        return object_id in self.pending or object_id in self.in_flight_ids or object_id in self.offered_ids
 
     def _base_chain(self, base_id: str | None, object_id: str, size: int) -> list[ObjectRow] | None:
         """The chain to decode for the delta base: the parent chunk's own, so the payload is
@@ -554,7 +544,7 @@ class ChunkWriter:
         if self.kept_bytes + len(raw) <= self.store.keep_recent_bytes and object_id not in self.kept:
             self.kept[object_id] = bytes(raw)
             self.kept_bytes += len(raw)
-        if object_id in self.pending or object_id in self.in_flight_ids or object_id in self.offered_ids:
+        if self._holds(object_id):
             return object_id
         self.offered.append((object_id, raw, dtype, base_id))
         self.offered_ids.add(object_id)
