@@ -980,7 +980,10 @@ done:
  * zstd is python-zstandard's own build of it: codec/native.py finds its functions and
  * hands their addresses to use_zstd once, so these payloads are byte for byte what
  * zstandard.ZstdCompressor writes with the same parameters (tests compare both paths),
- * and no second zstd is compiled or linked. */
+ * and no zstd is compiled or linked here. Decompression may then be moved to another build
+ * (use_zstd_decoder: the system's libzstd, whose Huffman loops are assembly where that
+ * build has none); any conforming decoder yields the same bytes, and every chunk is
+ * hash-checked after it anyway. */
 
 typedef struct {
     unsigned (*versionNumber)(void);
@@ -1001,22 +1004,40 @@ typedef struct {
 static ZstdApi zstd;
 static int have_zstd;
 
-/* use_zstd((address, ...)) -> the library's version number (ZSTD_versionNumber) */
-static PyObject *use_zstd(PyObject *self, PyObject *args) {
+/* The functions decompression calls, from use_zstd's library or use_zstd_decoder's. */
+typedef struct {
+    unsigned (*versionNumber)(void);
+    unsigned (*isError)(size_t);
+    void *(*createDCtx)(void);
+    size_t (*decompressDCtx)(void *, void *, size_t, const void *, size_t);
+    unsigned long long (*getFrameContentSize)(const void *, size_t);
+    size_t (*freeDCtx)(void *);
+} ZstdDecoder;
+#define DECODER_FUNCTIONS 6
+static ZstdDecoder unz;
+static long dctx_made; /* contexts created so far: the decoder is only switched before the first */
+
+static int addresses(PyObject *args, void **p, Py_ssize_t count, const char *what) {
     PyObject *addrs;
-    if (!PyArg_ParseTuple(args, "O!", &PyTuple_Type, &addrs)) return NULL;
-    if (PyTuple_GET_SIZE(addrs) != ZSTD_FUNCTIONS) {
-        PyErr_SetString(PyExc_ValueError, "use_zstd: wrong number of functions");
-        return NULL;
+    if (!PyArg_ParseTuple(args, "O!", &PyTuple_Type, &addrs)) return -1;
+    if (PyTuple_GET_SIZE(addrs) != count) {
+        PyErr_Format(PyExc_ValueError, "%s: wrong number of functions", what);
+        return -1;
     }
-    void *p[ZSTD_FUNCTIONS];
-    for (int k = 0; k < ZSTD_FUNCTIONS; k++) {
+    for (Py_ssize_t k = 0; k < count; k++) {
         p[k] = PyLong_AsVoidPtr(PyTuple_GET_ITEM(addrs, k));
         if (!p[k]) {
-            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "use_zstd: a null function");
-            return NULL;
+            if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "%s: a null function", what);
+            return -1;
         }
     }
+    return 0;
+}
+
+/* use_zstd((address, ...)) -> the library's version number (ZSTD_versionNumber) */
+static PyObject *use_zstd(PyObject *self, PyObject *args) {
+    void *p[ZSTD_FUNCTIONS];
+    if (addresses(args, p, ZSTD_FUNCTIONS, "use_zstd") < 0) return NULL;
     /* POSIX (dlsym) guarantees that a function's address survives a round trip through void * */
     ZstdApi api = {(unsigned (*)(void))p[0], (void *(*)(void))p[1], (size_t (*)(void *, int, int))p[2],
                    (size_t (*)(void *, void *, size_t, const void *, size_t))p[3], (size_t (*)(size_t))p[4],
@@ -1024,9 +1045,34 @@ static PyObject *use_zstd(PyObject *self, PyObject *args) {
                    (size_t (*)(void *, void *, size_t, const void *, size_t))p[7],
                    (unsigned long long (*)(const void *, size_t))p[8], (size_t (*)(void *))p[9],
                    (size_t (*)(void *))p[10]};
+    if (!have_zstd) {
+        ZstdDecoder d = {api.versionNumber, api.isError, api.createDCtx, api.decompressDCtx, api.getFrameContentSize,
+                         api.freeDCtx};
+        unz = d;
+    }
     zstd = api;
     have_zstd = 1;
     return PyLong_FromUnsignedLong(zstd.versionNumber());
+}
+
+/* use_zstd_decoder((ZSTD_versionNumber, ZSTD_isError, ZSTD_createDCtx, ZSTD_decompressDCtx,
+ * ZSTD_getFrameContentSize, ZSTD_freeDCtx)) -> that library's version number: decompress with
+ * another libzstd from now on. Only after use_zstd and before any decompression context
+ * exists (each is freed by the library that made it): False otherwise, nothing changed. */
+static PyObject *use_zstd_decoder(PyObject *self, PyObject *args) {
+    void *p[DECODER_FUNCTIONS];
+    if (addresses(args, p, DECODER_FUNCTIONS, "use_zstd_decoder") < 0) return NULL;
+    if (!have_zstd || __atomic_load_n(&dctx_made, __ATOMIC_ACQUIRE)) Py_RETURN_FALSE;
+    ZstdDecoder d = {(unsigned (*)(void))p[0], (unsigned (*)(size_t))p[1], (void *(*)(void))p[2],
+                     (size_t (*)(void *, void *, size_t, const void *, size_t))p[3],
+                     (unsigned long long (*)(const void *, size_t))p[4], (size_t (*)(void *))p[5]};
+    unz = d;
+    return PyLong_FromUnsignedLong(unz.versionNumber());
+}
+
+/* decoder_version() -> the version number of the libzstd that decompresses (0 before use_zstd) */
+static PyObject *decoder_version(PyObject *self, PyObject *unused) {
+    return PyLong_FromUnsignedLong(have_zstd ? unz.versionNumber() : 0);
 }
 
 /* one compression and one decompression context per thread, kept between calls and freed
@@ -1056,7 +1102,7 @@ static void release_thread(void *unused) {
         all[k]->cap = 0;
     }
     if (zt.cctx) zstd.freeCCtx(zt.cctx);
-    if (zt.dctx) zstd.freeDCtx(zt.dctx);
+    if (zt.dctx) unz.freeDCtx(zt.dctx);
     zt.cctx = zt.dctx = NULL;
     zt.nconfig = -1;
     __atomic_sub_fetch(&live_threads, 1, __ATOMIC_RELAXED);
@@ -1355,15 +1401,18 @@ static const char *read_table(const uint8_t *p, Py_ssize_t len, Stream *streams,
 /* container._bounded_zstd into dst (exactly `expected` bytes, never more) */
 static const char *unzstd(const uint8_t *src, Py_ssize_t len, uint8_t *dst, Py_ssize_t expected) {
     if (len < 4) return "zstd frame declares the wrong size";
-    const unsigned long long declared = zstd.getFrameContentSize(src, (size_t)len);
+    const unsigned long long declared = unz.getFrameContentSize(src, (size_t)len);
     if (declared == CONTENTSIZE_ERROR) return "zstd frame header is damaged";
     if (declared != CONTENTSIZE_UNKNOWN && declared != (unsigned long long)expected)
         return "zstd frame declares the wrong size";
     if (expected == 0) return NULL;
     note_thread();
-    if (!zt.dctx && !(zt.dctx = zstd.createDCtx())) return "out of memory for a zstd context";
-    const size_t got = zstd.decompressDCtx(zt.dctx, dst, (size_t)expected, src, (size_t)len);
-    if (zstd.isError(got)) return "zstd stream is corrupt or decodes to the wrong length";
+    if (!zt.dctx) {
+        __atomic_add_fetch(&dctx_made, 1, __ATOMIC_ACQ_REL);
+        if (!(zt.dctx = unz.createDCtx())) return "out of memory for a zstd context";
+    }
+    const size_t got = unz.decompressDCtx(zt.dctx, dst, (size_t)expected, src, (size_t)len);
+    if (unz.isError(got)) return "zstd stream is corrupt or decodes to the wrong length";
     if ((Py_ssize_t)got != expected) return "zstd stream decoded to the wrong length";
     return NULL;
 }
@@ -1722,6 +1771,9 @@ static PyMethodDef methods[] = {
      "live_thread_states() -> how many running threads hold kernel buffers or zstd contexts"},
     {"use_zstd", use_zstd, METH_VARARGS,
      "use_zstd((address, ...)) -> version: the zstd functions encode_payload and decode_payload call"},
+    {"use_zstd_decoder", use_zstd_decoder, METH_VARARGS,
+     "use_zstd_decoder((address, ...)) -> version or False: decompress with another libzstd"},
+    {"decoder_version", decoder_version, METH_NOARGS, "decoder_version() -> the decompressing libzstd's version"},
     {"encode_payload", encode_payload, METH_VARARGS,
      "encode_payload(x, base|None, width, transform, shift, method, param, sparse, min_group,\n"
      "zstd_params, stride, packed_below, incompressible) -> a whole payload (container.pack's layout)"},

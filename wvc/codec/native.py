@@ -13,6 +13,15 @@ the addresses over. The same library version as ``zstandard`` itself (checked), 
 are byte for byte those of the stream-by-stream path; nothing is compiled against zstd
 headers and no second zstd is linked. False when that file is missing or of another
 version: the stream-by-stream path is then used, with the same payloads.
+
+``system_decoder``: the version of the system's libzstd when the kernels decompress with it
+(:func:`_connect_system_decoder`), else None. python-zstandard's build has no assembly
+Huffman loops; on x86-64 a distribution's libzstd 1.5.1 or later has, and decoding a
+checkout's payloads took 0.93x the time with it (``benchmarks/speed.py``'s many-tensor
+case). Only decompression moves: every conforming decoder yields the same bytes, and every
+chunk is hash-checked after its decode anyway; compression stays python-zstandard's, so the
+payloads written do not depend on what the system has. ``WVC_SYSTEM_ZSTD=0`` keeps the
+bundled decoder.
 """
 
 import os
@@ -69,3 +78,33 @@ def _connect_zstd() -> bool:
 
 
 whole_payloads = _connect_zstd()
+
+
+# The decompression functions use_zstd_decoder takes, in its order.
+DECODER_FUNCTIONS = (
+    "ZSTD_versionNumber", "ZSTD_isError", "ZSTD_createDCtx", "ZSTD_decompressDCtx", "ZSTD_getFrameContentSize",
+    "ZSTD_freeDCtx",
+)
+SYSTEM_LIBZSTD = "libzstd.so.1"  # the soname: dlopen finds it without ldconfig or a compiler
+MIN_SYSTEM_DECODER = 10501  # 1.5.1: the first with assembly Huffman decoding (x86-64)
+
+
+def _connect_system_decoder() -> int | None:
+    """Decompress with the system's libzstd where that is faster: x86-64, version 1.5.1 or
+    later (see the module's doc). Called once, at import, before any context exists."""
+    if not whole_payloads or os.environ.get("WVC_SYSTEM_ZSTD", "1") == "0" or os.uname().machine != "x86_64":
+        return None
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL(SYSTEM_LIBZSTD)
+        functions = tuple(ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in DECODER_FUNCTIONS)
+    except (OSError, AttributeError, ValueError):
+        return None
+    if not all(functions) or ctypes.CFUNCTYPE(ctypes.c_uint)(functions[0])() < MIN_SYSTEM_DECODER:
+        return None
+    version = kernels.use_zstd_decoder(functions)
+    return version or None
+
+
+system_decoder = _connect_system_decoder()
