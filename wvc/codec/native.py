@@ -16,10 +16,10 @@ version: the stream-by-stream path is then used, with the same payloads.
 
 ``system_decoder``: the version of the system's libzstd when the kernels decompress with it
 (:func:`_connect_system_decoder`), else None. python-zstandard's build has no assembly
-Huffman loops; on x86-64 a distribution's libzstd 1.5.1 or later has, and decoding a
-checkout's payloads took 0.93x the time with it (``benchmarks/speed.py``'s many-tensor
-case). Only decompression moves: every conforming decoder yields the same bytes, and every
-chunk is hash-checked after its decode anyway; compression stays python-zstandard's, so the
+Huffman loops; on x86-64 a distribution's libzstd 1.5.1 or later has, and the decode of
+the many-tensor benchmark checkout's payloads took 0.93x the time with it (docs/design.md).
+Only decompression moves: every conforming decoder yields the same bytes, and every chunk
+is hash-checked after its decode anyway; compression stays python-zstandard's, so the
 payloads written do not depend on what the system has. ``WVC_SYSTEM_ZSTD=0`` keeps the
 bundled decoder.
 """
