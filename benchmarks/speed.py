@@ -129,9 +129,18 @@ def case_pairs(case: C.Case, scratch: Path, pairs: int, baseline: Path | None = 
     def med(key, k=0):
         return statistics.median(r[k] for r in runs[key])
 
+    def per_pair(a, b, k=0):
+        return [x[k] / y[k] for x, y in zip(runs[a], runs[b]) if x[k] is not None and y[k] is not None]
+
     def ratio(a, b, k=0):
-        pairs = [x[k] / y[k] for x, y in zip(runs[a], runs[b]) if x[k] is not None and y[k] is not None]
+        pairs = per_pair(a, b, k)
         return statistics.median(pairs) if pairs else None
+
+    def spread(a, b, k=0):
+        """The per-pair ratios' interquartile range: this machine's noise, beside the median
+        (a change smaller than it needs more pairs to show)."""
+        pairs = per_pair(a, b, k)
+        return statistics.quantiles(pairs, n=4)[::2] if len(pairs) >= 4 else None
 
     raw = new.stat().st_size
     return {
@@ -145,6 +154,12 @@ def case_pairs(case: C.Case, scratch: Path, pairs: int, baseline: Path | None = 
         "checkout_2core_speedup": ratio("checkout_1core", "checkout_2core"),
         "zstd3_2core_speedup": ratio("zstd3_1core", "zstd3_2core"),
         "zstd_d_2core_speedup": ratio("zstd_d_1core", "zstd_d_2core"),
+        "iqr": {"commit_over_zstd3_T2": spread("commit", "zstd3_T2"), "checkout_over_zstd_d": spread("checkout", "zstd_d"),
+                "commit_2core_speedup": spread("commit_1core", "commit_2core"),
+                "checkout_2core_speedup": spread("checkout_1core", "checkout_2core"),
+                **({"commit_over_baseline_inproc": spread("commit_ab", "commit_baseline", 2),
+                    "checkout_over_baseline_inproc": spread("checkout_ab", "checkout_baseline", 2)}
+                   if baseline is not None else {})},
         "runs": runs,
         **({"baseline": str(baseline),
             "commit_over_baseline": ratio("commit_ab", "commit_baseline"),
@@ -159,11 +174,20 @@ def case_pairs(case: C.Case, scratch: Path, pairs: int, baseline: Path | None = 
     }
 
 
+def _with_iqr(r: dict, key: str) -> str:
+    """A median ratio, and its pairs' interquartile range where there are enough pairs."""
+    value, iqr = r.get(key), r.get("iqr", {}).get(key)
+    if value is None:
+        return "n/a"
+    return f"{value:.2f} ({iqr[0]:.2f}-{iqr[1]:.2f})" if iqr else f"{value:.2f}"
+
+
 def markdown(rows: list[dict], meta: dict) -> str:
     lines = ["# wvc speed in A/B pairs", "",
              f"{meta['when']} on {meta['machine']}, Python {meta['python']}. Whole processes (wvc's include "
              f"the interpreter's start, {meta['startup_s']:.2f} s here); each ratio is the median over the pairs "
-             "of the ratio within a pair; times are medians. `python -m benchmarks.speed` reproduces it.", "",
+             "of the ratio within a pair, with the interquartile range of those ratios in brackets (the "
+             "machine's noise); times are medians. `python -m benchmarks.speed` reproduces it.", "",
              "| case | pairs | commit s | zstd -3 -T2 s | commit / zstd time | commit / zstd CPU | checkout s | "
              "zstd -d s | checkout / zstd -d time | checkout / zstd -d CPU | checkout / (zstd -d + fsync) time | "
              "byte-identical |",
@@ -171,9 +195,9 @@ def markdown(rows: list[dict], meta: dict) -> str:
     for r in rows:
         m = r["median_s"]
         lines.append(
-            f"| {r['case']} | {r['pairs']} | {m['commit']:.2f} | {m['zstd3_T2']:.2f} | {r['commit_over_zstd3_T2']:.2f} | "
+            f"| {r['case']} | {r['pairs']} | {m['commit']:.2f} | {m['zstd3_T2']:.2f} | {_with_iqr(r, 'commit_over_zstd3_T2')} | "
             f"{r['commit_over_zstd3_T2_cpu']:.2f} | {m['checkout']:.2f} | {m['zstd_d']:.2f} | "
-            f"{r['checkout_over_zstd_d']:.2f} | {r['checkout_over_zstd_d_cpu']:.2f} | "
+            f"{_with_iqr(r, 'checkout_over_zstd_d')} | {r['checkout_over_zstd_d_cpu']:.2f} | "
             f"{r['checkout_over_zstd_d_fsync']:.2f} | {'yes' if r['byte_identical'] else 'NO'} |")
     lines += ["", "## One core against two (`taskset`)", "",
               "Throughput on 2 cores over throughput on 1 (1-core time / 2-core time, median over pairs); "
@@ -185,8 +209,8 @@ def markdown(rows: list[dict], meta: dict) -> str:
     for r in rows:
         m = r["median_s"]
         lines.append(
-            f"| {r['case']} | {m['commit_1core']:.2f} | {m['commit_2core']:.2f} | {r['commit_2core_speedup']:.2f} | "
-            f"{m['checkout_1core']:.2f} | {m['checkout_2core']:.2f} | {r['checkout_2core_speedup']:.2f} | "
+            f"| {r['case']} | {m['commit_1core']:.2f} | {m['commit_2core']:.2f} | {_with_iqr(r, 'commit_2core_speedup')} | "
+            f"{m['checkout_1core']:.2f} | {m['checkout_2core']:.2f} | {_with_iqr(r, 'checkout_2core_speedup')} | "
             f"{r['zstd3_2core_speedup']:.2f} | {r['zstd_d_2core_speedup']:.2f} |")
     based = [r for r in rows if "baseline" in r]
     if based:
@@ -204,7 +228,8 @@ def markdown(rows: list[dict], meta: dict) -> str:
         columns = [f"{op}_over_baseline{where}{kind}" for where in ("", "_inproc") for op in ("commit", "checkout")
                    for kind in ("", "_cpu")]
         for r in based:
-            lines.append(f"| {r['case']} | " + " | ".join(fmt(r.get(c)) for c in columns) + " |")
+            lines.append(f"| {r['case']} | " + " | ".join(
+                _with_iqr(r, c) if c in r.get("iqr", {}) else fmt(r.get(c)) for c in columns) + " |")
     return "\n".join(lines) + "\n"
 
 
