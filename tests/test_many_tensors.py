@@ -182,6 +182,7 @@ def test_the_codec_pool_size_can_be_set_for_machines_with_more_cores(monkeypatch
     from wvc.store import objects
 
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
     monkeypatch.delenv("WVC_CODEC_THREADS", raising=False)
     assert objects._codec_threads() == 4
     monkeypatch.setenv("WVC_CODEC_THREADS", "16")
@@ -189,3 +190,26 @@ def test_the_codec_pool_size_can_be_set_for_machines_with_more_cores(monkeypatch
     for bad in ("0", "65", "many", "-3"):
         monkeypatch.setenv("WVC_CODEC_THREADS", bad)
         assert objects._codec_threads() == 4
+
+
+def test_the_codec_pool_fits_the_cpus_the_process_may_use(monkeypatch):
+    """A process pinned to fewer CPUs than the machine has (taskset, a container's cpuset, a
+    launcher pinning each rank) gets a pool of that many threads, not of the machine's: a
+    2-CPU pod on a 64-core host ran 4 codec threads on 2 CPUs. Where affinity is unknown,
+    the machine's count."""
+    from wvc.store import objects
+
+    monkeypatch.delenv("WVC_CODEC_THREADS", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {5, 9}, raising=False)
+    assert objects._codec_threads() == 2
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3}, raising=False)
+    assert objects._codec_threads() == 1
+
+    def unknown(pid):
+        raise OSError("no affinity here")
+
+    monkeypatch.setattr(os, "sched_getaffinity", unknown, raising=False)
+    assert objects._codec_threads() == 4
+    monkeypatch.setattr(os, "cpu_count", lambda: 3)
+    assert objects._codec_threads() == 3

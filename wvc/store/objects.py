@@ -38,15 +38,25 @@ ROW_BATCH = 500  # ids per query (SQLite before 3.32 binds at most 999 parameter
 DEFAULT_MAX_CHAIN = 8  # with the payload rule of ChunkWriter._base_chain; measured in benchmarks/sync.py (docs/design.md, "Anchor policy")
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity (``taskset``, a container's cpuset, a
+    launcher's pinning of ranks), not the machine's count, which a 2-CPU pod on a 64-core
+    host would read as 64."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # (not Linux)
+        return os.cpu_count() or 1
+
+
 def _codec_threads() -> int:
-    """The codec pool's size: the cores, at most 4 (each thread holds ~5 chunk-sized buffers,
-    and 2 x threads x 4 MiB may be in flight); ``WVC_CODEC_THREADS`` sets it (1 to 64), so a
-    machine with more cores can be measured with more (benchmarks/speed.py's 1- and 2-core
-    runs show the scaling on two)."""
+    """The codec pool's size: the usable CPUs, at most 4 (each thread holds ~5 chunk-sized
+    buffers, and 2 x threads x 4 MiB may be in flight); ``WVC_CODEC_THREADS`` sets it (1 to
+    64), so a machine with more cores can be measured with more (benchmarks/speed.py's 1-
+    and 2-core runs show the scaling on two)."""
     value = os.environ.get("WVC_CODEC_THREADS")
     if value and value.isdigit() and 1 <= int(value) <= 64:
         return int(value)
-    return max(1, min(4, os.cpu_count() or 1))
+    return max(1, min(4, usable_cpus()))
 
 
 WORKERS = _codec_threads()
