@@ -92,7 +92,8 @@ MIN_SYSTEM_DECODER = 10501  # 1.5.1: the first with assembly Huffman decoding (x
 def _connect_system_decoder() -> int | None:
     """Decompress with the system's libzstd where that is faster: x86-64, version 1.5.1 or
     later (see the module's doc). Called once, at import, before any context exists."""
-    if not whole_payloads or os.environ.get("WVC_SYSTEM_ZSTD", "1") == "0" or os.uname().machine != "x86_64":
+    machine = os.uname().machine if hasattr(os, "uname") else ""
+    if not whole_payloads or os.environ.get("WVC_SYSTEM_ZSTD", "1") == "0" or machine != "x86_64":
         return None
     import ctypes
 
