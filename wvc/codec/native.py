@@ -16,7 +16,7 @@ version: the stream-by-stream path is then used, with the same payloads.
 
 ``system_decoder``: the version of the system's libzstd when the kernels decompress with it
 (:func:`_connect_system_decoder`), else None. python-zstandard's build has no assembly
-Huffman loops; on x86-64 a distribution's libzstd 1.5.1 or later has, and the decode of
+Huffman loops; on x86-64 a distribution's libzstd 1.5.4 or later has, and the decode of
 the many-tensor benchmark checkout's payloads took 0.93x the time with it (docs/design.md).
 Only decompression moves: every conforming decoder yields the same bytes, and every chunk
 is hash-checked after its decode anyway; compression stays python-zstandard's, so the
@@ -86,12 +86,14 @@ DECODER_FUNCTIONS = (
     "ZSTD_freeDCtx",
 )
 SYSTEM_LIBZSTD = "libzstd.so.1"  # the soname: dlopen finds it without ldconfig or a compiler
-MIN_SYSTEM_DECODER = 10501  # 1.5.1: the first with assembly Huffman decoding (x86-64)
+# 1.5.4 (Debian 12's): the oldest measured. Assembly Huffman decoding came with 1.5.1;
+# older system builds (Ubuntu 22.04 ships 1.4.8) are not faster than the bundled one.
+MIN_SYSTEM_DECODER = 10504
 
 
 def _connect_system_decoder() -> int | None:
-    """Decompress with the system's libzstd where that is faster: x86-64, version 1.5.1 or
-    later (see the module's doc). Called once, at import, before any context exists."""
+    """Decompress with the system's libzstd where that is faster: x86-64, MIN_SYSTEM_DECODER
+    or later (see the module's doc). Called once, at import, before any context exists."""
     machine = os.uname().machine if hasattr(os, "uname") else ""
     if not whole_payloads or os.environ.get("WVC_SYSTEM_ZSTD", "1") == "0" or machine != "x86_64":
         return None
