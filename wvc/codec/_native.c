@@ -1014,8 +1014,14 @@ typedef struct {
     size_t (*freeDCtx)(void *);
 } ZstdDecoder;
 #define DECODER_FUNCTIONS 6
-static ZstdDecoder unz;
-static long dctx_made; /* contexts created so far: the decoder is only switched before the first */
+/* decoders[BUNDLED]: use_zstd's library; decoders[SYSTEM]: use_zstd_decoder's, when given.
+ * active_decoder says which one decompresses; each thread keeps a context of each library it
+ * has used (zt.dctx), freed by that library. */
+enum { BUNDLED = 0, SYSTEM = 1 };
+static ZstdDecoder decoders[2];
+static int have_system_decoder;
+static int active_decoder = BUNDLED;
+static long system_dctx_made; /* the system decoder's contexts so far: it is only replaced before the first */
 
 static int addresses(PyObject *args, void **p, Py_ssize_t count, const char *what) {
     PyObject *addrs;
@@ -1048,7 +1054,7 @@ static PyObject *use_zstd(PyObject *self, PyObject *args) {
     if (!have_zstd) {
         ZstdDecoder d = {api.versionNumber, api.isError, api.createDCtx, api.decompressDCtx, api.getFrameContentSize,
                          api.freeDCtx};
-        unz = d;
+        decoders[BUNDLED] = d;
     }
     zstd = api;
     have_zstd = 1;
@@ -1057,33 +1063,47 @@ static PyObject *use_zstd(PyObject *self, PyObject *args) {
 
 /* use_zstd_decoder((ZSTD_versionNumber, ZSTD_isError, ZSTD_createDCtx, ZSTD_decompressDCtx,
  * ZSTD_getFrameContentSize, ZSTD_freeDCtx)) -> that library's version number: decompress with
- * another libzstd from now on. Only after use_zstd and before any decompression context
- * exists (each is freed by the library that made it): False otherwise, nothing changed. */
+ * another libzstd from now on. Only after use_zstd, and before any context of an earlier
+ * such library exists (a context is freed by the library that made it): False otherwise,
+ * nothing changed. */
 static PyObject *use_zstd_decoder(PyObject *self, PyObject *args) {
     void *p[DECODER_FUNCTIONS];
     if (addresses(args, p, DECODER_FUNCTIONS, "use_zstd_decoder") < 0) return NULL;
-    if (!have_zstd || __atomic_load_n(&dctx_made, __ATOMIC_ACQUIRE)) Py_RETURN_FALSE;
+    if (!have_zstd || __atomic_load_n(&system_dctx_made, __ATOMIC_ACQUIRE)) Py_RETURN_FALSE;
     ZstdDecoder d = {(unsigned (*)(void))p[0], (unsigned (*)(size_t))p[1], (void *(*)(void))p[2],
                      (size_t (*)(void *, void *, size_t, const void *, size_t))p[3],
                      (unsigned long long (*)(const void *, size_t))p[4], (size_t (*)(void *))p[5]};
-    unz = d;
-    return PyLong_FromUnsignedLong(unz.versionNumber());
+    decoders[SYSTEM] = d;
+    have_system_decoder = 1;
+    __atomic_store_n(&active_decoder, SYSTEM, __ATOMIC_RELEASE);
+    return PyLong_FromUnsignedLong(d.versionNumber());
+}
+
+/* decode_with_bundled(on) -> the version number of the libzstd that now decompresses: on,
+ * python-zstandard's own; off, use_zstd_decoder's again (where one was given). For a chunk
+ * that fails its hash check after the system's decoder: decoded again with the bundled one
+ * (ObjectStore), the library is to blame only if the bytes are then right. */
+static PyObject *decode_with_bundled(PyObject *self, PyObject *args) {
+    int on;
+    if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
+    __atomic_store_n(&active_decoder, on || !have_system_decoder ? BUNDLED : SYSTEM, __ATOMIC_RELEASE);
+    return PyLong_FromUnsignedLong(have_zstd ? decoders[__atomic_load_n(&active_decoder, __ATOMIC_ACQUIRE)].versionNumber() : 0);
 }
 
 /* decoder_version() -> the version number of the libzstd that decompresses (0 before use_zstd) */
 static PyObject *decoder_version(PyObject *self, PyObject *unused) {
-    return PyLong_FromUnsignedLong(have_zstd ? unz.versionNumber() : 0);
+    return PyLong_FromUnsignedLong(have_zstd ? decoders[__atomic_load_n(&active_decoder, __ATOMIC_ACQUIRE)].versionNumber() : 0);
 }
 
 /* one compression and one decompression context per thread, kept between calls and freed
  * when the thread exits (note_thread) */
 #define MAX_ZSTD_PARAMS 32
 typedef struct {
-    void *cctx, *dctx;
+    void *cctx, *dctx[2]; /* [BUNDLED], [SYSTEM] */
     int config[2 * MAX_ZSTD_PARAMS];
     Py_ssize_t nconfig; /* ints in config; -1: the context's parameters are unknown */
 } ZstdThread;
-static __thread ZstdThread zt = {NULL, NULL, {0}, -1};
+static __thread ZstdThread zt = {NULL, {NULL, NULL}, {0}, -1};
 
 /* Every thread that takes a buffer or a context is noted once; a pthread key's destructor then
  * frees them when the thread exits. live_threads counts the noted threads still running. */
@@ -1102,8 +1122,9 @@ static void release_thread(void *unused) {
         all[k]->cap = 0;
     }
     if (zt.cctx) zstd.freeCCtx(zt.cctx);
-    if (zt.dctx) unz.freeDCtx(zt.dctx);
-    zt.cctx = zt.dctx = NULL;
+    for (int d = 0; d < 2; d++)
+        if (zt.dctx[d]) decoders[d].freeDCtx(zt.dctx[d]);
+    zt.cctx = zt.dctx[BUNDLED] = zt.dctx[SYSTEM] = NULL;
     zt.nconfig = -1;
     __atomic_sub_fetch(&live_threads, 1, __ATOMIC_RELAXED);
 }
@@ -1401,18 +1422,20 @@ static const char *read_table(const uint8_t *p, Py_ssize_t len, Stream *streams,
 /* container._bounded_zstd into dst (exactly `expected` bytes, never more) */
 static const char *unzstd(const uint8_t *src, Py_ssize_t len, uint8_t *dst, Py_ssize_t expected) {
     if (len < 4) return "zstd frame declares the wrong size";
-    const unsigned long long declared = unz.getFrameContentSize(src, (size_t)len);
+    const int which = __atomic_load_n(&active_decoder, __ATOMIC_ACQUIRE);
+    const ZstdDecoder *unz = &decoders[which];
+    const unsigned long long declared = unz->getFrameContentSize(src, (size_t)len);
     if (declared == CONTENTSIZE_ERROR) return "zstd frame header is damaged";
     if (declared != CONTENTSIZE_UNKNOWN && declared != (unsigned long long)expected)
         return "zstd frame declares the wrong size";
     if (expected == 0) return NULL;
     note_thread();
-    if (!zt.dctx) {
-        __atomic_add_fetch(&dctx_made, 1, __ATOMIC_ACQ_REL);
-        if (!(zt.dctx = unz.createDCtx())) return "out of memory for a zstd context";
+    if (!zt.dctx[which]) {
+        if (which == SYSTEM) __atomic_add_fetch(&system_dctx_made, 1, __ATOMIC_ACQ_REL);
+        if (!(zt.dctx[which] = unz->createDCtx())) return "out of memory for a zstd context";
     }
-    const size_t got = unz.decompressDCtx(zt.dctx, dst, (size_t)expected, src, (size_t)len);
-    if (unz.isError(got)) return "zstd stream is corrupt or decodes to the wrong length";
+    const size_t got = unz->decompressDCtx(zt.dctx[which], dst, (size_t)expected, src, (size_t)len);
+    if (unz->isError(got)) return "zstd stream is corrupt or decodes to the wrong length";
     if ((Py_ssize_t)got != expected) return "zstd stream decoded to the wrong length";
     return NULL;
 }
@@ -1774,6 +1797,8 @@ static PyMethodDef methods[] = {
     {"use_zstd_decoder", use_zstd_decoder, METH_VARARGS,
      "use_zstd_decoder((address, ...)) -> version or False: decompress with another libzstd"},
     {"decoder_version", decoder_version, METH_NOARGS, "decoder_version() -> the decompressing libzstd's version"},
+    {"decode_with_bundled", decode_with_bundled, METH_VARARGS,
+     "decode_with_bundled(on) -> the decompressing libzstd's version, python-zstandard's when on"},
     {"encode_payload", encode_payload, METH_VARARGS,
      "encode_payload(x, base|None, width, transform, shift, method, param, sparse, min_group,\n"
      "zstd_params, stride, packed_below, incompressible) -> a whole payload (container.pack's layout)"},

@@ -41,21 +41,30 @@ ZSTD_FUNCTIONS = (
 )
 
 
-def _zstd_functions(zstandard) -> tuple[int, ...] | None:
-    """Addresses of python-zstandard's zstd functions, or None where they cannot be found."""
-    import ctypes
+def _cffi_path(zstandard) -> str | None:
+    """python-zstandard's cffi backend, whose zstd symbols are exported; None without one."""
     from importlib.machinery import EXTENSION_SUFFIXES  # (importlib.util costs 3 ms to import)
 
     folder = os.path.dirname(zstandard.__file__)
     for suffix in EXTENSION_SUFFIXES:
         path = os.path.join(folder, "_cffi" + suffix)
         if os.path.exists(path):
-            try:
-                lib = ctypes.CDLL(path)
-                return tuple(ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in ZSTD_FUNCTIONS)
-            except (OSError, AttributeError, ValueError):
-                return None
+            return path
     return None
+
+
+def _zstd_functions(zstandard) -> tuple[int, ...] | None:
+    """Addresses of python-zstandard's zstd functions, or None where they cannot be found."""
+    import ctypes
+
+    path = _cffi_path(zstandard)
+    if path is None:
+        return None
+    try:
+        lib = ctypes.CDLL(path)
+        return tuple(ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in ZSTD_FUNCTIONS)
+    except (OSError, AttributeError, ValueError):
+        return None
 
 
 def _connect_zstd() -> bool:
@@ -111,3 +120,36 @@ def _connect_system_decoder() -> int | None:
 
 
 system_decoder = _connect_system_decoder()
+
+
+def retry_with_bundled(decode):
+    """``decode()`` once more with python-zstandard's decoder, after a chunk decoded with the
+    system's failed its hash check; None where there is no other decoder, or where the chunk
+    fails with the bundled one too (then it is damaged, and the system's decoder is put back).
+
+    When the bundled decoder gets it right, the system's library is to blame: it is not used
+    again in this process, and a warning says so once. (A repository must not read as corrupt
+    because of a library wvc chose to use.)"""
+    global system_decoder
+    if system_decoder is None:
+        return None
+    from ..errors import CorruptObject
+
+    kernels.decode_with_bundled(True)
+    try:
+        result = decode()
+    except CorruptObject:
+        kernels.decode_with_bundled(False)
+        return None
+    import logging
+
+    logging.getLogger("wvc").warning(
+        "wvc: the system's libzstd (%s) decoded a chunk wrongly and python-zstandard's decoder "
+        "did not; wvc decodes with the latter from now on (WVC_SYSTEM_ZSTD=0 skips the system's)",
+        _version_text(system_decoder))
+    system_decoder = None
+    return result
+
+
+def _version_text(number: int) -> str:
+    return f"{number // 10000}.{number // 100 % 100}.{number % 100}"

@@ -310,9 +310,19 @@ class ObjectStore:
         try:
             return self._decode_links(chain, verify_links=False, with_base=with_base)
         except CorruptObject:
-            if len(chain) == 1:
-                raise
-            return self._decode_links(chain, verify_links=True, with_base=with_base)
+            try:
+                if len(chain) == 1:
+                    raise
+                return self._decode_links(chain, verify_links=True, with_base=with_base)
+            except CorruptObject:
+                # (before calling the chunk damaged: was it the system's zstd? codec/native.py)
+                from ..codec import native
+
+                again = native.retry_with_bundled(lambda: self._decode_links(chain, verify_links=True,
+                                                                             with_base=with_base))
+                if again is None:
+                    raise
+                return again
 
     def _decode_links(self, chain: list[ObjectRow], verify_links: bool,
                       with_base: bool = True) -> tuple[bytes, bytes | None]:
