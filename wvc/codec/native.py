@@ -25,6 +25,7 @@ bundled decoder.
 """
 
 import os
+import threading
 
 try:
     from . import _native as kernels
@@ -122,32 +123,44 @@ def _connect_system_decoder() -> int | None:
 system_decoder = _connect_system_decoder()
 
 
+_retry_lock = threading.Lock()
+_dropped = False  # the system's decoder was found wrong and is no longer used
+
+
 def retry_with_bundled(decode):
     """``decode()`` once more with python-zstandard's decoder, after a chunk decoded with the
-    system's failed its hash check; None where there is no other decoder, or where the chunk
-    fails with the bundled one too (then it is damaged, and the system's decoder is put back).
+    system's failed its hash check (store.objects.decode_verified: every checked decode, from
+    a pack or a remote); None where there is no other decoder, or where the chunk fails with
+    the bundled one too (then it is damaged, and the system's decoder is put back).
 
     When the bundled decoder gets it right, the system's library is to blame: it is not used
     again in this process, and a warning says so once. (A repository must not read as corrupt
-    because of a library wvc chose to use.)"""
-    global system_decoder
-    if system_decoder is None:
+    because of a library wvc chose to use.) One retry at a time: threads that failed on the
+    same library meanwhile only decode again."""
+    global system_decoder, _dropped
+    if system_decoder is None and not _dropped:
         return None
     from ..errors import CorruptObject
 
-    kernels.decode_with_bundled(True)
-    try:
-        result = decode()
-    except CorruptObject:
-        kernels.decode_with_bundled(False)
-        return None
+    with _retry_lock:
+        if _dropped:  # (another thread found it wrong while this one decoded with it)
+            try:
+                return decode()
+            except CorruptObject:
+                return None
+        kernels.decode_with_bundled(True)
+        try:
+            result = decode()
+        except CorruptObject:
+            kernels.decode_with_bundled(False)
+            return None
+        version, system_decoder, _dropped = system_decoder, None, True
     import logging
 
     logging.getLogger("wvc").warning(
         "wvc: the system's libzstd (%s) decoded a chunk wrongly and python-zstandard's decoder "
         "did not; wvc decodes with the latter from now on (WVC_SYSTEM_ZSTD=0 skips the system's)",
-        _version_text(system_decoder))
-    system_decoder = None
+        _version_text(version))
     return result
 
 

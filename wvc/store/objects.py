@@ -150,13 +150,26 @@ def decode_verified(object_id: str, payload, raw_size: int, base, where: str, *,
     """
     from .. import codec  # numpy and zstandard: not loaded by commands that decode nothing
 
+    def attempt() -> bytes:
+        try:
+            raw = codec.decode(payload, raw_size, base, context=context)
+        except CorruptObject as exc:
+            raise CorruptObject(f"object {ids.short(object_id)} in {where}: {exc}") from None
+        if verify and ids.chunk_id(raw) != object_id:
+            raise CorruptObject(f"object {ids.short(object_id)} in {where} fails its hash check")
+        return raw
+
     try:
-        raw = codec.decode(payload, raw_size, base, context=context)
-    except CorruptObject as exc:
-        raise CorruptObject(f"object {ids.short(object_id)} in {where}: {exc}") from None
-    if verify and ids.chunk_id(raw) != object_id:
-        raise CorruptObject(f"object {ids.short(object_id)} in {where} fails its hash check")
-    return raw
+        return attempt()
+    except CorruptObject:
+        if not verify:  # (a link whose chain's final check decides)
+            raise
+        from ..codec import native  # before the object is called damaged: was it the system's zstd?
+
+        again = native.retry_with_bundled(attempt)
+        if again is None:
+            raise
+        return again
 
 
 def _batches(object_ids):
@@ -310,19 +323,9 @@ class ObjectStore:
         try:
             return self._decode_links(chain, verify_links=False, with_base=with_base)
         except CorruptObject:
-            try:
-                if len(chain) == 1:
-                    raise
-                return self._decode_links(chain, verify_links=True, with_base=with_base)
-            except CorruptObject:
-                # (before calling the chunk damaged: was it the system's zstd? codec/native.py)
-                from ..codec import native
-
-                again = native.retry_with_bundled(lambda: self._decode_links(chain, verify_links=True,
-                                                                             with_base=with_base))
-                if again is None:
-                    raise
-                return again
+            if len(chain) == 1:
+                raise
+            return self._decode_links(chain, verify_links=True, with_base=with_base)
 
     def _decode_links(self, chain: list[ObjectRow], verify_links: bool,
                       with_base: bool = True) -> tuple[bytes, bytes | None]:
