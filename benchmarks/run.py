@@ -35,6 +35,7 @@ class Child(NamedTuple):
     wall: float  # seconds, the whole process
     rss: int  # ru_maxrss in bytes: an upper bound only (Linux counts the parent's pages at fork); wvc_op reports its own
     cpu: float  # user + system seconds of the process and its children
+    user: float = 0.0  # user seconds alone: wvc's own work, without the kernel's (page-cache writes vary run to run)
 
 
 def run_child(args: list[str], env: dict | None = None, cwd: str | None = None) -> Child:
@@ -47,7 +48,7 @@ def run_child(args: list[str], env: dict | None = None, cwd: str | None = None) 
     if os.waitstatus_to_exitcode(status) != 0:
         raise RuntimeError(f"{args} failed: {err[-2000:]}")
     parsed = json.loads(out) if out.strip().startswith("{") else {}
-    return Child(parsed, wall, usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime)
+    return Child(parsed, wall, usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime, usage.ru_utime)
 
 
 def wvc_op_args(*args) -> list[str]:

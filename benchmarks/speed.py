@@ -44,17 +44,19 @@ DEFAULT_CASE = "minilm x8 bf16 step 0 -> 200"
 
 
 def _timed(args: list[str], tree: Path | None = None) -> tuple:
-    """(wall, CPU, in-process wall, in-process CPU) of one process; the last two are what a
-    wvc operation reports of itself (benchmarks/wvc_op.py: no interpreter start, which
-    dilutes a change's effect on the whole process), None for zstd or a tree whose wvc_op
-    does not report them. ``tree``: run the wvc of that source tree instead."""
+    """(wall, CPU, in-process wall, in-process CPU, user CPU) of one process; the in-process
+    two are what a wvc operation reports of itself (benchmarks/wvc_op.py: no interpreter
+    start, which dilutes a change's effect on the whole process), None for zstd or a tree
+    whose wvc_op does not report them; the user CPU leaves out the kernel's time, whose
+    page-cache writes moved a checkout's CPU by a third from run to run here. ``tree``: run
+    the wvc of that source tree instead."""
     os.sync()
     env = None
     if tree is not None:
         env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
         env["PYTHONPATH"] = str(tree)
     child = run_child(args, env=env, cwd=str(tree) if tree is not None else None)
-    return child.wall, child.cpu, child.out.get("seconds"), child.out.get("cpu_seconds")
+    return child.wall, child.cpu, child.out.get("seconds"), child.out.get("cpu_seconds"), child.user
 
 
 def _pin(cores: int | None, args: list[str]) -> list[str]:
@@ -158,7 +160,9 @@ def case_pairs(case: C.Case, scratch: Path, pairs: int, baseline: Path | None = 
                 "commit_2core_speedup": spread("commit_1core", "commit_2core"),
                 "checkout_2core_speedup": spread("checkout_1core", "checkout_2core"),
                 **({"commit_over_baseline_inproc": spread("commit_ab", "commit_baseline", 2),
-                    "checkout_over_baseline_inproc": spread("checkout_ab", "checkout_baseline", 2)}
+                    "checkout_over_baseline_inproc": spread("checkout_ab", "checkout_baseline", 2),
+                    "commit_over_baseline_user_cpu": spread("commit_ab", "commit_baseline", 4),
+                    "checkout_over_baseline_user_cpu": spread("checkout_ab", "checkout_baseline", 4)}
                    if baseline is not None else {})},
         "runs": runs,
         **({"baseline": str(baseline),
@@ -169,7 +173,9 @@ def case_pairs(case: C.Case, scratch: Path, pairs: int, baseline: Path | None = 
             "commit_over_baseline_inproc": ratio("commit_ab", "commit_baseline", 2),
             "commit_over_baseline_inproc_cpu": ratio("commit_ab", "commit_baseline", 3),
             "checkout_over_baseline_inproc": ratio("checkout_ab", "checkout_baseline", 2),
-            "checkout_over_baseline_inproc_cpu": ratio("checkout_ab", "checkout_baseline", 3)}
+            "checkout_over_baseline_inproc_cpu": ratio("checkout_ab", "checkout_baseline", 3),
+            "commit_over_baseline_user_cpu": ratio("commit_ab", "commit_baseline", 4),
+            "checkout_over_baseline_user_cpu": ratio("checkout_ab", "checkout_baseline", 4)}
            if baseline is not None else {}),
     }
 
@@ -220,13 +226,14 @@ def markdown(rows: list[dict], meta: dict) -> str:
                   "and the operation's own time inside its process (no interpreter start; n/a where the "
                   "baseline's `benchmarks/wvc_op.py` does not report it).", "",
                   "| case | commit time | commit CPU | checkout time | checkout CPU | in process: commit time | "
-                  "commit CPU | checkout time | checkout CPU |", "|---|---|---|---|---|---|---|---|---|"]
+                  "commit CPU | checkout time | checkout CPU | user CPU only: commit | checkout |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
 
         def fmt(value):
             return "n/a" if value is None else f"{value:.3f}"
 
         columns = [f"{op}_over_baseline{where}{kind}" for where in ("", "_inproc") for op in ("commit", "checkout")
-                   for kind in ("", "_cpu")]
+                   for kind in ("", "_cpu")] + ["commit_over_baseline_user_cpu", "checkout_over_baseline_user_cpu"]
         for r in based:
             lines.append(f"| {r['case']} | " + " | ".join(
                 _with_iqr(r, c) if c in r.get("iqr", {}) else fmt(r.get(c)) for c in columns) + " |")
