@@ -1004,22 +1004,13 @@ typedef struct {
 static ZstdApi zstd;
 static int have_zstd;
 
-/* The functions decompression calls, from use_zstd's library or use_zstd_decoder's. */
-typedef struct {
-    unsigned (*versionNumber)(void);
-    unsigned (*isError)(size_t);
-    void *(*createDCtx)(void);
-    size_t (*decompressDCtx)(void *, void *, size_t, const void *, size_t);
-    unsigned long long (*getFrameContentSize)(const void *, size_t);
-    size_t (*freeDCtx)(void *);
-} ZstdDecoder;
 #define DECODER_FUNCTIONS 6
-/* decoders[BUNDLED]: use_zstd's library; decoders[SYSTEM]: use_zstd_decoder's, when given.
- * active_decoder says which one decompresses; each thread keeps a context of each library it
- * has used (zt.dctx), freed by that library. */
+/* decoders[BUNDLED]: use_zstd's library; decoders[SYSTEM]: use_zstd_decoder's (its
+ * decompression functions only; none given while its createDCtx is NULL). active_decoder says
+ * which one decompresses; each thread keeps a context of each library it has used
+ * (zt.dctx), freed by that library. */
 enum { BUNDLED = 0, SYSTEM = 1 };
-static ZstdDecoder decoders[2];
-static int have_system_decoder;
+static ZstdApi decoders[2];
 static int active_decoder = BUNDLED;
 static long system_dctx_made; /* the system decoder's contexts so far: it is only replaced before the first */
 
@@ -1051,11 +1042,7 @@ static PyObject *use_zstd(PyObject *self, PyObject *args) {
                    (size_t (*)(void *, void *, size_t, const void *, size_t))p[7],
                    (unsigned long long (*)(const void *, size_t))p[8], (size_t (*)(void *))p[9],
                    (size_t (*)(void *))p[10]};
-    if (!have_zstd) {
-        ZstdDecoder d = {api.versionNumber, api.isError, api.createDCtx, api.decompressDCtx, api.getFrameContentSize,
-                         api.freeDCtx};
-        decoders[BUNDLED] = d;
-    }
+    if (!have_zstd) decoders[BUNDLED] = api;
     zstd = api;
     have_zstd = 1;
     return PyLong_FromUnsignedLong(zstd.versionNumber());
@@ -1070,13 +1057,21 @@ static PyObject *use_zstd_decoder(PyObject *self, PyObject *args) {
     void *p[DECODER_FUNCTIONS];
     if (addresses(args, p, DECODER_FUNCTIONS, "use_zstd_decoder") < 0) return NULL;
     if (!have_zstd || __atomic_load_n(&system_dctx_made, __ATOMIC_ACQUIRE)) Py_RETURN_FALSE;
-    ZstdDecoder d = {(unsigned (*)(void))p[0], (unsigned (*)(size_t))p[1], (void *(*)(void))p[2],
-                     (size_t (*)(void *, void *, size_t, const void *, size_t))p[3],
-                     (unsigned long long (*)(const void *, size_t))p[4], (size_t (*)(void *))p[5]};
+    ZstdApi d = {0};
+    d.versionNumber = (unsigned (*)(void))p[0];
+    d.isError = (unsigned (*)(size_t))p[1];
+    d.createDCtx = (void *(*)(void))p[2];
+    d.decompressDCtx = (size_t (*)(void *, void *, size_t, const void *, size_t))p[3];
+    d.getFrameContentSize = (unsigned long long (*)(const void *, size_t))p[4];
+    d.freeDCtx = (size_t (*)(void *))p[5];
     decoders[SYSTEM] = d;
-    have_system_decoder = 1;
     __atomic_store_n(&active_decoder, SYSTEM, __ATOMIC_RELEASE);
     return PyLong_FromUnsignedLong(d.versionNumber());
+}
+
+/* the version number of the libzstd that decompresses now (0 before use_zstd) */
+static unsigned long active_version(void) {
+    return have_zstd ? decoders[__atomic_load_n(&active_decoder, __ATOMIC_ACQUIRE)].versionNumber() : 0;
 }
 
 /* decode_with_bundled(on) -> the version number of the libzstd that now decompresses: on,
@@ -1086,14 +1081,12 @@ static PyObject *use_zstd_decoder(PyObject *self, PyObject *args) {
 static PyObject *decode_with_bundled(PyObject *self, PyObject *args) {
     int on;
     if (!PyArg_ParseTuple(args, "p", &on)) return NULL;
-    __atomic_store_n(&active_decoder, on || !have_system_decoder ? BUNDLED : SYSTEM, __ATOMIC_RELEASE);
-    return PyLong_FromUnsignedLong(have_zstd ? decoders[__atomic_load_n(&active_decoder, __ATOMIC_ACQUIRE)].versionNumber() : 0);
+    __atomic_store_n(&active_decoder, on || !decoders[SYSTEM].createDCtx ? BUNDLED : SYSTEM, __ATOMIC_RELEASE);
+    return PyLong_FromUnsignedLong(active_version());
 }
 
 /* decoder_version() -> the version number of the libzstd that decompresses (0 before use_zstd) */
-static PyObject *decoder_version(PyObject *self, PyObject *unused) {
-    return PyLong_FromUnsignedLong(have_zstd ? decoders[__atomic_load_n(&active_decoder, __ATOMIC_ACQUIRE)].versionNumber() : 0);
-}
+static PyObject *decoder_version(PyObject *self, PyObject *unused) { return PyLong_FromUnsignedLong(active_version()); }
 
 /* one compression and one decompression context per thread, kept between calls and freed
  * when the thread exits (note_thread) */
@@ -1423,7 +1416,7 @@ static const char *read_table(const uint8_t *p, Py_ssize_t len, Stream *streams,
 static const char *unzstd(const uint8_t *src, Py_ssize_t len, uint8_t *dst, Py_ssize_t expected) {
     if (len < 4) return "zstd frame declares the wrong size";
     const int which = __atomic_load_n(&active_decoder, __ATOMIC_ACQUIRE);
-    const ZstdDecoder *unz = &decoders[which];
+    const ZstdApi *unz = &decoders[which];
     const unsigned long long declared = unz->getFrameContentSize(src, (size_t)len);
     if (declared == CONTENTSIZE_ERROR) return "zstd frame header is damaged";
     if (declared != CONTENTSIZE_UNKNOWN && declared != (unsigned long long)expected)

@@ -54,18 +54,22 @@ def _cffi_path(zstandard) -> str | None:
     return None
 
 
-def _zstd_functions(zstandard) -> tuple[int, ...] | None:
-    """Addresses of python-zstandard's zstd functions, or None where they cannot be found."""
+def _addresses(library: str, names) -> tuple[int, ...] | None:
+    """The addresses of the functions ``names`` in the shared library ``library`` (a path or a
+    soname), or None where it does not open or lacks one."""
     import ctypes
 
-    path = _cffi_path(zstandard)
-    if path is None:
-        return None
     try:
-        lib = ctypes.CDLL(path)
-        return tuple(ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in ZSTD_FUNCTIONS)
+        lib = ctypes.CDLL(library)
+        return tuple(ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in names)
     except (OSError, AttributeError, ValueError):
         return None
+
+
+def _zstd_functions(zstandard) -> tuple[int, ...] | None:
+    """Addresses of python-zstandard's zstd functions, or None where they cannot be found."""
+    path = _cffi_path(zstandard)
+    return None if path is None else _addresses(path, ZSTD_FUNCTIONS)
 
 
 def _connect_zstd() -> bool:
@@ -109,12 +113,8 @@ def _connect_system_decoder() -> int | None:
         return None
     import ctypes
 
-    try:
-        lib = ctypes.CDLL(SYSTEM_LIBZSTD)
-        functions = tuple(ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in DECODER_FUNCTIONS)
-    except (OSError, AttributeError, ValueError):
-        return None
-    if not all(functions) or ctypes.CFUNCTYPE(ctypes.c_uint)(functions[0])() < MIN_SYSTEM_DECODER:
+    functions = _addresses(SYSTEM_LIBZSTD, DECODER_FUNCTIONS)
+    if functions is None or not all(functions) or ctypes.CFUNCTYPE(ctypes.c_uint)(functions[0])() < MIN_SYSTEM_DECODER:
         return None
     version = kernels.use_zstd_decoder(functions)
     return version or None

@@ -26,9 +26,6 @@ from ..worktree import StatCache, scan
 from ..snapshot import STATE_DICT_PATH, Snapshotter
 
 
-# A merge written with --no-commit (ops/merge.py) waits here for the next commit, which
-# takes the other parent and the recipe; any checkout drops it.
-
 
 @dataclass
 class CommitResult:

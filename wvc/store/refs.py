@@ -17,7 +17,8 @@ from .database import Database
 HEADS = "refs/heads/"
 TAGS = "refs/tags/"
 HEAD_KEY = "HEAD"
-# config keys of a merge in progress: the other side's commit, and how it was merged
+# config keys of a merge in progress: the other side's commit, and how it was merged (a merge
+# written with --no-commit waits there for the next commit, which takes both; any checkout drops it)
 MERGE_HEAD = "merge.head"
 MERGE_RECIPE = "merge.recipe"
 _BAD_CHARS = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]")
