@@ -68,15 +68,15 @@ def test_fsync_failure_is_one_clear_error(model_repo, cli, monkeypatch):
 
 @pytest.mark.parametrize("mode", ["corrupt", "truncate"])
 def test_corrupted_or_short_reads_are_caught(model_repo, monkeypatch, mode, tmp_path):
-    real = packs.PackReader.read
+    real = packs.PackReader.view  # (what every decode reads through)
 
     def bad(self, pack, offset, length):
         data = real(self, pack, offset, length)
         if mode == "truncate":
-            raise CorruptObject(f"pack {pack[:12]} is truncated")  # what a short pread raises
-        return data[:-1] + bytes([data[-1] ^ 0x10])
+            raise CorruptObject(f"pack {pack[:12]} is truncated")  # what a view past a pack's end raises
+        return memoryview(bytes(data[:-1]) + bytes([data[-1] ^ 0x10]))
 
-    monkeypatch.setattr(packs.PackReader, "read", bad)
+    monkeypatch.setattr(packs.PackReader, "view", bad)
     with pytest.raises(CorruptObject):
         model_repo.checkout("HEAD", output=tmp_path / "out")
     monkeypatch.undo()

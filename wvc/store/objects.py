@@ -348,7 +348,7 @@ class ObjectStore:
             from .. import codec
 
             for k in (-2, -1):
-                payloads[k] = self.reader.read(chain[k].pack, chain[k].offset, chain[k].length)
+                payloads[k] = self.reader.view(chain[k].pack, chain[k].offset, chain[k].length)
             raw = codec.decode_on_keyframe(payloads[-2], payloads[-1], chain[-2].raw_size)  # (a CorruptObject: checked link by link)
             if raw is not None:
                 top = len(chain) - 3
@@ -361,7 +361,7 @@ class ObjectStore:
                     raise MissingObject(f"object {ids.short(row.id)} belongs to a base this repository cannot read")
                 raw, below = self.external.read(row.id, row.file, row.offset, row.length, verify=verify), raw
                 continue
-            payload = payloads[k] if payloads[k] is not None else self.reader.read(row.pack, row.offset, row.length)
+            payload = payloads[k] if payloads[k] is not None else self.reader.view(row.pack, row.offset, row.length)
             raw, below = decode_verified(row.id, payload, row.raw_size, raw, f"pack {row.pack[:12]}", verify=verify,
                                          context=below), raw
         return raw, below

@@ -17,6 +17,7 @@ by rename after fsync; until its rows are committed to the database it is garbag
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import struct
 import tempfile
@@ -178,28 +179,86 @@ def read_pack_index(path: Path, verify: bool = True) -> tuple[str, list[PackEntr
 
 
 class PackReader:
-    """Positional reads from pack files, keeping a few descriptors open."""
+    """Reads from pack files: :meth:`read` copies, :meth:`view` maps.
+
+    A decode reads every payload once and keeps none of it, so it takes :meth:`view`: a
+    slice of a read-only mapping of the pack, no copy. Packs are mapped in windows of
+    ``WINDOW`` bytes, the ``WINDOWS`` most recently used kept mapped, so a process's resident
+    set holds at most that much of its packs however large they are (a mapped page counts
+    in the RSS that memory limits and monitors watch; a copy's buffer is freed per chunk).
+    A payload across a window's edge gets a mapping of its own. A window stays mapped while
+    a view into it lives (the slice holds it), so eviction never pulls pages from under a
+    decode. Why not pread: its copy into a fresh buffer, then that buffer's page faults,
+    were a tenth of a many-tensor checkout's CPU (docs/design.md).
+
+    Packs are immutable, and a pack truncated at rest is caught here (a view beyond its
+    end raises CorruptObject, as a short read does); only a pack truncated in place while
+    it is mapped would fault the process (SIGBUS), which nothing in wvc does (a pack is
+    written once, renamed into place, and deleted whole) -- git maps its packs the same way.
+    """
+
+    WINDOW = 8 << 20
+    WINDOWS = 8
 
     def __init__(self, directory: Path):
         self.directory = directory
         self._fds: dict[str, int] = {}
-        self._lock = threading.Lock()  # decode workers share the descriptors
+        self._sizes: dict[str, int] = {}
+        self._windows: dict[tuple[str, int], memoryview] = {}  # (in use order: oldest first)
+        self._lock = threading.Lock()  # decode workers share the descriptors and windows
 
     def read(self, pack: str, offset: int, length: int) -> bytes:
+        """The bytes at ``offset``, copied (for callers that keep or re-send them)."""
         with self._lock:
-            fd = self._fds.get(pack)
-            if fd is None:
-                if len(self._fds) >= 64:
-                    self._close_locked()
-                try:
-                    fd = os.open(self.directory / pack_filename(pack), os.O_RDONLY)
-                except FileNotFoundError:
-                    raise CorruptObject(f"pack {pack[:12]} is missing") from None
-                self._fds[pack] = fd
-            data = os.pread(fd, length, offset)
+            fd = self._fd_locked(pack)
+        data = os.pread(fd, length, offset)
         if len(data) != length:
             raise CorruptObject(f"pack {pack[:12]} is truncated")
         return data
+
+    def view(self, pack: str, offset: int, length: int) -> memoryview:
+        """The bytes at ``offset``, a read-only slice of a mapping of the pack (no copy)."""
+        first, last = offset // self.WINDOW, (offset + max(length, 1) - 1) // self.WINDOW
+        with self._lock:
+            fd = self._fd_locked(pack)
+            size = self._sizes[pack]
+            if offset < 0 or length < 0 or offset + length > size:
+                raise CorruptObject(f"pack {pack[:12]} is truncated")
+            if length == 0:
+                return memoryview(b"")
+            if first != last:  # (across a window's edge: mapped alone, unmapped with its view)
+                start = offset - offset % mmap.ALLOCATIONGRANULARITY
+                return memoryview(self._map(fd, start, offset + length - start))[offset - start:]
+            key = (pack, first)
+            window = self._windows.pop(key, None)
+            if window is None:
+                start = first * self.WINDOW
+                window = memoryview(self._map(fd, start, min(self.WINDOW, size - start)))
+                if len(self._windows) >= self.WINDOWS:
+                    del self._windows[next(iter(self._windows))]
+            self._windows[key] = window
+        start = offset - first * self.WINDOW
+        return window[start : start + length]
+
+    @staticmethod
+    def _map(fd: int, offset: int, length: int) -> mmap.mmap:
+        try:
+            return mmap.mmap(fd, length, access=mmap.ACCESS_READ, offset=offset)
+        except (OSError, ValueError) as exc:  # (a file system that cannot map, or a pack that shrank)
+            raise CorruptObject(f"a pack cannot be mapped: {exc}") from None
+
+    def _fd_locked(self, pack: str) -> int:
+        fd = self._fds.get(pack)
+        if fd is None:
+            if len(self._fds) >= 64:
+                self._close_locked()
+            try:
+                fd = os.open(self.directory / pack_filename(pack), os.O_RDONLY)
+            except FileNotFoundError:
+                raise CorruptObject(f"pack {pack[:12]} is missing") from None
+            self._fds[pack] = fd
+            self._sizes[pack] = os.fstat(fd).st_size
+        return fd
 
     def close(self) -> None:
         with self._lock:
@@ -209,3 +268,5 @@ class PackReader:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
+        self._sizes.clear()
+        self._windows.clear()  # (each unmapped once the last view into it is gone)
