@@ -198,7 +198,7 @@ class PackReader:
     """
 
     WINDOW = 8 << 20
-    WINDOWS = 8
+    WINDOWS = 4
 
     def __init__(self, directory: Path):
         self.directory = directory
