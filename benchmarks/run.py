@@ -93,7 +93,8 @@ def measure_case(case: C.Case, scratch: Path) -> dict:
     for v in case.versions[:-1]:
         wvc_op("commit", repo_dir, v)
     os.sync()  # every timed step starts with no dirty pages: the disk here sustains ~250 MB/s
-    res, wall, rss, cpu = wvc_op("commit", repo_dir, case.versions[-1])
+    committed = wvc_op("commit", repo_dir, case.versions[-1])
+    res, wall, cpu = committed.out, committed.wall, committed.cpu
     # the whole directory is committed; count only the weights file for the ratio
     row["stored"]["wvc"] = res["stored_bytes"] - _side_files_cost(repo_dir, res["commit"])
     row["wvc_commit_s"] = wall  # the whole process, interpreter start included
@@ -103,7 +104,8 @@ def measure_case(case: C.Case, scratch: Path) -> dict:
     out = scratch / "out"
     shutil.rmtree(out, ignore_errors=True)
     os.sync()
-    res2, wall2, rss2, cpu2 = wvc_op("checkout", repo_dir, res["commit"], out)
+    checked_out = wvc_op("checkout", repo_dir, res["commit"], out)
+    res2, wall2, cpu2 = checked_out.out, checked_out.wall, checked_out.cpu
     row["wvc_checkout_s"] = wall2
     row["wvc_checkout_inproc_s"] = res2["seconds"]
     row["wvc_checkout_rss"] = res2["peak_rss_bytes"]
