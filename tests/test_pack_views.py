@@ -72,3 +72,22 @@ def test_a_pack_shorter_than_its_index_says_is_caught(tmp_path):
         reader.read(name, last.offset, last.length)
     with pytest.raises(CorruptObject, match="missing"):
         reader.view("0" * 64, 0, 1)
+
+
+def test_a_payload_of_up_to_half_a_window_is_a_slice_of_a_kept_window(tmp_path, monkeypatch):
+    """Windows start every half window, so a payload that crosses one window's edge lies
+    inside the next: no mapping of its own (a mapping per payload cost more than the copy).
+    A 4 MiB chunk's payloads and 8 MiB windows: a third of an LLM's keyframes crossed an
+    edge of windows laid end to end."""
+    monkeypatch.setattr(PackReader, "WINDOW", 1 << 16)
+    name, entries = _pack(tmp_path, [30_000, 32_768, 20_000, 1] * 8 + [32_769, 50_000])
+    reader = PackReader(tmp_path)
+    alone = 0
+    for entry, payload in entries:
+        view = reader.view(name, entry.offset, entry.length)
+        assert bytes(view) == payload
+        kept = any(view.obj is window.obj for window in reader._windows.values())
+        assert kept or entry.length > (1 << 15), entry
+        alone += not kept
+    assert alone <= 2
+    reader.close()

@@ -183,10 +183,12 @@ class PackReader:
 
     A decode reads every payload once and keeps none of it, so it takes :meth:`view`: a
     slice of a read-only mapping of the pack, no copy. Packs are mapped in windows of
-    ``WINDOW`` bytes, the ``WINDOWS`` most recently used kept mapped, so a process's resident
-    set holds at most that much of its packs however large they are (a mapped page counts
-    in the RSS that memory limits and monitors watch; a copy's buffer is freed per chunk).
-    A payload across a window's edge gets a mapping of its own. A window stays mapped while
+    ``WINDOW`` bytes that start every ``WINDOW / 2`` (each overlaps the next by half), so a
+    payload of up to half a window always lies inside one: the one starting at or before
+    it by less than half a window. The ``WINDOWS`` most recently used stay mapped, so a
+    process's resident set holds at most that much of its packs however large they are (a
+    mapped page counts in the RSS that memory limits and monitors watch; a copy's buffer is
+    freed per chunk). A larger payload gets a mapping of its own. A window stays mapped while
     a view into it lives (the slice holds it), so eviction never pulls pages from under a
     decode. Why not pread: its copy into a fresh buffer, then that buffer's page faults,
     were a tenth of a many-tensor checkout's CPU (docs/design.md).
@@ -218,7 +220,7 @@ class PackReader:
 
     def view(self, pack: str, offset: int, length: int) -> memoryview:
         """The bytes at ``offset``, a read-only slice of a mapping of the pack (no copy)."""
-        first, last = offset // self.WINDOW, (offset + max(length, 1) - 1) // self.WINDOW
+        step = self.WINDOW // 2
         with self._lock:
             fd = self._fd_locked(pack)
             size = self._sizes[pack]
@@ -226,19 +228,18 @@ class PackReader:
                 raise CorruptObject(f"pack {pack[:12]} is truncated")
             if length == 0:
                 return memoryview(b"")
-            if first != last:  # (across a window's edge: mapped alone, unmapped with its view)
+            k = offset // step
+            start = k * step
+            if offset + length > start + self.WINDOW:  # (over half a window: mapped alone, unmapped with its view)
                 start = offset - offset % mmap.ALLOCATIONGRANULARITY
                 return memoryview(self._map(fd, start, offset + length - start))[offset - start:]
-            key = (pack, first)
-            window = self._windows.pop(key, None)
+            window = self._windows.pop((pack, k), None)
             if window is None:
-                start = first * self.WINDOW
                 window = memoryview(self._map(fd, start, min(self.WINDOW, size - start)))
                 if len(self._windows) >= self.WINDOWS:
                     del self._windows[next(iter(self._windows))]
-            self._windows[key] = window
-        start = offset - first * self.WINDOW
-        return window[start : start + length]
+            self._windows[(pack, k)] = window
+        return window[offset - start : offset - start + length]
 
     @staticmethod
     def _map(fd: int, offset: int, length: int) -> mmap.mmap:
