@@ -91,3 +91,25 @@ def test_a_payload_of_up_to_half_a_window_is_a_slice_of_a_kept_window(tmp_path, 
         alone += not kept
     assert alone <= 2
     reader.close()
+
+
+def test_a_pack_that_cannot_be_mapped_is_read_by_copy(tmp_path, monkeypatch):
+    """A file system without mmap (some FUSE mounts), or a process out of mappings: the
+    same bytes, copied; a pack that shrank after it was opened is still called truncated."""
+    import errno
+    import mmap as mmap_module
+
+    name, entries = _pack(tmp_path, [10_000, 5_000_000, 10_000])
+    reader = PackReader(tmp_path)
+
+    def refuse(*args, **kwargs):
+        raise OSError(errno.ENODEV, os.strerror(errno.ENODEV))
+
+    monkeypatch.setattr(mmap_module, "mmap", refuse)
+    for entry, payload in entries:
+        assert bytes(reader.view(name, entry.offset, entry.length)) == payload
+    last = entries[-1][0]
+    os.truncate(tmp_path / pack_filename(name), last.offset + 10)  # (after the reader sized it)
+    with pytest.raises(CorruptObject, match="truncated"):
+        reader.view(name, last.offset, last.length)
+    reader.close()

@@ -219,7 +219,8 @@ class PackReader:
         return data
 
     def view(self, pack: str, offset: int, length: int) -> memoryview:
-        """The bytes at ``offset``, a read-only slice of a mapping of the pack (no copy)."""
+        """The bytes at ``offset``, a read-only slice of a mapping of the pack (no copy; a
+        copy where the pack cannot be mapped)."""
         step = self.WINDOW // 2
         with self._lock:
             fd = self._fd_locked(pack)
@@ -230,23 +231,26 @@ class PackReader:
                 return memoryview(b"")
             k = offset // step
             start = k * step
-            if offset + length > start + self.WINDOW:  # (over half a window: mapped alone, unmapped with its view)
-                start = offset - offset % mmap.ALLOCATIONGRANULARITY
-                return memoryview(self._map(fd, start, offset + length - start))[offset - start:]
-            window = self._windows.pop((pack, k), None)
-            if window is None:
-                window = memoryview(self._map(fd, start, min(self.WINDOW, size - start)))
-                if len(self._windows) >= self.WINDOWS:
-                    del self._windows[next(iter(self._windows))]
-            self._windows[(pack, k)] = window
+            try:
+                if offset + length > start + self.WINDOW:  # (over half a window: mapped alone, unmapped with its view)
+                    start = offset - offset % mmap.ALLOCATIONGRANULARITY
+                    return memoryview(self._map(fd, start, offset + length - start))[offset - start:]
+                window = self._windows.pop((pack, k), None)
+                if window is None:
+                    window = memoryview(self._map(fd, start, min(self.WINDOW, size - start)))
+                    if len(self._windows) >= self.WINDOWS:
+                        del self._windows[next(iter(self._windows))]
+                self._windows[(pack, k)] = window
+            except (OSError, ValueError):
+                window = None  # (a file system that cannot map, address space or map count exhausted,
+                # or a pack shorter than when it was opened: the copy says which)
+        if window is None:
+            return memoryview(self.read(pack, offset, length))
         return window[offset - start : offset - start + length]
 
     @staticmethod
     def _map(fd: int, offset: int, length: int) -> mmap.mmap:
-        try:
-            return mmap.mmap(fd, length, access=mmap.ACCESS_READ, offset=offset)
-        except (OSError, ValueError) as exc:  # (a file system that cannot map, or a pack that shrank)
-            raise CorruptObject(f"a pack cannot be mapped: {exc}") from None
+        return mmap.mmap(fd, length, access=mmap.ACCESS_READ, offset=offset)
 
     def _fd_locked(self, pack: str) -> int:
         fd = self._fds.get(pack)
