@@ -213,3 +213,61 @@ def test_the_codec_pool_fits_the_cpus_the_process_may_use(monkeypatch):
     assert objects._codec_threads() == 4
     monkeypatch.setattr(os, "cpu_count", lambda: 3)
     assert objects._codec_threads() == 3
+
+
+def test_chunks_come_out_in_order_across_row_batches(two_versions, monkeypatch):
+    """get_many looks rows up a batch at a time as it hands chunks out (the pool starts on
+    the first FIRST_ROWS while the rest are looked up): every chunk in the order asked, a
+    chunk asked twice, in two batches, given twice."""
+    import wvc.store.objects as objects
+
+    repo, _ = two_versions
+    head = repo.commit("step").commit
+    ids = [c for e in repo.tree_of(head).files for t in (e.tensors or []) for c in t.chunks]
+    assert len(ids) > 40
+    asked = ids[:30] + ids[5:12] + ids[::-1]
+    monkeypatch.setattr(objects, "FIRST_ROWS", 3)
+    monkeypatch.setattr(objects, "ROW_BATCH", 7)
+    monkeypatch.setattr(objects, "SMALL_CHUNK", 0)  # (a pool task a chunk: the first goes out at once)
+    queries = Queries(repo)
+    at_first_decode = []
+    real_submit = objects.pool().submit
+
+    def submit(*args):
+        at_first_decode.append(queries.row_lookups())
+        return real_submit(*args)
+
+    monkeypatch.setattr(objects.pool(), "submit", submit)
+    got = list(repo.store.get_many(asked))
+    assert [ids_of(b) for b in got] == asked
+    # the first decode went to the pool after the first batch's lookups (its ids, their
+    # bases), not after all of them (before: every row was looked up first)
+    assert at_first_decode[0] <= 2 < queries.row_lookups(), (at_first_decode[0], queries.row_lookups())
+
+
+def ids_of(raw: bytes) -> str:
+    from wvc import ids
+
+    return ids.chunk_id(raw)
+
+
+def test_a_stored_header_that_disagrees_with_its_tree_is_refused(two_versions, tmp_path):
+    """The header is checked once the first chunk is out (the pool decodes meanwhile), still
+    before the file is renamed into place: a tree whose tensors the stored header does not
+    declare writes nothing."""
+    import dataclasses
+
+    from wvc.errors import CorruptObject
+    from wvc.ops.materialize import write_file
+
+    repo, root = two_versions
+    entry = next(e for e in repo.tree_of(repo.log()[0].id).files if e.tensors)
+    first = dataclasses.replace(entry.tensors[0], name="not.in.the.header")
+    forged = dataclasses.replace(entry, tensors=(first, *entry.tensors[1:]))
+    target = tmp_path / "out" / "model.safetensors"
+    with pytest.raises(CorruptObject, match="disagree"):
+        write_file(repo.store, forged, target)
+    assert not target.exists() and list(target.parent.iterdir()) == []
+    write_file(repo.store, entry, target)  # (the true entry: written, byte-identical)
+    many_tensor_model(tmp_path / "base")
+    assert target.read_bytes() == (tmp_path / "base" / "model.safetensors").read_bytes()

@@ -37,10 +37,17 @@ def file_blocks(store: ObjectStore, entry: FileEntry) -> Iterator[bytes]:
         yield from store.get_many(entry.chunks)
         return
     header_bytes = store.get(entry.header)
-    check_header(entry, header_bytes)
     yield len(header_bytes).to_bytes(8, "little")
     yield header_bytes
-    yield from store.get_many(c for t in entry.tensors for c in t.chunks)
+    checked = False
+    for block in store.get_many(c for t in entry.tensors for c in t.chunks):
+        yield block
+        if not checked:  # (once the first chunk is out: the pool decodes the next ones meanwhile;
+            # before that it would wait on the check. Nothing is renamed into place unchecked.)
+            check_header(entry, header_bytes)
+            checked = True
+    if not checked:
+        check_header(entry, header_bytes)
 
 
 def write_file(store: ObjectStore, entry: FileEntry, target: Path, progress: Progress = NULL) -> os.stat_result:

@@ -35,6 +35,7 @@ from .external import BASE_PACK, EXTERNAL_METHOD, ExternalFiles
 from .packs import PackReader, PackWriter
 
 ROW_BATCH = 500  # ids per query (SQLite before 3.32 binds at most 999 parameters)
+FIRST_ROWS = 16  # ids of get_many's first query: enough to start the pool, quick to answer
 DEFAULT_MAX_CHAIN = 8  # with the payload rule of ChunkWriter._base_chain; measured in benchmarks/sync.py (docs/design.md, "Anchor policy")
 
 
@@ -371,24 +372,32 @@ class ObjectStore:
         return self.decode_chain(self.chain(object_id))
 
     def get_many(self, object_ids):
-        """Yield each chunk's bytes in order, decoding ahead on the pool (see IN_FLIGHT_BYTES)."""
+        """Yield each chunk's bytes in order, decoding ahead on the pool (see IN_FLIGHT_BYTES).
+
+        The rows are looked up FIRST_ROWS ids first, then ROW_BATCH at a time, as the chunks
+        are handed out: the pool starts on the first chunks while the rest are looked up
+        (all of a many-tensor checkout's rows first kept the pool idle ~10 ms)."""
         object_ids = list(object_ids)
-        known = self.chain_rows(object_ids)
         queue, ahead = collections.deque(), 0
         small = _SmallTasks(self.decode_chain, lambda size, share: queue.append((share, size)))
-        for oid in object_ids:
-            chain = self.chain(oid, known=known)
-            size = chain[0].raw_size
-            if size < SMALL_CHUNK:
-                small.add(size, (chain,))
-            else:
-                small.flush()  # (results are yielded in order)
-                queue.append((pool().submit(self.decode_chain, chain), size))
-            ahead += size
-            while queue and (ahead >= IN_FLIGHT_BYTES or len(queue) >= MAX_IN_FLIGHT):
-                future, size = queue.popleft()
-                ahead -= size
-                yield future.result()
+        at = 0
+        while at < len(object_ids):
+            batch = object_ids[at : at + (FIRST_ROWS if at == 0 else ROW_BATCH)]
+            at += len(batch)
+            known = self.chain_rows(batch)
+            for oid in batch:
+                chain = self.chain(oid, known=known)
+                size = chain[0].raw_size
+                if size < SMALL_CHUNK:
+                    small.add(size, (chain,))
+                else:
+                    small.flush()  # (results are yielded in order)
+                    queue.append((pool().submit(self.decode_chain, chain), size))
+                ahead += size
+                while queue and (ahead >= IN_FLIGHT_BYTES or len(queue) >= MAX_IN_FLIGHT):
+                    future, size = queue.popleft()
+                    ahead -= size
+                    yield future.result()
         small.flush()
         while queue:
             yield queue.popleft()[0].result()
