@@ -211,9 +211,9 @@ class PackReader:
 
     def read(self, pack: str, offset: int, length: int) -> bytes:
         """The bytes at ``offset``, copied (for callers that keep or re-send them)."""
-        with self._lock:
-            fd = self._fd_locked(pack)
-        data = os.pread(fd, length, offset)
+        with self._lock:  # (the read too: another thread may close the descriptors, and a
+            # number closed under a pread can be reused by the next file opened)
+            data = os.pread(self._fd_locked(pack), length, offset)
         if len(data) != length:
             raise CorruptObject(f"pack {pack[:12]} is truncated")
         return data
