@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import getpass
 import os
-import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -57,9 +56,20 @@ def default_author() -> str:
     if author := os.environ.get("WVC_AUTHOR"):
         return author
     try:
-        return f"{getpass.getuser()}@{socket.gethostname()}"
+        return f"{getpass.getuser()}@{_host_name()}"
     except Exception:
         return "unknown"
+
+
+def _host_name() -> str:
+    """What ``socket.gethostname()`` says, without importing socket on every commit (~3 ms of
+    a 0.2 s one): on POSIX both are uname's node name."""
+    try:
+        return os.uname().nodename
+    except AttributeError:  # (Windows)
+        import socket
+
+        return socket.gethostname()
 
 
 def commit(
