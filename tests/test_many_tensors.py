@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from wvc import Repo
+from wvc import Repo, ids
 
 TENSORS = 300
 
@@ -223,9 +223,9 @@ def test_chunks_come_out_in_order_across_row_batches(two_versions, monkeypatch):
 
     repo, _ = two_versions
     head = repo.commit("step").commit
-    ids = [c for e in repo.tree_of(head).files for t in (e.tensors or []) for c in t.chunks]
-    assert len(ids) > 40
-    asked = ids[:30] + ids[5:12] + ids[::-1]
+    chunk_ids = [c for e in repo.tree_of(head).files for t in (e.tensors or []) for c in t.chunks]
+    assert len(chunk_ids) > 40
+    asked = chunk_ids[:30] + chunk_ids[5:12] + chunk_ids[::-1]
     monkeypatch.setattr(objects, "FIRST_ROWS", 3)
     monkeypatch.setattr(objects, "ROW_BATCH", 7)
     monkeypatch.setattr(objects, "SMALL_CHUNK", 0)  # (a pool task a chunk: the first goes out at once)
@@ -239,16 +239,10 @@ def test_chunks_come_out_in_order_across_row_batches(two_versions, monkeypatch):
 
     monkeypatch.setattr(objects.pool(), "submit", submit)
     got = list(repo.store.get_many(asked))
-    assert [ids_of(b) for b in got] == asked
+    assert [ids.chunk_id(b) for b in got] == asked
     # the first decode went to the pool after the first batch's lookups (its ids, their
     # bases), not after all of them (before: every row was looked up first)
     assert at_first_decode[0] <= 2 < queries.row_lookups(), (at_first_decode[0], queries.row_lookups())
-
-
-def ids_of(raw: bytes) -> str:
-    from wvc import ids
-
-    return ids.chunk_id(raw)
 
 
 def test_a_stored_header_that_disagrees_with_its_tree_is_refused(two_versions, tmp_path):

@@ -39,15 +39,14 @@ def file_blocks(store: ObjectStore, entry: FileEntry) -> Iterator[bytes]:
     header_bytes = store.get(entry.header)
     yield len(header_bytes).to_bytes(8, "little")
     yield header_bytes
-    checked = False
-    for block in store.get_many(c for t in entry.tensors for c in t.chunks):
+    chunks = store.get_many(c for t in entry.tensors for c in t.chunks)
+    for block in chunks:  # (the first chunk only)
         yield block
-        if not checked:  # (once the first chunk is out: the pool decodes the next ones meanwhile;
-            # before that it would wait on the check. Nothing is renamed into place unchecked.)
-            check_header(entry, header_bytes)
-            checked = True
-    if not checked:
-        check_header(entry, header_bytes)
+        break
+    # Checked once the first chunk is out, so the pool decodes the next ones meanwhile
+    # (before, it waited on the check); nothing is renamed into place unchecked.
+    check_header(entry, header_bytes)
+    yield from chunks
 
 
 def write_file(store: ObjectStore, entry: FileEntry, target: Path, progress: Progress = NULL) -> os.stat_result:
