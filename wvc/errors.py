@@ -108,6 +108,11 @@ class MissingEntry(WvcError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class DatabaseUnavailable(WvcError):
+    """The repository database cannot be read: locked by another process, not readable by
+    this user, or damaged. Never taken for a half-made repository."""
+
+
 class LockedError(WvcError):
     """Another process holds the working-tree lock (a commit, checkout, pull or reset)."""
 

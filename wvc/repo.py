@@ -21,7 +21,7 @@ from .objects import Commit, Tree, check_chunk_bytes
 from .remotes import lazy_remote_name
 from .revparse import resolve
 from .store.chains import MAX_CHAIN_LIMIT, MAX_CHAIN_LINKS
-from .store.database import Database, peek_config
+from .store.database import Database, has_rows, peek_config
 from .store.external import ExternalFiles
 from .store.graph import CommitGraph
 from .store.objects import DEFAULT_MAX_CHAIN, ObjectStore
@@ -192,13 +192,17 @@ class Repository:
 
 
 def _interrupted_init(wvc_dir: Path) -> bool:
-    """Whether ``wvc_dir`` is what an older wvc's killed init left: a database without the
-    format row that init writes in its only transaction (so: no refs, no commits either)."""
+    """Whether ``wvc_dir`` is, positively, what an older wvc's killed init left: a database
+    that reads, without the format row that init writes in its only transaction, and with no
+    refs and no commits. A database that cannot be read (locked, not readable, damaged)
+    raises DatabaseUnavailable: only evidence read from it may make ``init`` replace it."""
     db = wvc_dir / "wvc.db"
     if not db.is_file():  # killed between mkdir and the database: nothing but empty folders
         return wvc_dir.is_dir() and all(p.is_dir() and not any(p.iterdir()) for p in wvc_dir.iterdir())
     has_config, fmt = peek_config(db, "format")
-    return not has_config or fmt is None
+    if has_config and fmt is not None:
+        return False
+    return not has_rows(db, "refs") and not has_rows(db, "commits")
 
 
 def remove_new_repository(root: Path, created_root: bool) -> None:

@@ -11,13 +11,15 @@ Migrations are written with sqlite-utils, imported only when one is pending: it 
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 import time
 from pathlib import Path
 
-from ..errors import WvcError
+from ..errors import DatabaseUnavailable, WvcError
 
 BUSY_TIMEOUT_MS = 30_000
+PEEK_TIMEOUT_S = 5  # a look at what is there before opening: a lock held longer is reported, not waited out
 
 
 def _m0001_initial(db: "sqlite_utils.Database") -> None:
@@ -163,17 +165,46 @@ class Database:
 def peek_config(path: Path, key: str) -> tuple[bool, str | None]:
     """One config entry of the database at ``path``, read-only and without migrating it:
     (whether it has a config table, the value or None). Used to recognise what a killed
-    init or clone left; an unreadable file reads as (True, None)."""
+    init or clone left, so it answers only from what it read: a database it cannot read
+    (locked by another process, not readable by this user, damaged) raises
+    :class:`DatabaseUnavailable` saying which, and is never taken for a killed init."""
     try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    except sqlite3.Error:
-        return True, None
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=PEEK_TIMEOUT_S)
+    except sqlite3.Error as exc:
+        raise unavailable(path, exc) from None
     try:
         if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'config'").fetchone() is None:
             return False, None
         row = conn.execute("SELECT value FROM config WHERE key = ?", (key,)).fetchone()
         return True, row[0] if row else None
-    except sqlite3.Error:
-        return True, None
+    except sqlite3.Error as exc:
+        raise unavailable(path, exc) from None
     finally:
         conn.close()
+
+
+def has_rows(path: Path, table: str) -> bool:
+    """Whether ``table`` exists in the database at ``path`` and holds a row (read-only)."""
+    try:
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=PEEK_TIMEOUT_S)
+    except sqlite3.Error as exc:
+        raise unavailable(path, exc) from None
+    try:
+        if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchone() is None:
+            return False
+        return conn.execute(f'SELECT 1 FROM "{table}" LIMIT 1').fetchone() is not None
+    except sqlite3.Error as exc:
+        raise unavailable(path, exc) from None
+    finally:
+        conn.close()
+
+
+def unavailable(path: Path, exc: sqlite3.Error) -> "DatabaseUnavailable":
+    """What a user is told when the repository database at ``path`` cannot be read."""
+    text = str(exc)
+    if "locked" in text or "busy" in text:
+        return DatabaseUnavailable(f"{path} is locked by another process; try again when it is done")
+    if not os.access(path, os.R_OK) or not os.access(path.parent, os.R_OK | os.X_OK) or "unable to open" in text:
+        return DatabaseUnavailable(f"{path}: permission denied (or it cannot be opened): "
+                                   "check the ownership and modes of .wvc/")
+    return DatabaseUnavailable(f"{path} is damaged ({text}): see `wvc fsck`; nothing was changed")
