@@ -14,6 +14,7 @@ import re
 import sqlite3
 import sys
 import time
+from pathlib import Path
 
 import click
 
@@ -156,6 +157,26 @@ def open_repo():
     from .api import Repo
 
     return Repo.open(os.environ.get("WVC_DIR", "."))
+
+
+def repo_paths(repo, paths) -> list[str]:
+    """PATHs given on the command line as the repository's paths: relative ones are taken
+    from the current directory, as git takes pathspecs (``cd 1_Pooling && wvc checkout HEAD
+    -- config.json`` means ``1_Pooling/config.json``). A path that leaves the repository is
+    refused."""
+    from .errors import UnsafePath
+
+    here = Path.cwd().resolve()
+    out = []
+    for raw in paths:
+        given = Path(raw)
+        full = Path(os.path.normpath(given if given.is_absolute() else here / given))
+        try:
+            rel = full.relative_to(repo.root)
+        except ValueError:
+            raise UnsafePath(f"{raw!r} is outside the repository ({repo.root})") from None
+        out.append(rel.as_posix() if rel.parts else ".")
+    return out
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
@@ -413,7 +434,8 @@ def checkout(rev, paths, force, output, as_json):
     restores those files (or directories) from REV and leaves HEAD where it is."""
     if paths and output:
         raise click.UsageError("PATH... and --output: choose one")
-    res = open_repo().checkout(rev, force=force, output=output, paths=list(paths) or None, progress=BarProgress())
+    repo = open_repo()
+    res = repo.checkout(rev, force=force, output=output, paths=repo_paths(repo, paths) or None, progress=BarProgress())
     if as_json:
         return emit_json(res.to_json())
     if res.restored is not None:
@@ -755,6 +777,8 @@ def cat(spec, output):
     if not sep or not path:
         raise click.BadParameter("expected REV:PATH", param_hint="REV:PATH")
     repo = open_repo()
+    if path.startswith(("./", "../")) or path in (".", ".."):  # as in git: REV:./PATH is from the current directory
+        path = repo_paths(repo, [path])[0]
     data = open_version(repo.root, rev or "HEAD").read_file(path)
     if output:
         from .fsutil import atomic_write

@@ -163,7 +163,7 @@ def _restore_paths(repo, commit_id: str, tree: Tree, paths, progress: Progress) 
     entries = []
     for raw in paths:
         path = raw.strip("/")
-        match = [f for f in tree.files if f.path == path or f.path.startswith(path + "/")]
+        match = [f for f in tree.files if path in ("", ".") or f.path == path or f.path.startswith(path + "/")]
         if not match:
             raise MissingEntry(f"{raw!r} did not match any file in {ids.short(commit_id)}")
         entries += match
