@@ -89,6 +89,11 @@ class RemoteNotFound(RemoteError):
     """The remote repository does not exist (or, on the Hub, is not readable with our token)."""
 
 
+class NotAWvcRemote(RemoteError):
+    """A remote URL names something that holds other files (a plain model repository, a
+    directory, a bucket) and no wvc history: wvc neither reads it as one nor writes into it."""
+
+
 class NonFastForward(RemoteError):
     """A push or pull that would drop commits on one side."""
 

@@ -59,6 +59,10 @@ def resolve(spec: str, *, chunk_bytes: int, paths: list[str] | None = None, prog
         if paths is None:
             from ..worktree import scan
 
+            if (root / "wvc.json").is_file():  # a directory remote's marker
+                raise BaseModelError(f"base directory {root} is a wvc remote, not a model: `wvc clone {root}` "
+                                     "gets its history")
+
             paths = scan(root).files
         else:  # a remote's record: look at exactly those files (validated relative paths), scan nothing
             missing = [p for p in paths if not _regular_file(root, p)]

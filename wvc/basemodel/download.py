@@ -35,6 +35,7 @@ def download_hub(url: str, paths: list[str] | None = None, progress: Progress = 
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     from ..remotes.hub import HubRemote, hub_errors
+    from ..remotes.interface import is_wvc_layout
 
     repo_id, rev = parse_hub(url)
     remote = HubRemote(repo_id)
@@ -61,6 +62,9 @@ def download_hub(url: str, paths: list[str] | None = None, progress: Progress = 
                 sha = remote.api.model_info(repo_id, revision=rev).sha
             if paths is None:
                 files = remote.api.list_repo_files(repo_id, revision=sha)
+                if is_wvc_layout(files):  # its packs and catalogs are not a model's files
+                    raise BaseModelError(f"{what} is a wvc remote, not a model: `wvc clone {HUB_SCHEME}{repo_id}` "
+                                         "gets its history")
                 has_safetensors = any(p.endswith(".safetensors") for p in files)
                 paths = sorted(p for p in files if p != ".gitattributes"  # the Hub repo's git plumbing
                                and not (has_safetensors and DUPLICATE_WEIGHTS.match(p)))

@@ -15,8 +15,8 @@ import io
 from pathlib import Path
 
 from ..errors import RemoteNotFound
-from .interface import (BASE_RECORD, MAX_BASE_RECORD, Remote, RemoteChanged, RemoteError, RemoteState, listing_state,
-                        parse_refs)
+from .interface import (BASE_RECORD, HUB_STARTERS, MAX_BASE_RECORD, Remote, RemoteChanged, RemoteError, RemoteState,
+                        is_wvc_layout, listing_state, not_a_wvc_remote, parse_refs)
 
 HUB_BRANCH = "main"
 
@@ -151,6 +151,8 @@ class HubRemote(Remote):
                 info = self.api.repo_info(self.repo_id)
             self.sha = info.sha
             paths = self.api.list_repo_files(self.repo_id, revision=self.sha)
+        if not is_wvc_layout(paths) and any(p not in HUB_STARTERS for p in paths):
+            raise not_a_wvc_remote(self.url, paths, "push" if create else "read")
         refs = parse_refs({p: self.read(p, 256) or b"" for p in paths if p.startswith("refs/")})
         base = self.read(BASE_RECORD, MAX_BASE_RECORD) if BASE_RECORD in paths else None
         return listing_state(refs, self.sha, paths, base)
@@ -227,7 +229,9 @@ class HubRemote(Remote):
         ops += [CommitOperationAdd(path_in_repo=r, path_or_fileobj=(t + "\n").encode()) for r, t in refs.items() if t]
         ops += [CommitOperationDelete(path_in_repo=r) for r, t in refs.items() if t is None]
         ops += [CommitOperationDelete(path_in_repo=p) for p in delete]
-        ops.append(CommitOperationAdd(path_in_repo="README.md", path_or_fileobj=model_card(self.repo_id, new_refs).encode()))
+        if "README.md" not in expected.files or is_our_card(self.read("README.md", MAX_CARD_BYTES) or b""):
+            ops.append(CommitOperationAdd(path_in_repo="README.md",
+                                          path_or_fileobj=model_card(self.repo_id, new_refs).encode()))
         self._create_commit(ops, message, expected.version)
         self.bytes_uploaded += sum(len(c) if isinstance(c, bytes) else Path(c).stat().st_size for c in files.values())
 
@@ -238,22 +242,36 @@ class HubRemote(Remote):
                                    revision=HUB_BRANCH)
 
 
+CARD_MARKER = "<!-- written by wvc: replaced on every push; a README.md without this line is left alone -->"
+MAX_CARD_BYTES = 1 << 20
+
+
+def is_our_card(data: bytes) -> bool:
+    """Whether a README.md is the card wvc writes (this one, or an older wvc's)."""
+    text = data.decode("utf-8", "replace")
+    return CARD_MARKER in text or "This repository is a [wvc](https://pypi.org/project/wvc/) remote" in text
+
+
 def model_card(repo_id: str, refs: dict[str, str]) -> str:
+    from .. import __version__
+
     branches = "\n".join(f"| `{r.partition('refs/heads/')[2]}` | `{c[:12]}` |" for r, c in sorted(refs.items())
                          if r.startswith("refs/heads/"))
     return f"""---
 tags:
 - wvc
 ---
+{CARD_MARKER}
 # {repo_id}
 
-This repository is a [wvc](https://pypi.org/project/wvc/) remote: versions of a model's weights
-stored as lossless, content-addressed deltas (packs under `packs/`, commits and trees
-under `objects/`, branches under `refs/`). It is not loadable with `from_pretrained`
-directly; check a version out first:
+This repository is a wvc remote (written by wvc {__version__}, a Git-style version store for
+model weights): versions of a model stored as lossless, content-addressed deltas. Packs of
+compressed chunks are under `packs/`, each push's catalog (its index, commits and trees) under
+`catalogs/`, branches and tags under `refs/`, and the base model it starts from, if any, in
+`base.json`. It is not loadable with `from_pretrained` directly; with wvc installed, check a
+version out first:
 
 ```bash
-pip install wvc
 wvc clone hf://{repo_id}
 ```
 

@@ -53,6 +53,31 @@ def listing_state(refs, version, paths, base, tokens=None) -> RemoteState:
     return RemoteState(refs, version, pack_names(paths), base, tokens or {}, catalogs, retired, paths)
 
 
+# What a wvc remote holds at its top level; on the Hub also the files every repository
+# starts with. Anything else is someone else's content.
+WVC_TOP = ("wvc.json", BASE_RECORD, "refs/", "packs/", "catalogs/", "retired/", "objects/")
+HUB_STARTERS = (".gitattributes", "README.md")
+
+
+def is_wvc_layout(paths) -> bool:
+    """Whether a listing holds any wvc state (a marker, refs, packs or catalogs)."""
+    return any(p == t or (t.endswith("/") and p.startswith(t)) for p in paths for t in WVC_TOP)
+
+
+def not_a_wvc_remote(url: str, paths, verb: str) -> "NotAWvcRemote":
+    """The one line for a remote that holds other content and no wvc history."""
+    from ..errors import NotAWvcRemote
+
+    shown = sorted(p for p in paths if p not in HUB_STARTERS)
+    listed = ", ".join(shown[:4]) + (f" and {len(shown) - 4} more" if len(shown) > 4 else "")
+    if verb == "push":
+        return NotAWvcRemote(f"{url} is not a wvc remote: it already holds {listed}; wvc will not write into it. "
+                             "Push to a new repository (e.g. add a remote hf://ORG/NAME-wvc), or to version a "
+                             f"fine-tune of this model: `wvc init --base {url}`")
+    return NotAWvcRemote(f"{url} is not a wvc remote (it holds {listed}); to start a history from this model "
+                         f"use `wvc init --base {url}`")
+
+
 def commit_path(cid: str) -> str:
     return f"objects/commits/{cid[:2]}/{cid}"
 
