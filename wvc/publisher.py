@@ -16,6 +16,11 @@ snapshots. Pushes coalesce (pushing the tip sends every commit before it) and, t
 remote, run at most once per ``push_interval`` seconds: the Hub has an hourly commit quota
 per repository, a directory or object-storage remote has none.
 
+Onto the branch the repository's HEAD is on, each commit is HEAD's new version and the
+working tree follows it (ops/follow_worktree.py: the model file is written out after each
+commit); a branch of its own (``run/<name>``, as the Trainer callback uses) writes nothing
+but the repository.
+
 Failures never reach the training loop: they are logged and collected in ``errors``; a
 failed push is retried with back-off and at ``close``.
 """

@@ -197,6 +197,8 @@ def _record(repo, w: WvcStorageWriter, metadata: Metadata, results) -> tuple[str
         chunk_bytes = parent_tree.chunk_bytes if parent_tree else repo.chunk_bytes
         files.append(_write_blob(writer, layout_format.METADATA_PATH, data, chunk_bytes, old))
         pack, rows = writer.finish()
+    if parent_tree is not None:  # the version's other files (config, tokenizer) stay in it
+        files += [f.with_content_id() for f in parent_tree.files if not f.path.startswith(layout_format.PREFIX)]
     tree = Tree(tuple(sorted(files, key=lambda f: f.path)), chunk_bytes)
     stored = writer.stored_bytes + sum(r[0].storage_data.stored_bytes for r in results if r)
     meta = {**w.metadata, "dcp": {"world_size": len(results), "items": len(metadata.state_dict_metadata)}}
@@ -212,6 +214,10 @@ def _record(repo, w: WvcStorageWriter, metadata: Metadata, results) -> tuple[str
         repo.graph.add_tree(tree)
         repo.graph.add_commit(new, stored)
         repo.refs.set(HEADS + branch, new.id, parent, f"dcp save: {new.summary}")  # CAS
+    if branch == repo.refs.head_branch():  # HEAD's new version: the working tree follows it
+        from ..ops.follow_worktree import follow_commit
+
+        follow_commit(repo, parent_tree, tree)
     return new.id, stored
 
 

@@ -8,7 +8,6 @@ commit to the same branch is refused instead of silently dropped.
 
 from __future__ import annotations
 
-import contextlib
 import getpass
 import os
 import time
@@ -154,6 +153,10 @@ def _commit(repo, message, source, *, author, metadata, allow_empty, device, sta
             tree = Tree(tuple(files[p] for p in sorted(files)), chunk_bytes)
         else:
             tree = snap.directory(root, scanned.files, stat_cache or StatCache(repo.db, root))
+        if parent_tree is not None and parent_tree.files and not tree.files and not allow_empty:
+            raise NothingToCommit(f"refusing to record a version with no files: every one of the parent's "
+                                  f"{len(parent_tree.files)} files is missing from {root or 'the source'}; "
+                                  "`wvc checkout HEAD -- .` restores them, --allow-empty records the deletion")
         if parent_tree is not None and tree.id == parent_tree.id and not allow_empty and merge_head is None \
                 and amended is None:
             raise NothingToCommit("nothing to commit: the working tree matches HEAD (use --allow-empty)")
@@ -183,42 +186,16 @@ def _commit(repo, message, source, *, author, metadata, allow_empty, device, sta
         if merge_head is not None:
             repo.db.delete_config(MERGE_HEAD)
             repo.db.delete_config(MERGE_RECIPE)
-    if isinstance(source, Mapping) and branch is None:
-        _refresh_working_file(repo, parent_tree, tree.by_path()[state_dict_path], progress)
+    if root != repo.root and (branch is None or branch == repo.refs.head_branch()):
+        from .follow_worktree import follow_commit  # HEAD's new version came from elsewhere
+
+        follow_commit(repo, parent_tree, tree, progress)
     result = CommitResult(new.id, tree.id, parents, tree.logical_bytes, writer.stored_bytes, len(rows))
     if scanned is not None:
         result.linked_files = scanned.linked_files
         result.skipped_symlinks = scanned.skipped_symlinks
         result.nested_repositories = scanned.nested_repositories
     return result
-
-
-def _refresh_working_file(repo, parent_tree: Tree | None, entry, progress: Progress) -> None:
-    """A state dict committed onto HEAD's branch is now HEAD's version of that file: the
-    working copy, if it was the parent's (or absent), is rewritten to match, so that it does
-    not read as a local change that a later ``wvc commit`` would record, reverting this one.
-    A working copy with changes of its own is left alone (status shows it modified), and so
-    is one another process is switching right now (its lock is not waited for: a trainer's
-    commit must not stall behind a checkout)."""
-    from ..errors import LockedError
-    from ..fsutil import resolve_inside
-    from .materialize import write_file
-
-    with contextlib.ExitStack() as held:
-        try:
-            held.enter_context(repo.worktree_lock("commit", timeout=0))
-        except LockedError:
-            return
-        dest = resolve_inside(repo.root, entry.path, replacing_link=True)
-        cache = StatCache(repo.db, repo.root)
-        if dest.exists():
-            before = parent_tree.by_path().get(entry.path) if parent_tree else None
-            if before is None or cache.hash(entry.path, parent_tree.chunk_bytes) != before.with_content_id().hash:
-                return
-        written = write_file(repo.store, entry, dest, progress)
-        cache.remember(entry.path, written, repo.tree_of("HEAD").chunk_bytes, entry.with_content_id().hash)
-        with repo.db.write():
-            cache.flush(in_transaction=True)
 
 
 def _check_objects_present(repo, tree: Tree) -> None:

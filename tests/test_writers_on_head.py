@@ -1,0 +1,101 @@
+"""A DCP save or a Publisher committing onto the checked-out branch leaves a working tree
+that matches HEAD, and a plain commit never records a tree that drops every file without
+consent (issue 37, finding 4: status listed every file as deleted, and `wvc commit` then
+recorded an empty tree)."""
+
+import hashlib
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+from wvc import Repo
+from wvc.errors import NothingToCommit
+from wvc.integrations.dcp import WvcStorageWriter
+from wvc.publisher import Publisher
+
+from .conftest import tree_digests
+from .test_everyday import run
+
+
+def _base(tmp_path):
+    root = tmp_path / "model"
+    root.mkdir()
+    (root / "config.json").write_text('{"hidden": 8}')
+    run(root, "init")
+    run(root, "commit", "-m", "config")
+    return root
+
+
+def _clean(root):
+    r = run(root, "status", "--json")
+    import json
+
+    st = json.loads(r.stdout)
+    return st
+
+
+def test_a_dcp_save_onto_heads_branch_leaves_a_clean_working_tree(tmp_path):
+    root = _base(tmp_path)
+    sd = {"w": torch.arange(64, dtype=torch.float32).reshape(8, 8), "b": torch.ones(8)}
+    dcp.save(sd, storage_writer=WvcStorageWriter(root, message="save 1"))
+    st = _clean(root)
+    assert not st["deleted"] and not st["modified"] and not st["added"], st
+    with Repo.open(root) as repo:
+        head_tree = repo.tree_of("HEAD")
+        want = {f.path for f in head_tree.files}
+    assert set(tree_digests(root)) == want
+    assert "config.json" in want and (root / "config.json").read_text() == '{"hidden": 8}'  # carried over
+    # a second save moves the files along; a plain commit then has nothing to record
+    sd["w"] += 1
+    dcp.save(sd, storage_writer=WvcStorageWriter(root, message="save 2"))
+    st = _clean(root)
+    assert not st["deleted"] and not st["modified"] and not st["added"], st
+    r = run(root, "commit", "-m", "plain", check=False)
+    assert r.returncode != 0 and "nothing to commit" in r.stderr
+    loaded = {"w": torch.zeros(8, 8), "b": torch.zeros(8)}
+    from wvc.integrations.dcp import WvcStorageReader
+
+    dcp.load(loaded, storage_reader=WvcStorageReader(root))
+    assert torch.equal(loaded["w"], sd["w"]) and torch.equal(loaded["b"], sd["b"])
+
+
+def test_a_publisher_onto_heads_branch_leaves_a_clean_working_tree(tmp_path):
+    root = _base(tmp_path)
+    pub = Publisher(root, "main")
+    w = torch.randn(16, 16)
+    for step in range(3):
+        pub.publish({"w": w + step}, message=f"step {step}", metadata={"step": step})
+    assert pub.close(timeout=120)
+    st = _clean(root)
+    assert not st["deleted"] and not st["modified"] and not st["added"], st
+    with Repo.open(root) as repo:
+        entry = {f.path: f for f in repo.tree_of("HEAD").files}
+        assert set(entry) == set(tree_digests(root))
+        data = repo.load_state_dict("HEAD")
+    assert torch.equal(data["w"], w + 2)
+    assert (root / "config.json").read_text() == '{"hidden": 8}'
+
+
+def test_a_working_copy_edited_by_the_user_is_kept_when_a_writer_commits(tmp_path):
+    root = _base(tmp_path)
+    with Repo.open(root) as repo:
+        repo.commit("sd", {"w": torch.zeros(4)})
+    (root / "model.safetensors").write_bytes(b"my own edit")
+    with Repo.open(root) as repo:
+        repo.commit("sd 2", {"w": torch.ones(4)}, branch="main")
+    assert (root / "model.safetensors").read_bytes() == b"my own edit"
+    assert _clean(root)["modified"] == ["model.safetensors"]
+
+
+def test_commit_refuses_a_tree_that_drops_every_file_without_consent(tmp_path):
+    root = _base(tmp_path)
+    (root / "config.json").unlink()
+    r = run(root, "commit", "-m", "oops", check=False)
+    assert r.returncode != 0 and "no files" in r.stderr and "--allow-empty" in r.stderr
+    with Repo.open(root) as repo:
+        assert len(repo.log()) == 1
+        with pytest.raises(NothingToCommit):
+            repo.commit("oops")
+        repo.commit("really", allow_empty=True)
+        assert repo.tree_of("HEAD").files == ()

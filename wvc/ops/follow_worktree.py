@@ -1,0 +1,59 @@
+"""The working tree follows a commit it was not the source of.
+
+A state dict, a checkpoint directory or a DCP save committed onto HEAD's branch (or a
+detached HEAD) is HEAD's new version; if the working tree kept the parent's files they
+would read as local changes (a DCP save's files as deleted ones), and the next plain
+``wvc commit`` would record them, reverting the save. So each file the commit changed,
+added or removed is brought to the new version where the working copy is still the
+parent's (or absent); a working copy with edits of its own is left as it is (status shows
+it), as git carries local changes over a checkout. Another process switching the working
+tree right now is not waited for (a trainer's commit must not stall behind a checkout).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+from ..errors import LockedError
+from ..fsutil import resolve_inside
+from ..objects import Tree
+from ..progress import NULL, Progress
+from ..worktree import StatCache
+from .materialize import write_file
+
+
+def follow_commit(repo, parent_tree: Tree | None, new_tree: Tree, progress: Progress = NULL) -> None:
+    before = parent_tree.by_path() if parent_tree is not None else {}
+    after = new_tree.by_path()
+    changed = [p for p in sorted(set(before) | set(after))
+               if before.get(p) is None or after.get(p) is None
+               or before[p].with_content_id().hash != after[p].with_content_id().hash]
+    if not changed:
+        return
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(repo.worktree_lock("commit", timeout=0))
+        except LockedError:
+            return
+        cache = StatCache(repo.db, repo.root)
+        removed = []
+        for path in changed:
+            dest = resolve_inside(repo.root, path, replacing_link=True)
+            old = before.get(path)
+            if dest.is_dir() and not dest.is_symlink():
+                continue  # a directory of the user's in the way: theirs
+            if os.path.lexists(dest):
+                if old is None or cache.hash(path, parent_tree.chunk_bytes) != old.with_content_id().hash:
+                    continue  # untracked, or edited since the parent: the user's
+            new = after.get(path)
+            if new is None:
+                if os.path.lexists(dest):
+                    dest.unlink()
+                    removed.append(path)
+                continue
+            written = write_file(repo.store, new, dest, progress)
+            cache.remember(path, written, new_tree.chunk_bytes, new.with_content_id().hash)
+        with repo.db.write():
+            cache.forget(removed)
+            cache.flush(in_transaction=True)
