@@ -402,9 +402,56 @@ def validate_relpath(path: str) -> str:
             raise UnsafePath(f"path has an empty, '.' or '..' component: {path!r}")
         if len(part.encode("utf-8")) > MAX_COMPONENT_BYTES:
             raise UnsafePath(f"path component too long: {part[:40]!r}...")
-    if any(part.lower() == ".wvc" for part in parts):  # ours, or a nested repository's, in any case
-        raise UnsafePath(f"path names a .wvc directory: {path!r}")
+    for part in parts:
+        if (reserved := reserved_name(part)) is not None:
+            raise UnsafePath(f"path names a {reserved} directory: {path!r} (never committed, fetched or written: "
+                             f"a {reserved} from a version would take effect on the machine that checks it out)")
     return path
+
+
+# Code points HFS+ ignores in names (git's is_hfs_dotgit list): ".g\u200cit" is ".git" there.
+_HFS_IGNORABLE = dict.fromkeys([0x200C, 0x200D, 0x200E, 0x200F, 0x202A, 0x202B, 0x202C, 0x202D, 0x202E,
+                                *range(0x206A, 0x2070), 0xFEFF])
+RESERVED = (".git", ".wvc")
+
+
+def fold_name(part: str) -> str:
+    """A name as case-insensitive, Unicode-normalising file systems see it (macOS, Windows,
+    SMB shares): NFC, case-folded, without the code points HFS+ ignores."""
+    import unicodedata
+
+    return unicodedata.normalize("NFC", part.translate(_HFS_IGNORABLE)).casefold()
+
+
+def reserved_name(part: str) -> str | None:
+    """``.git`` or ``.wvc`` if some file system would take ``part`` for that directory: any
+    case, HFS+ ignorable code points, Windows' trailing dots and spaces and ``::$DATA``
+    streams, and 8.3 short names (``GIT~1``, as git refuses them), else None."""
+    folded = fold_name(part).split(":", 1)[0].rstrip(". ")
+    for name in RESERVED:
+        if folded == name or (folded.startswith(name[1:] + "~") and folded[len(name):].isdigit()):
+            return name
+    return None
+
+
+def folded_clashes(paths) -> list[tuple[str, str]]:
+    """Pairs of paths that are distinct here but one name where names fold (fold_name):
+    two files, or a file and a directory. Checked out there, one would overwrite the other."""
+    files: dict[str, str] = {}
+    clashes = []
+    for p in paths:
+        key = "/".join(fold_name(part) for part in p.split("/"))
+        if key in files:
+            clashes.append((files[key], p))
+        else:
+            files[key] = p
+    for key, p in files.items():
+        parts = key.split("/")
+        for i in range(1, len(parts)):
+            prefix = "/".join(parts[:i])
+            if prefix in files and files[prefix] != "/".join(p.split("/")[:i]):
+                clashes.append((files[prefix], p))
+    return clashes
 
 
 def resolve_inside(root: Path, relpath: str, *, replacing_link: bool = False) -> Path:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from . import ids
 from .errors import FormatError
 from .formats.dtypes import DTYPES
-from .fsutil import validate_relpath
+from .fsutil import folded_clashes, validate_relpath
 
 FORMAT = 1  # commits
 # 3: an entry may say "executable": true; 2: a file's hash is its content id
@@ -323,7 +323,14 @@ def _parse_tensor(raw, path: str, chunk_bytes: int) -> TensorEntry:
 
 
 def _check_no_file_dir_clash(paths: list[str]) -> None:
-    """``a`` and ``a/b`` cannot both be files; checkout would have to fail halfway."""
+    """``a`` and ``a/b`` cannot both be files; checkout would have to fail halfway. Nor may
+    two paths fold to one name (``Config.json``, ``config.json``; NFC and NFD spellings):
+    on macOS, Windows or an SMB share one would silently overwrite the other."""
+    clashes = folded_clashes(paths)
+    if clashes:
+        a, b = clashes[0]
+        raise FormatError(f"tree has {a!r} and {b!r}, one name on case-insensitive or Unicode-normalising "
+                          "file systems (macOS, Windows, SMB shares)")
     names = set(paths)
     for p in paths:
         parts = p.split("/")

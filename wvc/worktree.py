@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Callable
 from . import ids
 from .errors import UnsafePath, WvcError
 from .formats import safetensors as st
-from .fsutil import TEMP_PREFIX, validate_relpath
+from .fsutil import TEMP_PREFIX, folded_clashes, reserved_name, validate_relpath
 from .objects import FileEntry, TensorEntry, chunk_spans
 
 if TYPE_CHECKING:
@@ -60,6 +60,11 @@ def load_ignore(root: Path, extra: tuple[str, ...] = ()) -> pathspec.PathSpec | 
     path = root / IGNORE_FILE
     lines = path.read_text(encoding="utf-8", errors="replace").splitlines() if path.is_file() else []
     lines += extra
+    for n, line in enumerate(lines, 1):
+        text = line.strip()
+        if text.startswith("!") and any(reserved_name(part) == ".git" for part in text[1:].strip("/").split("/")):
+            raise UnsafePath(f"{IGNORE_FILE} line {n}: {text!r} would commit a .git directory; wvc never does "
+                             "(a clone would run its hooks and configuration): remove the line")
     if not any(line.strip() and not line.lstrip().startswith("#") for line in lines):
         return None
     import pathspec
@@ -95,6 +100,8 @@ def scan(root: Path, exclude: tuple[str, ...] = ()) -> ScanResult:
         for d in sorted(dirnames):
             rel = rel_dir + d
             full = os.path.join(dirpath, d)
+            if reserved_name(d) == ".git":  # a git repository's store, in any spelling: never tracked
+                continue
             if _reserved(d):  # ours at the top; elsewhere the parent was a nested repository
                 if rel_dir and not os.path.islink(full):
                     nested.append(rel_dir.rstrip("/"))
@@ -114,7 +121,7 @@ def scan(root: Path, exclude: tuple[str, ...] = ()) -> ScanResult:
         dirnames[:] = keep
         for f in filenames:
             rel = rel_dir + f
-            if f.startswith(TEMP_PREFIX) or _reserved(f) or ignored(rel):
+            if f.startswith(TEMP_PREFIX) or _reserved(f) or reserved_name(f) == ".git" or ignored(rel):
                 continue
             if (why := _name_problem(rel)) is not None:
                 bad.append((rel, why))
@@ -133,6 +140,11 @@ def scan(root: Path, exclude: tuple[str, ...] = ()) -> ScanResult:
                     links.append(rel)
             elif statmod.S_ISREG(st.st_mode):
                 files.append(rel)
+    for a, b in folded_clashes(files):
+        bad.append((b, f"it and {a!r} are one name on case-insensitive or Unicode-normalising file systems "
+                       "(macOS, Windows, SMB shares)"))
+        if b in files:
+            files.remove(b)
     return ScanResult(sorted(files), sorted(links), sorted(linked), sorted(set(nested)), sorted(bad))
 
 
