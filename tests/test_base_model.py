@@ -127,7 +127,7 @@ def test_second_finetune_commit_and_branches_share_the_base(tmp_path, hub):
     repo.remote_add("origin", str(remote))
     for branch in ("main", "full"):
         repo.push("origin", branch)
-    copy = clone(str(remote), tmp_path / "copy", branch="full")
+    copy = clone(str(remote), tmp_path / "copy", branch="full", base_dir=base_folder)
     gc = repo.gc(grace_seconds=0)  # the base's chunks live in no pack: gc neither moves nor drops them
     assert repo.fsck().ok and gc.objects_removed == 0
     for commit in (partial.commit, full.commit):
@@ -163,11 +163,11 @@ def test_clone_refuses_a_base_whose_files_changed(tmp_path):
     base_folder, _, _ = pushed_on_dir_base(tmp_path)
     (base_folder / "config.json").write_text("{}")
     with pytest.raises(WvcError, match="does not match the one this history was made from"):
-        clone(str(tmp_path / "remote"), tmp_path / "copy")
+        clone(str(tmp_path / "remote"), tmp_path / "copy", base_dir=base_folder)
     assert not (tmp_path / "copy").exists()
     shutil.rmtree(base_folder)
     with pytest.raises(WvcError, match="does not exist"):
-        clone(str(tmp_path / "remote"), tmp_path / "copy")
+        clone(str(tmp_path / "remote"), tmp_path / "copy", base_dir=base_folder)
 
 
 def test_offline_clone_uses_the_cache_or_says_what_is_missing(tmp_path, hub, monkeypatch):
@@ -306,3 +306,48 @@ def test_hostile_base_records_are_refused(tmp_path, cli, record, message):
     r = cli(tmp_path, "clone", str(tmp_path / "remote"), str(tmp_path / "copy"))
     assert r.exit_code == 1 and message in r.output and len(r.output.strip().splitlines()) == 1, r.output
     assert not (tmp_path / "copy").exists()
+
+
+def test_a_remote_never_chooses_a_local_directory_to_read(tmp_path):
+    """Issue 37, finding 19: a remote's base.json may name any absolute directory; reading it
+    made a clone an oracle on the victim's files (and a FIFO there hung it). Only a directory
+    the user names is read, checked against the recorded tree; the history stays the same."""
+    import os
+    import subprocess
+    import sys
+
+    import wvc
+    from wvc.basemodel.record import base_commit
+
+    base_folder, repo, remote = pushed_on_dir_base(tmp_path)
+    tip = repo.refs.head_commit()
+    r = subprocess.run([sys.executable, "-m", "wvc", "clone", str(remote), "copy"], cwd=tmp_path,
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "--base-dir" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "copy").exists()
+    with pytest.raises(WvcError, match="base-dir"):
+        wvc.open(str(remote), "main")
+    with pytest.raises(WvcError, match="base-dir"):
+        clone(str(remote), tmp_path / "lazy", lazy=True)
+    # a record an attacker made consistent for a directory holding a FIFO: refused at once, nothing opened there
+    trap = tmp_path / "trap"
+    trap.mkdir()
+    os.mkfifo(trap / "model.safetensors")
+    honest = (remote / "base.json").read_bytes()
+    record = json.loads(honest)
+    assert record["url"] == str(base_folder)
+    record = {"url": str(trap), "tree": record["tree"], "commit": base_commit(str(trap), record["tree"]).id}
+    (remote / "base.json").write_text(json.dumps(record))
+    r = subprocess.run([sys.executable, "-m", "wvc", "clone", str(remote), "trapped"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "--base-dir" in r.stderr, r.stderr
+    (remote / "base.json").write_bytes(honest)
+    # the user names where their copy is (elsewhere on this machine): the same history results
+    moved = tmp_path / "my-copy-of-base"
+    shutil.copytree(base_folder, moved)
+    copy = clone(str(remote), tmp_path / "copy", base_dir=moved)
+    assert copy.refs.head_commit() == tip and copy.base() == repo.base()
+    assert copy.fsck().ok
+    assert tree_digests(copy.root) == tree_digests(repo.root)
+    assert wvc.open(str(remote), "main", base_dir=moved).read_file("model.safetensors") == \
+        (repo.root / "model.safetensors").read_bytes()

@@ -37,7 +37,7 @@ def test_a_fine_tune_of_a_base_repository_downloads_loads_and_is_cached(tmp_path
     repo.push()
 
     for source in (repo.root, "file://" + str(tmp_path / "remote")):
-        path = wvc.snapshot_download(source, "main")
+        path = wvc.snapshot_download(source, "main", base_dir=base)  # a directory base: named by the user
         assert path.parent == tmp_path / "cache" / "trees"
         assert tree_digests(path) == tree_digests(out)  # sha256 of every file
     loaded = transformers.AutoModel.from_pretrained(str(path))

@@ -202,19 +202,21 @@ class Repo(Repository):
         return maintenance.stats(self)
 
 
-def clone_with_report(url: str, directory=None, *, branch: str | None = None, lazy: bool = False,
+def clone_with_report(url: str, directory=None, *, branch: str | None = None, lazy: bool = False, base_dir=None,
                       progress: Progress = NULL) -> tuple[Repo, dict]:
     """Clone, returning the new Repo and what the clone did (for ``clone --json``)."""
     from .ops import clone as clone_op
 
-    made, report = clone_op.clone(url, directory, branch=branch, lazy=lazy, progress=progress)
+    made, report = clone_op.clone(url, directory, branch=branch, lazy=lazy, base_dir=base_dir, progress=progress)
     made.close()  # ops build a bare Repository; the caller gets the one with verbs
     return Repo(made.root), report
 
 
-def clone(url: str, directory=None, *, branch: str | None = None, lazy: bool = False,
+def clone(url: str, directory=None, *, branch: str | None = None, lazy: bool = False, base_dir=None,
           progress: Progress = NULL) -> Repo:
     """Clone ``url`` (``hf://user/repo`` or a path) into ``directory``; returns the Repo.
 
-    ``lazy``: fetch commits and trees only; chunks are fetched when first needed."""
-    return clone_with_report(url, directory, branch=branch, lazy=lazy, progress=progress)[0]
+    ``lazy``: fetch commits and trees only; chunks are fetched when first needed.
+    ``base_dir``: for a remote whose base model is a directory (not a Hub repository), where
+    that model is on this machine; a path the remote records is never read."""
+    return clone_with_report(url, directory, branch=branch, lazy=lazy, base_dir=base_dir, progress=progress)[0]

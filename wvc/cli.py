@@ -681,12 +681,14 @@ def merge(rev, strategy, weights, density, lam, seed, t, no_commit, message, as_
 @click.option("--branch", "-b", default=None, help="Branch to check out (default: main).")
 @click.option("--lazy", is_flag=True, help="Fetch history (commits, trees) now and weights on first use: "
               "only the checked-out version is downloaded.")
+@click.option("--base-dir", type=click.Path(file_okay=False), default=None,
+              help="Where this machine has the base model, when the remote's base is a directory (not a Hub repo).")
 @json_option
-def clone(url, directory, branch, lazy, as_json):
+def clone(url, directory, branch, lazy, base_dir, as_json):
     """Copy a remote repository into DIRECTORY and check out a branch."""
     from .api import clone_with_report
 
-    repo, info = clone_with_report(url, directory, branch=branch, lazy=lazy, progress=BarProgress())
+    repo, info = clone_with_report(url, directory, branch=branch, lazy=lazy, base_dir=base_dir, progress=BarProgress())
     if as_json:
         return emit_json(info)
     what = "that version (lazy: other versions on first use)" if lazy else "that version with all its history"

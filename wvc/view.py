@@ -24,7 +24,7 @@ from .errors import MissingEntry, RemoteError, RevisionNotFound
 from .objects import Commit, Tree
 from .revparse import match_prefix, resolve_with
 from .ops.materialize import file_blocks
-from .ops.remote_base import remote_base
+from .ops.remote_base import base_directory, remote_base
 from .ops.tensors import tensor_from_chunks
 from .remotes import open_remote
 from .remotes.interface import MAX_SMALL_OBJECT, commit_path, tree_path
@@ -69,7 +69,7 @@ class VersionView:
         return b"".join(file_blocks(self, entry))
 
 
-def open_version(url_or_path, rev: str = "HEAD") -> VersionView:
+def open_version(url_or_path, rev: str = "HEAD", *, base_dir=None) -> VersionView:
     from .api import Repo
 
     path = Path(str(url_or_path))
@@ -77,10 +77,10 @@ def open_version(url_or_path, rev: str = "HEAD") -> VersionView:
         repo = Repo.open(path)
         commit_id = repo.resolve(rev)
         return VersionView(commit_id, repo.tree_of(commit_id), repo.store.get)
-    return open_remote_version(str(url_or_path), "main" if rev == "HEAD" else rev)
+    return open_remote_version(str(url_or_path), rev, base_dir=base_dir)
 
 
-def open_remote_version(url: str, rev: str, cache_dir: Path | None = None) -> VersionView:
+def open_remote_version(url: str, rev: str, cache_dir: Path | None = None, *, base_dir=None) -> VersionView:
     """``cache_dir``: where the remote's immutable catalogs are kept once read (a follower
     polling a remote reads each catalog once)."""
     remote = open_remote(url)
@@ -97,6 +97,9 @@ def open_remote_version(url: str, rev: str, cache_dir: Path | None = None) -> Ve
         return commits[commit_id]
 
     def base_of(base: str) -> str:
+        if base == "HEAD":  # a remote's HEAD: its main branch (or its only one), as clone picks
+            heads = sorted(r for r in state.refs if r.startswith("refs/heads/"))
+            base = "main" if "refs/heads/main" in heads else (heads[0][len("refs/heads/"):] if len(heads) == 1 else base)
         for ref in (f"refs/heads/{base}", f"refs/tags/{base}", base):
             if (target := state.refs.get(ref)) is not None:
                 return target
@@ -112,7 +115,7 @@ def open_remote_version(url: str, rev: str, cache_dir: Path | None = None) -> Ve
     base_chunks = None
     if (base := remote_base(state, url)) is not None:
         base_tree = tree if base.tree == commit.tree else _remote_tree(remote, contents, base.tree)
-        base_chunks = RemoteBaseChunks(base, base_tree)
+        base_chunks = RemoteBaseChunks(base, base_tree, base_directory(base, url, base_dir))
     return VersionView(commit_id, tree, RemoteChunks(remote, contents.index, base_chunks))
 
 
@@ -135,7 +138,7 @@ def cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")).expanduser() / "wvc"
 
 
-def snapshot_download(url_or_path, revision: str = "main", *, cache_dir=None, progress=None) -> Path:
+def snapshot_download(url_or_path, revision: str = "main", *, cache_dir=None, progress=None, base_dir=None) -> Path:
     """A local directory holding the files of one version, for ``from_pretrained``.
 
     Materialized once into ``<cache>/trees/<tree id>`` (a tree id names the content, so any
@@ -151,7 +154,7 @@ def snapshot_download(url_or_path, revision: str = "main", *, cache_dir=None, pr
     from .progress import NULL
     from .fsutil import resolve_inside, umask
 
-    view = open_version(url_or_path, revision)
+    view = open_version(url_or_path, revision, base_dir=base_dir)
     root = Path(cache_dir).expanduser() if cache_dir is not None else cache_root()
     target = root / "trees" / view.tree.id
     if target.is_dir():

@@ -87,6 +87,8 @@ def attach(repo, spec: str, *, expected: BaseRef | None = None, expected_tree: T
     paths = [f.path for f in expected_tree.files] if expected_tree is not None else None
     chunk_bytes = expected_tree.chunk_bytes if expected_tree is not None else repo.chunk_bytes
     url, root, tree, locations = resolve(spec, chunk_bytes=chunk_bytes, paths=paths, progress=progress)
+    if expected is not None and not expected.is_hub:
+        url = expected.url  # the history's name for its base (its root commit's id depends on it), read from spec
     if expected is not None and tree.id != expected.tree and _same_files(tree, expected_tree):
         tree = expected_tree  # recorded by an older wvc (tree format 1): the same files, its ids
     if expected is not None and tree.id != expected.tree:

@@ -17,8 +17,9 @@ class RemoteBaseChunks:
     from the huggingface_hub cache when a file is there, else by HTTP range reads from the
     base's own Hub repo (a directory base: from the directory). Every chunk is hash-checked."""
 
-    def __init__(self, base: BaseRef, tree: Tree):
+    def __init__(self, base: BaseRef, tree: Tree, directory: str | None = None):
         self.base = base
+        self.directory = directory  # a directory base: the user's copy (never the path the remote recorded)
         self.locations = chunk_locations(tree)
         self.hub = None
         self.local: dict[str, Path | None] = {}
@@ -36,8 +37,8 @@ class RemoteBaseChunks:
                 hit = try_to_load_from_cache(repo_id, path, cache_dir=hub_cache_dir(), revision=sha)
                 found = Path(hit) if isinstance(hit, str) else None
             else:
-                candidate = Path(self.base.url).joinpath(*path.split("/"))
-                found = candidate if candidate.is_file() else None
+                candidate = Path(self.directory).joinpath(*path.split("/")) if self.directory else None
+                found = candidate if candidate is not None and candidate.is_file() else None
             self.local[path] = found
         return self.local[path]
 

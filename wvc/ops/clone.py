@@ -15,7 +15,7 @@ from ..store.database import peek_config
 from ..store.refs import HEADS
 from .fetch import fetch
 from .pull import pull
-from .remote_base import attach_remote_base, remote_base
+from .remote_base import attach_remote_base, base_directory, remote_base
 from .remote_config import remote_add
 
 
@@ -37,8 +37,10 @@ def _absolute(url: str) -> str:
     return url if "://" in path else str(Path(path).expanduser().resolve())
 
 
-def clone(url: str, directory=None, *, branch: str | None = None, lazy: bool = False,
+def clone(url: str, directory=None, *, branch: str | None = None, lazy: bool = False, base_dir=None,
           progress: Progress = NULL) -> tuple[Repository, dict]:
+    """``base_dir``: where this machine has the model a remote's directory base names (a
+    remote's own record is never read as a local path: ops/remote_base.base_directory)."""
     remote = open_remote(url)
     if directory is None:
         directory = url.rstrip("/").rpartition("/")[2].removesuffix(".wvc") or "model"
@@ -56,13 +58,14 @@ def clone(url: str, directory=None, *, branch: str | None = None, lazy: bool = F
     if branch not in heads:
         raise RevisionNotFound(f"{url} has no branch {branch!r}")
     base = remote_base(state, url)
+    base_dir = base_directory(base, url, base_dir)  # before anything is created
     created = not target.exists()
     repo = None
     try:
         settings = {CLONE_INCOMPLETE: url, **({LAZY_REMOTE_KEY: "origin"} if lazy else {})}
         repo = Repository.create(target, branch=branch, settings=settings)
         if base is not None:
-            attach_remote_base(repo, remote, state, base, progress)
+            attach_remote_base(repo, remote, state, base, progress, base_dir)
         remote_add(repo, "origin", _absolute(url))
         fetched = fetch(repo, "origin", progress=progress)
         pull(repo, "origin", branch, progress=progress)

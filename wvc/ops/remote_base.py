@@ -18,9 +18,29 @@ def remote_base(state, url: str):
     if state.base is None:
         return None
     try:
-        return parse_base_json(state.base)
+        base = parse_base_json(state.base)
     except BaseModelError as exc:
         raise RemoteError(f"{url}: {exc}") from None
+    if base_commit(base.url, base.tree).id != base.commit:
+        raise RemoteError(f"remote base record is inconsistent: commit {ids.short(base.commit)} is not the root "
+                          f"commit of {base.url}")
+    return base
+
+
+def base_directory(base, url: str, given) -> str | None:
+    """Where to read a remote's directory base from: only a directory the user names. A
+    remote records a directory base by its path on the pusher's machine; reading whatever
+    that path names here would let a remote make wvc hash local files (an oracle on their
+    contents) or block on a FIFO. A Hub base needs none (None)."""
+    if base is None or base.is_hub:
+        return None
+    if given is None:
+        raise RemoteError(f"{url} is based on the directory {base.url} of the machine that pushed it; wvc reads "
+                          "no local directory a remote names: if you have that model here, pass its directory "
+                          f"(--base-dir DIR, or base_dir=): e.g. --base-dir {base.url}")
+    from pathlib import Path
+
+    return str(Path(given).expanduser().resolve())
 
 
 def check_same_base(remote_name: str, theirs, ours) -> None:
@@ -32,11 +52,9 @@ def check_same_base(remote_name: str, theirs, ours) -> None:
     raise RemoteError(f"remote {remote_name} is based on {theirs.url}, this repository on {ours.url}")
 
 
-def attach_remote_base(repo, remote, state, base, progress: Progress) -> None:
-    """Find or download the base a remote records and check it gives the recorded tree."""
-    if base_commit(base.url, base.tree).id != base.commit:
-        raise RemoteError(f"remote base record is inconsistent: commit {ids.short(base.commit)} is not the root "
-                          f"commit of {base.url}")
+def attach_remote_base(repo, remote, state, base, progress: Progress, base_dir: str | None = None) -> None:
+    """Find or download the base a remote records and check it gives the recorded tree (a
+    directory base: read from ``base_dir``, the user's, see base_directory)."""
     # format 2: the base's tree is in the catalog of the first push (read once: the fetch that
     # follows finds the catalogs in the local cache)
     contents = remote_contents(remote, state, index_cache(repo))
@@ -44,4 +62,5 @@ def attach_remote_base(repo, remote, state, base, progress: Progress) -> None:
     if data is None:
         raise RemoteError(f"remote is missing the base's tree {ids.short(base.tree)}")
     tree = verified(Tree.from_bytes, data, base.tree, "tree")
-    attach(repo, base.url, expected=base, expected_tree=tree, set_branch=False, progress=progress)
+    spec = base.url if base.is_hub else base_directory(base, remote.url, base_dir)
+    attach(repo, spec, expected=base, expected_tree=tree, set_branch=False, progress=progress)

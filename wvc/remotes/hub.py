@@ -115,7 +115,7 @@ def hub_errors(what: str):
 class HubRemote(Remote):
     deletes_atomically = True  # one create_commit adds and deletes; readers pinned to a sha keep theirs
 
-    def __init__(self, repo_id: str):
+    def __init__(self, repo_id: str, revision: str | None = None):
         import os
 
         from huggingface_hub import HfApi
@@ -124,26 +124,39 @@ class HubRemote(Remote):
         # pushes through wvc keeps its own huggingface_hub settings. The endpoint is read
         # per remote, so one set after huggingface_hub was imported still counts.
         self.repo_id = repo_id
-        self.url = f"hf://{repo_id}"
+        self.revision = revision  # hf://org/name@rev: read as of that Hub revision; never pushed to
+        self.url = f"hf://{repo_id}" + (f"@{revision}" if revision else "")
         self.endpoint = os.environ.get("HF_ENDPOINT") or None
         self.api = HfApi(endpoint=self.endpoint)
         self.sha: str | None = None  # the snapshot our reads are pinned to
 
     @classmethod
     def from_url(cls, url: str) -> "HubRemote":
-        repo_id = url[len("hf://"):].strip("/")
+        repo_id, _, revision = url[len("hf://"):].strip("/").partition("@")
         parts = repo_id.split("/")
-        if len(parts) != 2 or not all(parts) or any(p in (".", "..") for p in parts):
-            raise RemoteError(f"invalid Hub URL {url!r}: expected hf://user/repo")
-        return cls(repo_id)
+        if len(parts) != 2 or not all(parts) or any(p in (".", "..") for p in parts) or (_ and not revision):
+            raise RemoteError(f"invalid Hub URL {url!r}: expected hf://user/repo or hf://user/repo@revision")
+        from huggingface_hub.errors import HFValidationError
+        from huggingface_hub.utils import validate_repo_id
+
+        try:
+            validate_repo_id(repo_id)
+        except HFValidationError as exc:
+            raise RemoteError(f"invalid Hub URL {url!r}: {exc}") from None
+        if revision and (len(revision) > 255 or any(c in revision for c in " ~^:?*[\\") or ".." in revision):
+            raise RemoteError(f"invalid Hub URL {url!r}: {revision!r} is not a revision name")
+        return cls(repo_id, revision or None)
 
     @backs_off
     def state(self, create: bool = False) -> RemoteState:
         from huggingface_hub import errors
 
         with hub_errors(self.url):
+            if create and self.revision is not None:
+                raise RemoteError(f"{self.url} is pinned to a revision: it can be read, not pushed to "
+                                  f"(push to hf://{self.repo_id})")
             try:
-                info = self.api.repo_info(self.repo_id)
+                info = self.api.repo_info(self.repo_id, revision=self.revision)
             except errors.RepositoryNotFoundError:
                 if not create:
                     raise
