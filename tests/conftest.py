@@ -10,6 +10,8 @@ from pathlib import Path
 # wvc no longer sets it for the process (a library must not), so the suite sets it first.
 os.environ["HF_HUB_DISABLE_XET"] = "1"
 
+import huggingface_hub  # noqa: E402,F401 - before any in-process CLI run: the CLI would otherwise set
+# HF_HUB_DISABLE_PROGRESS_BARS, which huggingface_hub reads once at import, for the whole session
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from click.testing import CliRunner  # noqa: E402

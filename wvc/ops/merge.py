@@ -25,7 +25,7 @@ from ..merge_methods import COMPUTED, TAKE_SIDE, MergeParameters, merge_tensor
 from ..objects import Commit, FileEntry, TensorEntry, Tree, chunk_spans
 from ..progress import NULL, Progress
 from ..store.refs import HEADS, MERGE_HEAD, MERGE_RECIPE
-from .checkout import checkout
+from .checkout import switch_worktree
 from .commit import default_author
 from .materialize import write_file
 from .status import status
@@ -147,13 +147,15 @@ def _fast_forward(repo, ours: str, theirs: str, progress: Progress) -> MergeResu
 def _move_to(repo, old: str, new: str, reason: str, progress: Progress) -> None:
     """Switch the working tree to ``new``, then move HEAD's branch from ``old`` (CAS)."""
     branch = repo.refs.head_branch()
-    checkout(repo, new, progress=progress)  # the tree was clean: this only writes what changes
-    with repo.db.write():
-        if branch is None:
-            repo.refs.set_head(new, reason)
-            return
-        repo.refs.set(HEADS + branch, new, old, reason)  # CAS: a branch moved meanwhile is a ConcurrentUpdate
-        repo.refs.set_head("ref: " + HEADS + branch, reason)
+    with repo.worktree_lock("merge"):  # the tree was clean: this only writes what changes
+        switch_worktree(repo, repo.tree_of(old), repo.tree_of(new), progress=progress)
+        # HEAD is never detached on the way: its reflog gets one entry, old -> new, so
+        # HEAD@{1} is the commit before the merge (what `reset --hard HEAD@{1}` undoes to)
+        with repo.db.write():
+            if branch is None:
+                repo.refs.set_head(new, reason)
+                return
+            repo.refs.set(HEADS + branch, new, old, reason)  # CAS: a branch moved meanwhile is a ConcurrentUpdate
 
 
 # -- planning ---------------------------------------------------------------------------------

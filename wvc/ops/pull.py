@@ -9,7 +9,7 @@ from ..errors import NonFastForward, RevisionNotFound, WvcError
 from ..objects import Commit, Tree
 from ..progress import NULL, Progress
 from ..store.refs import HEADS
-from .checkout import checkout, switch_worktree
+from .checkout import switch_worktree
 from .fetch import fetch
 from .remote_config import REMOTES
 
@@ -58,10 +58,10 @@ def _integrate(repo, remote_name, branch, fetched, rebase, merge, strategy, prog
             repo.refs.set(HEADS + branch, new_tip, local, f"pull --rebase onto {remote_name}/{branch}")
         return result
     if on_head:
-        checkout(repo, upstream, progress=progress)  # refuses to overwrite local work
-        with repo.db.write():
-            repo.refs.set(HEADS + branch, upstream, local, f"pull: fast-forward from {remote_name}")
-            repo.refs.set_head("ref: " + HEADS + branch, f"pull: back on {branch}")
+        with repo.worktree_lock("pull"):  # refuses to overwrite local work; HEAD is never detached on the way
+            switch_worktree(repo, repo.tree_of(local) if local else None, repo.tree_of(upstream), progress=progress)
+            with repo.db.write():
+                repo.refs.set(HEADS + branch, upstream, local, f"pull: fast-forward from {remote_name}")
     else:
         with repo.db.write():
             repo.refs.set(HEADS + branch, upstream, local, f"pull: fast-forward from {remote_name}")
