@@ -146,6 +146,14 @@ def peek(payload, table: bool = True) -> PayloadInfo:
             raise CorruptObject(f"bad codec parameter {param}")
     elif param >= width * 8 - 1 or (param and method != Method.ULP_EXP):
         raise CorruptObject(f"bad codec parameter {param}")
+    elif method is Method.ULP_EXP:
+        from .step import MAX_EXPONENT_BITS
+
+        # ULP_EXP groups by the exponent field above bit ``param``: a field wider than any
+        # float's (F64's is 11 bits) would size the group table by 2**(bits - 1 - param)
+        # (F32 with 0: 2**31 counters)
+        if not 1 <= param or width * 8 - 1 - param > MAX_EXPONENT_BITS:
+            raise CorruptObject(f"bad codec parameter {param} for width {width}")
     if count > MAX_STREAMS:
         raise CorruptObject("too many streams")
     if not table:
