@@ -85,8 +85,9 @@ def parse_catalog(data: bytes, name: str) -> Catalog:
         pack, raw_entries, objects = meta["pack"], meta["entries"], meta["objects"]
         if set(meta) != {"pack", "entries", "objects"} or not isinstance(objects, list):
             raise ValueError("unexpected fields")
-    except (ValueError, KeyError, TypeError) as exc:
-        raise CorruptObject(f"{where} has a malformed header ({exc})") from None
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:  # RecursionError: absurdly deep nesting
+        why = "JSON nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:200]
+        raise CorruptObject(f"{where} has a malformed header ({why})") from None
     if pack is not None and not ids.is_object_id(pack):
         raise CorruptObject(f"{where} names an invalid pack")
     entries = parse_index(canonical_json(raw_entries), where)

@@ -221,7 +221,7 @@ def _retired_records(remote: Remote, records: list[str]) -> dict[str, list[str]]
             paths = json.loads(data)["paths"]
             if not (isinstance(paths, list) and all(isinstance(p, str) for p in paths)):
                 raise ValueError
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: absurdly deep nesting
             raise RemoteError(f"remote retired record {record} is malformed") from None
         out[record] = paths
     return out

@@ -68,8 +68,9 @@ def parse_index(data: bytes, where: str, payload_end: int | None = None) -> list
         if not isinstance(raw, list):
             raise TypeError("not a list")
         entries = [PackEntry(**e) for e in raw]
-    except (ValueError, TypeError) as exc:
-        raise CorruptObject(f"{where}: bad pack index ({exc})") from None
+    except (ValueError, TypeError, RecursionError) as exc:  # RecursionError: absurdly deep nesting
+        why = "JSON nested too deeply" if isinstance(exc, RecursionError) else exc
+        raise CorruptObject(f"{where}: bad pack index ({why})") from None
     for e in entries:
         if not (ids.is_object_id(e.id) and (e.base is None or ids.is_object_id(e.base))
                 and all(type(v) is int and v >= 0 for v in (e.offset, e.length, e.raw_size, e.method))
