@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import time
 from pathlib import Path
 
@@ -23,8 +24,29 @@ LOCK = "refs.lock"
 LOCK_STALE_SECONDS = 600
 
 
+def _open_regular(path: Path, what: str):
+    """``path`` opened for reading if it is a regular file, else RemoteError; None if it is
+    missing. Opened non-blocking and checked on the descriptor: a FIFO (or a device) put
+    where a pack or ref should be would block a read forever, and a check before the open
+    could be raced."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise RemoteError(f"remote file {what} cannot be read ({exc.strerror})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise RemoteError(f"remote file {what} is not a regular file")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
 def _read_at_most(path: Path, n: int) -> bytes:
-    with open(path, "rb") as fh:
+    fh = _open_regular(path, str(path))
+    if fh is None:
+        raise FileNotFoundError(path)
+    with fh:
         return fh.read(n)
 
 
@@ -68,26 +90,32 @@ class PathRemote(Remote):
         return listing_state(refs, version, paths, self.read(BASE_RECORD, MAX_BASE_RECORD))
 
     def read(self, path: str, limit: int) -> bytes | None:
-        p = self._file(path)
-        if not p.is_file():
+        fh = _open_regular(self._file(path), path)
+        if fh is None:
             return None
-        data = _read_at_most(p, limit + 1)  # the size is checked on what was read: no stat-then-read race
+        with fh:
+            data = fh.read(limit + 1)  # the size is checked on what was read: no stat-then-read race
         if len(data) > limit:
             raise RemoteError(f"remote file {path} is larger than allowed")
         self.bytes_downloaded += len(data)
         return data
 
     def download(self, path: str, dest: Path, limit: int) -> None:
-        p = self._file(path)
-        if not p.is_file():
+        fh = _open_regular(self._file(path), path)
+        if fh is None:
             raise RemoteError(f"remote file {path} is missing")
-        if p.stat().st_size > limit:
-            raise RemoteError(f"remote file {path} is larger than allowed")
-        shutil.copyfile(p, dest)
+        with fh:
+            if os.fstat(fh.fileno()).st_size > limit:
+                raise RemoteError(f"remote file {path} is larger than allowed")
+            with open(dest, "wb") as out:
+                shutil.copyfileobj(fh, out, 1 << 20)
         self.bytes_downloaded += dest.stat().st_size
 
     def read_range(self, path: str, offset: int, length: int) -> bytes:
-        with open(self._file(path), "rb") as fh:
+        fh = _open_regular(self._file(path), path)
+        if fh is None:
+            raise RemoteError(f"remote file {path} is missing")
+        with fh:
             fh.seek(offset)
             data = fh.read(length)
         if len(data) != length:
