@@ -10,7 +10,7 @@ from ..errors import RemoteError, RevisionNotFound, WvcError
 from ..progress import NULL, Progress
 from ..remotes import open_remote
 from ..remotes import LAZY_REMOTE_KEY
-from ..repo import Repository, remove_new_repository
+from ..repo import INIT_PREFIX, Repository, remove_new_repository
 from ..store.database import peek_config
 from ..store.refs import HEADS
 from .fetch import fetch
@@ -25,9 +25,12 @@ CLONE_INCOMPLETE = "clone.incomplete"
 
 
 def _interrupted_clone(target: Path) -> bool:
+    """Whether ``target`` holds only what a killed clone left: a repository still marked
+    incomplete, or (killed while its repository was being made) only init's staging folders."""
     db = target / ".wvc" / "wvc.db"
     if not db.is_file():
-        return False
+        entries = list(target.iterdir()) if target.is_dir() else []
+        return bool(entries) and all(e.name.startswith(INIT_PREFIX) and e.is_dir() for e in entries)
     return peek_config(db, CLONE_INCOMPLETE)[1] is not None
 
 
