@@ -146,11 +146,13 @@ def quiet_hub_client() -> None:
     --json output where stderr is captured with stdout). The CLI owns its process, so it may
     say so process-wide; the library never does (a training script keeps its bars)."""
     if "huggingface_hub" in sys.modules:
-        from huggingface_hub.utils import disable_progress_bars
+        from huggingface_hub.utils import disable_progress_bars, logging
 
         disable_progress_bars()
+        logging.set_verbosity_error()  # its "Retrying in 1s" lines: wvc retries and reports itself
     else:
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        os.environ.setdefault("HF_HUB_VERBOSITY", "error")
 
 
 def open_repo():

@@ -14,9 +14,9 @@ import contextlib
 import io
 from pathlib import Path
 
-from ..errors import RemoteNotFound
+from ..errors import RemoteNotFound, WvcError
 from .interface import (BASE_RECORD, HUB_STARTERS, MAX_BASE_RECORD, Remote, RemoteChanged, RemoteError, RemoteState,
-                        is_wvc_layout, listing_state, not_a_wvc_remote, parse_refs)
+                        TransientError, is_wvc_layout, listing_state, not_a_wvc_remote, parse_refs, retries_reads)
 
 HUB_BRANCH = "main"
 
@@ -107,9 +107,17 @@ def hub_errors(what: str):
         if status in (429, 503):
             raise RateLimited(f"{what}: the Hub is rate-limiting us (HTTP {status})",
                               _retry_after(exc.response)) from None
+        if status is not None and status >= 500:
+            raise TransientError(f"{what}: Hub error HTTP {status}: {str(exc).splitlines()[0]}") from None
         raise RemoteError(f"{what}: Hub error HTTP {status}: {str(exc).splitlines()[0]}") from None
+    except WvcError:
+        raise
     except _transport_errors() as exc:
-        raise RemoteError(f"{what}: cannot reach the Hub endpoint ({type(exc).__name__}: {exc})") from None
+        raise TransientError(f"{what}: cannot reach the Hub endpoint, or it broke off ({type(exc).__name__}: "
+                             f"{str(exc)[:200]})") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError: a 200 that is not the Hub's JSON
+        raise TransientError(f"{what}: the endpoint answered with something that is not the Hub's API "
+                             f"({type(exc).__name__}); is HF_ENDPOINT a Hub?") from None
 
 
 class HubRemote(Remote):
@@ -148,6 +156,7 @@ class HubRemote(Remote):
         return cls(repo_id, revision or None)
 
     @backs_off
+    @retries_reads
     def state(self, create: bool = False) -> RemoteState:
         from huggingface_hub import errors
 
@@ -171,6 +180,7 @@ class HubRemote(Remote):
         return listing_state(refs, self.sha, paths, base)
 
     @backs_off
+    @retries_reads
     def read_range(self, path: str, offset: int, length: int) -> bytes:
         """Exactly ``length`` bytes from ``offset``, streamed: never more than ``length`` bytes
         are read, whatever the endpoint sends. An endpoint that ignores Range (200 instead of
@@ -193,12 +203,11 @@ class HubRemote(Remote):
                     buf += block[: length - len(buf)]
                     if len(buf) >= length:
                         break
-        if len(buf) != length:
-            raise RemoteError(f"remote file {path} is shorter than its index says")
+        if len(buf) != length:  # a body cut short (a real short file fails every attempt)
+            raise TransientError(f"remote file {path} is shorter than its index says")
         self.bytes_downloaded += len(buf)
         return bytes(buf)
 
-    @backs_off
     def _get(self, path: str, limit: int, sink) -> None:
         from huggingface_hub import get_session, hf_hub_url
         from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
@@ -216,8 +225,12 @@ class HubRemote(Remote):
                     if total > limit:
                         raise RemoteError(f"remote file {path} is larger than allowed")
                     sink(block)
+                if declared and total != declared:
+                    raise TransientError(f"{self.url}/{path}: the body was cut short ({total} of {declared} bytes)")
                 self.bytes_downloaded += total
 
+    @backs_off
+    @retries_reads
     def read(self, path: str, limit: int) -> bytes | None:
         buf = io.BytesIO()
         try:
@@ -226,8 +239,10 @@ class HubRemote(Remote):
             return None
         return buf.getvalue()
 
+    @backs_off
+    @retries_reads
     def download(self, path: str, dest: Path, limit: int) -> None:
-        with open(dest, "wb") as fh:
+        with open(dest, "wb") as fh:  # each attempt from the start
             self._get(path, limit, fh.write)
 
     def publish(self, files, refs, expected: RemoteState, message: str, delete=()) -> None:

@@ -15,7 +15,10 @@ hash-verified by the caller before it enters a local store.
 
 from __future__ import annotations
 
+import functools
+import random
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,6 +34,35 @@ BASE_RECORD = "base.json"
 _PACK = re.compile(r"^pack-([0-9a-f]{64})\.(pack|idx)$")
 _CATALOG = re.compile(r"^catalogs/([0-9a-f]{64})\.cat$")
 _RETIRED = re.compile(r"^retired/([0-9]{10}-[0-9a-f]{16})\.json$")
+
+
+class TransientError(RemoteError):
+    """A failed read that the same request may well get right: a 5xx answer, a connection
+    reset, a body cut short, an answer that is not what the service speaks (a proxy's page)."""
+
+
+READ_ATTEMPTS = 5
+FIRST_RETRY_SECONDS = 0.25
+
+
+def retries_reads(method):
+    """Repeat an idempotent read that failed transiently, with jittered exponential back-off
+    (0.25, 0.5, 1, 2 s: ~4 s in all), before reporting it. Only a complete, verified read
+    is ever judged corrupt by the callers; a short one raises TransientError here."""
+
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        delay = FIRST_RETRY_SECONDS
+        for attempt in range(1, READ_ATTEMPTS + 1):
+            try:
+                return method(*args, **kwargs)
+            except TransientError as exc:
+                if attempt == READ_ATTEMPTS:
+                    raise RemoteError(f"{exc} (tried {READ_ATTEMPTS} times)") from None
+                time.sleep(delay * (0.5 + random.random()))
+                delay *= 2
+
+    return wrapper
 
 
 @dataclass

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import RemoteChanged, RemoteError
-from .interface import (BASE_RECORD, FORMAT, MAX_BASE_RECORD, MAX_REF_BYTES, Remote, RemoteState, listing_state,
-                        parse_refs)
+from .interface import (BASE_RECORD, FORMAT, MAX_BASE_RECORD, MAX_REF_BYTES, Remote, RemoteState, TransientError,
+                        listing_state, parse_refs, retries_reads)
 
 MULTIPART_THRESHOLD = 64 << 20
 PART_BYTES = 16 << 20  # S3 wants parts of at least 5 MiB (but the last) and at most 10,000 of them
@@ -87,8 +87,9 @@ def s3_errors(what: str):
     except bx.NoCredentialsError:
         raise RemoteError(f"{what}: no AWS credentials found (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
                           "or AWS_PROFILE)") from None
-    except (bx.EndpointConnectionError, bx.ConnectTimeoutError, bx.ReadTimeoutError, bx.ConnectionClosedError) as exc:
-        raise RemoteError(f"{what}: cannot reach the S3 endpoint ({type(exc).__name__})") from None
+    except (bx.EndpointConnectionError, bx.ConnectTimeoutError, bx.ReadTimeoutError, bx.ConnectionClosedError,
+            bx.ResponseStreamingError, bx.IncompleteReadError) as exc:
+        raise TransientError(f"{what}: cannot reach the S3 endpoint, or it broke off ({type(exc).__name__})") from None
     except bx.BotoCoreError as exc:
         raise RemoteError(f"{what}: S3 client error ({type(exc).__name__})") from None
 
@@ -166,9 +167,13 @@ class S3Remote(Remote):
         with s3_errors(self._what(path)):
             data = resp["Body"].read(n)
             resp["Body"].close()
+        if len(data) < min(n, resp.get("ContentLength", 0)):  # cut short: not the object's fault
+            raise TransientError(f"{self._what(path)}: the body was cut short ({len(data)} of "
+                                 f"{resp.get('ContentLength')} bytes)")
         self.bytes_downloaded += len(data)
         return data, resp.get("ETag", "")
 
+    @retries_reads
     def state(self, create: bool = False) -> RemoteState:
         listing = self._list()
         if "wvc.json" not in listing:
@@ -186,6 +191,7 @@ class S3Remote(Remote):
         version = hashlib.sha256(repr(sorted(tokens.items())).encode()).hexdigest()
         return listing_state(refs, version, listing, base, {r: tokens[r] for r in refs})
 
+    @retries_reads
     def read(self, path: str, limit: int) -> bytes | None:
         try:
             data, _ = self._read_upto(path, limit + 1)
@@ -195,6 +201,7 @@ class S3Remote(Remote):
             raise RemoteError(f"remote file {path} is larger than allowed")
         return data
 
+    @retries_reads
     def download(self, path: str, dest: Path, limit: int) -> None:
         resp = self._get(path)
         if resp.get("ContentLength", 0) > limit:
@@ -207,8 +214,11 @@ class S3Remote(Remote):
                 if total > limit:
                     raise RemoteError(f"remote file {path} is larger than allowed")
                 fh.write(block)
+        if total != resp.get("ContentLength", total):
+            raise TransientError(f"{self._what(path)}: the body was cut short ({total} of {resp['ContentLength']} bytes)")
         self.bytes_downloaded += total
 
+    @retries_reads
     def read_range(self, path: str, offset: int, length: int) -> bytes:
         if length <= 0:
             return b""
@@ -221,6 +231,8 @@ class S3Remote(Remote):
             data = resp["Body"].read(length)
             resp["Body"].close()
         if len(data) != length:
+            if len(data) < resp.get("ContentLength", 0):
+                raise TransientError(f"{self._what(path)}: the body was cut short")
             raise RemoteError(f"remote file {path} is shorter than its index says")
         self.bytes_downloaded += len(data)
         return data

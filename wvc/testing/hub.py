@@ -9,6 +9,11 @@ and serves files with Range support. Endpoints follow shared/research/hub-protoc
 
 ``fail`` injects failures for tests: {"commit": 1} answers the next commit with 403.
 ``served_bytes`` counts body bytes sent by resolve (downloads).
+``read_faults`` (off by default): ``ReadFaults(rate, kinds, seed)`` answers that fraction of
+GET and HEAD requests with a transient fault of one of ``kinds``: "500" (an error answer),
+"reset" (the connection dropped before an answer), "truncate" (a body cut off half-way,
+with the full Content-Length), "garbage" (200 with a body that is not JSON, as a captive
+portal or a misconfigured proxy answers), the faults real networks and CDNs produce.
 ``request_quota`` / ``commit_quota`` (off by default): ``Quota(limit, window_seconds)``, the
 Hub's own limits in miniature (about 1000 API requests per 5 minutes per user; commits per
 hour per repo): over it, 429 with the Hub's wording and a Retry-After header.
@@ -22,6 +27,7 @@ import hashlib
 import json
 import math
 import re
+import socket
 import threading
 import time
 import urllib.parse
@@ -141,13 +147,23 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
     # -- plumbing ------------------------------------------------------------------------------
+    _fault = None
+
     def _send(self, status: int, body: bytes = b"", headers: dict | None = None, head_only: bool = False):
+        if self._fault == "garbage" and status == 200 and (headers or {}).get("Content-Type") == "application/json":
+            body = b"\xff\xfe<html>Please sign in to the network</html>"
         self.send_response(status)
         for k, v in (headers or {}).items():
             self.send_header(k, str(v))
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         if body and not head_only:
+            if self._fault == "truncate" and len(body) > 1:
+                self.wfile.write(body[: len(body) // 2])
+                self.wfile.flush()
+                self.close_connection = True
+                self.connection.shutdown(socket.SHUT_RDWR)
+                return
             self.wfile.write(body)
 
     def _json(self, status: int, obj, headers: dict | None = None, head_only: bool = False):
@@ -190,6 +206,13 @@ class Handler(BaseHTTPRequestHandler):
             handler = self._route(method, raw_path)
             if handler is None:
                 raise HubError(404, f"no route for {method} {raw_path}")
+            self._fault = self.server.draw_read_fault() if method in ("GET", "HEAD") else None
+            if self._fault == "500":
+                raise HubError(500, "injected server error")
+            if self._fault == "reset":
+                self.close_connection = True
+                self.connection.shutdown(socket.SHUT_RDWR)
+                return
             handler[0](*handler[1], params=params)
         except HubError as exc:
             headers = {"X-Error-Code": exc.code} if exc.code else {}
@@ -467,6 +490,25 @@ class Handler(BaseHTTPRequestHandler):
         self._send(status, body, headers)
 
 
+class ReadFaults:
+    """A seeded fault plan for read requests (see the module docstring)."""
+
+    KINDS = ("500", "reset", "truncate", "garbage")
+
+    def __init__(self, rate: float, kinds=KINDS, seed: int = 0):
+        import random
+
+        self.rate, self.kinds, self.random = rate, tuple(kinds), random.Random(seed)
+        self.injected: dict[str, int] = {}
+
+    def draw(self) -> str | None:
+        if self.random.random() >= self.rate:
+            return None
+        kind = self.random.choice(self.kinds)
+        self.injected[kind] = self.injected.get(kind, 0) + 1
+        return kind
+
+
 class HubServer(ThreadingHTTPServer):
     daemon_threads = True
 
@@ -481,7 +523,14 @@ class HubServer(ThreadingHTTPServer):
         self.ignore_range = False  # tests: answer Range requests with the whole file (200)
         self.request_quota: Quota | None = None
         self.commit_quota: Quota | None = None
+        self.read_faults: ReadFaults | None = None
         self._lock = threading.Lock()
+
+    def draw_read_fault(self) -> str | None:
+        if self.read_faults is None:
+            return None
+        with self._lock:
+            return self.read_faults.draw()
 
     def check_quota(self, quota: Quota | None, message: str) -> None:
         if quota is None:

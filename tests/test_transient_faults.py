@@ -1,0 +1,68 @@
+"""Transient faults on the Hub's read path (5xx, resets, bodies cut short, non-JSON answers)
+are retried with back-off; an endpoint that keeps answering garbage is one clear line
+(issue 37, findings 25 and 26)."""
+
+import contextlib
+
+import pytest
+
+import wvc
+from wvc import Repo, clone
+from wvc.errors import RemoteError
+from wvc.testing.hub import ReadFaults
+
+from .conftest import tree_digests
+from .test_everyday import run, two_tensors
+
+
+@contextlib.contextmanager
+def faults(hub, plan):
+    hub.read_faults = plan
+    try:
+        yield plan
+    finally:
+        hub.read_faults = None
+
+
+def _pushed(tmp_path, url):
+    repo = Repo.init(tmp_path / "src", chunk_bytes=64 << 10)  # several chunks: several range reads
+    for i in range(3):
+        two_tensors(repo.root / "model.safetensors", i, i + 7)
+        (repo.root / "config.json").write_text(f'{{"v": {i}}}')
+        repo.commit(f"v{i}")
+    repo.remote_add("origin", url)
+    repo.push()
+    return repo
+
+
+def test_clone_lazy_clone_and_open_survive_a_15_percent_fault_rate(tmp_path, hub_env):
+    url = "hf://team/flaky"
+    src = _pushed(tmp_path, url)
+    want = tree_digests(src.root)
+    with faults(hub_env, ReadFaults(0.15, seed=7)) as plan:
+        copy = clone(url, tmp_path / "copy")
+        assert tree_digests(copy.root) == want
+        r = run(tmp_path, "clone", "--lazy", url, "lazy")
+        assert r.stderr.strip() == "" or "Retry" not in r.stderr, r.stderr  # no client retry chatter
+        assert tree_digests(tmp_path / "lazy") == want
+        view = wvc.open(url, "HEAD~1")
+        assert view.read_file("config.json") == b'{"v": 1}'
+        assert copy.fsck().ok
+    assert sum(plan.injected.values()) >= 5 and len(plan.injected) >= 3, plan.injected  # the faults happened
+
+
+@pytest.mark.parametrize("kind", ["500", "garbage"])
+def test_an_endpoint_that_keeps_failing_is_one_clear_line(tmp_path, hub_env, kind):
+    url = f"hf://team/broken-{kind}"
+    src = _pushed(tmp_path, url)
+    with faults(hub_env, ReadFaults(1.0, kinds=(kind,))):
+        for args, cwd in ((("clone", url, "c"), tmp_path), (("fetch",), src.root), (("push",), src.root)):
+            r = run(cwd, *args, check=False)
+            lines = [line for line in r.stderr.splitlines() if line.strip()]
+            assert r.returncode == 1 and len(lines) == 1 and lines[0].startswith("wvc: error:"), r.stderr
+            assert "internal error" not in r.stderr and "UnicodeDecodeError" not in r.stderr
+            if kind == "garbage":
+                assert "not the Hub's API" in r.stderr, r.stderr
+        with pytest.raises(RemoteError):
+            wvc.open(url, "main")
+    assert not (tmp_path / "c").exists()
