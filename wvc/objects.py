@@ -23,6 +23,11 @@ FORMAT = 1  # commits
 TREE_FORMAT = 3
 TREE_FORMATS = (1, 2, 3)
 MAX_OBJECT_BYTES = 1 << 30
+# A tree lists a version's files; a model directory holds tens to thousands. Bounded so that a
+# hostile tree (a million entries) is refused before each entry costs a parse, a database row
+# and memory in every later `log` and `status`; 100,000 files of any size is far past real use.
+MAX_TREE_FILES = 100_000
+MAX_TREE_BYTES = 128 << 20  # a 1T-parameter fp32 model's tree (1M chunk ids) is ~70 MiB
 MAX_METADATA_BYTES = 1 << 20
 # Chunk sizes a new repository may use: every dtype width (1, 2, 4, 8 bytes) divides a
 # multiple of 8, so chunk i of a tensor covers the same elements in every commit.
@@ -161,6 +166,8 @@ class Tree:
     def from_bytes(cls, data: bytes, expected_id: str | None = None) -> "Tree":
         if expected_id is not None and ids.digest(ids.TREE, data) != expected_id:
             raise FormatError(f"tree {ids.short(expected_id)} does not match its id")
+        if len(data) > MAX_TREE_BYTES:
+            raise FormatError(f"tree object is larger than {MAX_TREE_BYTES >> 20} MiB")
         raw = _load(data, "tree")
         _expect(raw, {"format", "chunk_bytes", "files"}, "tree")
         if raw["format"] not in TREE_FORMATS or type(raw["format"]) is not int:
@@ -170,6 +177,8 @@ class Tree:
             raise FormatError("tree chunk_bytes out of range")
         if not isinstance(raw["files"], list):
             raise FormatError("tree files must be a list")
+        if len(raw["files"]) > MAX_TREE_FILES:
+            raise FormatError(f"tree lists {len(raw['files'])} files, more than wvc takes ({MAX_TREE_FILES})")
         files = tuple(_parse_file(f, chunk_bytes, raw["format"]) for f in raw["files"])
         paths = [f.path for f in files]
         if paths != sorted(paths) or len(set(paths)) != len(paths):

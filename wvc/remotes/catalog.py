@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from .. import ids
 from ..errors import CorruptObject
 from ..objects import canonical_json
-from ..store.packs import PackEntry, parse_index
+from ..store.packs import MAX_INDEX_BYTES, PackEntry, parse_index
 
 MAGIC = b"WVCCAT\x01\n"
 MAX_CATALOG_BYTES = 1 << 30  # decompressed; a catalog holds trees, which grow with the model
@@ -80,6 +80,8 @@ def parse_catalog(data: bytes, name: str) -> Catalog:
         raise CorruptObject(f"{where} is not a wvc catalog")
     (meta_len,) = struct.unpack_from("<I", body, len(MAGIC))
     start = len(MAGIC) + 4
+    if meta_len > MAX_INDEX_BYTES + (1 << 20):  # its entries are a pack index: refused before parsing it
+        raise CorruptObject(f"{where} has a header of {meta_len} bytes, more than a pack index may hold")
     try:
         meta = json.loads(body[start : start + meta_len])
         pack, raw_entries, objects = meta["pack"], meta["entries"], meta["objects"]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..errors import RemoteNotFound, WvcError
 from .interface import (BASE_RECORD, HUB_STARTERS, MAX_BASE_RECORD, Remote, RemoteChanged, RemoteError, RemoteState,
-                        TransientError, is_wvc_layout, listing_state, not_a_wvc_remote, parse_refs, retries_reads)
+                        TransientError, check_ref_count, is_wvc_layout, listing_state, not_a_wvc_remote, parse_refs, retries_reads)
 
 HUB_BRANCH = "main"
 
@@ -175,7 +175,7 @@ class HubRemote(Remote):
             paths = self.api.list_repo_files(self.repo_id, revision=self.sha)
         if not is_wvc_layout(paths) and any(p not in HUB_STARTERS for p in paths):
             raise not_a_wvc_remote(self.url, paths, "push" if create else "read")
-        refs = parse_refs({p: self.read(p, 256) or b"" for p in paths if p.startswith("refs/")})
+        refs = parse_refs({p: self.read(p, 256) or b"" for p in check_ref_count(self.url, paths)})
         base = self.read(BASE_RECORD, MAX_BASE_RECORD) if BASE_RECORD in paths else None
         return listing_state(refs, self.sha, paths, base)
 

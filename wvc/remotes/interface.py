@@ -28,7 +28,11 @@ from ..store.refs import check_ref_name
 
 FORMAT = 1
 MAX_REF_BYTES = 200
-MAX_SMALL_OBJECT = 256 << 20  # commits and trees
+# Each ref is a file read per listing (a GET on the Hub) and a row in a clone's database: a
+# remote with 100,000 branches made a clone take 98 s. Runs make branches (run/<name>), so
+# the bound is generous; past it, `wvc push --delete` or `gc --remote` is the way back.
+MAX_REMOTE_REFS = 10_000
+MAX_SMALL_OBJECT = 128 << 20  # commits and trees (objects.MAX_TREE_BYTES)
 MAX_BASE_RECORD = 64 << 10
 BASE_RECORD = "base.json"
 _PACK = re.compile(r"^pack-([0-9a-f]{64})\.(pack|idx)$")
@@ -122,8 +126,19 @@ def pack_path(name: str, ext: str = "pack") -> str:
     return f"packs/pack-{name}.{ext}"
 
 
+def check_ref_count(url: str, paths) -> list[str]:
+    """The refs/ paths of a listing, refused before any is read when there are too many."""
+    refs = [p for p in paths if p.startswith("refs/")]
+    if len(refs) > MAX_REMOTE_REFS:
+        raise RemoteError(f"{url} has {len(refs)} refs, more than wvc reads ({MAX_REMOTE_REFS}); delete old "
+                          "branches there (`wvc push --delete REMOTE BRANCH`)")
+    return refs
+
+
 def parse_refs(files: dict[str, bytes]) -> dict[str, str]:
     """refs/... file contents -> validated {ref: commit id}."""
+    if len(files) > MAX_REMOTE_REFS:
+        raise RemoteError(f"remote has more than {MAX_REMOTE_REFS} refs")
     refs = {}
     for path, data in files.items():
         kind, _, name = path.partition("/")[2].partition("/")

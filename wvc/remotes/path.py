@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from ..fsutil import TEMP_PREFIX, atomic_write, atomic_writer, validate_relpath
-from .interface import (BASE_RECORD, FORMAT, MAX_BASE_RECORD, MAX_REF_BYTES, Remote, RemoteChanged, RemoteError,
+from .interface import (BASE_RECORD, check_ref_count, FORMAT, MAX_BASE_RECORD, MAX_REF_BYTES, Remote, RemoteChanged, RemoteError,
                         RemoteState, listing_state, parse_refs)
 
 LOCK = "refs.lock"
@@ -73,9 +73,11 @@ class PathRemote(Remote):
         files = {}
         refs_dir = self.root / "refs"
         if refs_dir.is_dir():
-            for p in refs_dir.rglob("*"):
+            found = [p for p in refs_dir.rglob("*") if not p.name.startswith(TEMP_PREFIX)]
+            check_ref_count(self.url, [f"refs/{i}" for i, p in enumerate(found) if not p.is_dir()])
+            for p in found:
                 # a pusher's ref being written is a temp file until its rename: not a ref
-                if p.is_file() and not p.is_symlink() and not p.name.startswith(TEMP_PREFIX):
+                if p.is_file() and not p.is_symlink():
                     # at most one byte past what a ref may hold: a huge (or sparse) file is
                     # refused by parse_refs without being read
                     files[p.relative_to(self.root).as_posix()] = _read_at_most(p, MAX_REF_BYTES + 1)

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from ..errors import RemoteChanged, RemoteError
 from .interface import (BASE_RECORD, FORMAT, MAX_BASE_RECORD, MAX_REF_BYTES, Remote, RemoteState, TransientError,
-                        listing_state, parse_refs, retries_reads)
+                        check_ref_count, listing_state, parse_refs, retries_reads)
 
 MULTIPART_THRESHOLD = 64 << 20
 PART_BYTES = 16 << 20  # S3 wants parts of at least 5 MiB (but the last) and at most 10,000 of them
@@ -183,9 +183,8 @@ class S3Remote(Remote):
                 raise RemoteError(f"{self.url} holds other objects and is not a wvc remote")
             self._put("wvc.json", f'{{"format": {FORMAT}}}'.encode(), if_none_match=True, exist_ok=True)
         files, tokens = {}, {}
-        for path in listing:
-            if path.startswith("refs/"):
-                files[path], tokens[path] = self._read_upto(path, MAX_REF_BYTES + 1)
+        for path in check_ref_count(self.url, listing):
+            files[path], tokens[path] = self._read_upto(path, MAX_REF_BYTES + 1)
         refs = parse_refs(files)
         base = self.read(BASE_RECORD, MAX_BASE_RECORD) if BASE_RECORD in listing else None
         version = hashlib.sha256(repr(sorted(tokens.items())).encode()).hexdigest()
