@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..errors import RemoteNotFound, WvcError
 from .interface import (BASE_RECORD, HUB_STARTERS, MAX_BASE_RECORD, Remote, RemoteChanged, RemoteError, RemoteState,
-                        TransientError, check_ref_count, is_wvc_layout, listing_state, not_a_wvc_remote, parse_refs, retries_reads)
+                        TransientError, check_ref_count, is_wvc_layout, local_write_errors, listing_state, not_a_wvc_remote, parse_refs, retries_reads)
 
 HUB_BRANCH = "main"
 
@@ -242,7 +242,7 @@ class HubRemote(Remote):
     @backs_off
     @retries_reads
     def download(self, path: str, dest: Path, limit: int) -> None:
-        with open(dest, "wb") as fh:  # each attempt from the start
+        with local_write_errors(dest), open(dest, "wb") as fh:  # each attempt from the start
             self._get(path, limit, fh.write)
 
     def publish(self, files, refs, expected: RemoteState, message: str, delete=()) -> None:

@@ -15,7 +15,9 @@ hash-verified by the caller before it enters a local store.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 import random
 import re
 import time
@@ -38,6 +40,20 @@ BASE_RECORD = "base.json"
 _PACK = re.compile(r"^pack-([0-9a-f]{64})\.(pack|idx)$")
 _CATALOG = re.compile(r"^catalogs/([0-9a-f]{64})\.cat$")
 _RETIRED = re.compile(r"^retired/([0-9]{10}-[0-9a-f]{16})\.json$")
+
+
+@contextlib.contextmanager
+def local_write_errors(dest):
+    """A full disk while downloading is about the local copy, never the remote's file: the
+    error names ``dest`` (a clone onto a full disk named the remote's path)."""
+    import errno
+
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise OSError(exc.errno, exc.strerror or os.strerror(exc.errno), str(dest)) from None
+        raise
 
 
 class TransientError(RemoteError):

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from ..fsutil import TEMP_PREFIX, atomic_write, atomic_writer, validate_relpath
-from .interface import (BASE_RECORD, check_ref_count, FORMAT, MAX_BASE_RECORD, MAX_REF_BYTES, Remote, RemoteChanged, RemoteError,
+from .interface import (BASE_RECORD, check_ref_count, local_write_errors, FORMAT, MAX_BASE_RECORD, MAX_REF_BYTES, Remote, RemoteChanged, RemoteError,
                         RemoteState, listing_state, parse_refs)
 
 LOCK = "refs.lock"
@@ -109,7 +109,7 @@ class PathRemote(Remote):
         with fh:
             if os.fstat(fh.fileno()).st_size > limit:
                 raise RemoteError(f"remote file {path} is larger than allowed")
-            with open(dest, "wb") as out:
+            with local_write_errors(dest), open(dest, "wb") as out:
                 shutil.copyfileobj(fh, out, 1 << 20)
         self.bytes_downloaded += dest.stat().st_size
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from ..errors import RemoteChanged, RemoteError
 from .interface import (BASE_RECORD, FORMAT, MAX_BASE_RECORD, MAX_REF_BYTES, Remote, RemoteState, TransientError,
-                        check_ref_count, listing_state, parse_refs, retries_reads)
+                        check_ref_count, listing_state, local_write_errors, parse_refs, retries_reads)
 
 MULTIPART_THRESHOLD = 64 << 20
 PART_BYTES = 16 << 20  # S3 wants parts of at least 5 MiB (but the last) and at most 10,000 of them
@@ -207,7 +207,7 @@ class S3Remote(Remote):
             resp["Body"].close()
             raise RemoteError(f"remote file {path} is larger than allowed")
         total = 0
-        with s3_errors(self._what(path)), open(dest, "wb") as fh:
+        with s3_errors(self._what(path)), local_write_errors(dest), open(dest, "wb") as fh:
             for block in resp["Body"].iter_chunks(1 << 20):
                 total += len(block)
                 if total > limit:
