@@ -168,6 +168,12 @@ class Repo(Repository):
 
         return push.push(self, remote, branch, force=force, tags=tags, progress=progress)
 
+    def delete_remote_branch(self, remote: str, name: str) -> dict:
+        """Delete branch (or tag) ``name`` on ``remote`` (``wvc push --delete REMOTE NAME``)."""
+        from .ops.push import delete_remote_ref
+
+        return delete_remote_ref(self, remote, name)
+
     def fetch(self, remote: str = "origin", *, progress: Progress = NULL):
         from .ops import fetch
 

@@ -566,9 +566,21 @@ def remote_list(as_json):
 @click.argument("branch", required=False)
 @click.option("--force", "-f", is_flag=True, help="Overwrite the remote branch even if it is not a fast-forward.")
 @click.option("--tags", is_flag=True, help="Push every tag too (alone: only the tags).")
+@click.option("--delete", "-d", "delete", is_flag=True, help="Delete BRANCH (or tag) on the remote; `:BRANCH` says the same.")
 @json_option
-def push(remote_name, branch, force, tags, as_json):
-    """Upload BRANCH or TAG (default: the current branch) and the objects the remote lacks."""
+def push(remote_name, branch, force, tags, delete, as_json):
+    """Upload BRANCH or TAG (default: the current branch) and the objects the remote lacks;
+    `push --delete REMOTE BRANCH` (or `push REMOTE :BRANCH`) deletes it there."""
+    if branch is not None and branch.startswith(":"):
+        delete, branch = True, branch[1:]
+    if delete:
+        if not branch:
+            raise click.UsageError("--delete needs the BRANCH to delete")
+        res = open_repo().delete_remote_branch(remote_name, branch)
+        if as_json:
+            return emit_json(res)
+        return click.echo(f"deleted {remote_name}/{branch} (was {res['was'][:12]}); "
+                          f"`wvc gc --remote {remote_name}` frees what only it held")
     res = open_repo().push(remote_name, branch, force=force, tags=tags, progress=BarProgress())
     if as_json:
         return emit_json(res.to_json())

@@ -138,6 +138,24 @@ def push(repo, remote_name: str = "origin", branch: str | None = None, *, force:
                       force and forced, logical, len(retired), sorted(r for r in updates if r.startswith(TAGS)))
 
 
+def delete_remote_ref(repo, remote_name: str, name: str) -> dict:
+    """Delete branch (or tag) ``name`` on the remote (`push --delete`, `push origin :name`):
+    one compare-and-swap that moves only that ref; what it alone held is freed by a later
+    `gc --remote`. The remote-tracking ref goes too."""
+    remote = open_remote_named(repo, remote_name)
+    state = remote.state()
+    ref = next((p + name for p in (HEADS, TAGS) if p + name in state.refs), None)
+    if ref is None:
+        raise RevisionNotFound(f"{remote_name} has no branch or tag {name!r}")
+    old = state.refs[ref]
+    remote.publish({}, {ref: None}, state, f"wvc push --delete {name}")
+    with repo.db.write():
+        tracking = f"{REMOTES}{remote_name}/{name}"
+        if ref.startswith(HEADS) and repo.refs.get(tracking) is not None:
+            repo.refs.delete(tracking, f"push --delete to {remote_name}")
+    return {"remote": remote_name, "deleted": ref, "was": old}
+
+
 def _new_segment(repo, wanted: list[str], new_commits: list[str], tmp: Path, progress: Progress):
     """This push's pack (None when every chunk is on the remote already) and its catalog:
     the pack's index and the new commits and trees."""
