@@ -68,21 +68,25 @@ class Repo(Repository):
 
         return history.reflog(self, ref, n)
 
-    def log(self, rev: str = "HEAD", n: int | None = None, all_refs: bool = False):
+    def log(self, rev: str = "HEAD", n: int | None = None, all_refs: bool = False, *, exclude=(), paths=()):
+        """Commits reachable from ``rev`` (``A..B`` as in git), newest first; ``exclude``: REVs
+        whose history is left out (git's ``^REV``); ``paths``: only commits that changed them."""
         from .ops import history
 
-        return history.log(self, rev, n, all_refs)
+        return history.log(self, rev, n, all_refs, exclude=exclude, paths=paths)
 
     def show(self, rev: str = "HEAD"):
         from .ops import history
 
         return history.show(self, rev)
 
-    def diff(self, rev_a: str | None = None, rev_b: str | None = None, *, stat: bool = False,
+    def diff(self, rev_a: str | None = None, rev_b: str | None = None, *, stat: bool = False, paths=(),
              progress: Progress = NULL):
+        """Per-file and per-tensor changes from ``rev_a`` (default HEAD) to ``rev_b`` (default
+        the working tree); ``stat``: files only; ``paths``: only files at or under these."""
         from .ops import diff
 
-        return diff.diff(self, rev_a, rev_b, stat=stat, progress=progress)
+        return diff.diff(self, rev_a, rev_b, stat=stat, paths=paths, progress=progress)
 
     def merge(self, rev: str, *, strategy: str | None = None, weights: tuple[float, float] = (0.5, 0.5),
               density: float = 1.0, lam: float = 1.0, seed: int = 0, t: float = 0.5, no_commit: bool = False,
@@ -122,6 +126,12 @@ class Repo(Repository):
 
         return branches.delete_branch(self, name, force)
 
+    def rename_branch(self, old: str, new: str) -> str:
+        """Rename branch ``old`` to ``new``; HEAD follows it if it was on ``old``. Returns its commit."""
+        from .ops import branches
+
+        return branches.rename_branch(self, old, new)
+
     def force_branch(self, name: str, start: str = "HEAD") -> tuple[str | None, str]:
         """Create ``name`` or move it to ``start`` (not the current branch: see reset)."""
         from .ops import branches
@@ -156,6 +166,18 @@ class Repo(Repository):
         from .ops import remote_config
 
         remote_config.remote_remove(self, name)
+
+    def remote_rename(self, old: str, new: str) -> None:
+        """Rename a remote (its remote-tracking branches follow)."""
+        from .ops import remote_config
+
+        remote_config.remote_rename(self, old, new)
+
+    def remote_set_url(self, name: str, url: str) -> None:
+        """Point remote ``name`` at another URL."""
+        from .ops import remote_config
+
+        remote_config.remote_set_url(self, name, url)
 
     def remote_branches(self) -> dict[str, str]:
         return self.refs.list("refs/remotes/")

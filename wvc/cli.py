@@ -46,6 +46,8 @@ def ratio_note(whole: int, actual: int, what: str = "stored") -> str:
     if not actual or not whole:
         return ""
     if actual < whole:
+        if actual < 4096:  # "1258361.3x smaller" for a 73-byte commit says nothing: the bytes say it
+            return ""
         return f" ({whole / actual:.1f}x smaller)" if what == "stored" else f" ({whole / actual:.1f}x less than {what})"
     return f" ({actual / whole:.2f}x the size of the files: container overhead)" if what == "stored" \
         else f" (no saving over {what})"
@@ -79,11 +81,35 @@ class BarProgress(Progress):
             self.bar = None
 
 
+PATHS_MARK = "\x00--"  # where a "--" stood, for commands that take REVs and PATHs
+
+
+def git_habits(args: list[str]) -> list[str]:
+    """Command lines as git users type them, rewritten for click: `-C DIR` before the verb,
+    `log -3`, and the `--` that separates REVs from PATHs (kept as PATHS_MARK where a
+    command takes both; `checkout -- PATH` is `checkout HEAD -- PATH`)."""
+    while len(args) >= 2 and args[0] == "-C":
+        os.chdir(args[1])
+        args = args[2:]
+    if not args:
+        return args
+    verb, rest = args[0], args[1:]
+    if verb == "log":
+        rest = [f"--max-count={a[1:]}" if re.fullmatch(r"-[0-9]+", a) else a for a in rest]
+    if verb in ("log", "diff") and "--" in rest:
+        i = rest.index("--")
+        rest = rest[:i] + ["--", PATHS_MARK] + rest[i + 1:]
+    if verb == "checkout" and rest[:1] == ["--"]:
+        rest = ["HEAD", *rest]
+    return [verb, *rest]
+
+
 class WvcGroup(click.Group):
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         """Like click's standalone mode, but every usage error is one line too."""
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        args = git_habits(list(sys.argv[1:] if args is None else args))
         try:
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except click.UsageError as exc:
@@ -161,6 +187,24 @@ def open_repo():
     return Repo.open(os.environ.get("WVC_DIR", "."))
 
 
+def split_paths(args) -> tuple[list[str], list[str]]:
+    """(REVs, PATHs) of a command line that takes `REV... -- PATH...` (click keeps the "--"
+    out of the arguments: main() marks where it was)."""
+    args = list(args)
+    if PATHS_MARK in args:
+        i = args.index(PATHS_MARK)
+        return args[:i], args[i + 1:]
+    return args, []
+
+
+def echo_stat(files: list[dict], indent: str = "") -> None:
+    for f in files:
+        sizes = f"{human(f['size_a']) if f['size_a'] is not None else '-'} -> " \
+                f"{human(f['size_b']) if f['size_b'] is not None else '-'}"
+        click.echo(f"{indent} {f['status']:>8} {f['path']}  {sizes}")
+    click.echo(f"{indent} {plural(len(files), 'file')} changed")
+
+
 def repo_paths(repo, paths) -> list[str]:
     """PATHs given on the command line as the repository's paths: relative ones are taken
     from the current directory, as git takes pathspecs (``cd 1_Pooling && wvc checkout HEAD
@@ -220,15 +264,23 @@ def init(path, branch, base, chunk_size, max_chain, as_json):
                    f"({human(size)}, read in place from {repo.db.get_config('base.dir')}); "
                    f"{branch} is at the base commit {ref.commit[:12]}. Put the fine-tuned files here and "
                    f"`wvc commit`; `wvc checkout {branch}` writes the base's own files here")
+    if max_chain == 0 and not as_json:  # allowed, and costly: say so
+        click.echo("  --max-chain 0: every changed chunk is stored whole (no deltas between versions)", err=True)
 
 
 @main.command()
+@click.option("-s", "--short", "short", is_flag=True, help="One line a file: M modified, D deleted, ?? new.")
 @json_option
-def status(as_json):
+def status(short, as_json):
     """Show which files differ from HEAD."""
     st = open_repo().status()
     if as_json:
         return emit_json(st.to_json())
+    if short:
+        for mark, paths in ((" M", st.modified), (" D", st.deleted), ("??", st.added)):
+            for p in paths:
+                click.echo(f"{mark} {p}")
+        return None
     click.echo(f"On branch {st.branch}" if st.branch else f"HEAD detached at {(st.head or '')[:12]}")
     if st.head is None:
         click.echo("No commits yet")
@@ -302,6 +354,8 @@ def commit(message, author, allow_empty, amend, meta, meta_json, device, as_json
     """Record the working tree as a new commit."""
     if message is None and not amend:
         raise click.UsageError("a commit needs a message: -m MESSAGE")
+    if message is not None and not message.strip():  # as git: an empty message aborts the commit
+        raise click.UsageError("aborting commit due to an empty message (-m '')")
     metadata = parse_meta(meta, meta_json)
     repo = open_repo()
     t0 = time.perf_counter()
@@ -314,7 +368,8 @@ def commit(message, author, allow_empty, amend, meta, meta_json, device, as_json
     click.echo(f"[{repo.refs.head_branch() or 'detached'} {res.commit[:12]}] {message.splitlines()[0] if message else ''}")
     click.echo(f"  {human(res.logical_bytes)} of files, {human(res.stored_bytes)} stored{ratio}")
     if res.linked_files:
-        click.echo(f"  {plural(len(res.linked_files), 'symlinked file')} committed as their content: "
+        its = "its" if len(res.linked_files) == 1 else "their"
+        click.echo(f"  {plural(len(res.linked_files), 'symlinked file')} committed as {its} content: "
                    + ", ".join(res.linked_files[:5]) + (" ..." if len(res.linked_files) > 5 else ""))
     for p in res.skipped_symlinks:
         click.echo(f"  skipped symlink (dangling or to a directory): {p}")
@@ -323,24 +378,33 @@ def commit(message, author, allow_empty, amend, meta, meta_json, device, as_json
 
 
 @main.command()
-@click.argument("rev", default="HEAD")
+@click.argument("revs", nargs=-1)
 @click.option("--oneline", is_flag=True, help="One line per commit.")
 @click.option("--graph", is_flag=True, help="Draw the history as a graph.")
 @click.option("--all", "all_refs", is_flag=True, help="Start from every branch and tag.")
-@click.option("-n", "max_count", type=int, default=None, help="Show at most N commits.")
+@click.option("-n", "--max-count", "max_count", type=click.IntRange(min=0), default=None,
+              help="Show at most N commits (-N says the same).")
+@click.option("--stat", is_flag=True, help="List the files each commit changed.")
 @json_option
-def log(rev, oneline, graph, all_refs, max_count, as_json):
-    """Show the commit history."""
-    from .ops.history import graph_lines
+def log(revs, oneline, graph, all_refs, max_count, stat, as_json):
+    """Show the commit history: `log [REV | A..B] [^REV...] [-- PATH...]`."""
+    from .ops.history import changed_files, graph_lines
 
     repo = open_repo()
-    entries = repo.log(rev, max_count, all_refs=all_refs)
-    if not entries and rev == "HEAD" and not all_refs and (others := repo.branches()):
+    revs, paths = split_paths(revs)
+    starts = [r for r in revs if not r.startswith("^")]
+    if len(starts) > 1:
+        raise click.UsageError("one REV (or A..B) at a time; exclude history with ^REV")
+    rev = starts[0] if starts else "HEAD"
+    entries = repo.log(rev, max_count, all_refs=all_refs, exclude=tuple(r[1:] for r in revs if r.startswith("^")),
+                       paths=tuple(repo_paths(repo, paths)))
+    if not entries and rev == "HEAD" and not all_refs and not paths and (others := repo.branches()):
         click.echo(f"{repo.refs.head_branch() or 'HEAD'} has no commits yet; other branches have: "
                    + ", ".join(sorted(others)[:5]) + (" ..." if len(others) > 5 else "")
                    + f" (`wvc log {sorted(others)[0]}` or `wvc log --all`)", err=True)
     if as_json:
-        return emit_json({"commits": [e.to_json() for e in entries]})
+        return emit_json({"commits": [{**e.to_json(), **({"files": changed_files(repo, e.id)} if stat else {})}
+                                      for e in entries]})
     rows = graph_lines(entries) if graph else [("", e) for e in entries]
     for prefix, e in rows:
         pad = prefix + " " if prefix else ""
@@ -351,6 +415,8 @@ def log(rev, oneline, graph, all_refs, max_count, as_json):
         summary = e.message.splitlines()[0] if e.message else ""
         if oneline:
             click.echo(f"{pad}{click.style(e.id[:12], fg='yellow')}{refs} {summary}")
+            if stat:
+                echo_stat(changed_files(repo, e.id), "".join("|" if c in "*|" else " " for c in prefix) + " ")
             continue
         cont = "".join("|" if c in "*|" else " " for c in prefix) + " " if prefix else ""
         click.echo(f"{pad}{click.style('commit ' + e.id, fg='yellow')}{refs}")
@@ -364,14 +430,24 @@ def log(rev, oneline, graph, all_refs, max_count, as_json):
         for line in e.message.splitlines() or [""]:
             click.echo(f"{cont}    {line}")
         click.echo(cont)
+        if stat:
+            echo_stat(changed_files(repo, e.id), cont)
 
 
 @main.command()
 @click.argument("rev", default="HEAD")
+@click.option("--stat", is_flag=True, help="List the files this commit changed (against its first parent).")
 @json_option
-def show(rev, as_json):
+def show(rev, stat, as_json):
     """Show one commit: message, metadata and files."""
-    info = open_repo().show(rev)
+    from .ops.history import changed_files
+
+    repo = open_repo()
+    if ":" in rev:
+        raise click.UsageError(f"show takes a commit; for one file of a version: `wvc cat {rev}`")
+    info = repo.show(rev)
+    if stat:
+        info["changed"] = changed_files(repo, info["commit"])
     if as_json:
         return emit_json(info)
     click.echo(f"commit {info['commit']}")
@@ -387,24 +463,42 @@ def show(rev, as_json):
     for line in info["message"].splitlines():
         click.echo(f"    {line}")
     click.echo("")
+    if stat:
+        return echo_stat(info["changed"])
     for f in info["files"]:
-        extra = f" ({f['tensors']} tensors)" if f["kind"] == "safetensors" else ""
+        extra = f" ({plural(f['tensors'], 'tensor')})" if f["kind"] == "safetensors" else ""
         click.echo(f"  {f['path']}  {human(f['size'])}{extra}")
 
 
 @main.command()
-@click.argument("rev_a", required=False)
-@click.argument("rev_b", required=False)
+@click.argument("revs", nargs=-1)
 @click.option("--stat", is_flag=True, help="Per-file summary only (no tensor decoding).")
+@click.option("--name-only", is_flag=True, help="Only the paths of the files that differ.")
 @json_option
-def diff(rev_a, rev_b, stat, as_json):
-    """Per-tensor changes between REV_A (default HEAD) and REV_B (default: the working tree)."""
-    result = open_repo().diff(rev_a, rev_b, stat=stat, progress=BarProgress())
+def diff(revs, stat, name_only, as_json):
+    """Per-tensor changes between REV_A (default HEAD) and REV_B (default: the working tree);
+    `diff [REV_A [REV_B]] -- PATH...` limits it to those files; text files (JSON, configs)
+    get a unified diff of their lines."""
+    repo = open_repo()
+    revs, paths = split_paths(revs)
+    if len(revs) > 2:
+        raise click.UsageError("at most two REVs")
+    rev_a, rev_b = (list(revs) + [None, None])[:2]
+    result = repo.diff(rev_a, rev_b, stat=stat or name_only, paths=tuple(repo_paths(repo, paths)),
+                       progress=BarProgress())
+    if name_only:
+        if as_json:
+            return emit_json({"files": [f["path"] for f in result["files"]]})
+        for f in result["files"]:
+            click.echo(f["path"])
+        return None
     if as_json:
         return emit_json(result)
     for f in result["files"]:
         stored = f" stored {human(f['stored_bytes'])}" if f["stored_bytes"] is not None else ""
         click.echo(f"{f['status']:>8} {f['path']}  {human(f['size_a'])} -> {human(f['size_b'])}{stored}")
+    if not stat:
+        text_diffs(repo, rev_a, rev_b, result["files"])
     if stat or not result["tensors"]:
         return
     click.echo("")
@@ -425,18 +519,92 @@ def diff(rev_a, rev_b, stat, as_json):
         )
 
 
+TEXT_SUFFIXES = (".json", ".txt", ".md", ".yaml", ".yml", ".py", ".cfg", ".toml", ".model.json", ".jinja")
+MAX_TEXT_DIFF_BYTES = 1 << 20
+
+
+def text_diffs(repo, rev_a, rev_b, files) -> None:
+    """A unified diff of each changed text file (configs, tokenizer JSON) up to 1 MiB a side."""
+    import difflib
+
+    from .view import open_version
+
+    def side(rev, path):
+        if rev is None:  # the working tree
+            p = repo.root / path
+            return p.read_bytes() if p.is_file() and p.stat().st_size <= MAX_TEXT_DIFF_BYTES else None
+        view = open_version(repo.root, rev)
+        entry = view.tree.by_path().get(path)
+        return view.read_file(path) if entry is not None and entry.size <= MAX_TEXT_DIFF_BYTES else None
+
+    for f in files:
+        if f["status"] != "modified" or not f["path"].endswith(TEXT_SUFFIXES):
+            continue
+        a, b = side(rev_a or "HEAD", f["path"]), side(rev_b, f["path"])
+        if a is None or b is None:
+            continue
+        try:
+            lines_a, lines_b = a.decode("utf-8").splitlines(), b.decode("utf-8").splitlines()
+        except UnicodeDecodeError:
+            continue
+        for line in difflib.unified_diff(lines_a, lines_b, f"a/{f['path']}", f"b/{f['path']}", lineterm=""):
+            click.echo(line)
+
+
+@main.command()
+@click.argument("name")
+@click.argument("start", required=False)
+@click.option("-c", "--create", is_flag=True, help="Create branch NAME (at START, default HEAD) first.")
+@click.option("--force", "-f", is_flag=True, help="Overwrite uncommitted changes.")
+@json_option
+def switch(name, start, create, force, as_json):
+    """Switch the working tree and HEAD to branch NAME (`switch -c NAME` creates it)."""
+    repo = open_repo()
+    if create:
+        repo.create_branch(name, start or "HEAD")
+    elif start is not None:
+        raise click.UsageError("START needs -c")
+    elif repo.refs.get("refs/heads/" + name) is None:
+        raise click.UsageError(f"no branch {name!r} (`wvc switch -c {name}` creates it; "
+                               f"`wvc checkout {name}` checks out any revision)")
+    res = repo.checkout(name, force=force, progress=BarProgress())
+    if as_json:
+        return emit_json(res.to_json())
+    click.echo(f"Switched to branch {name}: {plural(res.written, 'file')} written, {res.removed} removed")
+
+
+@main.command()
+@click.argument("paths", nargs=-1, required=True)
+@click.option("--source", "-s", default="HEAD", show_default=True, help="The version to restore from.")
+@json_option
+def restore(paths, source, as_json):
+    """Discard the working tree's changes to PATH... (restore them as SOURCE has them)."""
+    repo = open_repo()
+    res = repo.checkout(source, paths=repo_paths(repo, paths), progress=BarProgress())
+    if as_json:
+        return emit_json(res.to_json())
+    click.echo(f"Restored {plural(len(res.restored), 'file')} from {res.commit[:12]}: "
+               + ", ".join(res.restored[:5]) + (" ..." if len(res.restored) > 5 else ""))
+
+
 @main.command()
 @click.argument("rev")
 @click.argument("paths", nargs=-1)
 @click.option("--force", "-f", is_flag=True, help="Overwrite uncommitted changes.")
 @click.option("--output", "-o", type=click.Path(file_okay=False), default=None, help="Write the version into DIR instead.")
+@click.option("-b", "new_branch", default=None, metavar="NAME", help="Create branch NAME at REV and switch to it.")
 @json_option
-def checkout(rev, paths, force, output, as_json):
+def checkout(rev, paths, force, output, new_branch, as_json):
     """Make the working tree (or --output DIR) hold version REV; `checkout REV -- PATH...`
     restores those files (or directories) from REV and leaves HEAD where it is."""
     if paths and output:
         raise click.UsageError("PATH... and --output: choose one")
     repo = open_repo()
+    if new_branch is not None:  # `checkout -b NAME [START]`: REV is then NAME's start
+        if paths or output:
+            raise click.UsageError("-b takes NAME [START] only")
+        repo.create_branch(new_branch, rev)
+        rev = new_branch
     res = repo.checkout(rev, force=force, output=output, paths=repo_paths(repo, paths) or None, progress=BarProgress())
     if as_json:
         return emit_json(res.to_json())
@@ -486,8 +654,16 @@ def _ref_command(kind: str):
     @click.option("-d", "--delete", "delete", default=None, metavar="NAME",
                   help=f"Delete {kind} NAME" + (" (refused if HEAD does not contain it)." if kind == "branch" else "."))
     @json_option
-    def command(name, start, delete, as_json, show_all=False, force_delete=None, force=False):
+    def command(name, start, delete, as_json, show_all=False, force_delete=None, force=False, rename=None,
+                show_current=False):
         repo = open_repo()
+        if show_current:
+            current = repo.refs.head_branch()
+            return emit_json({"current": current}) if as_json else (click.echo(current) if current else None)
+        if rename:
+            target = repo.rename_branch(*rename)
+            return emit_json({"renamed": rename[0], "to": rename[1], "commit": target}) if as_json else click.echo(
+                f"Renamed branch {rename[0]} to {rename[1]}")
         if force_delete:
             delete = force_delete
         if delete:
@@ -522,6 +698,9 @@ def _ref_command(kind: str):
 
 
 _branch = _ref_command("branch")
+_branch = click.option("-m", "--move", "rename", nargs=2, default=None, metavar="OLD NEW",
+                       help="Rename branch OLD to NEW (HEAD follows it).")(_branch)
+_branch = click.option("--show-current", is_flag=True, help="Print the current branch (nothing when detached).")(_branch)
 _branch = click.option("-D", "force_delete", default=None, metavar="NAME", help="Delete branch NAME even if unmerged.")(_branch)
 _branch = click.option("-f", "--force", "force", is_flag=True, help="Create NAME or move it to START.")(_branch)
 _branch = click.option("-a", "--all", "show_all", is_flag=True, help="Also list remote-tracking branches.")(_branch)
@@ -530,24 +709,59 @@ main.command(name="branch", help="List branches, create NAME at START (default H
 main.command(name="tag", help="List tags, create NAME at START (default HEAD), or -d NAME.")(_ref_command("tag"))
 
 
-@main.group()
-def remote():
-    """Manage remotes: add NAME URL, remove NAME, list."""
+@main.group(invoke_without_command=True)
+@click.option("-v", "--verbose", is_flag=True, help="With no subcommand: list remotes with their URLs.")
+@click.pass_context
+def remote(ctx, verbose):
+    """Manage remotes: add NAME URL, remove NAME, rename OLD NEW, set-url NAME URL, list."""
+    if ctx.invoked_subcommand is None:
+        for name, url in open_repo().remotes().items():
+            click.echo(f"{name}\t{url} (fetch)\n{name}\t{url} (push)" if verbose else name)
+
+
+@remote.command("rename")
+@click.argument("old")
+@click.argument("new")
+@json_option
+def remote_rename(old, new, as_json):
+    """Rename remote OLD to NEW (its remote-tracking branches follow)."""
+    open_repo().remote_rename(old, new)
+    if as_json:
+        emit_json({"renamed": old, "to": new})
+
+
+@remote.command("set-url")
+@click.argument("name")
+@click.argument("url")
+@json_option
+def remote_set_url(name, url, as_json):
+    """Point remote NAME at URL."""
+    repo = open_repo()
+    repo.remote_set_url(name, url)
+    if as_json:
+        emit_json({"remote": name, "url": repo.remotes()[name]})
 
 
 @remote.command("add")
 @click.argument("name")
 @click.argument("url")
-def remote_add(name, url):
+@json_option
+def remote_add(name, url, as_json):
     """Add remote NAME at URL (hf://user/repo, a path, or file:///path)."""
-    open_repo().remote_add(name, url)
+    repo = open_repo()
+    repo.remote_add(name, url)
+    if as_json:
+        emit_json({"added": name, "url": repo.remotes()[name]})
 
 
 @remote.command("remove")
 @click.argument("name")
-def remote_remove(name):
+@json_option
+def remote_remove(name, as_json):
     """Remove remote NAME and its remote-tracking branches."""
     open_repo().remote_remove(name)
+    if as_json:
+        emit_json({"removed": name})
 
 
 @remote.command("list")
@@ -581,11 +795,14 @@ def push(remote_name, branch, force, tags, delete, as_json):
             return emit_json(res)
         return click.echo(f"deleted {remote_name}/{branch} (was {res['was'][:12]}); "
                           f"`wvc gc --remote {remote_name}` frees what only it held")
-    res = open_repo().push(remote_name, branch, force=force, tags=tags, progress=BarProgress())
+    repo = open_repo()
+    res = repo.push(remote_name, branch, force=force, tags=tags, progress=BarProgress())
     if as_json:
         return emit_json(res.to_json())
     if res.tags:
         click.echo(f"{plural(len(res.tags), 'tag')} -> {remote_name}: " + ", ".join(t[len('refs/tags/'):] for t in res.tags))
+    if branch is not None and repo.refs.get("refs/tags/" + branch) and repo.refs.get("refs/heads/" + branch) is None:
+        return None if res.tags else click.echo(f"tag {branch} is on {remote_name} already")
     if res.old == res.new or (tags and branch is None):
         return None if res.tags else click.echo(f"{remote_name}/{res.branch} is up to date")
     saved = f" for a {human(res.logical_bytes)} version{ratio_note(res.logical_bytes, res.uploaded_bytes, 'a full upload')}" \
@@ -615,11 +832,12 @@ def fetch(remote_name, as_json):
 @click.option("--rebase", is_flag=True, help="If the branches diverged, replay your commits on top of the remote's.")
 @click.option("--merge", "do_merge", is_flag=True, help="If the branches diverged, merge the remote's into yours.")
 @click.option("--strategy", default=None, help="With --merge: how to settle conflicting tensors (see `wvc merge`).")
+@click.option("--ff-only", is_flag=True, help="Only fast-forward (the default without --rebase or --merge).")
 @json_option
-def pull(remote_name, branch, rebase, do_merge, strategy, as_json):
+def pull(remote_name, branch, rebase, do_merge, strategy, ff_only, as_json):
     """Fetch, then fast-forward BRANCH (default: the current one) and the working tree."""
-    if rebase and do_merge:
-        raise click.UsageError("--rebase and --merge: choose one")
+    if rebase and do_merge or ff_only and (rebase or do_merge):
+        raise click.UsageError("--rebase, --merge and --ff-only: choose one")
     res = open_repo().pull(remote_name, branch, rebase=rebase, merge=do_merge, strategy=strategy,
                            progress=BarProgress())
     if as_json:
@@ -680,12 +898,12 @@ def merge(rev, strategy, weights, density, lam, seed, t, no_commit, message, as_
         return click.echo(f"Fast-forward to {res.commit[:12]}")
     note = f" (criss-cross: {len(res.merge_bases)} merge bases, used the newest, {res.merge_base[:12]})" \
         if len(res.merge_bases) > 1 else ""
-    computed = f", {len(res.computed)} tensors computed with {res.strategy}" if res.computed else ""
-    resolved = f", {len(res.resolved)} conflicts settled with {res.strategy}" if res.resolved else ""
+    computed = f", {plural(len(res.computed), 'tensor')} computed with {res.strategy}" if res.computed else ""
+    resolved = f", {plural(len(res.resolved), 'conflict')} settled with {res.strategy}" if res.resolved else ""
     if res.status == "written":
         return click.echo(f"Merge result written to the working tree{computed}{resolved}{note}; "
                           "`wvc commit` records it")
-    click.echo(f"Merged {rev}: {res.commit[:12]} ({len(res.from_theirs)} changes taken from {rev}{computed}{resolved}, "
+    click.echo(f"Merged {rev}: {res.commit[:12]} ({plural(len(res.from_theirs), 'change')} taken from {rev}{computed}{resolved}, "
                f"{human(res.stored_bytes)} stored){note}")
 
 
@@ -711,7 +929,8 @@ def clone(url, directory, branch, lazy, base_dir, as_json):
 
 
 @main.command()
-@click.option("--grace", default=3600, show_default=True, help="Keep unreferenced files younger than this (seconds).")
+@click.option("--grace", default=3600, show_default=True, type=click.IntRange(min=0),
+              help="Keep unreferenced files younger than this (seconds).")
 @click.option("--remote", "remote_name", default=None, metavar="NAME",
               help="Collect garbage on that remote instead: remove what none of its refs reaches.")
 @click.option("--dry-run", is_flag=True, help="With --remote: report what would be freed, change nothing.")
@@ -756,10 +975,10 @@ def fsck(as_json):
         for name in res.leftovers:
             click.echo(f"leftover (gc removes it): {name}")
         if res.not_fetched:
-            click.echo(f"{len(res.not_fetched)} chunks not fetched yet (lazy clone: fetched from the remote on use)")
+            click.echo(f"{plural(len(res.not_fetched), 'chunk')} not fetched yet (lazy clone: fetched from the remote on use)")
         base = f", {res.base_objects} base chunks" if res.base_objects else ""
         click.echo(f"checked {res.packs} packs, {res.objects} objects{base}, {res.commits} commits: "
-                   + ("ok" if res.ok else f"{len(res.errors)} problems"))
+                   + ("ok" if res.ok else plural(len(res.errors), "problem")))
     if not res.ok:
         sys.exit(1)
 

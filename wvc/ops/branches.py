@@ -53,3 +53,20 @@ def _delete(repo, prefix: str, name: str, what: str) -> str:
             raise RevisionNotFound(f"no {what} named {name!r}")
         repo.refs.delete(prefix + name, f"{what}: deleted")
     return target
+
+
+def rename_branch(repo, old: str, new: str) -> str:
+    """``branch -m OLD NEW``: the branch keeps its commit; HEAD follows it when it was on it."""
+    check_ref_name(new)
+    with repo.db.write():
+        target = repo.refs.get(HEADS + old)
+        if target is None:
+            raise RevisionNotFound(f"no branch named {old!r}")
+        if repo.refs.get(HEADS + new) is not None:
+            raise RefExists(f"branch {new!r} already exists")
+        on_it = repo.refs.head_branch() == old
+        repo.refs.set(HEADS + new, target, None, f"branch: renamed {old} to {new}")
+        if on_it:
+            repo.refs.set_head("ref: " + HEADS + new, f"branch: renamed {old} to {new}")
+        repo.refs.delete(HEADS + old, f"branch: renamed to {new}")
+    return target

@@ -99,14 +99,19 @@ class _WorkSide:
             return fh.read(end - begin)
 
 
-def diff(repo, rev_a=None, rev_b=None, *, stat: bool = False, progress: Progress = NULL) -> dict:
+def diff(repo, rev_a=None, rev_b=None, *, stat: bool = False, paths=(), progress: Progress = NULL) -> dict:
+    """``paths``: only files at or under these (repository paths; "." is all)."""
     tree_a = repo.tree_of(rev_a or "HEAD")
     a = _TreeSide(repo, tree_a)
     b = _TreeSide(repo, repo.tree_of(rev_b)) if rev_b else _WorkSide(repo, tree_a.chunk_bytes)
     known_a = {c for f in a.files.values() for c in f.chunk_ids()}
     files, tensors = [], []
+    selected = tuple(paths)
     paths = sorted(set(a.files) | set(b.files))
     changed_paths = [p for p in paths if not (p in a.files and p in b.files and a.files[p].hash == b.files[p].hash)]
+    if selected:
+        changed_paths = [p for p in changed_paths
+                         if any(q == "." or p == q or p.startswith(q.rstrip("/") + "/") for q in selected)]
     if not stat:  # tensor statistics decode every chunk of a changed file: show how far along
         progress.start(sum(a.files[p].size for p in changed_paths if p in a.files), "diff")
     for path in changed_paths:

@@ -46,8 +46,16 @@ def ref_labels(repo) -> dict[str, list[str]]:
     return labels
 
 
-def log(repo, rev: str = "HEAD", n: int | None = None, all_refs: bool = False) -> list[LogEntry]:
-    """Commits reachable from ``rev`` (or every ref), newest first, each parent after its children."""
+def log(repo, rev: str = "HEAD", n: int | None = None, all_refs: bool = False, *, exclude=(),
+        paths=()) -> list[LogEntry]:
+    """Commits reachable from ``rev`` (or every ref), newest first, each parent after its children.
+
+    ``rev`` may be ``A..B`` (reachable from B, not from A, as in git); ``exclude`` REVs
+    (git's ``^REV``) and their ancestors are left out; ``paths``: only commits that changed
+    a file at or under one of them against their first parent (git's ``log -- PATH``)."""
+    if ".." in rev and not all_refs:
+        a, _, b = rev.partition("..")
+        rev, exclude = b or "HEAD", (*exclude, a or "HEAD")
     if all_refs:
         starts = set(repo.refs.list("refs/").values())  # branches, tags and remote-tracking refs
         if head := repo.refs.head_commit():
@@ -56,12 +64,51 @@ def log(repo, rev: str = "HEAD", n: int | None = None, all_refs: bool = False) -
         if rev == "HEAD" and repo.refs.head_commit() is None:
             return []
         starts = {repo.resolve(rev)}
+    hidden: set[str] = set()
+    if exclude:
+        tips = [repo.resolve(r) for r in exclude]
+        hidden = set(repo.graph.ancestors(tips)) | set(tips)
     labels = ref_labels(repo)
     out = []
-    for cid in repo.graph.newest_first(starts, n):
+    for cid in repo.graph.newest_first(starts, None if (hidden or paths) else n):
+        if n is not None and len(out) >= n:
+            break
+        if cid in hidden or (paths and not _touches(repo, cid, paths)):
+            continue
         c = repo.read_commit(cid)
         out.append(LogEntry(cid, c.parents, c.author, c.timestamp, c.message, c.metadata,
                             repo.graph.stored_bytes(cid), tuple(labels.get(cid, ()))))
+    return out
+
+
+def _touches(repo, cid: str, paths) -> bool:
+    """Whether commit ``cid`` changed a file at or under one of ``paths`` against its first parent."""
+    commit = repo.read_commit(cid)
+    mine = repo.read_tree(commit.tree).by_path()
+    before = repo.read_tree(repo.read_commit(commit.parents[0]).tree).by_path() if commit.parents else {}
+
+    def selected(path: str) -> bool:
+        return any(q in ("", ".") or path == q or path.startswith(q.rstrip("/") + "/") for q in paths)
+
+    for path in {p for p in (*mine, *before) if selected(p)}:
+        a, b = before.get(path), mine.get(path)
+        if (a is None) != (b is None) or (a is not None and a.content_id != b.content_id):
+            return True
+    return False
+
+
+def changed_files(repo, cid: str) -> list[dict]:
+    """What commit ``cid`` changed against its first parent: path, status, sizes (``--stat``)."""
+    commit = repo.read_commit(cid)
+    mine = repo.read_tree(commit.tree).by_path()
+    before = repo.read_tree(repo.read_commit(commit.parents[0]).tree).by_path() if commit.parents else {}
+    out = []
+    for path in sorted(set(mine) | set(before)):
+        a, b = before.get(path), mine.get(path)
+        if a is not None and b is not None and a.content_id == b.content_id:
+            continue
+        status = "added" if a is None else "deleted" if b is None else "modified"
+        out.append({"path": path, "status": status, "size_a": a.size if a else None, "size_b": b.size if b else None})
     return out
 
 
@@ -96,7 +143,10 @@ def graph_lines(entries: list[LogEntry]) -> list[tuple[str, LogEntry | None]]:
         out.append((" ".join("*" if i == col else "|" for i in range(len(lanes))), e))
         if e.parents:
             lanes[col] = e.parents[0]
-            lanes.extend(p for p in e.parents[1:] if p not in lanes)
+            opened = [p for p in dict.fromkeys(e.parents[1:]) if p not in lanes]
+            if opened:  # a merge's other parents fork off to the right: draw where each lane starts
+                out.append((" ".join(["|"] * len(lanes) + ["\\"] * len(opened)).replace(" \\", "\\"), None))
+            lanes.extend(opened)
         else:
             del lanes[col]
     return out

@@ -107,7 +107,7 @@ def _merge(repo, rev, *, strategy, params, no_commit, message, author, device, p
         shown = ", ".join(plan.conflicts[:8]) + (f" and {len(plan.conflicts) - 8} more" if len(plan.conflicts) > 8 else "")
         hint = ("pick a --strategy (ours, theirs, linear, task-arithmetic, ties, dare-linear, dare-ties, slerp)"
                 if strategy is None else f"--strategy {strategy} cannot settle these (see docs/merge.md)")
-        raise MergeConflict(f"merge of {rev} refused, nothing changed: {len(plan.conflicts)} conflicts: {shown}; {hint}",
+        raise MergeConflict(f"merge of {rev} refused, nothing changed: {len(plan.conflicts)} conflict{'' if len(plan.conflicts) == 1 else 's'}: {shown}; {hint}",
                             plan.conflicts)
 
     recipe = {"strategy": strategy, "parameters": params.to_json(strategy) if strategy else {},

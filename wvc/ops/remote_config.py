@@ -39,6 +39,31 @@ def remote_remove(repo, name: str) -> None:
             repo.refs.delete(f"{REMOTES}{name}/{branch}", "remote removed")
 
 
+def remote_set_url(repo, name: str, url: str) -> None:
+    url = anchored(repo, url)
+    open_remote(url)
+    with repo.db.write():
+        if repo.db.get_config(f"remote.{name}.url") is None:
+            raise WvcError(f"no remote named {name!r}")
+        repo.db.set_config(f"remote.{name}.url", url)
+
+
+def remote_rename(repo, old: str, new: str) -> None:
+    """Rename a remote; its remote-tracking branches move with it."""
+    check_ref_name(new, "remote")
+    with repo.db.write():
+        url = repo.db.get_config(f"remote.{old}.url")
+        if url is None:
+            raise WvcError(f"no remote named {old!r}")
+        if repo.db.get_config(f"remote.{new}.url") is not None:
+            raise WvcError(f"remote {new!r} already exists")
+        repo.db.set_config(f"remote.{new}.url", url)
+        repo.db.delete_config(f"remote.{old}.url")
+        for branch, target in repo.refs.list(f"{REMOTES}{old}/").items():
+            repo.refs.set(f"{REMOTES}{new}/{branch}", target, None, f"remote renamed from {old}")
+            repo.refs.delete(f"{REMOTES}{old}/{branch}", f"remote renamed to {new}")
+
+
 def remotes(repo) -> dict[str, str]:
     return {k[len("remote."):-len(".url")]: v for k, v in repo.db.config_like("remote.%.url")}
 
