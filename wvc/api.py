@@ -40,15 +40,28 @@ class Repo(Repository):
 
     # -- verbs -----------------------------------------------------------------------------
     def status(self):
+        """Which files of the working tree differ from HEAD (modified, deleted, new), and what was skipped."""
         from .ops import status
 
         return status.status(self)
 
-    def commit(self, message: str, source=None, **kwargs):
-        """Commit the working tree, another directory, or a state dict (``source``)."""
+    def commit(self, message: str | None, source=None, *, author: str | None = None, metadata: dict | None = None,
+               allow_empty: bool = False, device: str = "auto", state_dict_path: str = "model.safetensors",
+               branch: str | None = None, exclude: tuple[str, ...] = (), amend: bool = False,
+               progress: Progress = NULL):
+        """Commit the working tree, another directory, or a state dict (``source``).
+
+        ``metadata``: JSON stored with the commit (step, loss, ...); ``allow_empty``: commit
+        even if nothing changed; ``device``: where deltas are computed (auto, cpu, cuda);
+        ``state_dict_path``: the file a state dict is stored as; ``branch``: commit onto that
+        branch (created from HEAD if missing) without checking it out; ``exclude``:
+        gitignore-style patterns for a directory source; ``amend``: replace HEAD's commit.
+        Onto HEAD's branch, the working tree follows a commit it was not the source of."""
         from .ops import commit
 
-        return commit.commit(self, message, source, **kwargs)
+        return commit.commit(self, message, source, author=author, metadata=metadata, allow_empty=allow_empty,
+                             device=device, state_dict_path=state_dict_path, branch=branch, exclude=exclude,
+                             amend=amend, progress=progress)
 
     def checkout(self, rev: str, *, force: bool = False, output=None, paths=None, progress: Progress = NULL):
         """Switch to ``rev``; or write it into ``output``; or restore ``paths`` from it (HEAD stays)."""
@@ -76,6 +89,7 @@ class Repo(Repository):
         return history.log(self, rev, n, all_refs, exclude=exclude, paths=paths)
 
     def show(self, rev: str = "HEAD"):
+        """One commit as a dict: id, tree, parents, author, time, message, metadata, sizes and files."""
         from .ops import history
 
         return history.show(self, rev)
@@ -108,14 +122,17 @@ class Repo(Repository):
         return export.export(self, rev, out_dir, max_shard_bytes=max_shard_bytes, progress=progress)
 
     def load_state_dict(self, rev: str = "HEAD", *, device: str = "cpu", lazy: bool = False):
+        """Every tensor of version ``rev`` by name, on ``device`` (``lazy``: decoded on first access)."""
         from .ops import tensors
 
         return tensors.load_state_dict(self, rev, device=device, lazy=lazy)
 
     def branches(self) -> dict[str, str]:
+        """Local branches: name -> commit id."""
         return self.refs.list(HEADS)
 
     def create_branch(self, name: str, start: str = "HEAD") -> str:
+        """Create branch ``name`` at ``start`` (HEAD stays where it is); returns its commit."""
         from .ops import branches
 
         return branches.create_ref(self, HEADS, name, start, "branch")
@@ -139,30 +156,36 @@ class Repo(Repository):
         return branches.force_branch(self, name, start)
 
     def tags(self) -> dict[str, str]:
+        """Tags: name -> commit id."""
         return self.refs.list(TAGS)
 
     def create_tag(self, name: str, rev: str = "HEAD") -> str:
+        """Tag ``rev`` as ``name`` (a tag never moves unless deleted); returns its commit."""
         from .ops import branches
 
         return branches.create_ref(self, TAGS, name, rev, "tag")
 
     def delete_tag(self, name: str) -> str:
+        """Delete tag ``name``; returns the commit it named."""
         from .ops import branches
 
         return branches.delete_tag(self, name)
 
     # -- remotes ---------------------------------------------------------------------------
     def remotes(self) -> dict[str, str]:
+        """Configured remotes: name -> URL."""
         from .ops import remote_config
 
         return remote_config.remotes(self)
 
     def remote_add(self, name: str, url: str) -> None:
+        """Add remote ``name`` at ``url`` (hf://org/name, hf://org/name@rev, s3://bucket/prefix, a directory)."""
         from .ops import remote_config
 
         remote_config.remote_add(self, name, url)
 
     def remote_remove(self, name: str) -> None:
+        """Remove remote ``name`` and its remote-tracking branches."""
         from .ops import remote_config
 
         remote_config.remote_remove(self, name)
@@ -180,6 +203,7 @@ class Repo(Repository):
         remote_config.remote_set_url(self, name, url)
 
     def remote_branches(self) -> dict[str, str]:
+        """Remote-tracking branches (what the last fetch saw): "origin/main" -> commit id."""
         return self.refs.list("refs/remotes/")
 
     def push(self, remote: str = "origin", branch: str | None = None, *, force: bool = False, tags: bool = False,
@@ -197,18 +221,22 @@ class Repo(Repository):
         return delete_remote_ref(self, remote, name)
 
     def fetch(self, remote: str = "origin", *, progress: Progress = NULL):
+        """Download the remote's branches, tags and the objects they need, each verified."""
         from .ops import fetch
 
         return fetch.fetch(self, remote, progress=progress)
 
     def pull(self, remote: str = "origin", branch: str | None = None, *, rebase: bool = False, merge: bool = False,
              strategy: str | None = None, progress: Progress = NULL):
+        """Fetch, then fast-forward ``branch`` (default HEAD's) and the working tree; ``rebase`` or
+        ``merge`` when both sides committed (``strategy`` settles conflicting tensors)."""
         from .ops import pull
 
         return pull.pull(self, remote, branch, rebase=rebase, merge=merge, strategy=strategy, progress=progress)
 
     # -- maintenance -----------------------------------------------------------------------
     def gc(self, *, grace_seconds: int = 3600):
+        """Remove objects and packs nothing reachable (refs, reflogs) needs, older than the grace period."""
         from .ops import maintenance
 
         return maintenance.gc(self, grace_seconds=grace_seconds)
@@ -220,11 +248,13 @@ class Repo(Repository):
         return remote_gc.remote_gc(self, remote, dry_run=dry_run, progress=progress)
 
     def fsck(self):
+        """Verify every object, tree and commit (and the base's files); returns what is wrong, if anything."""
         from .ops import maintenance
 
         return maintenance.fsck(self)
 
     def stats(self):
+        """Counts and sizes: commits, objects by method, logical against stored bytes."""
         from .ops import maintenance
 
         return maintenance.stats(self)

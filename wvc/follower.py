@@ -217,6 +217,12 @@ class _Uploads:
 
 
 class Follower:
+    """Keeps a dict of tensors at the tip of a branch of a repository or remote (``wvc.follow``).
+
+    Each ``update()`` reads only what changed since the version it holds, applies it in place
+    (on ``device``, or into the caller's ``state_dict``), checks every chunk's hash, and rolls
+    back on any failure: the dict always holds one whole committed version."""
+
     def __init__(self, source, branch: str = "main", *, state_dict=None, device: str = "cpu"):
         self.source = str(source)
         self.branch = branch

@@ -147,6 +147,9 @@ class Job:
 
 
 class Publisher:
+    """Commits (and pushes) snapshots of live weights off the training thread; see the module
+    docstring. ``publish`` copies and queues, ``flush`` waits, ``close`` finishes and pushes."""
+
     def __init__(self, repo_path, branch: str, *, push_to: str | None = None, remote: str = "origin",
                  max_pending: int = 1, push_interval: float | None = None, device: str = "auto",
                  max_push_attempts: int = 5, retry_seconds: float = 2.0, keep_bytes: int = KEEP_BYTES):

@@ -149,6 +149,7 @@ class Repository:
                 self._worktree_locks = 0
 
     def close(self) -> None:
+        """Release the database and the pack files (also on leaving a ``with`` block)."""
         self.store.reader.close()
         self.db.close()
 
@@ -161,10 +162,12 @@ class Repository:
     # -- settings --------------------------------------------------------------------------
     @property
     def chunk_bytes(self) -> int:
+        """The chunk size new files are split into (a tree keeps the one it was made with)."""
         return int(self.db.get_config("chunk_bytes", str(DEFAULT_CHUNK_BYTES)))
 
     @property
     def max_chain(self) -> int:
+        """How many deltas a chain may hold before a chunk is stored whole again."""
         return int(self.db.get_config("max_chain", str(DEFAULT_MAX_CHAIN)))
 
     def base(self) -> BaseRef | None:
@@ -182,12 +185,15 @@ class Repository:
         return resolve(self.refs, self.graph, rev)
 
     def read_commit(self, commit_id: str) -> Commit:
+        """The commit with this full id (verified when it was stored)."""
         return self.graph.read_commit(commit_id)
 
     def read_tree(self, tree_id: str) -> Tree:
+        """The tree (a version's files) with this id."""
         return self.graph.read_tree(tree_id)
 
     def tree_of(self, rev: str) -> Tree:
+        """The tree of the commit ``rev`` names."""
         return self.read_tree(self.read_commit(self.resolve(rev)).tree)
 
 

@@ -32,6 +32,12 @@ from .remotes.transfer import RemoteChunks, remote_contents, verified
 
 
 class VersionView:
+    """One version of a repository or a remote, read without checking it out (``wvc.open``).
+
+    ``commit`` is its id, ``files`` its paths, ``tensors`` name -> (dtype, shape). Chunks are
+    read on demand (from a remote: by range reads of only this version's chunks) and each is
+    hash-verified before use."""
+
     def __init__(self, commit_id: str, tree: Tree, chunk_source):
         self.commit = commit_id
         self.tree = tree
@@ -42,12 +48,15 @@ class VersionView:
 
     # the two reads ops.materialize and ops.tensors need from a store
     def get(self, chunk_id: str) -> bytes:
+        """One chunk's bytes, verified."""
         return self._get(chunk_id)
 
     def get_many(self, chunk_ids):
+        """Chunks' bytes in order, verified."""
         return map(self._get, chunk_ids)
 
     def tensor(self, name: str, device: str = "cpu"):
+        """The tensor ``name`` on ``device``, decoded from its chunks alone."""
         device = resolve_device(device, allow_test_backend=False)
         entry = self._entries.get(name)
         if entry is None:
@@ -60,9 +69,11 @@ class VersionView:
             yield name, self.tensor(name, device)
 
     def state_dict(self, device: str = "cpu") -> dict:
+        """Every tensor of the version by name."""
         return dict(self.iter_tensors(device))
 
     def read_file(self, path: str) -> bytes:
+        """The bytes of the file at ``path`` (a repository path), exactly as committed."""
         entry = self.tree.by_path().get(path)
         if entry is None:
             raise MissingEntry(f"no file {path!r} in version {ids.short(self.commit)}")
@@ -70,6 +81,10 @@ class VersionView:
 
 
 def open_version(url_or_path, rev: str = "HEAD", *, base_dir=None) -> VersionView:
+    """``wvc.open``: version ``rev`` of a local repository or a remote (hf://, s3://, a
+    directory), in the same REV grammar as the CLI (``main~2``, ``HEAD~1``, a tag, an id
+    prefix). ``base_dir``: for a remote whose base model is a directory, where that model is
+    on this machine (a path the remote records is never read)."""
     from .api import Repo
 
     path = Path(str(url_or_path))

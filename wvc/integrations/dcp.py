@@ -239,6 +239,7 @@ class WvcStorageReader(StorageReader):
 
     @property
     def view(self):
+        """The version being loaded (a VersionView of the repository or remote)."""
         if self._view is None:
             from ..view import open_version
 
@@ -255,6 +256,7 @@ class WvcStorageReader(StorageReader):
         return remote.bytes_downloaded if remote is not None else 0
 
     def layout(self) -> layout_format.Layout:
+        """The save's layout (which rank file holds each shard), validated against the tree."""
         if self._layout is None:
             self._layout = layout_format.Layout.from_bytes(self.view.read_file(layout_format.METADATA_PATH))
             files = self.view.tree.by_path()

@@ -32,7 +32,10 @@ import math
 import time
 from pathlib import Path
 
-from transformers import TrainerCallback
+try:
+    from transformers import TrainerCallback
+except ImportError:  # the callback is for Trainer runs: say how to get what it needs
+    raise ImportError("wvc.integrations.transformers needs transformers: pip install 'wvc[train]'") from None
 
 from ..publisher import Publisher
 
@@ -127,10 +130,12 @@ class WvcCallback(TrainerCallback):
 
     @property
     def commits(self) -> list[dict]:
+        """One dict per commit of this run: commit, step, skipped_steps, seconds, bytes."""
         return self.publisher.commits if self.publisher is not None else []
 
     @property
     def push_errors(self) -> list[str]:
+        """Commit and push failures of this run (they never stop training), oldest first."""
         return self.publisher.errors if self.publisher is not None else []
 
     # -- lifecycle ---------------------------------------------------------------------------
