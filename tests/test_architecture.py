@@ -15,7 +15,7 @@ LAYERS = [
     ["wvc.errors", "wvc.ids", "wvc.progress", "wvc.allocator"],
     ["wvc.fsutil", "wvc.formats", "wvc.testing"],
     ["wvc.objects", "wvc.codec", "wvc.device_copy", "wvc.merge_methods"],
-    ["wvc.store", "wvc.worktree"],
+    ["wvc.store", "wvc.worktree", "wvc.cache"],
     ["wvc.snapshot", "wvc.revparse", "wvc.remotes"],
     ["wvc.basemodel"],
     ["wvc.repo"],

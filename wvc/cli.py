@@ -1001,6 +1001,44 @@ def stats(as_json):
         click.echo(f"  {method:<8} {v['objects']:>8} objects {human(v['bytes']):>10}")
 
 
+@main.group()
+def cache():
+    """The local cache of versions snapshot_download made ($WVC_CACHE, else $HF_HOME/wvc)."""
+
+
+@cache.command("list")
+@json_option
+def cache_list(as_json):
+    """List cached versions: tree, size, when made, and the URL@REV that named each."""
+    from .cache import cache_root, entries
+
+    found = entries(cache_root())
+    if as_json:
+        return emit_json({"root": str(cache_root()), "versions": found,
+                          "bytes": sum(e["bytes"] for e in found)})
+    for e in found:
+        made = time.strftime("%Y-%m-%d", time.localtime(e["created"]))
+        click.echo(f"{e['tree'][:12]}  {human(e['bytes']):>10}  made {made}  {', '.join(e['names']) or '-'}")
+    click.echo(f"{plural(len(found), 'version')}, {human(sum(e['bytes'] for e in found))} in {cache_root()}")
+
+
+@cache.command("prune")
+@click.option("--older-than", "days", type=click.FloatRange(min=0), default=30, show_default=True,
+              help="Remove versions made more than this many days ago.")
+@click.option("--all", "everything", is_flag=True, help="Remove every cached version.")
+@click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
+@json_option
+def cache_prune(days, everything, dry_run, as_json):
+    """Remove cached versions (they are downloaded again when asked for)."""
+    from .cache import cache_root, prune
+
+    res = prune(cache_root(), older_than_days=days, everything=everything, dry_run=dry_run)
+    if as_json:
+        return emit_json(res)
+    verb = "would remove" if dry_run else "removed"
+    click.echo(f"{verb} {plural(len(res['removed']), 'version')}, {human(res['freed_bytes'])}")
+
+
 @main.command()
 @click.argument("spec", metavar="REV:PATH")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write to FILE instead of stdout.")

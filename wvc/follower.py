@@ -28,7 +28,8 @@ from .codec.devices import resolve_device
 from .errors import CorruptObject, RemoteNotFound, RevisionNotFound, WvcError
 from .formats.dtypes import DTYPES
 from .objects import chunk_spans
-from .view import VersionView, cache_root, open_remote_version, open_version
+from .cache import cache_root
+from .view import VersionView, open_remote_version, open_version
 
 POLL_SECONDS = (0.5, 5.0)  # first and longest wait between polls of update(timeout=...)
 KEYFRAME_BUDGET = 2  # kept keyframes on disk: at most this many times the weights' bytes

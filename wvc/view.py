@@ -20,7 +20,8 @@ from pathlib import Path
 from . import ids
 from .basemodel.remote_chunks import RemoteBaseChunks
 from .codec.devices import resolve_device
-from .errors import MissingEntry, RemoteError, RevisionNotFound
+from .cache import cache_root
+from .errors import MissingEntry, RemoteError, RevisionNotFound, WvcError
 from .objects import Commit, Tree
 from .revparse import match_prefix, resolve_with
 from .ops.materialize import file_blocks
@@ -87,6 +88,7 @@ def open_version(url_or_path, rev: str = "HEAD", *, base_dir=None) -> VersionVie
     on this machine (a path the remote records is never read)."""
     from .api import Repo
 
+    url_or_path = _hub_id_or_path(url_or_path)
     path = Path(str(url_or_path))
     if "://" not in str(url_or_path) and (path / ".wvc").is_dir():
         repo = Repo.open(path)
@@ -141,16 +143,14 @@ def _remote_tree(remote, contents, tree_id: str) -> Tree:
     return verified(Tree.from_bytes, data, tree_id, "tree")
 
 
-CACHE_ENV = "WVC_CACHE"
+def _hub_id_or_path(url_or_path) -> str:
+    """huggingface_hub's convention: ``team/model`` that is not a local path is a Hub repo."""
+    import re
 
-
-def cache_root() -> Path:
-    """Where snapshot_download keeps versions: $WVC_CACHE, else $XDG_CACHE_HOME/wvc or ~/.cache/wvc."""
-    import os
-
-    if env := os.environ.get(CACHE_ENV):
-        return Path(env).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")).expanduser() / "wvc"
+    text = str(url_or_path)
+    if "://" not in text and not Path(text).exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", text):
+        return "hf://" + text
+    return text
 
 
 def snapshot_download(url_or_path, revision: str = "main", *, cache_dir=None, progress=None, base_dir=None) -> Path:
@@ -169,9 +169,20 @@ def snapshot_download(url_or_path, revision: str = "main", *, cache_dir=None, pr
     from .progress import NULL
     from .fsutil import resolve_inside, umask
 
-    view = open_version(url_or_path, revision, base_dir=base_dir)
+    from .cache import cached_tree, offline, remember
+
+    source = _hub_id_or_path(url_or_path)
     root = Path(cache_dir).expanduser() if cache_dir is not None else cache_root()
+    remote = "://" in source or not (Path(source) / ".wvc").is_dir()
+    if remote and offline():  # as huggingface_hub: the cached snapshot, no network at all
+        if (hit := cached_tree(root, source, revision)) is not None:
+            return hit
+        raise WvcError(f"HF_HUB_OFFLINE is set and version {revision!r} of {source} is not in the cache "
+                       f"({root}); run once online, or pass a full commit id downloaded before")
+    view = open_version(source, revision, base_dir=base_dir)
     target = root / "trees" / view.tree.id
+    if remote:
+        remember(root, source, revision, view.commit, view.tree.id)
     if target.is_dir():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -281,7 +281,12 @@ def is_our_card(data: bytes) -> bool:
 
 
 def model_card(repo_id: str, refs: dict[str, str]) -> str:
-    from .. import __version__
+    from importlib import metadata
+
+    try:
+        __version__ = metadata.version("wvc")
+    except metadata.PackageNotFoundError:  # run from a source tree
+        __version__ = "(from source)"
 
     branches = "\n".join(f"| `{r.partition('refs/heads/')[2]}` | `{c[:12]}` |" for r, c in sorted(refs.items())
                          if r.startswith("refs/heads/"))
