@@ -276,14 +276,17 @@ def main(argv=None):
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     compile_bytecode()
+    # building the cases trains and saves models (minutes on a first run; cached after): say so
+    print("preparing the cases (models are built once and cached in benchmarks/cache) ...", file=sys.stderr, flush=True)
     cases = C.all_cases(llm_gb=None if args.quick else args.llm_gb)
     if args.only:
         cases = [c for c in cases if args.only in c.name]
     rows = []
     with tempfile.TemporaryDirectory(prefix="wvc-bench-", dir=os.environ.get("WVC_BENCH_SCRATCH")) as tmp:
         scratch = Path(tmp)
-        for case in cases:
+        for i, case in enumerate(cases, 1):
             t = time.time()
+            print(f"[{i}/{len(cases)}] measuring {case.name} ...", file=sys.stderr, flush=True)
             row = measure_case(case, scratch)
             rows.append(row)
             w = row["raw_bytes"] / row["stored"]["wvc"] if row["stored"]["wvc"] else float("inf")

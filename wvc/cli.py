@@ -58,21 +58,30 @@ def emit_json(obj) -> None:
 
 
 class BarProgress(Progress):
-    """A click progress bar on stderr when it is a terminal; silent otherwise."""
+    """A click progress bar on stderr when it is a terminal (bytes done of the total, rate and
+    ETA for byte phases; a count for others); silent otherwise."""
 
     def __init__(self):
         self.bar = None
         self.enabled = sys.stderr.isatty()
 
-    def start(self, total, label):
+    def start(self, total, label, unit="bytes"):
         self.close()
         if self.enabled and total:
+            self.total, self.done, self.unit, self.t0 = total, 0, unit, time.monotonic()
             self.bar = click.progressbar(length=total, label=label, file=sys.stderr, show_pos=False,
-                                         show_percent=True, show_eta=True)
+                                         show_percent=True, show_eta=True, item_show_func=self._detail)
             self.bar.__enter__()
+
+    def _detail(self, _item) -> str:
+        if self.unit != "bytes":
+            return f"{self.done}/{self.total} {self.unit}"
+        rate = self.done / max(time.monotonic() - self.t0, 1e-3)
+        return f"{human(self.done)}/{human(self.total)} {human(rate)}/s"
 
     def advance(self, n):
         if self.bar is not None:
+            self.done += n
             self.bar.update(n)
 
     def close(self):

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 
 class Progress:
-    """Does nothing; subclasses draw. ``start`` may be called again for a new phase."""
+    """Does nothing; subclasses draw. ``start`` may be called again for a new phase.
+    ``unit``: what ``total`` counts; bytes unless a phase says otherwise ("files", "packs")."""
 
-    def start(self, total: int, label: str) -> None:
+    def start(self, total: int, label: str, unit: str = "bytes") -> None:
         pass
 
     def advance(self, n: int) -> None:

@@ -70,7 +70,7 @@ def download_hub(url: str, paths: list[str] | None = None, progress: Progress = 
                                and not (has_safetensors and DUPLICATE_WEIGHTS.match(p)))
             if not paths:
                 raise BaseModelError(f"{what} has no files")
-            progress.start(len(paths), "downloading base files")
+            progress.start(len(paths), "downloading base files", unit="files")
             found = []
             for p in paths:
                 try:

@@ -276,7 +276,7 @@ def _fill_computed(repo, plan: _Plan, b_tree, o_tree, t_tree, strategy, params, 
     b, o, t = b_tree.by_path(), o_tree.by_path(), t_tree.by_path()
     files = dict(plan.files)
     wanted = set(plan.computed)
-    progress.start(len(wanted), f"merging tensors ({strategy})")
+    progress.start(len(wanted), f"merging tensors ({strategy})", unit="tensors")
     for path in sorted({p for p, _ in wanted}):
         entry = files[path]
         tensors = []

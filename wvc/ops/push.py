@@ -106,7 +106,7 @@ def push(repo, remote_name: str = "origin", branch: str | None = None, *, force:
         merging = [] if nothing else compaction.to_merge(live, catalog.size)
         retired: list[str] = []
         if merging:  # keep the remote's file count bounded (remotes/compaction.py)
-            progress.start(len(merging), "compacting the remote")
+            progress.start(len(merging), "compacting the remote", unit="segments")
             pack_file, catalog = compaction.merge_segments(remote, merging, pack_file, catalog, Path(tmp))
             retired = [f for seg in merging for f in seg.files()]
             progress.close()
@@ -125,7 +125,7 @@ def push(repo, remote_name: str = "origin", branch: str | None = None, *, force:
             path, record = compaction.retired_record(retired)
             files[path] = record
         remote.publish(files, dict(updates), state, f"wvc push {name} {ids.short(local or next(iter(updates.values())))}",
-                       delete=delete)
+                       delete=delete, progress=progress)
     if not remote.deletes_atomically and state.retired:
         compaction.purge(remote, state, contents)  # files retired long enough ago
     with repo.db.write():

@@ -68,7 +68,7 @@ def remote_gc(repo, remote_name: str, *, dry_run: bool = False, progress: Progre
         files: dict[str, Path | bytes] = {}
         if partial:
             kept = [_only_live(seg, live_objects, live_commits, live_trees) for seg in partial]
-            progress.start(len(kept), "rewriting remote packs")
+            progress.start(len(kept), "rewriting remote packs", unit="segments")
             pack_file, catalog = compaction.merge_segments(remote, kept, None, Catalog(None), Path(tmp))
             progress.close()
             if pack_file is not None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..errors import RemoteNotFound, WvcError
 from .interface import (BASE_RECORD, HUB_STARTERS, MAX_BASE_RECORD, Remote, RemoteChanged, RemoteError, RemoteState,
-                        TransientError, check_ref_count, is_wvc_layout, local_write_errors, listing_state, not_a_wvc_remote, parse_refs, retries_reads)
+                        TransientError, check_ref_count, is_wvc_layout, local_write_errors, upload_progress, listing_state, not_a_wvc_remote, parse_refs, retries_reads)
 
 HUB_BRANCH = "main"
 
@@ -245,13 +245,16 @@ class HubRemote(Remote):
         with local_write_errors(dest), open(dest, "wb") as fh:  # each attempt from the start
             self._get(path, limit, fh.write)
 
-    def publish(self, files, refs, expected: RemoteState, message: str, delete=()) -> None:
+    def publish(self, files, refs, expected: RemoteState, message: str, delete=(), progress=None) -> None:
         from huggingface_hub import CommitOperationAdd, CommitOperationDelete
+
+        progress = upload_progress(progress, files)
 
         new_refs = {**expected.refs, **{r: t for r, t in refs.items() if t is not None}}
         for r, t in refs.items():
             if t is None:
                 new_refs.pop(r, None)
+        # (paths, not open handles: huggingface_hub uploads a handle over plain HTTP, never Xet)
         ops = [CommitOperationAdd(path_in_repo=p, path_or_fileobj=c if isinstance(c, bytes) else str(c))
                for p, c in files.items()]
         ops += [CommitOperationAdd(path_in_repo=r, path_or_fileobj=(t + "\n").encode()) for r, t in refs.items() if t]
@@ -261,7 +264,10 @@ class HubRemote(Remote):
             ops.append(CommitOperationAdd(path_in_repo="README.md",
                                           path_or_fileobj=model_card(self.repo_id, new_refs).encode()))
         self._create_commit(ops, message, expected.version)
-        self.bytes_uploaded += sum(len(c) if isinstance(c, bytes) else Path(c).stat().st_size for c in files.values())
+        sent = sum(len(c) if isinstance(c, bytes) else Path(c).stat().st_size for c in files.values())
+        progress.advance(sent)
+        progress.close()
+        self.bytes_uploaded += sent
 
     @backs_off
     def _create_commit(self, ops, message: str, parent: str) -> None:

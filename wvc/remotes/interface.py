@@ -42,6 +42,20 @@ _CATALOG = re.compile(r"^catalogs/([0-9a-f]{64})\.cat$")
 _RETIRED = re.compile(r"^retired/([0-9]{10}-[0-9a-f]{16})\.json$")
 
 
+def upload_progress(progress, files):
+    """Start an "uploading" phase for ``files`` on ``progress`` (None: nothing); returns it."""
+    from ..progress import NULL
+
+    progress = progress or NULL
+    progress.start(sum(len(c) if isinstance(c, bytes) else Path(c).stat().st_size for c in files.values()),
+                   "uploading")
+    return progress
+
+
+def _size(content) -> int:
+    return len(content) if isinstance(content, bytes) else Path(content).stat().st_size
+
+
 @contextlib.contextmanager
 def local_write_errors(dest):
     """A full disk while downloading is about the local copy, never the remote's file: the
@@ -216,9 +230,10 @@ class Remote:
     deletes_atomically = False
 
     def publish(self, files: dict[str, Path | bytes], refs: dict[str, str | None], expected: RemoteState,
-                message: str, delete: tuple[str, ...] = ()) -> None:
+                message: str, delete: tuple[str, ...] = (), progress=None) -> None:
         """Upload ``files``, then set ``refs`` (None deletes) iff the remote is still ``expected``;
-        ``delete`` (only where ``deletes_atomically``) goes in the same step."""
+        ``delete`` (only where ``deletes_atomically``) goes in the same step; ``progress``
+        (a wvc.progress.Progress) is told the bytes uploaded."""
         raise NotImplementedError
 
     def delete(self, paths: list[str]) -> None:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from ..fsutil import TEMP_PREFIX, atomic_write, atomic_writer, validate_relpath
-from .interface import (BASE_RECORD, check_ref_count, local_write_errors, FORMAT, MAX_BASE_RECORD, MAX_REF_BYTES, Remote, RemoteChanged, RemoteError,
+from .interface import (BASE_RECORD, check_ref_count, local_write_errors, upload_progress, FORMAT, MAX_BASE_RECORD, MAX_REF_BYTES, Remote, RemoteChanged, RemoteError,
                         RemoteState, listing_state, parse_refs)
 
 LOCK = "refs.lock"
@@ -129,11 +129,13 @@ class PathRemote(Remote):
         for path in paths:
             self._file(path).unlink(missing_ok=True)
 
-    def publish(self, files, refs, expected: RemoteState, message: str, delete=()) -> None:
+    def publish(self, files, refs, expected: RemoteState, message: str, delete=(), progress=None) -> None:
         self._ensure(create=True)
+        progress = upload_progress(progress, files)
         for path, content in files.items():  # objects first: immutable, so rewriting is harmless
             target = self._file(path)
             target.parent.mkdir(parents=True, exist_ok=True)
+            progress.advance(len(content) if isinstance(content, bytes) else Path(content).stat().st_size)
             if target.exists():
                 continue
             with atomic_writer(target) as fh:
@@ -143,6 +145,7 @@ class PathRemote(Remote):
                     with open(content, "rb") as src:
                         shutil.copyfileobj(src, fh, 1 << 20)
             self.bytes_uploaded += target.stat().st_size
+        progress.close()
         with self._lock():  # then the refs, compare-and-swap under the lock
             if self.state().version != expected.version:
                 raise RemoteChanged("the remote's refs changed while pushing; fetch and try again")
