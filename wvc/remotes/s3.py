@@ -184,8 +184,17 @@ class S3Remote(Remote):
             self._put("wvc.json", f'{{"format": {FORMAT}}}'.encode(), if_none_match=True, exist_ok=True)
         files, tokens = {}, {}
         for path in check_ref_count(self.url, listing):
-            files[path], tokens[path] = self._read_upto(path, MAX_REF_BYTES + 1)
+            try:
+                files[path], tokens[path] = self._read_upto(path, MAX_REF_BYTES + 1)
+            except _NotFound:  # deleted since the listing (push --delete): not a ref any more
+                continue
         refs = parse_refs(files)
+        # Listed again after the refs were read: a push uploads its catalog and pack before it
+        # moves a ref, so a ref read here may name a commit whose catalog the first listing
+        # predates (a pusher then saw "remote is missing commit" and, retrying against busy
+        # pushers and gc, starved). Objects only appear before the refs that need them, so
+        # this listing holds every catalog the refs read above rely on.
+        listing = self._list()
         base = self.read(BASE_RECORD, MAX_BASE_RECORD) if BASE_RECORD in listing else None
         version = hashlib.sha256(repr(sorted(tokens.items())).encode()).hexdigest()
         return listing_state(refs, version, listing, base, {r: tokens[r] for r in refs})
