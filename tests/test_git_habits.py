@@ -133,3 +133,10 @@ def test_messages_read_as_english(tmp_path):
     run(root, "push", "o")
     out = run(root, "push", "o", "v1").stdout
     assert "o/v1" not in out and "v1" in out
+
+
+@pytest.mark.parametrize("verb,hint", [("add", "wvc commit"), ("stash", "switch -c"), ("rm", "wvc commit"),
+                                       ("blame", "log -- PATH"), ("rev-parse", "show REV --json")])
+def test_git_verbs_wvc_lacks_point_to_the_wvc_way(tmp_path, verb, hint):
+    r = run(tmp_path, verb, "x", check=False)
+    assert r.returncode == 2 and hint in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

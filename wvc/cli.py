@@ -113,7 +113,26 @@ def git_habits(args: list[str]) -> list[str]:
     return [verb, *rest]
 
 
+# git verbs wvc has no command for, and what to type instead
+GIT_EQUIVALENTS = {
+    "add": "wvc has no staging area: `wvc commit` records the working tree as it is (`.wvcignore` leaves files out)",
+    "rm": "delete the file, then `wvc commit`; `wvc restore PATH` brings it back",
+    "mv": "rename the file, then `wvc commit`",
+    "stash": "wvc has no stash: `wvc switch -c wip && wvc commit -m wip` keeps the work on a branch",
+    "rev-parse": "`wvc show REV --json` gives a revision's full commit id",
+    "ls-files": "`wvc show --json` lists a version's files",
+    "cherry-pick": "wvc has no cherry-pick: `wvc merge REV` merges per tensor",
+    "rebase": "`wvc pull --rebase` replays your commits on top of the remote's",
+    "blame": "`wvc log -- PATH` lists the commits that changed a file",
+}
+
+
 class WvcGroup(click.Group):
+    def resolve_command(self, ctx, args):
+        if args and args[0] in GIT_EQUIVALENTS and args[0] not in self.commands:
+            raise click.UsageError(f"no command {args[0]!r}: {GIT_EQUIVALENTS[args[0]]}")
+        return super().resolve_command(ctx, args)
+
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         """Like click's standalone mode, but every usage error is one line too."""
         if not standalone_mode:
