@@ -22,7 +22,8 @@ commit); a branch of its own (``run/<name>``, as the Trainer callback uses) writ
 but the repository.
 
 Failures never reach the training loop: they are logged and collected in ``errors``; a
-failed push is retried with back-off and at ``close``.
+failed push is retried with back-off and at ``close``. huggingface_hub's own upload bars are
+kept out of the training log while a push runs (``quiet_hub``; see hub_bars_silenced).
 """
 
 from __future__ import annotations
@@ -49,6 +50,46 @@ KEEP_BYTES = 2 << 30
 # The Hub allows a bounded number of commits per repository and hour; one push a minute
 # stays well inside it. Other remotes take every commit.
 HUB_PUSH_INTERVAL = 60.0
+
+# huggingface_hub draws its upload bars (a background push's, in the middle of a training
+# log) in no group of their own: the only switch is its global one. A Publisher turns it off
+# while one of its pushes runs and puts back exactly what was there (counted across
+# publishers), so a training script's own bars are affected only during those seconds.
+_BARS_LOCK = threading.Lock()
+_bars_silenced = 0
+_bars_saved: dict | None = None
+
+
+@contextlib.contextmanager
+def hub_bars_silenced(enabled: bool = True):
+    global _bars_silenced, _bars_saved
+    states = None
+    if enabled:
+        try:
+            import importlib
+
+            from huggingface_hub.utils import disable_progress_bars
+
+            # the module (huggingface_hub.utils re-exports its tqdm class under the same name)
+            states = getattr(importlib.import_module("huggingface_hub.utils.tqdm"), "progress_bar_states", None)
+        except ImportError:
+            states = None
+    if states is None:
+        yield
+        return
+    with _BARS_LOCK:
+        if _bars_silenced == 0:
+            _bars_saved = dict(states)
+            disable_progress_bars()
+        _bars_silenced += 1
+    try:
+        yield
+    finally:
+        with _BARS_LOCK:
+            _bars_silenced -= 1
+            if _bars_silenced == 0:
+                states.clear()
+                states.update(_bars_saved or {})
 
 
 def snapshot_state_dict(state_dict: Mapping, frozen: frozenset[str] = frozenset(), alloc=None) -> dict:
@@ -152,7 +193,8 @@ class Publisher:
 
     def __init__(self, repo_path, branch: str, *, push_to: str | None = None, remote: str = "origin",
                  max_pending: int = 1, push_interval: float | None = None, device: str = "auto",
-                 max_push_attempts: int = 5, retry_seconds: float = 2.0, keep_bytes: int = KEEP_BYTES):
+                 max_push_attempts: int = 5, retry_seconds: float = 2.0, keep_bytes: int = KEEP_BYTES,
+                 quiet_hub: bool = True):
         if max_pending < 1:
             raise ValueError("max_pending must be at least 1")
         self.repo_path = Path(repo_path)
@@ -161,6 +203,7 @@ class Publisher:
         self.device = device
         self.max_pending = max_pending
         self.keep_bytes = keep_bytes
+        self.quiet_hub = quiet_hub  # huggingface_hub's upload bars kept out of the training log
         self.max_push_attempts = max_push_attempts
         self.retry_seconds = retry_seconds  # back-off base: retry_seconds * 2**(attempt-1), at most 60 s
         self.commits: list[dict] = []  # one per commit: commit, step, skipped_steps, seconds, bytes
@@ -352,7 +395,8 @@ class Publisher:
                     self._push_wanted, self._pushing = False, True
                 last_try = time.monotonic()
                 try:
-                    repo.push(self.remote, self.branch)
+                    with hub_bars_silenced(self.quiet_hub):
+                        repo.push(self.remote, self.branch)
                     attempts = 0
                 except Exception as exc:  # noqa: BLE001 - retried with back-off, never raised into training
                     attempts += 1
