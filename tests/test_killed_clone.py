@@ -27,13 +27,18 @@ KILL_IN_INIT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("mode", ["plain", "lazy"])
-def test_a_clone_killed_while_making_its_repository_is_redone(tmp_path, mode):
+def _pushed(tmp_path) -> Repo:
     src = Repo.init(tmp_path / "src")
     two_tensors(src.root / "model.safetensors")
     src.commit("one")
     src.remote_add("origin", str(tmp_path / "remote"))
     src.push()
+    return src
+
+
+@pytest.mark.parametrize("mode", ["plain", "lazy"])
+def test_a_clone_killed_while_making_its_repository_is_redone(tmp_path, mode):
+    src = _pushed(tmp_path)
     dest = tmp_path / "dest"
     r = subprocess.run([sys.executable, "-c", KILL_IN_INIT, str(tmp_path / "remote"), str(dest), mode],
                        capture_output=True, text=True, timeout=120)
@@ -49,11 +54,7 @@ def test_a_clone_killed_while_making_its_repository_is_redone(tmp_path, mode):
 
 
 def test_a_directory_with_the_users_files_is_still_refused(tmp_path):
-    src = Repo.init(tmp_path / "src")
-    two_tensors(src.root / "model.safetensors")
-    src.commit("one")
-    src.remote_add("origin", str(tmp_path / "remote"))
-    src.push()
+    src = _pushed(tmp_path)
     dest = tmp_path / "dest"
     (dest / ".wvc-tmp-init-x").mkdir(parents=True)
     (dest / "mine.txt").write_text("keep")

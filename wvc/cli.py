@@ -555,27 +555,32 @@ def text_diffs(repo, rev_a, rev_b, files) -> None:
     """A unified diff of each changed text file (configs, tokenizer JSON) up to 1 MiB a side."""
     import difflib
 
-    from .view import open_version
+    from .view import VersionView
+
+    texts = [f["path"] for f in files if f["status"] == "modified" and f["path"].endswith(TEXT_SUFFIXES)]
+    if not texts:
+        return
+    views = {}  # each version opened once, on this repository's store
 
     def side(rev, path):
         if rev is None:  # the working tree
             p = repo.root / path
             return p.read_bytes() if p.is_file() and p.stat().st_size <= MAX_TEXT_DIFF_BYTES else None
-        view = open_version(repo.root, rev)
-        entry = view.tree.by_path().get(path)
-        return view.read_file(path) if entry is not None and entry.size <= MAX_TEXT_DIFF_BYTES else None
+        if rev not in views:
+            commit = repo.resolve(rev)
+            views[rev] = VersionView(commit, repo.tree_of(commit), repo.store.get)
+        entry = views[rev].tree.by_path().get(path)
+        return views[rev].read_file(path) if entry is not None and entry.size <= MAX_TEXT_DIFF_BYTES else None
 
-    for f in files:
-        if f["status"] != "modified" or not f["path"].endswith(TEXT_SUFFIXES):
-            continue
-        a, b = side(rev_a or "HEAD", f["path"]), side(rev_b, f["path"])
+    for path in texts:
+        a, b = side(rev_a or "HEAD", path), side(rev_b, path)
         if a is None or b is None:
             continue
         try:
             lines_a, lines_b = a.decode("utf-8").splitlines(), b.decode("utf-8").splitlines()
         except UnicodeDecodeError:
             continue
-        for line in difflib.unified_diff(lines_a, lines_b, f"a/{f['path']}", f"b/{f['path']}", lineterm=""):
+        for line in difflib.unified_diff(lines_a, lines_b, f"a/{path}", f"b/{path}", lineterm=""):
             click.echo(line)
 
 

@@ -454,6 +454,13 @@ def folded_clashes(paths) -> list[tuple[str, str]]:
     return clashes
 
 
+def selected(path: str, specs) -> bool:
+    """Whether repository path ``path`` is one of ``specs`` or under one ("." and "" select
+    everything): how `checkout -- PATH`, `log -- PATH` and `diff -- PATH` read their PATHs."""
+    return any(q.strip("/") in ("", ".") or path == q.strip("/") or path.startswith(q.strip("/") + "/")
+               for q in specs)
+
+
 def resolve_inside(root: Path, relpath: str, *, replacing_link: bool = False) -> Path:
     """``root/relpath`` after validation, refusing any symlinked parent directory.
 

@@ -44,6 +44,7 @@ CODER_STORED = 0
 CODER_ZSTD = 1
 CODER_PACKED = {2: 1, 3: 2, 4: 4}  # coder -> bits per value
 MAX_STREAMS = 1 << 16
+MAX_EXPONENT_BITS = 12  # the widest exponent field a coder keys on (F64's is 11): ULP_EXP's and ULP_STEP's bound
 ROTATED = 1  # PLANES parameter: elements rotated left one bit (the sign to bit 0) before the split
 
 
@@ -147,8 +148,6 @@ def peek(payload, table: bool = True) -> PayloadInfo:
     elif param >= width * 8 - 1 or (param and method != Method.ULP_EXP):
         raise CorruptObject(f"bad codec parameter {param}")
     elif method is Method.ULP_EXP:
-        from .step import MAX_EXPONENT_BITS
-
         # ULP_EXP groups by the exponent field above bit ``param``: a field wider than any
         # float's (F64's is 11 bits) would size the group table by 2**(bits - 1 - param)
         # (F32 with 0: 2**31 counters)

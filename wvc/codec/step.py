@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 
 from ..errors import CorruptObject
+from .container import MAX_EXPONENT_BITS  # the container's bound on exponent fields
 
 try:
     from . import _step as _c
@@ -31,7 +32,6 @@ RATE_LIMIT = 255
 INHERIT_N = 3  # a context starts from its class's last coded context, trusted like this many updates
 RECIP = [(1 << 33) // (2 * n + 3) for n in range(RATE_LIMIT + 1)]
 WIDTHS = (1, 2, 4)
-MAX_EXPONENT_BITS = 12
 
 
 def supports(width: int, shift: int) -> bool:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .. import ids
 from ..errors import MissingEntry, UncommittedChanges, WvcError
-from ..fsutil import resolve_inside
+from ..fsutil import resolve_inside, selected
 from ..objects import Tree
 from ..progress import NULL, Progress
 from ..store.refs import HEADS, MERGE_HEAD, MERGE_RECIPE
@@ -162,8 +162,7 @@ def _restore_paths(repo, commit_id: str, tree: Tree, paths, progress: Progress) 
     to them are overwritten, as in git: naming the path is the consent)."""
     entries = []
     for raw in paths:
-        path = raw.strip("/")
-        match = [f for f in tree.files if path in ("", ".") or f.path == path or f.path.startswith(path + "/")]
+        match = [f for f in tree.files if selected(f.path, [raw])]
         if not match:
             raise MissingEntry(f"{raw!r} did not match any file in {ids.short(commit_id)}")
         entries += match

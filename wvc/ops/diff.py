@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from ..formats import safetensors as st
 from ..formats.dtypes import DTYPES
+from ..fsutil import selected
 from ..objects import FileEntry, TensorEntry, chunk_spans
 from ..progress import NULL, Progress
 from ..worktree import scan
@@ -106,12 +107,11 @@ def diff(repo, rev_a=None, rev_b=None, *, stat: bool = False, paths=(), progress
     b = _TreeSide(repo, repo.tree_of(rev_b)) if rev_b else _WorkSide(repo, tree_a.chunk_bytes)
     known_a = {c for f in a.files.values() for c in f.chunk_ids()}
     files, tensors = [], []
-    selected = tuple(paths)
+    wanted = tuple(paths)
     paths = sorted(set(a.files) | set(b.files))
     changed_paths = [p for p in paths if not (p in a.files and p in b.files and a.files[p].hash == b.files[p].hash)]
-    if selected:
-        changed_paths = [p for p in changed_paths
-                         if any(q == "." or p == q or p.startswith(q.rstrip("/") + "/") for q in selected)]
+    if wanted:
+        changed_paths = [p for p in changed_paths if selected(p, wanted)]
     if not stat:  # tensor statistics decode every chunk of a changed file: show how far along
         progress.start(sum(a.files[p].size for p in changed_paths if p in a.files), "diff")
     for path in changed_paths:

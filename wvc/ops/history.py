@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..fsutil import selected
 from ..store.refs import HEADS, TAGS
 
 
@@ -83,18 +84,7 @@ def log(repo, rev: str = "HEAD", n: int | None = None, all_refs: bool = False, *
 
 def _touches(repo, cid: str, paths) -> bool:
     """Whether commit ``cid`` changed a file at or under one of ``paths`` against its first parent."""
-    commit = repo.read_commit(cid)
-    mine = repo.read_tree(commit.tree).by_path()
-    before = repo.read_tree(repo.read_commit(commit.parents[0]).tree).by_path() if commit.parents else {}
-
-    def selected(path: str) -> bool:
-        return any(q in ("", ".") or path == q or path.startswith(q.rstrip("/") + "/") for q in paths)
-
-    for path in {p for p in (*mine, *before) if selected(p)}:
-        a, b = before.get(path), mine.get(path)
-        if (a is None) != (b is None) or (a is not None and a.content_id != b.content_id):
-            return True
-    return False
+    return any(selected(f["path"], paths) for f in changed_files(repo, cid))
 
 
 def changed_files(repo, cid: str) -> list[dict]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..errors import RemoteNotFound, WvcError
 from .interface import (BASE_RECORD, HUB_STARTERS, MAX_BASE_RECORD, Remote, RemoteChanged, RemoteError, RemoteState,
-                        TransientError, check_ref_count, is_wvc_layout, local_write_errors, upload_progress, listing_state, not_a_wvc_remote, parse_refs, retries_reads)
+                        TransientError, check_ref_count, content_size, is_wvc_layout, local_write_errors, upload_progress, listing_state, not_a_wvc_remote, parse_refs, retries_reads)
 
 HUB_BRANCH = "main"
 
@@ -264,7 +264,7 @@ class HubRemote(Remote):
             ops.append(CommitOperationAdd(path_in_repo="README.md",
                                           path_or_fileobj=model_card(self.repo_id, new_refs).encode()))
         self._create_commit(ops, message, expected.version)
-        sent = sum(len(c) if isinstance(c, bytes) else Path(c).stat().st_size for c in files.values())
+        sent = sum(map(content_size, files.values()))
         progress.advance(sent)
         progress.close()
         self.bytes_uploaded += sent

@@ -47,12 +47,12 @@ def upload_progress(progress, files):
     from ..progress import NULL
 
     progress = progress or NULL
-    progress.start(sum(len(c) if isinstance(c, bytes) else Path(c).stat().st_size for c in files.values()),
-                   "uploading")
+    progress.start(sum(map(content_size, files.values())), "uploading")
     return progress
 
 
-def _size(content) -> int:
+def content_size(content: Path | bytes) -> int:
+    """The size of one of ``publish``'s files (bytes in memory, or a file's path)."""
     return len(content) if isinstance(content, bytes) else Path(content).stat().st_size
 
 

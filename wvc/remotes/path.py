@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from ..fsutil import TEMP_PREFIX, atomic_write, atomic_writer, validate_relpath
-from .interface import (BASE_RECORD, check_ref_count, local_write_errors, upload_progress, FORMAT, MAX_BASE_RECORD, MAX_REF_BYTES, Remote, RemoteChanged, RemoteError,
+from .interface import (BASE_RECORD, check_ref_count, content_size, local_write_errors, upload_progress, FORMAT, MAX_BASE_RECORD, MAX_REF_BYTES, Remote, RemoteChanged, RemoteError,
                         RemoteState, listing_state, parse_refs)
 
 LOCK = "refs.lock"
@@ -135,7 +135,7 @@ class PathRemote(Remote):
         for path, content in files.items():  # objects first: immutable, so rewriting is harmless
             target = self._file(path)
             target.parent.mkdir(parents=True, exist_ok=True)
-            progress.advance(len(content) if isinstance(content, bytes) else Path(content).stat().st_size)
+            progress.advance(content_size(content))
             if target.exists():
                 continue
             with atomic_writer(target) as fh:

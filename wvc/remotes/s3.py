@@ -33,7 +33,7 @@ from pathlib import Path
 
 from ..errors import RemoteChanged, RemoteError
 from .interface import (BASE_RECORD, FORMAT, MAX_BASE_RECORD, MAX_REF_BYTES, Remote, RemoteState, TransientError,
-                        check_ref_count, listing_state, local_write_errors, upload_progress, parse_refs, retries_reads)
+                        check_ref_count, content_size, listing_state, local_write_errors, upload_progress, parse_refs, retries_reads)
 
 MULTIPART_THRESHOLD = 64 << 20
 PART_BYTES = 16 << 20  # S3 wants parts of at least 5 MiB (but the last) and at most 10,000 of them
@@ -284,7 +284,7 @@ class S3Remote(Remote):
     def publish(self, files, refs, expected: RemoteState, message: str, delete=(), progress=None) -> None:
         progress = upload_progress(progress, files)
         for path, content in files.items():  # objects first: immutable, so an existing one is kept
-            size = len(content) if isinstance(content, bytes) else Path(content).stat().st_size
+            size = content_size(content)
             progress.advance(size)
             if self._exists(path, size):
                 continue

@@ -162,41 +162,44 @@ class Database:
         return self.one("PRAGMA integrity_check")
 
 
-def peek_config(path: Path, key: str) -> tuple[bool, str | None]:
-    """One config entry of the database at ``path``, read-only and without migrating it:
-    (whether it has a config table, the value or None). Used to recognise what a killed
-    init or clone left, so it answers only from what it read: a database it cannot read
-    (locked by another process, not readable by this user, damaged) raises
-    :class:`DatabaseUnavailable` saying which, and is never taken for a killed init."""
+def _peek(path: Path, read):
+    """``read(conn)`` on a read-only connection to the database at ``path``, without
+    migrating it; a database that cannot be read (locked by another process, not readable by
+    this user, damaged) raises :class:`DatabaseUnavailable` saying which."""
     try:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=PEEK_TIMEOUT_S)
     except sqlite3.Error as exc:
         raise unavailable(path, exc) from None
     try:
-        if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'config'").fetchone() is None:
+        return read(conn)
+    except sqlite3.Error as exc:
+        raise unavailable(path, exc) from None
+    finally:
+        conn.close()
+
+
+def _has_table(conn, table: str) -> bool:
+    return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchone() is not None
+
+
+def peek_config(path: Path, key: str) -> tuple[bool, str | None]:
+    """One config entry of the database at ``path``: (whether it has a config table, the
+    value or None). Used to recognise what a killed init or clone left, so it answers only
+    from what it read: a database it cannot read is never taken for a killed init."""
+
+    def read(conn):
+        if not _has_table(conn, "config"):
             return False, None
         row = conn.execute("SELECT value FROM config WHERE key = ?", (key,)).fetchone()
         return True, row[0] if row else None
-    except sqlite3.Error as exc:
-        raise unavailable(path, exc) from None
-    finally:
-        conn.close()
+
+    return _peek(path, read)
 
 
 def has_rows(path: Path, table: str) -> bool:
-    """Whether ``table`` exists in the database at ``path`` and holds a row (read-only)."""
-    try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=PEEK_TIMEOUT_S)
-    except sqlite3.Error as exc:
-        raise unavailable(path, exc) from None
-    try:
-        if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchone() is None:
-            return False
-        return conn.execute(f'SELECT 1 FROM "{table}" LIMIT 1').fetchone() is not None
-    except sqlite3.Error as exc:
-        raise unavailable(path, exc) from None
-    finally:
-        conn.close()
+    """Whether ``table`` exists in the database at ``path`` and holds a row."""
+    return _peek(path, lambda conn: _has_table(conn, table)
+                 and conn.execute(f'SELECT 1 FROM "{table}" LIMIT 1').fetchone() is not None)
 
 
 def unavailable(path: Path, exc: sqlite3.Error) -> "DatabaseUnavailable":
