@@ -144,9 +144,16 @@ def run_sync(name: str, steps_iter, n_steps: int, max_chain: int, work: Path, ur
     from .baselines import bitx
 
     repo_dir = work / f"repo-{name}-{max_chain}-{int(step_context)}"
-    os.environ.pop("WVC_NO_STEP_CONTEXT", None)
-    if not step_context:
-        os.environ["WVC_NO_STEP_CONTEXT"] = "1"
+    import contextlib
+    from unittest import mock
+
+    from wvc.codec import transforms
+
+    # the baseline without ULP_STEP: the encoder's candidate test answers no, in this process
+    # only (the Publisher commits on a thread of it); the product has no switch for it
+    no_step = contextlib.nullcontext() if step_context else mock.patch.object(transforms, "_tries_step",
+                                                                              lambda *a, **k: False)
+    no_step.__enter__()
     Repo.init(repo_dir, max_chain=max_chain).close()
     pub = Publisher(repo_dir, "main", push_to=url, push_interval=0, max_pending=1)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent), "OMP_NUM_THREADS": "1"}
@@ -188,7 +195,7 @@ def run_sync(name: str, steps_iter, n_steps: int, max_chain: int, work: Path, ur
             os.replace(cur_file, prev_file)
     finally:
         pub.close(timeout=60)
-        os.environ.pop("WVC_NO_STEP_CONTEXT", None)
+        no_step.__exit__(None, None, None)
         if follower is not None:
             follower.kill()
     with Repo.open(repo_dir) as repo:

@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "wvc"
 
 # Bottom to top. A module may import modules of its own layer or of layers below it.
 LAYERS = [
-    ["wvc.errors", "wvc.ids", "wvc.progress", "wvc.allocator"],
+    ["wvc.errors", "wvc.ids", "wvc.progress", "wvc.allocator", "wvc.settings"],
     ["wvc.fsutil", "wvc.formats", "wvc.testing"],
     ["wvc.objects", "wvc.codec", "wvc.device_copy", "wvc.merge_methods"],
     ["wvc.store", "wvc.worktree", "wvc.cache"],
@@ -89,10 +89,83 @@ def test_the_composition_root_imports_no_verb():
     assert not [t for t in targets if t.startswith(("wvc.ops", "wvc.api", "wvc.view", "wvc.cli"))], targets
 
 
-def test_the_store_reads_no_higher_layer_through_an_attribute():
-    """The chunk supply is declared and passed in, not patched onto the store afterwards."""
+def _declared_attributes() -> dict[str, set[str]]:
+    """attribute name -> the modules whose classes declare it (a class-level field, or a
+    ``self.name = ...`` in one of its methods)."""
+    out: dict[str, set[str]] = {}
     for path in SOURCES:
-        assert "fetch_missing" not in path.read_text(), path
+        me = module_name(path)
+        for cls in (n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ClassDef)):
+            for node in ast.walk(cls):
+                if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                    out.setdefault(node.target.id, set()).add(me)
+                targets = node.targets if isinstance(node, ast.Assign) else \
+                    [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []
+                for t in (e for t in targets for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t])):
+                    if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                        out.setdefault(t.attr, set()).add(me)
+    return out
+
+
+# ctypes function objects are configured by assigning these (they are no wvc object)
+FOREIGN_PROTOCOL = {"argtypes", "restype"}
+
+
+def test_no_attribute_is_patched_onto_another_layers_object():
+    """An object is given what it needs when it is built (a constructor parameter, a method),
+    never by assigning an attribute from outside after the fact (the follower once patched
+    a remote chunk source that way): every ``x.attr = ...`` with ``x`` not ``self`` must
+    name an attribute a class of the same layer declares."""
+    declared = _declared_attributes()
+    found = []
+    for path in SOURCES:
+        me = module_name(path)
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = node.targets if isinstance(node, ast.Assign) else \
+                [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []
+            for t in (e for t in targets for e in (t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t])):
+                if not isinstance(t, ast.Attribute) or isinstance(t.value, ast.Name) and t.value.id in ("self", "cls"):
+                    continue
+                if isinstance(t.value, ast.Attribute) and isinstance(t.value.value, ast.Name) \
+                        and t.value.value.id == "self" or t.attr in FOREIGN_PROTOCOL:
+                    # self.member.attr: an object this class built and owns (its own module's)
+                    if t.attr in FOREIGN_PROTOCOL or me in declared.get(t.attr, set()):
+                        continue
+                owners = declared.get(t.attr, set())
+                if not any(layer_of(o) == layer_of(me) for o in owners):
+                    found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {ast.unparse(t)} "
+                                 f"(declared in {sorted(owners) or 'no class'})")
+    assert not found, "\n".join(found)
+
+
+def test_the_environment_is_read_in_settings_only():
+    """Every environment variable is read in wvc/settings.py, when used; the CLI may set
+    defaults for the libraries it drives. No other module touches os.environ."""
+    allowed = {PACKAGE / "settings.py", PACKAGE / "cli.py"}
+    found = []
+    for path in SOURCES:
+        if path in allowed:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv", "putenv", "environb") \
+                    and isinstance(node.value, ast.Name) and node.value.id == "os":
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: os.{node.attr}")
+            if isinstance(node, ast.ImportFrom) and node.module == "os" \
+                    and {a.name for a in node.names} & {"environ", "getenv", "putenv"}:
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: from os import ...")
+    assert not found, "\n".join(found)
+
+
+def test_every_wvc_variable_the_code_names_is_a_documented_setting():
+    from wvc import settings
+
+    readme = (PACKAGE.parent / "README.md").read_text()
+    named = set()
+    for path in SOURCES:
+        named |= set(re.findall(r"\bWVC_[A-Z_]+\b", path.read_text()))
+    named -= {"WVC_DIR", "WVC_TOP"} - set(settings.VARIABLES)  # (constants of those names, not variables)
+    assert named <= set(settings.VARIABLES), sorted(named - set(settings.VARIABLES))
+    assert [v for v in settings.VARIABLES if f"`{v}`" not in readme] == []
 
 
 SQL = re.compile(r"\b(SELECT\s|INSERT\s|UPDATE\s+\w+\s+SET|DELETE\s+FROM|PRAGMA\s|CREATE\s+TABLE)", re.I)

@@ -77,7 +77,7 @@ def test_retired_files_are_deleted_after_the_grace_period(tmp_path, monkeypatch,
     kept = remote_file_count(url, None)
     retired = [p for p in RemoteFiles(url, None).paths() if p.startswith("retired/")]
     assert retired  # compaction happened, its replaced files wait out the grace period
-    monkeypatch.setattr(compaction, "GRACE_SECONDS", 0)
+    monkeypatch.setenv("WVC_REMOTE_GRACE_SECONDS", "0")
     trainer.push_steps(f"step {i}" for i in range(12, 40))
     paths = RemoteFiles(url, None).paths()
     assert len(paths) <= kept and len([p for p in paths if p.startswith("retired/")]) <= 1
@@ -197,7 +197,7 @@ def test_compaction_failing_at_any_step_leaves_the_remote_valid(tmp_path, monkey
         else:
             from wvc.remotes.path import PathRemote
 
-            mp.setattr(compaction, "GRACE_SECONDS", 0)
+            mp.setenv("WVC_REMOTE_GRACE_SECONDS", "0")
             real_delete = PathRemote.delete
 
             def half_delete(self, paths):
@@ -211,7 +211,7 @@ def test_compaction_failing_at_any_step_leaves_the_remote_valid(tmp_path, monkey
     if where != "while purging":
         check = clone(url, tmp_path / "check")
         assert check.refs.head_commit() == last_good and check.fsck().ok
-    monkeypatch.setattr(compaction, "GRACE_SECONDS", 0)
+    monkeypatch.setenv("WVC_REMOTE_GRACE_SECONDS", "0")
     trainer.commit("after the crash")
     repo.push()
     copy = clone(url, tmp_path / "copy")
@@ -248,7 +248,7 @@ def test_gc_remote_frees_a_deleted_branch_and_nothing_reachable(tmp_path, kind, 
     assert clone(url, tmp_path / "still").fsck().ok  # a dry run changes nothing
     res = repo.remote_gc("origin")
     assert res.objects_removed == dry["objects_removed"] and res.bytes_freed > 0
-    monkeypatch.setattr(compaction, "GRACE_SECONDS", 0)
+    monkeypatch.setenv("WVC_REMOTE_GRACE_SECONDS", "0")
     trainer.commit("main 2")
     repo.push()  # a directory remote deletes the retired files now
     after = clone(url, tmp_path / "after")

@@ -8,7 +8,9 @@ commit that was 560k page faults, a fifth of the CPU time (sys 1.4 s of 6.4 s).
 
 Raising the trim threshold to 64 MiB and fixing the mmap threshold at 16 MiB keeps those
 buffers in the arenas, at a cost of at most 64 MiB of freed memory held per arena. Only
-glibc has ``mallopt``; elsewhere this does nothing.
+glibc has ``mallopt``; elsewhere this does nothing. It changes the whole process (the
+contract says so, docs/design.md "Process-wide changes"); ``WVC_MALLOC_TUNING=0`` leaves
+malloc alone.
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ def keep_chunk_buffers() -> bool:
 
 
 def _apply() -> bool:
-    if not sys.platform.startswith("linux"):
+    from . import settings
+
+    if not sys.platform.startswith("linux") or settings.text("WVC_MALLOC_TUNING") == "0":
         return False
     import ctypes  # here: commands that encode nothing never load it
 

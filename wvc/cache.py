@@ -15,12 +15,12 @@ models cost on disk.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import time
 from pathlib import Path
 
+from . import settings
 from . import ids
 from .fsutil import atomic_write
 
@@ -28,16 +28,16 @@ CACHE_ENV = "WVC_CACHE"
 
 
 def cache_root() -> Path:
-    if env := os.environ.get(CACHE_ENV):
+    if env := settings.text(CACHE_ENV):
         return Path(env).expanduser()
-    if hf_home := os.environ.get("HF_HOME"):
+    if hf_home := settings.text("HF_HOME"):
         return Path(hf_home).expanduser() / "wvc"
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")).expanduser() / "huggingface" / "wvc"
+    return Path(settings.text("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "huggingface" / "wvc"
 
 
 def offline() -> bool:
     """huggingface_hub's switch: no network, answer from the cache or say what is missing."""
-    return os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
+    return settings.hf_offline()
 
 
 def _revisions_file(root: Path, url: str) -> Path:

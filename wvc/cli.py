@@ -18,6 +18,7 @@ from pathlib import Path
 
 import click
 
+from . import settings
 from .errors import WvcError
 from .progress import NULL as NULL_PROGRESS, Progress
 
@@ -184,7 +185,7 @@ class WvcGroup(click.Group):
             click.echo(f"wvc: error: the repository database is damaged ({exc}); see `wvc fsck`", err=True)
             sys.exit(1)
         except Exception as exc:  # noqa: BLE001 - last line of defence: no tracebacks for users
-            if os.environ.get("WVC_DEBUG"):
+            if settings.flag("WVC_DEBUG"):
                 raise
             click.echo(f"wvc: internal error: {type(exc).__name__}: {exc} (WVC_DEBUG=1 shows the traceback)", err=True)
             sys.exit(3)
@@ -212,7 +213,7 @@ def quiet_hub_client() -> None:
 def open_repo():
     from .api import Repo
 
-    return Repo.open(os.environ.get("WVC_DIR", "."))
+    return Repo.open(settings.text("WVC_DIR", "."))
 
 
 def split_paths(args) -> tuple[list[str], list[str]]:

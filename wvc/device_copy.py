@@ -19,14 +19,14 @@ is what the tests exercise without a device.
 
 from __future__ import annotations
 
-import os
+from . import settings
 
 
 def _batch_bytes() -> int:
     """How much one batch of a commit or load carries (WVC_DEVICE_BATCH_MB, 1-4096 MiB):
     large enough that a launch or a copy's fixed cost is lost in it, small enough that the
     batch's working copies (~5x its bytes on the device) fit beside a training job."""
-    value = os.environ.get("WVC_DEVICE_BATCH_MB", "")
+    value = settings.text("WVC_DEVICE_BATCH_MB", "")
     return (int(value) if value.isdigit() and 1 <= int(value) <= 4096 else 256) << 20
 
 

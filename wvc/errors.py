@@ -120,7 +120,3 @@ class DatabaseUnavailable(WvcError):
 
 class LockedError(WvcError):
     """Another process holds the working-tree lock (a commit, checkout, pull or reset)."""
-
-
-class NoSpace(WvcError, OSError):
-    """The disk filled up; what was being written was removed, nothing recorded."""

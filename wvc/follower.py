@@ -250,7 +250,8 @@ class Follower:
         if self._local:
             return open_version(self.source, rev)
         self._catalogs.mkdir(parents=True, exist_ok=True)
-        return open_remote_version(self.source, "main" if rev == "HEAD" else rev, self._catalogs)
+        return open_remote_version(self.source, "main" if rev == "HEAD" else rev, self._catalogs,
+                                   held=_Held(self), keep_keyframe=self._keyframes.put)
 
     def _tip(self) -> str | None:
         from .remotes import open_remote
@@ -289,11 +290,8 @@ class Follower:
             for t in f.tensors:
                 entries.setdefault(t.name, t)
         self._check(entries)
-        source = view._get
+        source = view.chunk_source
         remote = getattr(source, "remote", None)
-        if remote is not None:
-            source.held = _Held(self)
-            source.keep_keyframe = self._keyframes.put
         # 1. fetch and verify every changed chunk; nothing is written yet
         wanted: dict[str, list[tuple[int, str]]] = {}
         for name, e in entries.items():

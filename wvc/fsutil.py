@@ -15,6 +15,7 @@ import os
 import tempfile
 from pathlib import Path, PurePosixPath
 
+from . import settings
 from .errors import UnsafePath
 
 TEMP_PREFIX = ".wvc-tmp-"
@@ -130,7 +131,7 @@ def wants_direct_io(size: int) -> bool:
     reading a 1 GB file back from this VM's disk cost more (1.6 s) than O_DIRECT saved
     (0.2-0.4 s of a checkout). ``WVC_DIRECT_IO=1`` asks for it from 64 MiB, ``=0`` never.
     """
-    mode = os.environ.get("WVC_DIRECT_IO", "auto")
+    mode = settings.text("WVC_DIRECT_IO", "auto")
     if mode == "0" or not hasattr(os, "O_DIRECT") or size < DIRECT_MIN_BYTES:
         return False
     return mode == "1" or size > physical_memory() // 2
@@ -338,10 +339,6 @@ def sweep_work_dirs(parent: Path) -> int:
     return len(stale)
 
 
-def is_no_space(exc: BaseException) -> bool:
-    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
-
-
 LOCK_WAIT_SECONDS = 60.0  # WVC_LOCK_TIMEOUT overrides
 
 
@@ -356,7 +353,7 @@ def file_lock(path: Path, holder: str, timeout: float | None = None):
 
     from .errors import LockedError
 
-    limit = float(os.environ.get("WVC_LOCK_TIMEOUT", LOCK_WAIT_SECONDS)) if timeout is None else timeout
+    limit = settings.number("WVC_LOCK_TIMEOUT", LOCK_WAIT_SECONDS) if timeout is None else timeout
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
         deadline = time.monotonic() + limit

@@ -318,7 +318,7 @@ class Publisher:
                 self._pending.clear()
                 self._cond.notify_all()
             return
-        repo.store.keep_recent_bytes = self.keep_bytes
+        repo.store.keep_recent(self.keep_bytes)
         try:
             while True:
                 with self._cond:

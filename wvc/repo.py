@@ -196,6 +196,41 @@ class Repository:
         """The tree of the commit ``rev`` names."""
         return self.read_tree(self.read_commit(self.resolve(rev)).tree)
 
+    # -- recording -------------------------------------------------------------------------
+    def record(self, versions, *, packs=(), externals=None, ref: str | None = None, expected: str | None = None,
+               reason: str = "", during=None) -> None:
+        """Record new versions in one transaction, the only way a version enters history.
+
+        ``versions``: (commit, its tree, stored bytes) in parent-first order; ``packs``:
+        (pack, rows) the writers finished, whose rows go in first (``externals``: a base
+        model's chunk locations, store.add_external). Then every chunk the trees
+        name must be present: a gc may have removed an unreachable chunk a writer
+        deduplicated against between its plan and now, and a tree naming a missing chunk
+        would be a version that cannot be checked out (MissingObject; nothing recorded).
+        Then the trees and commits, and ``ref`` moved from ``expected`` to the last commit by
+        compare-and-swap with a reflog entry ``reason`` (None: no ref moves here; a merge
+        moves its branch after the working tree). ``during(db)``: more writes of the same
+        transaction (commit's stat cache and HEAD rules, attach's base settings)."""
+        from .errors import MissingObject
+
+        with self.db.write():
+            for pack, rows in packs:
+                self.store.insert_rows(pack, rows)
+            if externals is not None:
+                self.store.add_external(externals)
+            chunks = set().union(*(tree.chunk_ids() for _, tree, _ in versions)) if versions else set()
+            missing = chunks - self.store.present(chunks)
+            if missing:
+                raise MissingObject(f"{len(missing)} objects vanished while this version was being written "
+                                    "(a concurrent gc?); nothing was recorded: retry")
+            for commit, tree, stored in versions:
+                self.graph.add_tree(tree)
+                self.graph.add_commit(commit, stored)
+            if ref is not None:
+                self.refs.set(ref, versions[-1][0].id, expected, reason)
+            if during is not None:
+                during()
+
 
 def _interrupted_init(wvc_dir: Path) -> bool:
     """Whether ``wvc_dir`` is, positively, what an older wvc's killed init left: a database

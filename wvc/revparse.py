@@ -18,21 +18,21 @@ MIN_PREFIX = 4
 
 def resolve(refs: Refs, graph: CommitGraph, rev: str) -> str:
     """The commit id that ``rev`` names in a local repository, or RevisionNotFound."""
-    return resolve_with(rev, lambda base: _resolve_base(refs, graph, base, rev),
+    return resolve_with(rev, lambda root: _resolve_root(refs, graph, root, rev),
                         lambda commit: graph.read_commit(commit).parents)
 
 
-def resolve_with(rev: str, base_of: Callable[[str], str], parents_of: Callable[[str], tuple]) -> str:
-    """The grammar over any history: ``base_of`` names the base (a ref, an id, a prefix),
+def resolve_with(rev: str, root_of: Callable[[str], str], parents_of: Callable[[str], tuple]) -> str:
+    """The grammar over any history: ``root_of`` names the root (a ref, an id, a prefix),
     ``parents_of`` walks ~N and ^N. A remote view (wvc.open) resolves with its catalogs."""
     if not isinstance(rev, str) or not rev or len(rev) > 1024:
         raise RevisionNotFound("empty or oversized revision")
     steps = []
-    base = rev
-    while (m := _SUFFIX.search(base)) and m.start() > 0:
+    root = rev
+    while (m := _SUFFIX.search(root)) and m.start() > 0:
         steps.append(m.group(0))
-        base = base[: m.start()]
-    commit = base_of(base)
+        root = root[: m.start()]
+    commit = root_of(root)
     for step in reversed(steps):
         n = int(step[1:] or 1)
         if step[0] == "~":
@@ -43,14 +43,14 @@ def resolve_with(rev: str, base_of: Callable[[str], str], parents_of: Callable[[
     return commit
 
 
-def match_prefix(base: str, candidates) -> str | None:
-    """The one id among ``candidates`` that starts with ``base`` (a hex prefix of at least
-    MIN_PREFIX digits); None when ``base`` is no such prefix or nothing matches."""
-    if not (re.fullmatch(r"[0-9a-f]+", base) and MIN_PREFIX <= len(base) <= ids.ID_HEX_LEN):
+def match_prefix(prefix: str, candidates) -> str | None:
+    """The one id among ``candidates`` that starts with ``prefix`` (a hex prefix of at least
+    MIN_PREFIX digits); None when ``prefix`` is no such prefix or nothing matches."""
+    if not (re.fullmatch(r"[0-9a-f]+", prefix) and MIN_PREFIX <= len(prefix) <= ids.ID_HEX_LEN):
         return None
-    matches = [c for c in candidates if c.startswith(base)][:2]
+    matches = [c for c in candidates if c.startswith(prefix)][:2]
     if len(matches) > 1:
-        raise RevisionNotFound(f"revision {base!r} is ambiguous")
+        raise RevisionNotFound(f"revision {prefix!r} is ambiguous")
     return matches[0] if matches else None
 
 
@@ -61,24 +61,24 @@ def _parent(parents_of, commit: str, n: int, rev: str) -> str:
     return parents[n - 1]
 
 
-def _resolve_base(refs: Refs, graph: CommitGraph, base: str, rev: str) -> str:
-    if m := _REFLOG.match(base):
+def _resolve_root(refs: Refs, graph: CommitGraph, root: str, rev: str) -> str:
+    if m := _REFLOG.match(root):
         return _from_reflog(refs, m.group(1) or "HEAD", int(m.group(2)), rev)
-    if base == "HEAD":
+    if root == "HEAD":
         head = refs.head_commit()
         if head is None:
             raise RevisionNotFound("HEAD has no commits yet")
         return head
     for prefix in (HEADS, TAGS, "refs/remotes/", ""):  # "": a full ref name (refs/heads/main)
-        target = refs.get(prefix + base) if prefix or base.startswith("refs/") else None
+        target = refs.get(prefix + root) if prefix or root.startswith("refs/") else None
         if target is not None:
             return target
-    if re.fullmatch(r"[0-9a-f]+", base) and MIN_PREFIX <= len(base) <= ids.ID_HEX_LEN:
-        matches = graph.with_prefix(base)
+    if re.fullmatch(r"[0-9a-f]+", root) and MIN_PREFIX <= len(root) <= ids.ID_HEX_LEN:
+        matches = graph.with_prefix(root)
         if len(matches) == 1:
             return matches[0]
         if len(matches) > 1:
-            raise RevisionNotFound(f"revision {base!r} is ambiguous")
+            raise RevisionNotFound(f"revision {root!r} is ambiguous")
     raise RevisionNotFound(f"unknown revision {rev!r}")
 
 

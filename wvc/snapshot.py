@@ -53,11 +53,21 @@ def _base(chunks: tuple[str, ...] | None, i: int) -> str | None:
 
 
 class Snapshotter:
-    def __init__(self, writer: ChunkWriter, parent: Tree | None, chunk_bytes: int, progress: Progress):
+    def __init__(self, writer: ChunkWriter, parent: Tree | None, chunk_bytes: int, progress: Progress,
+                 located=None):
+        """``located(chunk id, (path, offset), length)``, if given, hears where each chunk read
+        from a file lies in it (a base model's index records that instead of storing chunks)."""
         self.writer = writer
         self.parent = ParentIndex.of(parent)
         self.chunk_bytes = chunk_bytes
         self.progress = progress
+        self.located = located
+
+    def _put(self, raw, dtype, base: str | None, origin: tuple[str, int] | None) -> str:
+        object_id = self.writer.put(raw, dtype, base)
+        if origin is not None and self.located is not None:
+            self.located(object_id, origin, len(raw))
+        return object_id
 
     # -- working tree --------------------------------------------------------------------
     def directory(self, root: Path, paths: list[str], stat_cache: StatCache) -> Tree:
@@ -105,7 +115,7 @@ class Snapshotter:
             raw = fh.read(end - begin)
             if len(raw) != end - begin:
                 raise WvcError(f"{path} was truncated while it was being committed")
-            chunks.append(self.writer.put(raw, BYTES, _base(parent_chunks, i), (path, begin)))
+            chunks.append(self._put(raw, BYTES, _base(parent_chunks, i), (path, begin)))
             self.progress.advance(len(raw))
         return FileEntry.of(path, "blob", size, chunks=tuple(chunks), executable=executable)
 
@@ -113,8 +123,8 @@ class Snapshotter:
         parent = self.parent.by_path.get(path)
         if parent is not None:
             self.writer.expect_bases(parent.chunk_ids())  # the delta bases of this file, looked up at once
-        header_id = self.writer.put(header.header_bytes, BYTES, parent.header if parent and parent.header else None,
-                                    (path, 8))
+        header_id = self._put(header.header_bytes, BYTES, parent.header if parent and parent.header else None,
+                              (path, 8))
         self.progress.advance(header.data_start)
         fh.seek(header.data_start)
         tensors = []
@@ -138,7 +148,7 @@ class Snapshotter:
         for i, (begin, end) in enumerate(chunk_spans(nbytes, dtype.width, self.chunk_bytes)):
             raw = read(end - begin)
             origin = (path, start + begin) if start is not None else None
-            chunks.append(self.writer.put(raw, dtype, _base(parent_chunks, i), origin))
+            chunks.append(self._put(raw, dtype, _base(parent_chunks, i), origin))
             self.progress.advance(len(raw))
         return TensorEntry(name, dtype.name, tuple(shape), tuple(chunks))
 

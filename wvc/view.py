@@ -21,15 +21,15 @@ from . import ids
 from .basemodel.remote_chunks import RemoteBaseChunks
 from .codec.devices import resolve_device
 from .cache import cache_root
-from .errors import MissingEntry, RemoteError, RevisionNotFound, WvcError
-from .objects import Commit, Tree
+from .errors import MissingEntry, RevisionNotFound, WvcError
+from .objects import Tree
 from .revparse import match_prefix, resolve_with
 from .ops.materialize import file_blocks
 from .ops.remote_base import base_directory, remote_base
 from .ops.tensors import tensor_from_chunks
 from .remotes import open_remote
-from .remotes.interface import MAX_SMALL_OBJECT, commit_path, tree_path
-from .remotes.transfer import RemoteChunks, remote_contents, verified
+from .remotes.repository import RemoteRepository
+from .remotes.transfer import RemoteChunks
 
 
 class VersionView:
@@ -42,6 +42,7 @@ class VersionView:
     def __init__(self, commit_id: str, tree: Tree, chunk_source):
         self.commit = commit_id
         self.tree = tree
+        self.chunk_source = chunk_source  # id -> verified bytes (a store's get, or transfer.RemoteChunks)
         self._get = chunk_source
         self.files = [f.path for f in tree.files]
         self._entries = {t.name: t for f in tree.files for t in f.tensors}
@@ -97,50 +98,38 @@ def open_version(url_or_path, rev: str = "HEAD", *, base_dir=None) -> VersionVie
     return open_remote_version(str(url_or_path), rev, base_dir=base_dir)
 
 
-def open_remote_version(url: str, rev: str, cache_dir: Path | None = None, *, base_dir=None) -> VersionView:
+def open_remote_version(url: str, rev: str, cache_dir: Path | None = None, *, base_dir=None, held=None,
+                        keep_keyframe=None) -> VersionView:
     """``cache_dir``: where the remote's immutable catalogs are kept once read (a follower
-    polling a remote reads each catalog once)."""
-    remote = open_remote(url)
-    state = remote.state()
-    contents = remote_contents(remote, state, cache_dir)
-    commits: dict[str, Commit] = {}
+    polling a remote reads each catalog once). ``held`` and ``keep_keyframe``: a follower's
+    chunks in hand and where it keeps keyframes (transfer.RemoteChunks)."""
+    remote = RemoteRepository.open(open_remote(url), cache_dir)
 
-    def read_commit(commit_id: str) -> Commit:
-        if commit_id not in commits:
-            data = contents.commits.get(commit_id) or remote.read(commit_path(commit_id), MAX_SMALL_OBJECT)
-            if data is None:
-                raise RevisionNotFound(f"{url} has no commit {ids.short(commit_id)}")
-            commits[commit_id] = verified(Commit.from_bytes, data, commit_id, "commit")
-        return commits[commit_id]
+    def read_commit(commit_id: str):
+        return remote.commit(commit_id, f"{url} has no commit {ids.short(commit_id)}", RevisionNotFound)
 
-    def base_of(base: str) -> str:
-        if base == "HEAD":  # a remote's HEAD: its main branch (or its only one), as clone picks
-            heads = sorted(r for r in state.refs if r.startswith("refs/heads/"))
-            base = "main" if "refs/heads/main" in heads else (heads[0][len("refs/heads/"):] if len(heads) == 1 else base)
-        for ref in (f"refs/heads/{base}", f"refs/tags/{base}", base):
-            if (target := state.refs.get(ref)) is not None:
+    def root_of(root: str) -> str:
+        if root == "HEAD":  # a remote's HEAD: its main branch (or its only one), as clone picks
+            heads = sorted(r for r in remote.refs if r.startswith("refs/heads/"))
+            root = "main" if "refs/heads/main" in heads else (heads[0][len("refs/heads/"):] if len(heads) == 1 else root)
+        for ref in (f"refs/heads/{root}", f"refs/tags/{root}", root):
+            if (target := remote.refs.get(ref)) is not None:
                 return target
-        if ids.is_object_id(base):
-            return base
-        if (found := match_prefix(base, contents.commits)) is not None:  # the catalogs list every commit
+        if ids.is_object_id(root):
+            return root
+        if (found := match_prefix(root, remote.contents.commits)) is not None:  # the catalogs list every commit
             return found
-        raise RevisionNotFound(f"{url} has no branch, tag or commit {base!r}")
+        raise RevisionNotFound(f"{url} has no branch, tag or commit {root!r}")
 
-    commit_id = resolve_with(rev, base_of, lambda c: read_commit(c).parents)
+    commit_id = resolve_with(rev, root_of, lambda c: read_commit(c).parents)
     commit = read_commit(commit_id)
-    tree = _remote_tree(remote, contents, commit.tree)
+    tree = remote.tree(commit.tree)
     base_chunks = None
-    if (base := remote_base(state, url)) is not None:
-        base_tree = tree if base.tree == commit.tree else _remote_tree(remote, contents, base.tree)
+    if (base := remote_base(remote.base_record, url)) is not None:
+        base_tree = tree if base.tree == commit.tree else remote.tree(base.tree)
         base_chunks = RemoteBaseChunks(base, base_tree, base_directory(base, url, base_dir))
-    return VersionView(commit_id, tree, RemoteChunks(remote, contents.index, base_chunks))
-
-
-def _remote_tree(remote, contents, tree_id: str) -> Tree:
-    data = contents.trees.get(tree_id) or remote.read(tree_path(tree_id), MAX_SMALL_OBJECT)
-    if data is None:
-        raise RemoteError(f"{remote.url} is missing tree {ids.short(tree_id)}")
-    return verified(Tree.from_bytes, data, tree_id, "tree")
+    chunks = RemoteChunks(remote.backend, remote.index, base_chunks, held=held, keep_keyframe=keep_keyframe)
+    return VersionView(commit_id, tree, chunks)
 
 
 def _hub_id_or_path(url_or_path) -> str:

@@ -95,16 +95,16 @@ def attach(repo, spec: str, *, expected: BaseRef | None = None, expected_tree: T
         raise BaseModelError(f"base {url} does not match the one this history was made from: its files give tree "
                         f"{ids.short(tree.id)}, the remote recorded {ids.short(expected.tree)} (base files changed?)")
     commit = base_commit(url, tree.id)
-    with repo.db.write():
-        repo.store.add_external(locations)
-        repo.graph.add_tree(tree)
-        repo.graph.add_commit(commit, stored_bytes=0)  # referenced, not stored: it costs nothing
+    def settings():
         for key, value in (("base.url", url), ("base.tree", tree.id), ("base.commit", commit.id),
                            ("base.dir", str(root))):
             repo.db.set_config(key, value)
-        if set_branch:
-            branch = repo.refs.head_branch()
-            repo.refs.set(HEADS + branch, commit.id, repo.refs.get(HEADS + branch), f"base: {url}")
+
+    branch = repo.refs.head_branch() if set_branch else None
+    # referenced, not stored: the root commit costs nothing (stored bytes 0)
+    repo.record([(commit, tree, 0)], externals=locations, during=settings,
+                ref=HEADS + branch if branch else None, expected=repo.refs.get(HEADS + branch) if branch else None,
+                reason=f"base: {url}")
     return BaseRef(url, tree.id, commit.id)
 
 

@@ -6,6 +6,7 @@ import os
 import re
 from pathlib import Path
 
+from .. import settings
 from ..errors import BaseModelError, RemoteError
 from ..progress import NULL, Progress
 from .record import HUB_SCHEME, parse_hub
@@ -17,9 +18,9 @@ DUPLICATE_WEIGHTS = re.compile(r".*\.(bin|pt|pth|ckpt|h5|msgpack|onnx|onnx_data|
 
 def hub_cache_dir() -> str | None:
     """huggingface_hub reads its cache location at import; read it again so a later setting counts."""
-    if cache := os.environ.get("HF_HUB_CACHE"):
+    if cache := settings.text("HF_HUB_CACHE"):
         return cache
-    if home := os.environ.get("HF_HOME"):
+    if home := settings.text("HF_HOME"):
         return os.path.join(home, "hub")
     return None
 
@@ -41,7 +42,7 @@ def download_hub(url: str, paths: list[str] | None = None, progress: Progress = 
     remote = HubRemote(repo_id)
     cache_dir = hub_cache_dir()
     sha = rev if re.fullmatch(r"[0-9a-f]{40}", rev) else None
-    offline = os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
+    offline = settings.hf_offline()
     if sha and paths is not None:  # all in the cache already: no network at all
         found, missing = [], []
         for p in paths:

@@ -26,16 +26,18 @@ class _LocationRecorder:
     def __init__(self):
         self.locations: dict[str, tuple[str, int, int]] = {}
 
-    def put(self, raw, dtype, base_id=None, origin=None) -> str:
-        object_id = ids.chunk_id(raw)
-        self.locations.setdefault(object_id, (origin[0], origin[1], len(raw)))
-        return object_id
+    def put(self, raw, dtype, base_id=None) -> str:
+        return ids.chunk_id(raw)
+
+    def locate(self, object_id: str, origin: tuple[str, int], length: int) -> None:
+        self.locations.setdefault(object_id, (origin[0], origin[1], length))
 
 
 def index(root: Path, paths: list[str], chunk_bytes: int, progress: Progress = NULL):
     """(tree, {chunk id: (path, offset, length)}) of the files ``paths`` under ``root``."""
     recorder = _LocationRecorder()
-    tree = Snapshotter(recorder, None, chunk_bytes, progress).directory(root, sorted(paths), _NoStatCache())
+    tree = Snapshotter(recorder, None, chunk_bytes, progress, recorder.locate).directory(root, sorted(paths),
+                                                                                     _NoStatCache())
     return tree, recorder.locations
 
 

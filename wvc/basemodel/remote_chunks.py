@@ -54,8 +54,7 @@ class RemoteBaseChunks:
 
             if self.hub is None:
                 repo_id, sha = parse_hub(self.base.url, need_sha=True)
-                self.hub = HubRemote(repo_id)
-                self.hub.sha = sha
+                self.hub = HubRemote(repo_id, sha=sha)
             try:
                 raw = self.hub.read_range(path, offset, length)
             except RemoteError as exc:

@@ -13,8 +13,8 @@ context chunk as raw bytes of equal length, and choose C or Python.
 
 from __future__ import annotations
 
-import os
 
+from .. import settings
 from ..errors import CorruptObject
 from .container import MAX_EXPONENT_BITS  # the container's bound on exponent fields
 
@@ -22,7 +22,7 @@ try:
     from . import _step as _c
 except ImportError:
     _c = None
-if os.environ.get("WVC_NO_NATIVE"):
+if settings.flag("WVC_NO_NATIVE"):  # (at import: which kernels load, settings.py)
     _c = None
 
 CLASSES = 7

@@ -15,7 +15,6 @@ nothing to transmit.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from ..errors import CorruptObject
@@ -299,8 +298,7 @@ def encode_chunk(
 
     ``context`` (the base's own base) adds ULP_STEP to the candidates, for floats it codes
     and when few enough elements changed (STEP_MAX_CHANGED); it must beat the other methods
-    by a margin (STEP_MIN_GAIN), with the C coder only (the Python twin is slow), and never
-    with ``WVC_NO_STEP_CONTEXT`` set (the benchmarks' baseline; decoding is unaffected)."""
+    by a margin (STEP_MIN_GAIN), with the C coder only (the Python twin is slow)."""
     raw = memoryview(raw).cast("B")
     if len(raw) % dtype.width:
         raise ValueError("chunk is not a whole number of elements")
@@ -333,7 +331,7 @@ def tries_step(raw, dtype: DType, base, context) -> bool:
 
 def _tries_step(raw, dtype: DType, base, context) -> bool:
     """(``base`` fitted, ``context`` None unless it applies: encode_chunk's arguments)"""
-    if not (context is not None and step.native() and len(raw) and not os.environ.get("WVC_NO_STEP_CONTEXT")):
+    if not (context is not None and step.native() and len(raw)):
         return False
     if native.kernels is not None:
         changed = native.kernels.changed_count(raw, base, dtype.width)

@@ -41,7 +41,7 @@ from torch.futures import Future
 
 from ..api import Repo
 from ..ops.device_choice import commit_device
-from ..errors import FormatError, MissingObject, WvcError
+from ..errors import FormatError, WvcError
 from ..formats import dcp_layout as layout_format
 from ..formats.dtypes import BYTES, DTYPES, by_torch_dtype
 from ..objects import Commit, FileEntry, Tree, check_metadata, chunk_spans
@@ -203,17 +203,9 @@ def _record(repo, w: WvcStorageWriter, metadata: Metadata, results) -> tuple[str
     stored = writer.stored_bytes + sum(r[0].storage_data.stored_bytes for r in results if r)
     meta = {**w.metadata, "dcp": {"world_size": len(results), "items": len(metadata.state_dict_metadata)}}
     new = Commit(tree.id, (parent,) if parent else (), w.author or default_author(), int(time.time()), w.message, meta)
-    with repo.db.write():
-        for rank in results:
-            if rank:
-                repo.store.insert_rows(rank[0].storage_data.pack, rank[0].storage_data.rows)
-        repo.store.insert_rows(pack, rows)
-        missing = [c for c in tree.chunk_ids() if not repo.store.has(c)]
-        if missing:
-            raise MissingObject(f"{len(missing)} objects vanished during the save (concurrent gc?); save again")
-        repo.graph.add_tree(tree)
-        repo.graph.add_commit(new, stored)
-        repo.refs.set(HEADS + branch, new.id, parent, f"dcp save: {new.summary}")  # CAS
+    packs = [(rank[0].storage_data.pack, rank[0].storage_data.rows) for rank in results if rank] + [(pack, rows)]
+    repo.record([(new, tree, stored)], packs=packs, ref=HEADS + branch, expected=parent,  # CAS
+                reason=f"dcp save: {new.summary}")
     if branch == repo.refs.head_branch():  # HEAD's new version: the working tree follows it
         from ..ops.follow_worktree import follow_commit
 

@@ -8,15 +8,15 @@ from pathlib import Path
 
 from ..errors import RemoteError, RevisionNotFound, WvcError
 from ..progress import NULL, Progress
-from ..remotes import open_remote
-from ..remotes import LAZY_REMOTE_KEY
+from ..remotes import LAZY_REMOTE_KEY, open_remote
+from ..remotes.repository import RemoteRepository
 from ..repo import INIT_PREFIX, Repository, remove_new_repository
 from ..store.database import peek_config
 from ..store.refs import HEADS
 from .fetch import fetch
 from .pull import pull
 from .remote_base import attach_remote_base, base_directory, remote_base
-from .remote_config import remote_add
+from .remote_config import index_cache, remote_add
 
 
 # Set when the clone's repository is created, cleared when the clone is done: a clone that
@@ -53,25 +53,28 @@ def clone(url: str, directory=None, *, branch: str | None = None, lazy: bool = F
             shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise WvcError(f"destination {target} exists and is not an empty directory")
-    state = remote.state()  # fail before creating anything if the remote is unusable
-    heads = [r[len(HEADS):] for r in state.refs if r.startswith(HEADS)]
+    # the one listing of this clone, before anything is created (an unusable remote fails
+    # here); the base, the fetch and the pull all read it
+    pinned = RemoteRepository.open(remote)
+    heads = [r[len(HEADS):] for r in pinned.refs if r.startswith(HEADS)]
     if not heads:
         raise RemoteError(f"{url} has no branches")
     branch = branch or ("main" if "main" in heads else sorted(heads)[0])
     if branch not in heads:
         raise RevisionNotFound(f"{url} has no branch {branch!r}")
-    base = remote_base(state, url)
+    base = remote_base(pinned.base_record, url)
     base_dir = base_directory(base, url, base_dir)  # before anything is created
     created = not target.exists()
     repo = None
     try:
         settings = {CLONE_INCOMPLETE: url, **({LAZY_REMOTE_KEY: "origin"} if lazy else {})}
         repo = Repository.create(target, branch=branch, settings=settings)
+        pinned = RemoteRepository(remote, pinned.state, index_cache(repo))  # (the same listing)
         if base is not None:
-            attach_remote_base(repo, remote, state, base, progress, base_dir)
+            attach_remote_base(repo, pinned, base, progress, base_dir)
         remote_add(repo, "origin", _absolute(url))
-        fetched = fetch(repo, "origin", progress=progress)
-        pull(repo, "origin", branch, progress=progress)
+        fetched = fetch(repo, "origin", progress=progress, remote=pinned)
+        pull(repo, "origin", branch, progress=progress, fetched=fetched)
     except BaseException:
         if repo is not None:
             repo.close()

@@ -15,7 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import ConcurrentUpdate, MissingObject, NothingToCommit, WvcError
+from .. import settings
+from ..errors import ConcurrentUpdate, NothingToCommit, WvcError
 from .device_choice import commit_device, data_location
 from ..objects import Commit, Tree, check_metadata
 from ..progress import NULL, Progress
@@ -52,7 +53,7 @@ class CommitResult:
 
 
 def default_author() -> str:
-    if author := os.environ.get("WVC_AUTHOR"):
+    if author := settings.text("WVC_AUTHOR"):
         return author
     try:
         return f"{getpass.getuser()}@{_host_name()}"
@@ -167,11 +168,8 @@ def _commit(repo, message, source, *, author, metadata, allow_empty, device, sta
         parents = amended.parents  # recorded in its place
     summary = f"commit (amend): {message.splitlines()[0] if message else ''}" if amended else None
     new = Commit(tree.id, parents, author or default_author(), int(time.time()), message, metadata)
-    with repo.db.write():
-        repo.store.insert_rows(pack, rows)
-        _check_objects_present(repo, tree)
-        repo.graph.add_tree(tree)
-        repo.graph.add_commit(new, writer.stored_bytes)
+    def move_refs():  # HEAD's rules, in the record's transaction
+        nonlocal stat_cache
         if branch is not None:
             repo.refs.set(HEADS + branch, new.id, branch_before, f"commit: {new.summary}")  # CAS
             stat_cache = None  # the working tree was not the source
@@ -186,6 +184,8 @@ def _commit(repo, message, source, *, author, metadata, allow_empty, device, sta
         if merge_head is not None:
             repo.db.delete_config(MERGE_HEAD)
             repo.db.delete_config(MERGE_RECIPE)
+
+    repo.record([(new, tree, writer.stored_bytes)], packs=[(pack, rows)], during=move_refs)
     if root != repo.root and (branch is None or branch == repo.refs.head_branch()):
         from .follow_worktree import follow_commit  # HEAD's new version came from elsewhere
 
@@ -196,11 +196,3 @@ def _commit(repo, message, source, *, author, metadata, allow_empty, device, sta
         result.skipped_symlinks = scanned.skipped_symlinks
         result.nested_repositories = scanned.nested_repositories
     return result
-
-
-def _check_objects_present(repo, tree: Tree) -> None:
-    """Guard against gc having removed an object we deduplicated against meanwhile."""
-    chunks = tree.chunk_ids()
-    missing = chunks - repo.store.present(chunks)
-    if missing:
-        raise MissingObject(f"{len(missing)} objects vanished during the commit (concurrent gc?); retry")

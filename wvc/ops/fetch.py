@@ -15,14 +15,14 @@ from ..errors import RemoteError
 from ..fsutil import fsync_dir, make_work_dir, sweep_work_dirs
 from ..objects import Commit, Tree
 from ..progress import NULL, Progress
-from ..remotes.interface import MAX_SMALL_OBJECT, commit_path, pack_path, tree_path
 from ..remotes import lazy_remote_name
-from ..remotes.transfer import MAX_PACK_BYTES, remote_contents, verified, verify_packs
+from ..remotes.interface import MAX_PACK_BYTES, pack_path
+from ..remotes.transfer import verify_packs
 from ..store.graph import UNKNOWN
 from ..store.packs import pack_filename
 from ..store.refs import HEADS, TAGS
 from .remote_base import check_same_base, remote_base
-from .remote_config import REMOTES, index_cache, open_remote_named
+from .remote_config import REMOTES, open_remote_repository
 
 @dataclass
 class FetchResult:
@@ -37,22 +37,22 @@ class FetchResult:
         return dict(self.__dict__)
 
 
-def fetch(repo, remote_name: str = "origin", *, progress: Progress = NULL) -> FetchResult:
-    remote = open_remote_named(repo, remote_name)
-    state = remote.state()
-    check_same_base(remote_name, remote_base(state, remote.url), repo.base())
-    contents = remote_contents(remote, state, index_cache(repo))
-    commits, raw_commits = _missing_commits(repo, remote, state, contents)
+def fetch(repo, remote_name: str = "origin", *, progress: Progress = NULL, remote=None) -> FetchResult:
+    """``remote``: the RemoteRepository of this operation when the caller listed it already
+    (a clone: one listing for the base, the fetch and the pull)."""
+    remote = remote or open_remote_repository(repo, remote_name)
+    check_same_base(remote_name, remote_base(remote.base_record, remote.url), repo.base())
+    contents = remote.contents
+    commits, raw_commits = _missing_commits(repo, remote)
     trees: dict[str, Tree] = {}
     for commit in commits.values():
-        if commit.tree in trees or repo.graph.has_tree(commit.tree):
-            continue
-        data = contents.trees.get(commit.tree) or remote.read(tree_path(commit.tree), MAX_SMALL_OBJECT)
-        if data is None:
-            raise RemoteError(f"remote is missing tree {ids.short(commit.tree)}")
-        trees[commit.tree] = verified(Tree.from_bytes, data, commit.tree, "tree")
+        if commit.tree not in trees and not repo.graph.has_tree(commit.tree):
+            trees[commit.tree] = remote.tree(commit.tree)
 
     # a lazy clone takes commits and trees only; chunks come on first use (remotes/lazy.py)
+    lazy = lazy_remote_name(repo.db) == remote_name
+    if lazy and repo.store.supply is not None:
+        repo.store.supply.use(remote)  # later chunk reads in this process go by this listing
     lazy = lazy_remote_name(repo.db) is not None
     needed = set() if lazy else {c for t in trees.values() for c in t.chunk_ids() if not repo.store.has(c)}
     packs_to_get, lengths, sizes = [], {}, {}
@@ -75,7 +75,7 @@ def fetch(repo, remote_name: str = "origin", *, progress: Progress = NULL) -> Fe
         progress.start(sum(sizes.values()), "downloading")
         for name in packs_to_get:
             dest = tmp / pack_filename(name)
-            remote.download(pack_path(name), dest, MAX_PACK_BYTES)
+            remote.backend.download(pack_path(name), dest, MAX_PACK_BYTES)
             downloaded.append((name, dest))
             progress.advance(sizes[name])
         progress.close()
@@ -92,26 +92,26 @@ def fetch(repo, remote_name: str = "origin", *, progress: Progress = NULL) -> Fe
             for cid, commit in commits.items():
                 repo.graph.add_commit(commit, _introduced_bytes(repo, commit, commits, trees, lengths),
                                       raw_commits[cid])
-            tracked = _move_tracking_refs(repo, remote_name, state.refs)
-            new_tags = _take_tags(repo, remote_name, state.refs)
+            tracked = _move_tracking_refs(repo, remote_name, remote.refs)
+            new_tags = _take_tags(repo, remote_name, remote.refs)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return FetchResult(remote_name, tracked, len(commits), sum(len(r) for _, _, r in staged), remote.bytes_downloaded,
+    return FetchResult(remote_name, tracked, len(commits), sum(len(r) for _, _, r in staged), remote.downloaded_bytes,
                        new_tags)
 
 
-def _missing_commits(repo, remote, state, contents):
+def _missing_commits(repo, remote):
+    """The commits the remote's refs reach that this repository lacks, each verified, and
+    their canonical bytes."""
     commits: dict[str, Commit] = {}
     raw: dict[str, bytes] = {}
-    stack = [c for c in state.refs.values() if not repo.graph.has_commit(c)]
+    stack = [c for c in remote.refs.values() if not repo.graph.has_commit(c)]
     while stack:
         cid = stack.pop()
         if cid in commits or repo.graph.has_commit(cid):
             continue
-        data = contents.commits.get(cid) or remote.read(commit_path(cid), MAX_SMALL_OBJECT)
-        if data is None:
-            raise RemoteError(f"remote is missing commit {ids.short(cid)} (a ref or parent points to it)")
-        commits[cid], raw[cid] = verified(Commit.from_bytes, data, cid, "commit"), data
+        commits[cid], raw[cid] = remote.verified_commit(
+            cid, f"remote is missing commit {ids.short(cid)} (a ref or parent points to it)")
         stack.extend(commits[cid].parents)
     return commits, raw
 

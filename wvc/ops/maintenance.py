@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from dataclasses import dataclass, field
 
+from .. import settings
 from .. import ids
 from ..errors import WvcError
 from ..fsutil import TEMP_PREFIX, stale_work_dirs
@@ -31,7 +32,7 @@ REFLOG_EXPIRE_DAYS = 30
 
 
 def reflog_expire_seconds() -> int:
-    return int(float(os.environ.get("WVC_REFLOG_EXPIRE_DAYS", REFLOG_EXPIRE_DAYS)) * 86400)
+    return int(settings.number("WVC_REFLOG_EXPIRE_DAYS", REFLOG_EXPIRE_DAYS) * 86400)
 
 
 def reachable(repo, since: int | None = None) -> tuple[set[str], set[str], set[str]]:
@@ -102,15 +103,8 @@ def gc(repo, *, grace_seconds: int = 3600) -> GcResult:
 
     new_pack, moved = None, []
     if dead_packs:
-        with repo.store.writer() as writer:
-            for row in repo.store.rows_in_packs(dead_packs):
-                if row.id in dead_ids:
-                    continue
-                payload = repo.store.reader.read(row.pack, row.offset, row.length)
-                entry = writer.pack.add(row.id, payload, row.raw_size, row.method, row.base)
-                moved.append((row.id, entry.offset))
-            writer.finished = writer.pack.finish()
-            new_pack = writer.finished
+        new_pack, moved = repo.store.copy_to_new_pack(
+            row for row in repo.store.rows_in_packs(dead_packs) if row.id not in dead_ids)
     # Phase 2, under the write lock (committers wait): reachability again, from the refs as
     # they are now, and only then delete. A commit that landed meanwhile, or an object a
     # commit deduplicated against, is reachable here and survives.

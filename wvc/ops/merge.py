@@ -95,11 +95,11 @@ def _merge(repo, rev, *, strategy, params, no_commit, message, author, device, p
     if graph.is_ancestor(ours, theirs):
         return _fast_forward(repo, ours, theirs, progress)
 
-    bases = graph.merge_bases(ours, theirs)
-    base_id = bases[0] if bases else None
+    merge_bases = graph.merge_bases(ours, theirs)
+    merge_base = merge_bases[0] if merge_bases else None
     o_tree, t_tree = repo.tree_of(ours), repo.tree_of(theirs)
-    b_tree = repo.tree_of(base_id) if base_id else Tree((), o_tree.chunk_bytes)
-    if not (o_tree.chunk_bytes == t_tree.chunk_bytes == (b_tree.chunk_bytes if base_id else o_tree.chunk_bytes)):
+    b_tree = repo.tree_of(merge_base) if merge_base else Tree((), o_tree.chunk_bytes)
+    if not (o_tree.chunk_bytes == t_tree.chunk_bytes == (b_tree.chunk_bytes if merge_base else o_tree.chunk_bytes)):
         raise WvcError("the two sides (or their merge-base) are chunked with different chunk sizes: "
                        "a per-tensor merge needs one")
     plan = _plan(b_tree, o_tree, t_tree, strategy, params)
@@ -111,12 +111,12 @@ def _merge(repo, rev, *, strategy, params, no_commit, message, author, device, p
                             plan.conflicts)
 
     recipe = {"strategy": strategy, "parameters": params.to_json(strategy) if strategy else {},
-              "merge_base": base_id, "merge_bases": bases, "computed": [f"{p}:{n}" for p, n in plan.computed]}
+              "merge_base": merge_base, "merge_bases": merge_bases, "computed": [f"{p}:{n}" for p, n in plan.computed]}
     with repo.store.writer(device=resolve_device(device), max_chain=repo.max_chain) as writer:
         files = _fill_computed(repo, plan, b_tree, o_tree, t_tree, strategy, params, writer, progress)
         pack, rows = writer.finish()
     tree = Tree(tuple(files[p] for p in sorted(files)), o_tree.chunk_bytes)
-    result = MergeResult("merged", ours, theirs, None, base_id, bases, strategy, recipe["computed"], plan.resolved,
+    result = MergeResult("merged", ours, theirs, None, merge_base, merge_bases, strategy, recipe["computed"], plan.resolved,
                          plan.from_theirs, writer.stored_bytes)
     if no_commit:
         with repo.db.write():
@@ -130,10 +130,7 @@ def _merge(repo, rev, *, strategy, params, no_commit, message, author, device, p
 
     summary = message or f"Merge {rev} into {repo.refs.head_branch() or ids.short(ours)}"
     new = Commit(tree.id, (ours, theirs), author or default_author(), int(time.time()), summary, {"merge": recipe})
-    with repo.db.write():
-        repo.store.insert_rows(pack, rows)
-        repo.graph.add_tree(tree)
-        repo.graph.add_commit(new, writer.stored_bytes)
+    repo.record([(new, tree, writer.stored_bytes)], packs=[(pack, rows)])  # the branch moves with the tree:
     _move_to(repo, ours, new.id, f"merge {rev}: {summary}", progress)
     result.commit = new.id
     return result
@@ -295,8 +292,8 @@ def _fill_computed(repo, plan: _Plan, b_tree, o_tree, t_tree, strategy, params, 
             dtype = DTYPES[x.dtype]
             chunks = []
             for i, (start, end) in enumerate(chunk_spans(len(raw), dtype.width, o_tree.chunk_bytes)):
-                base_id = xo.chunks[i] if i < len(xo.chunks) else None
-                chunks.append(writer.put(raw[start:end], dtype, base_id))
+                delta_base = xo.chunks[i] if i < len(xo.chunks) else None
+                chunks.append(writer.put(raw[start:end], dtype, delta_base))
             tensors.append(TensorEntry(x.name, x.dtype, x.shape, tuple(chunks)))
             progress.advance(1)
         files[path] = FileEntry.of(path, "safetensors", entry.size, header=entry.header, tensors=tuple(tensors),
@@ -318,11 +315,3 @@ def _write_working_tree(repo, o_tree: Tree, tree: Tree, progress: Progress) -> N
     for path in set(before) - set(after):
         resolve_inside(repo.root, path).unlink(missing_ok=True)
     progress.close()
-
-
-def pending_merge(repo) -> tuple[str, dict] | None:
-    """The other parent and recipe of a merge written with --no-commit, if one is waiting."""
-    head = repo.db.get_config(MERGE_HEAD)
-    if head is None:
-        return None
-    return head, json.loads(repo.db.get_config(MERGE_RECIPE) or "{}")

@@ -15,8 +15,9 @@ from .remote_config import REMOTES
 
 
 def pull(repo, remote_name: str = "origin", branch: str | None = None, *, rebase: bool = False,
-         merge: bool = False, strategy: str | None = None, progress: Progress = NULL) -> dict:
-    fetched = fetch(repo, remote_name, progress=progress)
+         merge: bool = False, strategy: str | None = None, progress: Progress = NULL, fetched=None) -> dict:
+    """``fetched``: the FetchResult of a fetch the caller just made (a clone): not fetched again."""
+    fetched = fetched or fetch(repo, remote_name, progress=progress)
     branch = branch or repo.refs.head_branch()
     if branch is None:
         raise WvcError("HEAD is detached: name the branch to pull")
@@ -84,7 +85,7 @@ def replay(repo, local: str, upstream: str) -> tuple[str, int]:
     graph = repo.graph
     mine = graph.in_insertion_order(graph.ancestors(local, stop=set(graph.ancestors(upstream))))
     base_tree = repo.tree_of(upstream)
-    parent, replayed, trees, commits = upstream, 0, [], []
+    parent, replayed, versions = upstream, 0, []
     for cid in mine:
         old = repo.read_commit(cid)
         before = repo.tree_of(old.parents[0]) if old.parents else Tree((), base_tree.chunk_bytes)
@@ -98,12 +99,7 @@ def replay(repo, local: str, upstream: str) -> tuple[str, int]:
         if tree.id == base_tree.id:
             continue  # upstream has this change already
         new = Commit(tree.id, (parent,), old.author, old.timestamp, old.message, old.metadata)
-        trees.append(tree)
-        commits.append((new, graph.stored_bytes(cid)))
+        versions.append((new, tree, graph.stored_bytes(cid)))
         parent, base_tree, replayed = new.id, tree, replayed + 1
-    with repo.db.write():
-        for tree in trees:
-            graph.add_tree(tree)
-        for new, stored in commits:
-            graph.add_commit(new, stored)
+    repo.record(versions)  # the branch moves after the working tree (pull's _integrate)
     return parent, replayed

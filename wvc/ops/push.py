@@ -12,14 +12,11 @@ from ..basemodel.record import base_json
 from ..errors import NonFastForward, RevisionNotFound, WvcError
 from ..fsutil import sweep_work_dirs, work_dir
 from ..progress import NULL, Progress
-from ..remotes import compaction
-from ..remotes.catalog import Catalog, catalog_name, catalog_path
-from ..remotes.interface import BASE_RECORD, pack_path
-from ..remotes.transfer import remote_contents
+from ..remotes.catalog import Catalog
 from ..store.chains import resolve_chain
-from ..store.packs import PackWriter, pack_filename
+from ..store.packs import PackWriter, copy_payloads, pack_filename
 from ..store.refs import HEADS, TAGS
-from .remote_config import REMOTES, index_cache, open_remote_named
+from .remote_config import REMOTES, open_remote_repository
 from .remote_base import check_same_base, remote_base
 
 
@@ -59,9 +56,9 @@ def push(repo, remote_name: str = "origin", branch: str | None = None, *, force:
             raise RevisionNotFound(f"no local branch or tag {branch!r}")
     if tags:
         updates.update({TAGS + name: target for name, target in repo.refs.list(TAGS).items()})
-    remote = open_remote_named(repo, remote_name)
-    state = remote.state(create=True)
-    ours, theirs = repo.base(), remote_base(state, remote.url)
+    remote = open_remote_repository(repo, remote_name, create=True)
+    state = remote.state
+    ours, theirs = repo.base(), remote_base(remote.base_record, remote.url)
     check_same_base(remote_name, theirs, ours)
     graph = repo.graph
     primary = next(iter(updates), None)
@@ -83,7 +80,7 @@ def push(repo, remote_name: str = "origin", branch: str | None = None, *, force:
             )
     if not updates:
         return PushResult(remote_name, name, old, local or "", 0, 0, 0, False, logical)
-    contents = remote_contents(remote, state, index_cache(repo))
+    contents = remote.contents
     # Commits the remote has: its catalogs list them, so the walk from our tip stops at the
     # first one (not walking the whole history every push). A format-1 remote lists none:
     # there, everything its refs reach.
@@ -101,54 +98,30 @@ def push(repo, remote_name: str = "origin", branch: str | None = None, *, force:
     sweep_work_dirs(repo.wvc_dir)  # a killed push's pack
     with work_dir(repo.wvc_dir, "push") as tmp:
         pack_file, catalog = _new_segment(repo, wanted, new_commits, Path(tmp), progress)
-        # nothing new to store (a tag on a commit the remote has): refs only, no empty segment
-        nothing = pack_file is None and not catalog.commits
-        merging = [] if nothing else compaction.to_merge(live, catalog.size)
-        retired: list[str] = []
-        if merging:  # keep the remote's file count bounded (remotes/compaction.py)
-            progress.start(len(merging), "compacting the remote", unit="segments")
-            pack_file, catalog = compaction.merge_segments(remote, merging, pack_file, catalog, Path(tmp))
-            retired = [f for seg in merging for f in seg.files()]
-            progress.close()
-        files: dict[str, Path | bytes] = {}
-        if pack_file is not None:
-            files[pack_path(catalog.pack)] = pack_file
-        if not nothing:
-            data = catalog.to_bytes()
-            files[catalog_path(catalog_name(data))] = data
-        if ours is not None and theirs is None:
-            files[BASE_RECORD] = base_json(ours)
-        delete: tuple[str, ...] = ()
-        if retired and remote.deletes_atomically:
-            delete = tuple(retired)
-        elif retired:
-            path, record = compaction.retired_record(retired)
-            files[path] = record
-        remote.publish(files, dict(updates), state, f"wvc push {name} {ids.short(local or next(iter(updates.values())))}",
-                       delete=delete, progress=progress)
-    if not remote.deletes_atomically and state.retired:
-        compaction.purge(remote, state, contents)  # files retired long enough ago
+        replaced = remote.push_segment(
+            pack_file, catalog, dict(updates), f"wvc push {name} {ids.short(local or next(iter(updates.values())))}",
+            Path(tmp), base_record=base_json(ours) if ours is not None else None, progress=progress)
     with repo.db.write():
         for ref, target in updates.items():
             if ref.startswith(HEADS):
                 tracking = f"{REMOTES}{remote_name}/{ref[len(HEADS):]}"
                 repo.refs.set(tracking, target, repo.refs.get(tracking), f"push to {remote_name}")
     forced = any(state.refs.get(r) is not None and not graph.is_ancestor(state.refs[r], t) for r, t in updates.items())
-    return PushResult(remote_name, name, old, local or "", len(new_commits), len(wanted), remote.bytes_uploaded,
-                      force and forced, logical, len(retired), sorted(r for r in updates if r.startswith(TAGS)))
+    return PushResult(remote_name, name, old, local or "", len(new_commits), len(wanted),
+                      remote.backend.bytes_uploaded, force and forced, logical, replaced,
+                      sorted(r for r in updates if r.startswith(TAGS)))
 
 
 def delete_remote_ref(repo, remote_name: str, name: str) -> dict:
     """Delete branch (or tag) ``name`` on the remote (`push --delete`, `push origin :name`):
     one compare-and-swap that moves only that ref; what it alone held is freed by a later
     `gc --remote`. The remote-tracking ref goes too."""
-    remote = open_remote_named(repo, remote_name)
-    state = remote.state()
-    ref = next((p + name for p in (HEADS, TAGS) if p + name in state.refs), None)
+    remote = open_remote_repository(repo, remote_name)
+    ref = next((p + name for p in (HEADS, TAGS) if p + name in remote.refs), None)
     if ref is None:
         raise RevisionNotFound(f"{remote_name} has no branch or tag {name!r}")
-    old = state.refs[ref]
-    remote.publish({}, {ref: None}, state, f"wvc push --delete {name}")
+    old = remote.refs[ref]
+    remote.publish({}, {ref: None}, f"wvc push --delete {name}")
     with repo.db.write():
         tracking = f"{REMOTES}{remote_name}/{name}"
         if ref.startswith(HEADS) and repo.refs.get(tracking) is not None:
@@ -169,13 +142,10 @@ def _new_segment(repo, wanted: list[str], new_commits: list[str], tmp: Path, pro
     writer = PackWriter(tmp)
     rows = [repo.store.row(oid) for oid in wanted]
     progress.start(sum(r.length for r in rows), "packing")
-    for row in rows:
-        writer.add(row.id, repo.store.reader.read(row.pack, row.offset, row.length), row.raw_size, row.method, row.base)
-        progress.advance(row.length)
+    entries = copy_payloads(writer, ((r, repo.store.reader.read(r.pack, r.offset, r.length)) for r in rows), progress)
     progress.close()
     name, _ = writer.finish()
-    catalog.pack, catalog.entries = name, list(writer.entries)
-    return tmp / pack_filename(name), catalog
+    return tmp / pack_filename(name), Catalog(name, entries, catalog.commits, catalog.trees)
 
 
 def _objects_to_send(repo, chunks_of: dict[str, set[str]], remote_objects: set[str]) -> list[str]:

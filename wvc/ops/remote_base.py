@@ -6,21 +6,17 @@ from .. import ids
 from ..basemodel.attach import attach
 from ..basemodel.record import base_commit, parse_base_json
 from ..errors import BaseModelError, RemoteError
-from ..objects import Tree
 from ..progress import Progress
-from ..remotes.interface import MAX_SMALL_OBJECT, tree_path
-from ..remotes.transfer import remote_contents, verified
-from .remote_config import index_cache
 
 
-def remote_base(state, url: str):
-    """The base a remote records (validated), or None."""
-    if state.base is None:
+def remote_base(record: bytes | None, url: str):
+    """The base model a remote's base record (untrusted bytes, or None) names, validated."""
+    if record is None:
         return None
     try:
-        base = parse_base_json(state.base)
+        base = parse_base_json(record)
     except BaseModelError as exc:
-        raise RemoteError(f"{url}: {exc}") from None
+        raise RemoteError(f"{url}: {exc}") from exc
     if base_commit(base.url, base.tree).id != base.commit:
         raise RemoteError(f"remote base record is inconsistent: commit {ids.short(base.commit)} is not the root "
                           f"commit of {base.url}")
@@ -52,15 +48,10 @@ def check_same_base(remote_name: str, theirs, ours) -> None:
     raise RemoteError(f"remote {remote_name} is based on {theirs.url}, this repository on {ours.url}")
 
 
-def attach_remote_base(repo, remote, state, base, progress: Progress, base_dir: str | None = None) -> None:
-    """Find or download the base a remote records and check it gives the recorded tree (a
-    directory base: read from ``base_dir``, the user's, see base_directory)."""
-    # format 2: the base's tree is in the catalog of the first push (read once: the fetch that
-    # follows finds the catalogs in the local cache)
-    contents = remote_contents(remote, state, index_cache(repo))
-    data = contents.trees.get(base.tree) or remote.read(tree_path(base.tree), MAX_SMALL_OBJECT)
-    if data is None:
-        raise RemoteError(f"remote is missing the base's tree {ids.short(base.tree)}")
-    tree = verified(Tree.from_bytes, data, base.tree, "tree")
+def attach_remote_base(repo, remote, base, progress: Progress, base_dir: str | None = None) -> None:
+    """Find or download the base a remote (a RemoteRepository) records and check it gives
+    the recorded tree (a directory base: read from ``base_dir``, the user's, see
+    base_directory)."""
+    tree = remote.tree(base.tree)  # format 2: in the catalog of the first push
     spec = base.url if base.is_hub else base_directory(base, remote.url, base_dir)
     attach(repo, spec, expected=base, expected_tree=tree, set_branch=False, progress=progress)

@@ -72,6 +72,14 @@ def open_remote_named(repo, name: str):
     return open_remote(anchored(repo, remote_url(repo.db, name)))  # (an older wvc stored paths as given)
 
 
+def open_remote_repository(repo, name: str, *, create: bool = False):
+    """Remote ``name`` listed once, for one operation (remotes/repository.py); its immutable
+    files are kept in the repository's index cache."""
+    from ..remotes.repository import RemoteRepository
+
+    return RemoteRepository.open(open_remote_named(repo, name), index_cache(repo), create=create)
+
+
 def index_cache(repo):
     """Where remote pack indexes are kept once read (packs are immutable)."""
     return repo.wvc_dir / "remote-idx"

@@ -18,11 +18,7 @@ from pathlib import Path
 
 from ..errors import RemoteError
 from ..progress import NULL, Progress
-from ..remotes import compaction
-from ..remotes.catalog import Catalog, catalog_name, catalog_path
-from ..remotes.interface import pack_path
-from ..remotes.transfer import Segment, remote_contents
-from .remote_config import index_cache, open_remote_named
+from .remote_config import open_remote_repository
 
 
 @dataclass
@@ -41,13 +37,12 @@ class RemoteGcResult:
 
 
 def remote_gc(repo, remote_name: str, *, dry_run: bool = False, progress: Progress = NULL) -> RemoteGcResult:
-    remote = open_remote_named(repo, remote_name)
-    state = remote.state()
-    contents = remote_contents(remote, state, index_cache(repo))
+    remote = open_remote_repository(repo, remote_name)
+    contents = remote.contents
     try:
-        live_commits, live_trees, live_objects = contents.reachable(remote, state.refs.values())
+        live_commits, live_trees, live_objects = remote.reachable()
     except RemoteError as exc:
-        raise RemoteError(f"{exc}: refusing to collect garbage on {remote_name}") from None
+        raise RemoteError(f"{exc}: refusing to collect garbage on {remote_name}") from exc
     dead, partial = [], []
     objects_removed = commits_removed = bytes_freed = 0
     for seg in contents.live_segments:  # retired ones are on their way out already
@@ -65,29 +60,6 @@ def remote_gc(repo, remote_name: str, *, dry_run: bool = False, progress: Progre
     if dry_run or not (dead or partial):
         return result
     with tempfile.TemporaryDirectory(prefix="wvc-remote-gc-", dir=repo.wvc_dir) as tmp:
-        files: dict[str, Path | bytes] = {}
-        if partial:
-            kept = [_only_live(seg, live_objects, live_commits, live_trees) for seg in partial]
-            progress.start(len(kept), "rewriting remote packs", unit="segments")
-            pack_file, catalog = compaction.merge_segments(remote, kept, None, Catalog(None), Path(tmp))
-            progress.close()
-            if pack_file is not None:
-                files[pack_path(catalog.pack)] = pack_file
-            data = catalog.to_bytes()
-            files[catalog_path(catalog_name(data))] = data
-        retired = [f for seg in dead + partial for f in seg.files()]
-        delete: tuple[str, ...] = ()
-        if remote.deletes_atomically:
-            delete = tuple(retired)
-        else:
-            path, record = compaction.retired_record(retired)
-            files[path] = record
-        remote.publish(files, {}, state, f"wvc gc: {objects_removed} objects, {commits_removed} commits removed",
-                       delete=delete)
+        remote.rewrite(dead + partial, [seg.only(live_objects, live_commits, live_trees) for seg in partial],
+                       f"wvc gc: {objects_removed} objects, {commits_removed} commits removed", Path(tmp), progress)
     return result
-
-
-def _only_live(seg: Segment, objects: set[str], commits: set[str], trees: set[str]) -> Segment:
-    return Segment(seg.catalog, seg.pack, [e for e in seg.entries if e.id in objects],
-                   {c: d for c, d in seg.commits.items() if c in commits},
-                   {t: d for t, d in seg.trees.items() if t in trees})

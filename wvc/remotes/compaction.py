@@ -23,43 +23,54 @@ import secrets
 import time
 from pathlib import Path
 
+from .. import settings
 from ..errors import CorruptObject, WvcError
 from ..objects import canonical_json
-from ..store.packs import PackWriter, pack_filename, read_pack_index
+from ..store.packs import PackWriter, copy_payloads, pack_filename, read_pack_index
 from .catalog import Catalog
-from .interface import Remote, pack_path
-from .transfer import MAX_PACK_BYTES, RemoteContents, Segment
+from .interface import MAX_PACK_BYTES, MAX_SMALL_OBJECT, Remote, commit_path, pack_path, tree_path
 
-FANOUT = int(os.environ.get("WVC_COMPACT_FANOUT", "4"))  # 0: never compact (benchmarks compare)
+FANOUT = 4
 TIER0_BYTES = 1 << 20
-GRACE_SECONDS = int(os.environ.get("WVC_REMOTE_GRACE_SECONDS", "3600"))
+GRACE_SECONDS = 3600
 
 
-def tier(size: int) -> int:
+def fanout() -> int:
+    """WVC_COMPACT_FANOUT, else FANOUT (0: never compact; the benchmarks compare)."""
+    return int(settings.number("WVC_COMPACT_FANOUT", FANOUT))
+
+
+def grace_seconds() -> float:
+    """WVC_REMOTE_GRACE_SECONDS, else GRACE_SECONDS."""
+    return settings.number("WVC_REMOTE_GRACE_SECONDS", GRACE_SECONDS)
+
+
+def tier(size: int, fan: int) -> int:
     t, limit = 0, TIER0_BYTES
     while size >= limit:
         t += 1
-        limit *= max(FANOUT, 2)
+        limit *= max(fan, 2)
     return t
 
 
-def to_merge(existing: list[Segment], new_size: int) -> list[Segment]:
+def to_merge(existing: list, new_size: int) -> list:
     """The existing segments a new one of ``new_size`` (Segment.size) merges with (cascading)."""
-    if FANOUT < 2:
+    fan = fanout()
+    if fan < 2:
         return []
-    chosen: list[Segment] = []
+    chosen: list = []
     size = new_size
     pool = list(existing)
     while True:
-        same = [s for s in pool if tier(s.size) == tier(size)]
-        if len(same) + 1 < FANOUT:
+        same = [s for s in pool if tier(s.size, fan) == tier(size, fan)]
+        if len(same) + 1 < fan:
             return chosen
         chosen += same
         pool = [s for s in pool if s not in same]
         size += sum(s.size for s in same)
 
 
-def merge_segments(remote: Remote, old: list[Segment], new_pack: Path | None, new: Catalog,
+def merge_segments(remote: Remote, old: list, new_pack: Path | None, new: Catalog,
                    work_dir: Path) -> tuple[Path | None, Catalog]:
     """One segment holding ``new`` (its pack at ``new_pack``) and every object, commit and tree
     of ``old``: their packs are downloaded, checked against their checksums, and their
@@ -86,24 +97,25 @@ def merge_segments(remote: Remote, old: list[Segment], new_pack: Path | None, ne
         return None, merged
     writer = PackWriter(work_dir)
     seen = set()
+
+    def payloads(path: Path, entries):
+        with open(path, "rb") as fh:
+            for e in entries:
+                if e.id in seen:
+                    continue
+                seen.add(e.id)
+                payload = os.pread(fh.fileno(), e.length, e.offset)
+                if len(payload) != e.length:
+                    raise CorruptObject(f"{path.name} is truncated")
+                yield e, payload
+
     try:
-        for path, entries in sources:
-            with open(path, "rb") as fh:
-                for e in entries:
-                    if e.id in seen:
-                        continue
-                    seen.add(e.id)
-                    payload = os.pread(fh.fileno(), e.length, e.offset)
-                    if len(payload) != e.length:
-                        raise CorruptObject(f"{path.name} is truncated")
-                    writer.add(e.id, payload, e.raw_size, e.method, e.base)
+        entries = [e for path, source in sources for e in copy_payloads(writer, payloads(path, source))]
         name, _ = writer.finish()
     except BaseException:
         writer.abort()
         raise
-    merged.pack = name
-    merged.entries = list(writer.entries)
-    return work_dir / pack_filename(name), merged
+    return work_dir / pack_filename(name), Catalog(name, entries, merged.commits, merged.trees)
 
 
 def retired_record(paths: list[str]) -> tuple[str, bytes]:
@@ -112,29 +124,31 @@ def retired_record(paths: list[str]) -> tuple[str, bytes]:
     return f"retired/{name}.json", canonical_json({"paths": sorted(paths)})
 
 
-def purge(remote: Remote, state, contents: RemoteContents) -> int:
+def purge(repository) -> int:
     """Delete what retired records older than the grace period list, if the refs no longer
-    need any of it; returns the number of files deleted."""
+    need any of it; returns the number of files deleted. ``repository``: the
+    RemoteRepository (remotes/repository.py) whose pinned state this reads."""
+    contents, state = repository.contents, repository.state
     now = time.time()
-    old = [r for r in contents.retired_records if now - int(r.split("-")[0]) >= GRACE_SECONDS]
+    grace = grace_seconds()
+    old = [r for r in contents.retired_records if now - int(r.split("-")[0]) >= grace]
     if not old:
         return 0
     doomed = {p for r in old for p in contents.retired_records[r] if p.startswith(("packs/", "catalogs/"))}
     live = [s for s in contents.segments if not set(s.files()) & doomed]
-    if not _refs_covered(remote, state, contents, live):
+    if not _refs_covered(repository, live):
         return 0  # a push that raced the retirement relies on a retired segment: keep it all
     targets = sorted(doomed & state.files) + [f"retired/{r}.json" for r in old]
-    remote.delete(targets)
+    repository.backend.delete(targets)
     return len(targets)
 
 
-def _refs_covered(remote: Remote, state, contents: RemoteContents, live: list[Segment]) -> bool:
+def _refs_covered(repository, live: list) -> bool:
     """Whether every commit, tree and chunk the refs reach is in ``live`` segments (or, for
     commits and trees, a format-1 file). A chunk in no segment at all is a base model's."""
-    from .interface import MAX_SMALL_OBJECT, commit_path, tree_path
-
+    remote, contents = repository.backend, repository.contents
     try:
-        commits, trees, objects = contents.reachable(remote, state.refs.values())
+        commits, trees, objects = repository.reachable()
     except WvcError:
         return False
     live_commits = {c for s in live for c in s.commits}

@@ -14,6 +14,7 @@ import contextlib
 import io
 from pathlib import Path
 
+from .. import settings
 from ..errors import RemoteNotFound, WvcError
 from .interface import (BASE_RECORD, HUB_STARTERS, MAX_BASE_RECORD, Remote, RemoteChanged, RemoteError, RemoteState,
                         TransientError, check_ref_count, content_size, is_wvc_layout, local_write_errors, upload_progress, listing_state, not_a_wvc_remote, parse_refs, retries_reads)
@@ -47,16 +48,15 @@ def _retry_after(response) -> float | None:
 
 def backs_off(method):
     """Retry ``method`` when the Hub rate-limits it, waiting what Retry-After says (else 1,
-    2, 4 ... 60 s), for at most WVC_HUB_MAX_WAIT seconds in all; then the 429 is the error.
+    2, 4 ... 60 s), for at most WVC_HUB_MAX_WAIT seconds per call; then the 429 is the error.
     A rate-limited request changed nothing on the Hub, so repeating it is safe."""
     import functools
 
     @functools.wraps(method)
     def wrapper(*args, **kwargs):
-        import os
         import time
 
-        limit = float(os.environ.get("WVC_HUB_MAX_WAIT", MAX_WAIT_SECONDS))
+        limit = settings.number("WVC_HUB_MAX_WAIT", MAX_WAIT_SECONDS)
         waited, attempt = 0.0, 0
         while True:
             try:
@@ -123,8 +123,7 @@ def hub_errors(what: str):
 class HubRemote(Remote):
     deletes_atomically = True  # one create_commit adds and deletes; readers pinned to a sha keep theirs
 
-    def __init__(self, repo_id: str, revision: str | None = None):
-        import os
+    def __init__(self, repo_id: str, revision: str | None = None, sha: str | None = None):
 
         from huggingface_hub import HfApi
 
@@ -134,9 +133,9 @@ class HubRemote(Remote):
         self.repo_id = repo_id
         self.revision = revision  # hf://org/name@rev: read as of that Hub revision; never pushed to
         self.url = f"hf://{repo_id}" + (f"@{revision}" if revision else "")
-        self.endpoint = os.environ.get("HF_ENDPOINT") or None
+        self.endpoint = settings.text("HF_ENDPOINT")
         self.api = HfApi(endpoint=self.endpoint)
-        self.sha: str | None = None  # the snapshot our reads are pinned to
+        self.sha = sha  # the snapshot our reads are pinned to (set by state(), or given: a base's commit)
 
     @classmethod
     def from_url(cls, url: str) -> "HubRemote":

@@ -34,6 +34,7 @@ MAX_REF_BYTES = 200
 # remote with 100,000 branches made a clone take 98 s. Runs make branches (run/<name>), so
 # the bound is generous; past it, `wvc push --delete` or `gc --remote` is the way back.
 MAX_REMOTE_REFS = 10_000
+MAX_PACK_BYTES = 64 << 30  # one pack a push (or a compaction) writes
 MAX_SMALL_OBJECT = 128 << 20  # commits and trees (objects.MAX_TREE_BYTES)
 MAX_BASE_RECORD = 64 << 10
 BASE_RECORD = "base.json"

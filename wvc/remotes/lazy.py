@@ -5,15 +5,21 @@ with a :class:`LazyRemote` (wvc/repo.py), which the store asks for any chunk non
 packs hold. Each request range-reads the chunks and the delta bases they need from the
 remote's packs, verifies them object by object like a fetch, and records them in one
 transaction (remotes/transfer.py). A checkout of one version downloads that version only.
+
+The remote is listed once for as long as the repository is open (a tensor of eight chunks
+asks eight times; each listing on the Hub is several requests), and listed again only
+when what that listing said no longer holds (a compaction since replaced a pack).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from ..errors import MissingObject, RemoteError
 from ..progress import NULL, Progress
 from . import lazy_remote_name, open_remote, remote_url
-from .transfer import fetch_objects, remote_contents
+from .repository import RemoteRepository
+from .transfer import fetch_objects
 
 
 class LazyRemote:
@@ -24,11 +30,30 @@ class LazyRemote:
         self.index_cache = index_cache
         self.work_dir = work_dir
         self.downloaded_bytes = 0
+        self.pinned: RemoteRepository | None = None
+
+    def use(self, remote: RemoteRepository) -> None:
+        """Read chunks through ``remote``, listed already by the caller (a lazy clone)."""
+        self.pinned = remote
 
     def supply(self, store, object_ids, progress: Progress = NULL) -> None:
         name = lazy_remote_name(self.db)
         if name is None:
             return
-        remote = open_remote(remote_url(self.db, name))
-        index = remote_contents(remote, remote.state(), self.index_cache).index
-        self.downloaded_bytes += fetch_objects(store, remote, index, object_ids, self.work_dir, progress)
+        fresh = self.pinned is None
+        if fresh:
+            self.pinned = RemoteRepository.open(open_remote(remote_url(self.db, name)), self.index_cache)
+        try:
+            self._fetch(store, object_ids, progress)
+        except (RemoteError, MissingObject):
+            if fresh:
+                raise
+            # the listing may be out of date (a pack compacted away, a chunk pushed since): once more
+            self.pinned = RemoteRepository.open(open_remote(remote_url(self.db, name)), self.index_cache)
+            self._fetch(store, object_ids, progress)
+
+    def _fetch(self, store, object_ids, progress: Progress) -> None:
+        remote = self.pinned
+        before = remote.downloaded_bytes
+        fetch_objects(store, remote.backend, remote.index, object_ids, self.work_dir, progress)
+        self.downloaded_bytes += remote.downloaded_bytes - before

@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import settings
 from ..errors import RemoteChanged, RemoteError
 from .interface import (BASE_RECORD, FORMAT, MAX_BASE_RECORD, MAX_REF_BYTES, Remote, RemoteState, TransientError,
                         check_ref_count, content_size, listing_state, local_write_errors, upload_progress, parse_refs, retries_reads)
@@ -69,8 +69,8 @@ def _client():
     # The standard AWS settings win where the user gave them (AWS_MAX_ATTEMPTS,
     # AWS_RETRY_MODE, or the config file); otherwise back off and retry a few more times
     # than boto3's default, since a push is worth finishing.
-    retries = {"mode": os.environ.get("AWS_RETRY_MODE", "standard")}
-    if "AWS_MAX_ATTEMPTS" not in os.environ:
+    retries = {"mode": settings.text("AWS_RETRY_MODE", "standard")}
+    if not settings.is_set("AWS_MAX_ATTEMPTS"):
         retries["max_attempts"] = MAX_ATTEMPTS
     return boto3.client("s3", config=Config(retries=retries, max_pool_connections=2 * PART_WORKERS + 2))
 

@@ -1,5 +1,6 @@
-"""What crosses from a remote into a repository: pack indexes, streamed verification of
-downloaded packs, range fetches of single objects, and chunk reads for remote views.
+"""What crosses from a remote into a repository: streamed verification of downloaded
+packs, range fetches of single objects, and chunk reads for remote views. What the remote's
+files mean (catalogs, indexes, segments) is remotes/repository.py's.
 
 Nothing a remote sends is trusted: a pack's index (embedded or ``.idx``) is parsed with
 every size bounded (store/packs.py) before anything is allocated; every object is decoded
@@ -13,21 +14,17 @@ from __future__ import annotations
 import collections
 import os
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from .. import ids
 from ..errors import CorruptObject, MissingObject, RemoteError, WvcError
-from ..fsutil import atomic_write, fsync_dir, make_work_dir, sweep_work_dirs
-from ..objects import Commit, Tree
+from ..fsutil import fsync_dir, make_work_dir, sweep_work_dirs
 from ..progress import NULL, Progress
 from ..store.chains import resolve_chain
 from ..store.objects import ObjectRow, ObjectStore, decode_verified
-from ..store.packs import MAX_INDEX_BYTES, PackEntry, PackWriter, pack_filename, parse_index, read_pack_index
-from .catalog import MAX_CATALOG_BYTES, catalog_path, parse_catalog, segment_size
+from ..store.packs import PackEntry, PackWriter, copy_payloads, pack_filename, read_pack_index
 from .interface import Remote, pack_path
-
-MAX_PACK_BYTES = 64 << 30  # one pack a push (or a compaction) writes
 VERIFY_CACHE_BYTES = 16 << 20  # decoded delta bases kept while verifying a fetch
 VIEW_CACHE_BYTES = 64 << 20  # decoded chunks a remote view keeps
 COALESCE_GAP = 256 << 10  # a range fetch reads through gaps up to this size rather than open another request
@@ -59,172 +56,6 @@ class DecodedCache:
         while self.size > self.max_bytes:
             _, old = self.items.popitem(last=False)
             self.size -= len(old)
-
-
-def _cached_read(remote: Remote, path: str, cache: Path | None, limit: int, what: str) -> tuple[bytes, bool]:
-    """An immutable remote file, from ``cache`` when it is there; (bytes, read from the remote)."""
-    if cache is not None and cache.is_file() and cache.stat().st_size <= limit:
-        return cache.read_bytes(), False
-    data = remote.read(path, limit)
-    if data is None:
-        raise RemoteError(f"{what} is missing")
-    return data, True
-
-
-def _keep(cache: Path | None, data: bytes) -> None:
-    """Cache a remote file once it has been validated."""
-    if cache is not None:
-        cache.parent.mkdir(exist_ok=True)
-        atomic_write(cache, data, durable=False)
-
-
-def remote_index(remote: Remote, name: str, cache_dir: Path | None = None) -> list[PackEntry]:
-    """A remote pack's format-1 index, validated; kept in ``cache_dir`` (packs are immutable)."""
-    cache = cache_dir / f"{name}.idx" if cache_dir is not None else None
-    what = f"remote pack index {name[:12]}"
-    data, fresh = _cached_read(remote, pack_path(name, "idx"), cache, MAX_INDEX_BYTES, what)
-    try:
-        entries = parse_index(data, what)
-    except CorruptObject as exc:
-        raise RemoteError(str(exc)) from None
-    if fresh:
-        _keep(cache, data)
-    return entries
-
-
-@dataclass
-class Segment:
-    """What one push (or one compaction) left on a remote: a pack and what describes it."""
-    catalog: str | None  # format 2: the catalog's name; None for a format-1 pack (.idx)
-    pack: str | None
-    entries: list[PackEntry]
-    commits: dict[str, bytes]
-    trees: dict[str, bytes]
-
-    @property
-    def pack_bytes(self) -> int:
-        return sum(e.length for e in self.entries)
-
-    @property
-    def size(self) -> int:
-        """What rewriting the segment costs: its payloads, commits and trees."""
-        return segment_size(self.entries, self.commits, self.trees)
-
-    def files(self) -> list[str]:
-        out = [catalog_path(self.catalog)] if self.catalog else []
-        if self.pack:
-            out.append(pack_path(self.pack))
-            if self.catalog is None:
-                out.append(pack_path(self.pack, "idx"))
-        return out
-
-
-@dataclass
-class RemoteContents:
-    """Everything a remote's catalogs and indexes say, read in one pass (a request a file)."""
-    segments: list[Segment]
-    index: dict[str, tuple[str, PackEntry]]  # object id -> (pack, entry), over every segment
-    commits: dict[str, bytes]  # canonical bytes, unverified: parse with expected_id before use
-    trees: dict[str, bytes]
-    retired_records: dict[str, list[str]] = field(default_factory=dict)  # record -> the files it retires
-
-    @property
-    def retired(self) -> set[str]:
-        """Every file a retired record lists (compaction.py)."""
-        return {p for paths in self.retired_records.values() for p in paths}
-
-    @property
-    def live_segments(self) -> list[Segment]:
-        """Segments no retired record lists: what a push may rely on and compaction may merge
-        (a retired one is still read until it is deleted, but nothing new builds on it)."""
-        retired = self.retired
-        return [s for s in self.segments if not set(s.files()) & retired]
-
-    def reachable(self, remote: Remote, refs) -> tuple[set[str], set[str], set[str]]:
-        """(commits, trees, objects) ``refs`` reach, objects closed over delta bases; commits
-        and trees from the catalogs, else format-1 files; each verified against its id.
-        A commit or tree the remote lacks is a RemoteError."""
-        from .interface import MAX_SMALL_OBJECT, commit_path, tree_path
-
-        commits, trees, objects = set(), set(), set()
-        stack = list(refs)
-        while stack:
-            cid = stack.pop()
-            if cid in commits:
-                continue
-            data = self.commits.get(cid) or remote.read(commit_path(cid), MAX_SMALL_OBJECT)
-            if data is None:
-                raise RemoteError(f"remote is missing commit {ids.short(cid)}")
-            commit = verified(Commit.from_bytes, data, cid, "commit")
-            commits.add(cid)
-            stack.extend(commit.parents)
-            if commit.tree not in trees:
-                tdata = self.trees.get(commit.tree) or remote.read(tree_path(commit.tree), MAX_SMALL_OBJECT)
-                if tdata is None:
-                    raise RemoteError(f"remote is missing tree {ids.short(commit.tree)}")
-                trees.add(commit.tree)
-                objects |= verified(Tree.from_bytes, tdata, commit.tree, "tree").chunk_ids()
-        frontier = list(objects)
-        while frontier:  # delta bases
-            found = self.index.get(frontier.pop())
-            if found and found[1].base and found[1].base not in objects:
-                objects.add(found[1].base)
-                frontier.append(found[1].base)
-        return commits, trees, objects
-
-
-def verified(parse, data: bytes, expected: str, what: str):
-    """A commit or tree a remote sent, parsed and checked against the id it was asked for."""
-    try:
-        return parse(data, expected_id=expected)
-    except WvcError as exc:
-        raise CorruptObject(f"remote {what} {ids.short(expected)} is corrupt: {exc}") from None
-
-
-def remote_contents(remote: Remote, state, cache_dir: Path | None = None) -> RemoteContents:
-    """Read every catalog (cached locally by name: they are immutable) and format-1 index."""
-    segments = []
-    for name in state.catalogs:
-        cache = cache_dir / f"{name}.cat" if cache_dir is not None else None
-        data, fresh = _cached_read(remote, catalog_path(name), cache, MAX_CATALOG_BYTES,
-                                   f"remote catalog {name[:12]}")
-        cat = parse_catalog(data, name)
-        if fresh:
-            _keep(cache, data)
-        segments.append(Segment(name, cat.pack, cat.entries, cat.commits, cat.trees))
-    for name in state.packs:
-        segments.append(Segment(None, name, remote_index(remote, name, cache_dir), {}, {}))
-    index: dict[str, tuple[str, PackEntry]] = {}
-    commits: dict[str, bytes] = {}
-    trees: dict[str, bytes] = {}
-    for seg in segments:
-        for entry in seg.entries:
-            index.setdefault(entry.id, (seg.pack, entry))
-        commits.update(seg.commits)
-        trees.update(seg.trees)
-    return RemoteContents(segments, index, commits, trees, _retired_records(remote, state.retired))
-
-
-MAX_RETIRED_RECORD = 16 << 20
-
-
-def _retired_records(remote: Remote, records: list[str]) -> dict[str, list[str]]:
-    """What each retired/ record lists (remotes/compaction.py)."""
-    import json
-
-    out: dict[str, list[str]] = {}
-    for record in records:
-        data = remote.read(f"retired/{record}.json", MAX_RETIRED_RECORD)
-        if data is None:
-            continue  # deleted by a purge since the listing
-        try:
-            paths = json.loads(data)["paths"]
-            if not (isinstance(paths, list) and all(isinstance(p, str) for p in paths)):
-                raise ValueError
-        except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: absurdly deep nesting
-            raise RemoteError(f"remote retired record {record} is malformed") from None
-        out[record] = paths
-    return out
 
 
 # -- verifying downloaded packs ------------------------------------------------------------------
@@ -393,9 +224,7 @@ def fetch_objects(store: ObjectStore, remote: Remote, index: dict[str, tuple[str
     try:
         writer = PackWriter(tmp)
         progress.start(sum(e.length for _, e in wanted.values()), "fetching objects")
-        for e, payload in _read_payloads(remote, wanted):
-            writer.add(e.id, payload, e.raw_size, e.method, e.base)
-            progress.advance(e.length)
+        copy_payloads(writer, _read_payloads(remote, wanted), progress)
         progress.close()
         name, size = writer.finish()
         staged = tmp / pack_filename(name)
@@ -417,16 +246,16 @@ class RemoteChunks:
     """
 
     def __init__(self, remote: Remote, index: dict[str, tuple[str, PackEntry]], base_chunks=None,
-                 cache_bytes: int = VIEW_CACHE_BYTES):
+                 cache_bytes: int = VIEW_CACHE_BYTES, *, held=None, keep_keyframe=None):
         self.remote = remote
         self.index = index
         self.base_chunks = base_chunks
         self.cache = DecodedCache(cache_bytes)
         # chunk bytes the caller already holds (a follower's current tensors: anything with
         # ``in`` and ``[]``): a delta chain stops there instead of fetching its base
-        self.held = None
+        self.held = held
         self.payloads: dict[str, bytes] = {}  # fetched by prefetch, not yet decoded
-        self.keep_keyframe = None  # called with (id, bytes) of each keyframe decoded (a follower keeps them)
+        self.keep_keyframe = keep_keyframe  # called with (id, bytes) of each keyframe decoded (a follower keeps them)
 
     def _have(self, oid: str) -> bool:
         return oid in self.cache or oid in self.payloads or self._from_base(oid) or self._holds(oid)

@@ -26,13 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from .. import settings
 from .. import allocator, ids
 from ..errors import CorruptObject, MissingObject
 from ..progress import NULL, Progress
 from .chains import MAX_CHAIN_LINKS, resolve_chain
 from .database import Database
 from .external import BASE_PACK, EXTERNAL_METHOD, ExternalFiles
-from .packs import PackReader, PackWriter
+from .packs import PackReader, PackWriter, copy_payloads
 
 ROW_BATCH = 500  # ids per query (SQLite before 3.32 binds at most 999 parameters)
 FIRST_ROWS = 16  # ids of get_many's first query: enough to start the pool, quick to answer
@@ -54,7 +55,7 @@ def _codec_threads() -> int:
     buffers, and 2 x threads x 4 MiB may be in flight); ``WVC_CODEC_THREADS`` sets it (1 to
     64), so a machine with more cores can be measured with more (benchmarks/speed.py's 1-
     and 2-core runs show the scaling on two)."""
-    value = os.environ.get("WVC_CODEC_THREADS")
+    value = settings.text("WVC_CODEC_THREADS")
     if value and value.isdigit() and 1 <= int(value) <= 64:
         return int(value)
     return max(1, min(4, usable_cpus()))
@@ -226,6 +227,10 @@ class ObjectStore:
         self.keep_recent_bytes = 0
         self.recent_chunks: dict[str, bytes] = {}
         self.older_chunks: dict[str, bytes] = {}  # the commit before's (ChunkWriter.finish)
+
+    def keep_recent(self, nbytes: int) -> None:
+        """Keep each commit's raw chunks, up to ``nbytes``, for the next one (see above)."""
+        self.keep_recent_bytes = nbytes
 
     def row(self, object_id: str) -> ObjectRow | None:
         r = self.db.conn.execute(
@@ -443,6 +448,18 @@ class ObjectStore:
             "SELECT id, pack, offset, length, raw_size, method, base, depth FROM objects "
             f"WHERE pack IN ({','.join('?' * len(packs))}) ORDER BY pack, offset", packs)] if packs else []
 
+    def copy_to_new_pack(self, rows) -> tuple[tuple[str, int] | None, list[tuple[str, int]]]:
+        """``rows``' payloads copied verbatim into one new pack (gc keeping the live objects of
+        the packs it rewrites): the pack (None when ``rows`` is empty) and (id, new offset)
+        of each, for :meth:`relocate`."""
+        writer = PackWriter(self.packs_dir)
+        try:
+            entries = copy_payloads(writer, ((r, self.reader.read(r.pack, r.offset, r.length)) for r in rows))
+            return writer.finish(), [(e.id, e.offset) for e in entries]
+        except BaseException:
+            writer.abort()
+            raise
+
     def relocate(self, pack: tuple[str, int], moved: list[tuple[str, int]], created_at: int) -> None:
         """Point the rows of ``moved`` (id, offset) at ``pack``; inside the caller's transaction."""
         name, size = pack
@@ -566,12 +583,8 @@ class ChunkWriter:
             chain = chain[-1:]  # the keyframe: depth 0
         return chain
 
-    def put(self, raw, dtype, base_id: str | None = None, origin: tuple[str, int] | None = None) -> str:
-        """Offer a chunk; returns its id. New chunks are encoded in the background.
-
-        ``origin`` (file path, offset) says where the bytes came from; only a base model's
-        index (basemodel/index.py) records it.
-        """
+    def put(self, raw, dtype, base_id: str | None = None) -> str:
+        """Offer a chunk; returns its id. New chunks are encoded in the background."""
         object_id = ids.chunk_id(raw)
         if self.kept_bytes + len(raw) <= self.store.keep_recent_bytes and object_id not in self.kept:
             self.kept[object_id] = bytes(raw)
@@ -651,7 +664,7 @@ class ChunkWriter:
             base_raw = self.store.recent_chunks.get(o.chain[0].id) if o.chain else None
             target = slots[o.slot : o.slot + len(o.raw)] if o.slot is not None else None
             o.prepared = pool().submit(self._prepare, o.raw, o.dtype, o.chain, base_raw, target)
-        on_device, deferred, with_base = [], [], []
+        on_device, deferred = [], []
         for o in offered:
             base_raw, context, method = o.prepared.result()
             if method is None:  # the host's: a ULP_STEP candidate, or a small chunk
@@ -659,17 +672,15 @@ class ChunkWriter:
             else:
                 future = _Deferred(o.chain[0] if method.uses_base else None, len(o.raw))
                 deferred.append(future)
-                on_device.append(batched.DeviceChunk(o.x, None, o.dtype, method))
-                if method.uses_base:
-                    with_base.append((on_device[-1], o.slot, len(o.raw)))
+                on_device.append((o, method))
             self.in_flight.append((o.object_id, future, len(o.raw)))
             self.in_flight_bytes += len(o.raw)
         if on_device:
-            if with_base:
-                uploaded = copies.upload(staging)
-                for chunk, slot, n in with_base:
-                    chunk.b = uploaded[slot : slot + n]
-            encoded = batched.encode_on_device(on_device, level=self.level, submit=pool().submit,
+            # the bases a device transform needs, uploaded in one copy: each chunk its slot
+            uploaded = copies.upload(staging) if any(m.uses_base for _, m in on_device) else None
+            chunks = [batched.DeviceChunk(o.x, uploaded[o.slot : o.slot + len(o.raw)] if m.uses_base else None,
+                                          o.dtype, m) for o, m in on_device]
+            encoded = batched.encode_on_device(chunks, level=self.level, submit=pool().submit,
                                                copy=copies.to_host)
             for entry, future in zip(deferred, encoded):
                 entry.future = future

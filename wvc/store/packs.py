@@ -150,6 +150,19 @@ class PackWriter:
                 pass
 
 
+def copy_payloads(writer: "PackWriter", items, progress=None) -> list[PackEntry]:
+    """Append payloads verbatim to ``writer``: ``items`` yields (entry, payload), the entry
+    any record with id, raw_size, method and base (a PackEntry, a store row). The one way
+    payloads move between packs without being decoded (push, compaction, gc, lazy
+    fetches); whoever decodes one later verifies it. ``progress`` is told each payload's size."""
+    out = []
+    for entry, payload in items:
+        out.append(writer.add(entry.id, payload, entry.raw_size, entry.method, entry.base))
+        if progress is not None:
+            progress.advance(len(payload))
+    return out
+
+
 def read_pack_index(path: Path, verify: bool = True) -> tuple[str, list[PackEntry]]:
     """Parse a pack's trailer and index (and, with ``verify``, its whole checksum)."""
     size = path.stat().st_size

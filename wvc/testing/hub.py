@@ -63,9 +63,11 @@ class Quota:
 
 
 class HubError(Exception):
-    def __init__(self, status: int, message: str, code: str | None = None):
+    def __init__(self, status: int, message: str, code: str | None = None, *, commit: str | None = None,
+                 retry_after: float | None = None):
         super().__init__(message)
         self.status, self.message, self.code = status, message, code
+        self.commit, self.retry_after = commit, retry_after  # X-Repo-Commit; Retry-After (a 429)
 
 
 class Storage:
@@ -451,9 +453,7 @@ class Handler(BaseHTTPRequestHandler):
             raise HubError(403, f"Access to model {urllib.parse.unquote(repo)} is restricted and you are not in the "
                            "authorized list.", "GatedRepo")
         if f is None:
-            err = HubError(404, f"Entry not found: {path}", "EntryNotFound")
-            err.commit = sha
-            raise err
+            raise HubError(404, f"Entry not found: {path}", "EntryNotFound", commit=sha)
         if self.server.take_failure("resolve"):
             raise HubError(403, "injected failure")
         data_path = self.server.storage.blob_path(f["sha256"])
@@ -538,9 +538,7 @@ class HubServer(ThreadingHTTPServer):
         with self._lock:
             wait = quota.admit()
         if wait is not None:
-            exc = HubError(429, message)
-            exc.retry_after = wait
-            raise exc
+            raise HubError(429, message, retry_after=wait)
 
     def count(self, method: str, path: str) -> None:
         with self._lock:

@@ -1,0 +1,331 @@
+"""The remote repository: wvc's remote format over a backend's plain files.
+
+A backend (``interface.Remote``: a directory, the Hub, S3) knows files only. This layer
+alone knows what they mean: catalogs and segments (remotes/catalog.py), format-1 commit,
+tree and index files, the base record, retired records and compaction (its private
+policy, remotes/compaction.py), and what the refs reach. It is built once per operation
+from one listing of the remote (``RemoteRepository.open``) and every read of that
+operation is pinned to it: a clone, a fetch or a lazy read lists the remote once.
+
+Nothing a remote sends is trusted: every file is bounded when read, every catalog and
+index parsed with its sizes checked, every commit and tree verified against its id here,
+before a caller sees it (restic's ``repository`` over its ``Backend``; dulwich's object
+store over its transport).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import ids
+from ..errors import CorruptObject, RemoteError, WvcError
+from ..fsutil import atomic_write
+from ..objects import Commit, Tree
+from ..store.packs import MAX_INDEX_BYTES, PackEntry, parse_index
+from . import compaction
+from .catalog import MAX_CATALOG_BYTES, Catalog, catalog_name, catalog_path, parse_catalog, segment_size
+from .interface import BASE_RECORD, MAX_SMALL_OBJECT, Remote, RemoteState, commit_path, pack_path, tree_path
+
+MAX_RETIRED_RECORD = 16 << 20
+
+
+@dataclass
+class Segment:
+    """What one push (or one compaction) left on a remote: a pack and what describes it."""
+    catalog: str | None  # format 2: the catalog's name; None for a format-1 pack (.idx)
+    pack: str | None
+    entries: list[PackEntry]
+    commits: dict[str, bytes]
+    trees: dict[str, bytes]
+
+    @property
+    def pack_bytes(self) -> int:
+        return sum(e.length for e in self.entries)
+
+    @property
+    def size(self) -> int:
+        """What rewriting the segment costs: its payloads, commits and trees."""
+        return segment_size(self.entries, self.commits, self.trees)
+
+    def files(self) -> list[str]:
+        out = [catalog_path(self.catalog)] if self.catalog else []
+        if self.pack:
+            out.append(pack_path(self.pack))
+            if self.catalog is None:
+                out.append(pack_path(self.pack, "idx"))
+        return out
+
+    def only(self, objects: set[str], commits: set[str], trees: set[str]) -> "Segment":
+        """The segment with only the given objects, commits and trees (what gc keeps)."""
+        return Segment(self.catalog, self.pack, [e for e in self.entries if e.id in objects],
+                       {c: d for c, d in self.commits.items() if c in commits},
+                       {t: d for t, d in self.trees.items() if t in trees})
+
+
+@dataclass
+class RemoteContents:
+    """Everything a remote's catalogs and indexes say, read in one pass (a request a file)."""
+    segments: list[Segment]
+    index: dict[str, tuple[str, PackEntry]]  # object id -> (pack, entry), over every segment
+    commits: dict[str, bytes]  # canonical bytes, unverified: RemoteRepository.commit verifies
+    trees: dict[str, bytes]
+    retired_records: dict[str, list[str]] = field(default_factory=dict)  # record -> the files it retires
+
+    @property
+    def retired(self) -> set[str]:
+        """Every file a retired record lists (compaction.py)."""
+        return {p for paths in self.retired_records.values() for p in paths}
+
+    @property
+    def live_segments(self) -> list[Segment]:
+        """Segments no retired record lists: what a push may rely on and compaction may merge
+        (a retired one is still read until it is deleted, but nothing new builds on it)."""
+        retired = self.retired
+        return [s for s in self.segments if not set(s.files()) & retired]
+
+
+def verified(parse, data: bytes, expected: str, what: str):
+    """A commit or tree a remote sent, parsed and checked against the id it was asked for."""
+    try:
+        return parse(data, expected_id=expected)
+    except WvcError as exc:
+        raise CorruptObject(f"remote {what} {ids.short(expected)} is corrupt: {exc}") from exc
+
+
+class RemoteRepository:
+    """One remote, as wvc's format sees it, pinned to one listing (``state``).
+
+    ``cache_dir``: where immutable files (catalogs, format-1 pack indexes) are kept once
+    read and validated, so a later operation reads each only once."""
+
+    def __init__(self, backend: Remote, state: RemoteState, cache_dir: Path | None = None):
+        self.backend = backend
+        self.state = state
+        self.cache_dir = cache_dir
+        self._contents: RemoteContents | None = None
+        self._commits: dict[str, tuple[Commit, bytes]] = {}  # verified, with the bytes they came as
+
+    @classmethod
+    def open(cls, backend: Remote, cache_dir: Path | None = None, *, create: bool = False) -> "RemoteRepository":
+        """List ``backend`` once (``create``: make it a wvc remote if it is empty)."""
+        return cls(backend, backend.state(create=True) if create else backend.state(), cache_dir)
+
+    @property
+    def url(self) -> str:
+        return self.backend.url
+
+    @property
+    def refs(self) -> dict[str, str]:
+        return self.state.refs
+
+    @property
+    def base_record(self) -> bytes | None:
+        """base.json as stored (untrusted: basemodel/record.py parses it)."""
+        return self.state.base
+
+    @property
+    def downloaded_bytes(self) -> int:
+        return self.backend.bytes_downloaded
+
+    # -- reading -------------------------------------------------------------------------------
+    @property
+    def contents(self) -> RemoteContents:
+        """Every catalog and format-1 index, read once per operation (and each immutable file
+        once per cache)."""
+        if self._contents is None:
+            self._contents = self._read_contents()
+        return self._contents
+
+    @property
+    def index(self) -> dict[str, tuple[str, PackEntry]]:
+        return self.contents.index
+
+    def commit_bytes(self, cid: str) -> bytes | None:
+        """A commit's canonical bytes (unverified) from the catalogs, else its format-1 file."""
+        return self.contents.commits.get(cid) or self.backend.read(commit_path(cid), MAX_SMALL_OBJECT)
+
+    def commit(self, cid: str, missing: str | None = None, absent: type = RemoteError) -> Commit:
+        """Commit ``cid``, verified against its id; ``absent(missing)`` when the remote has
+        no such commit."""
+        return self.verified_commit(cid, missing, absent)[0]
+
+    def verified_commit(self, cid: str, missing: str | None = None, absent: type = RemoteError) -> tuple[Commit, bytes]:
+        """Commit ``cid`` and the bytes it came as (what a fetch records), verified."""
+        found = self._commits.get(cid)
+        if found is None:
+            data = self.commit_bytes(cid)
+            if data is None:
+                raise absent(missing or f"{self.url} is missing commit {ids.short(cid)}")
+            found = self._commits[cid] = (verified(Commit.from_bytes, data, cid, "commit"), data)
+        return found
+
+    def tree(self, tid: str) -> Tree:
+        """Tree ``tid``, verified against its id; RemoteError when absent."""
+        data = self.contents.trees.get(tid) or self.backend.read(tree_path(tid), MAX_SMALL_OBJECT)
+        if data is None:
+            raise RemoteError(f"{self.url} is missing tree {ids.short(tid)}")
+        return verified(Tree.from_bytes, data, tid, "tree")
+
+    def reachable(self, tips=None) -> tuple[set[str], set[str], set[str]]:
+        """(commits, trees, objects) ``tips`` (default: every ref) reach, objects closed over
+        delta bases; each commit and tree verified. A missing one is a RemoteError."""
+        commits, trees, objects = set(), set(), set()
+        stack = list(self.refs.values() if tips is None else tips)
+        while stack:
+            cid = stack.pop()
+            if cid in commits:
+                continue
+            commit = self.commit(cid)
+            commits.add(cid)
+            stack.extend(commit.parents)
+            if commit.tree not in trees:
+                trees.add(commit.tree)
+                objects |= self.tree(commit.tree).chunk_ids()
+        return commits, trees, self.closure(objects)
+
+    def closure(self, objects: set[str]) -> set[str]:
+        """``objects`` with the delta bases they need that the remote's packs hold."""
+        index, out = self.index, set(objects)
+        frontier = list(objects)
+        while frontier:
+            found = index.get(frontier.pop())
+            if found and found[1].base and found[1].base not in out:
+                out.add(found[1].base)
+                frontier.append(found[1].base)
+        return out
+
+    def has_file(self, path: str) -> bool:
+        """Whether the pinned listing holds ``path``."""
+        return path in self.state.files
+
+    def _read_contents(self) -> RemoteContents:
+        segments = []
+        for name in self.state.catalogs:
+            data = self._immutable(catalog_path(name), f"{name}.cat", MAX_CATALOG_BYTES, f"remote catalog {name[:12]}",
+                                   lambda d, n=name: parse_catalog(d, n))
+            segments.append(Segment(name, data.pack, data.entries, data.commits, data.trees))
+        for name in self.state.packs:
+            segments.append(Segment(None, name, self.pack_index(name), {}, {}))
+        index: dict[str, tuple[str, PackEntry]] = {}
+        commits: dict[str, bytes] = {}
+        trees: dict[str, bytes] = {}
+        for seg in segments:
+            for entry in seg.entries:
+                index.setdefault(entry.id, (seg.pack, entry))
+            commits.update(seg.commits)
+            trees.update(seg.trees)
+        return RemoteContents(segments, index, commits, trees, self._retired_records())
+
+    def pack_index(self, name: str) -> list[PackEntry]:
+        """A format-1 pack's ``.idx``, validated (cached: packs are immutable)."""
+        what = f"remote pack index {name[:12]}"
+
+        def parse(data):
+            try:
+                return parse_index(data, what)
+            except CorruptObject as exc:
+                raise RemoteError(str(exc)) from exc
+
+        return self._immutable(pack_path(name, "idx"), f"{name}.idx", MAX_INDEX_BYTES, what, parse)
+
+    def _immutable(self, path: str, cache_name: str, limit: int, what: str, parse):
+        """An immutable remote file, parsed (and so validated) by ``parse``; from the cache
+        when it is there, kept there once it parsed."""
+        cache = self.cache_dir / cache_name if self.cache_dir is not None else None
+        if cache is not None and cache.is_file() and cache.stat().st_size <= limit:
+            return parse(cache.read_bytes())
+        data = self.backend.read(path, limit)
+        if data is None:
+            raise RemoteError(f"{what} is missing")
+        parsed = parse(data)
+        if cache is not None:
+            cache.parent.mkdir(exist_ok=True)
+            atomic_write(cache, data, durable=False)
+        return parsed
+
+    def _retired_records(self) -> dict[str, list[str]]:
+        """What each retired/ record lists (remotes/compaction.py)."""
+        out: dict[str, list[str]] = {}
+        for record in self.state.retired:
+            data = self.backend.read(f"retired/{record}.json", MAX_RETIRED_RECORD)
+            if data is None:
+                continue  # deleted by a purge since the listing
+            try:
+                paths = json.loads(data)["paths"]
+                if not (isinstance(paths, list) and all(isinstance(p, str) for p in paths)):
+                    raise ValueError("paths is not a list of strings")
+            except (ValueError, KeyError, TypeError, RecursionError) as exc:  # RecursionError: absurd nesting
+                raise RemoteError(f"remote retired record {record} is malformed") from exc
+            out[record] = paths
+        return out
+
+    # -- writing -------------------------------------------------------------------------------
+    def push_segment(self, pack_file: Path | None, catalog: Catalog, refs: dict[str, str | None], message: str,
+                     work_dir: Path, *, base_record: bytes | None = None, progress=None) -> int:
+        """Publish one new segment (``pack_file``, None when every chunk is on the remote,
+        and its ``catalog``) and move ``refs``, in one compare-and-swap against the pinned
+        state. Compaction may merge the segment with others of its tier first (the file
+        count stays bounded); files retired long enough ago are purged after. Returns the
+        number of files the segment replaced."""
+        from ..progress import NULL
+
+        progress = progress or NULL
+        files: dict[str, Path | bytes] = {}
+        # nothing new to store (a tag on a commit the remote has): refs only, no empty segment
+        nothing = pack_file is None and not catalog.commits
+        merging = [] if nothing else compaction.to_merge(self.contents.live_segments, catalog.size)
+        replaced: list[str] = []
+        if merging:
+            progress.start(len(merging), "compacting the remote", unit="segments")
+            pack_file, catalog = compaction.merge_segments(self.backend, merging, pack_file, catalog, work_dir)
+            replaced = [f for seg in merging for f in seg.files()]
+            progress.close()
+        if pack_file is not None:
+            files[pack_path(catalog.pack)] = pack_file
+        if not nothing:
+            data = catalog.to_bytes()
+            files[catalog_path(catalog_name(data))] = data
+        if base_record is not None and self.state.base is None:
+            files[BASE_RECORD] = base_record
+        self.publish(files, refs, message, replaced=replaced, progress=progress)
+        self.purge()
+        return len(replaced)
+
+    def rewrite(self, dropped: list[Segment], kept: list[Segment], message: str, work_dir: Path, progress=None) -> None:
+        """Replace ``dropped`` segments by one holding ``kept`` (segments cut down to what
+        stays: Segment.only), refs unchanged, by compare-and-swap (``gc --remote``)."""
+        from ..progress import NULL
+
+        progress = progress or NULL
+        files: dict[str, Path | bytes] = {}
+        if kept:
+            progress.start(len(kept), "rewriting remote packs", unit="segments")
+            pack_file, catalog = compaction.merge_segments(self.backend, kept, None, Catalog(None), work_dir)
+            progress.close()
+            if pack_file is not None:
+                files[pack_path(catalog.pack)] = pack_file
+            data = catalog.to_bytes()
+            files[catalog_path(catalog_name(data))] = data
+        self.publish(files, {}, message, replaced=[f for seg in dropped for f in seg.files()])
+
+    def publish(self, files: dict[str, Path | bytes], refs: dict[str, str | None], message: str, *,
+                replaced=(), progress=None) -> None:
+        """``files`` uploaded, then ``refs`` moved (None deletes), iff the remote is still as
+        pinned. ``replaced``: files this makes redundant, deleted in the same step where the
+        backend can (the Hub's one commit), else retired (compaction.py) and purged later."""
+        files, delete = dict(files), ()
+        if replaced and self.backend.deletes_atomically:
+            delete = tuple(replaced)
+        elif replaced:
+            path, record = compaction.retired_record(list(replaced))
+            files[path] = record
+        self.backend.publish(files, refs, self.state, message, delete=delete, progress=progress)
+
+    def purge(self) -> int:
+        """Delete what retired records older than the grace period list, when nothing the
+        refs reach still needs it; the number of files deleted."""
+        if self.backend.deletes_atomically or not self.state.retired:
+            return 0
+        return compaction.purge(self)
