@@ -248,8 +248,8 @@ def repo_paths(repo, paths) -> list[str]:
         full = Path(os.path.normpath(given if given.is_absolute() else here / given))
         try:
             rel = full.relative_to(repo.root)
-        except ValueError:
-            raise UnsafePath(f"{raw!r} is outside the repository ({repo.root})") from None
+        except ValueError as exc:
+            raise UnsafePath(f"{raw!r} is outside the repository ({repo.root})") from exc
         out.append(rel.as_posix() if rel.parts else ".")
     return out
 
@@ -360,7 +360,7 @@ def parse_meta(meta, meta_json) -> dict | None:
             try:
                 metadata[key] = json.loads(value, parse_constant=_no_constant)
             except ValueError as exc:
-                raise click.BadParameter(f"{key}: not JSON ({exc})", param_hint=option) from None
+                raise click.BadParameter(f"{key}: not JSON ({exc})", param_hint=option) from exc
     return metadata if (meta or meta_json) else None
 
 
@@ -914,8 +914,8 @@ def merge(rev, strategy, weights, density, lam, seed, t, no_commit, message, as_
             if side not in sides:
                 raise ValueError
             sides[side] = float(value)
-        except ValueError:
-            raise click.UsageError(f"--weight {item!r}: expected ours=W or theirs=W") from None
+        except ValueError as exc:
+            raise click.UsageError(f"--weight {item!r}: expected ours=W or theirs=W") from exc
     try:
         res = open_repo().merge(rev, strategy=strategy, weights=(sides["ours"], sides["theirs"]), density=density,
                                 lam=lam, seed=seed, t=t, no_commit=no_commit, message=message,

@@ -27,7 +27,7 @@ from . import ids
 from .codec.devices import resolve_device
 from .errors import CorruptObject, RemoteNotFound, RevisionNotFound, WvcError
 from .formats.dtypes import DTYPES
-from .objects import chunk_spans
+from .layout import tensor_spans
 from .cache import cache_root
 from .view import VersionView, open_remote_version, open_version
 
@@ -125,7 +125,7 @@ class _Held:
             return mirrored
         name, i = self.where[oid]
         entry = self.follower._entries[name]
-        begin, end = chunk_spans(entry.nbytes, DTYPES[entry.dtype].width, self.follower._chunk_bytes)[i]
+        begin, end = tensor_spans(entry, self.follower._chunk_bytes)[i]
         flat = self.follower.state_dict[name].detach().reshape(-1).view(_uint8())
         return flat[begin:end].cpu().numpy().tobytes()
 
@@ -337,7 +337,7 @@ class Follower:
             if self._own and (current is None or tuple(current.shape) != tuple(e.shape) or current.dtype != dtype):
                 current = fresh[name] = torch.empty(tuple(e.shape), dtype=dtype, device=self.device)
             flat = current.detach().reshape(-1).view(torch.uint8)
-            spans = chunk_spans(e.nbytes, DTYPES[e.dtype].width, chunk_bytes)
+            spans = tensor_spans(e, chunk_bytes)
             old = self._entries.get(name) if name not in fresh and self._chunk_bytes == chunk_bytes else None
             mirrored = _mirrored(current)
             for i, raw in pieces:

@@ -361,11 +361,11 @@ def file_lock(path: Path, holder: str, timeout: float | None = None):
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
-            except BlockingIOError:
+            except BlockingIOError as exc:
                 if time.monotonic() >= deadline:
                     other = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
                     raise LockedError(f"the working tree is locked by {other}; wait for it to finish "
-                                      f"(waited {limit:g} s)") from None
+                                      f"(waited {limit:g} s)") from exc
                 time.sleep(0.05)
         os.ftruncate(fd, 0)
         os.pwrite(fd, holder.encode(), 0)
@@ -389,8 +389,8 @@ def validate_relpath(path: str) -> str:
         raise UnsafePath(f"path has control characters or backslashes: {path!r}")
     try:
         path.encode("utf-8")
-    except UnicodeEncodeError:
-        raise UnsafePath(f"path is not valid UTF-8: {path!r}") from None
+    except UnicodeEncodeError as exc:
+        raise UnsafePath(f"path is not valid UTF-8: {path!r}") from exc
     if path.startswith("/"):
         raise UnsafePath(f"absolute path: {path!r}")
     parts = path.split("/")

@@ -12,6 +12,7 @@ import math
 from functools import cached_property
 from dataclasses import dataclass, field, replace
 
+from .layout import chunk_spans  # noqa: F401 - (trees check their chunk counts with it)
 from . import ids
 from .errors import FormatError
 from .formats.dtypes import DTYPES
@@ -52,16 +53,6 @@ def canonical_json(value) -> bytes:
     return json.dumps(
         value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
     ).encode("ascii")
-
-
-def chunk_spans(nbytes: int, width: int, chunk_bytes: int) -> list[tuple[int, int]]:
-    """Element-aligned ``[begin, end)`` byte spans of a tensor or blob of ``nbytes``.
-
-    Chunk *i* of a tensor always covers the same elements, so it lines up with chunk *i*
-    of the same tensor in the parent commit: that is what makes per-chunk deltas work.
-    """
-    step = max(width, chunk_bytes - chunk_bytes % width)
-    return [(b, min(b + step, nbytes)) for b in range(0, nbytes, step)]
 
 
 @dataclass(frozen=True)
@@ -248,7 +239,7 @@ def check_metadata(metadata: dict) -> dict:
     try:
         data = canonical_json(metadata)
     except (TypeError, ValueError) as exc:
-        raise FormatError(f"commit metadata is not plain JSON: {exc}") from None
+        raise FormatError(f"commit metadata is not plain JSON: {exc}") from exc
     if len(data) > MAX_METADATA_BYTES:
         raise FormatError("commit metadata is larger than 1 MiB")
     return json.loads(data)
@@ -260,7 +251,7 @@ def _load(data: bytes, what: str):
     try:
         raw = json.loads(data.decode("ascii"), parse_constant=_reject)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise FormatError(f"{what} object is not canonical JSON: {exc}") from None
+        raise FormatError(f"{what} object is not canonical JSON: {exc}") from exc
     if not isinstance(raw, dict):
         raise FormatError(f"{what} object is not a JSON object")
     return raw

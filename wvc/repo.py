@@ -74,7 +74,7 @@ class Repository:
         try:
             check_chunk_bytes(chunk_bytes)
         except FormatError as exc:
-            raise InvalidArgument(str(exc)) from None
+            raise InvalidArgument(str(exc)) from exc
         check_max_chain(max_chain)
         check_ref_name(branch)
         root = Path(path).resolve()

@@ -16,7 +16,8 @@ from pathlib import Path
 from .errors import SafetensorsFormatError, UnsupportedTensor, WvcError
 from .formats import safetensors as st
 from .formats.dtypes import BYTES, by_torch_dtype
-from .objects import FileEntry, TensorEntry, Tree, chunk_spans
+from .layout import chunk_spans
+from .objects import FileEntry, TensorEntry, Tree
 from .progress import Progress
 from .store.objects import ChunkWriter
 from .worktree import StatCache, is_executable

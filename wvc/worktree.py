@@ -21,7 +21,8 @@ from . import ids
 from .errors import UnsafePath, WvcError
 from .formats import safetensors as st
 from .fsutil import TEMP_PREFIX, folded_clashes, reserved_name, validate_relpath
-from .objects import FileEntry, TensorEntry, chunk_spans
+from .layout import chunk_spans
+from .objects import FileEntry, TensorEntry
 
 if TYPE_CHECKING:
     import pathspec

@@ -76,12 +76,12 @@ def download_hub(url: str, paths: list[str] | None = None, progress: Progress = 
             for p in paths:
                 try:
                     found.append(hf_hub_download(repo_id, p, revision=sha, cache_dir=cache_dir, endpoint=remote.endpoint))
-                except LocalEntryNotFoundError:
-                    raise BaseModelError(_not_cached(what, paths[len(found):], "the Hub is not reachable")) from None
+                except LocalEntryNotFoundError as exc:
+                    raise BaseModelError(_not_cached(what, paths[len(found):], "the Hub is not reachable")) from exc
                 progress.advance(1)
             progress.close()
     except RemoteError as exc:
-        raise BaseModelError(str(exc)) from None
+        raise BaseModelError(str(exc)) from exc
     return f"{HUB_SCHEME}{repo_id}@{sha}", _snapshot_root(found[0], paths[0]), list(paths)
 
 

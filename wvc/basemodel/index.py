@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import ids
-from ..errors import CorruptObject
-from ..formats.dtypes import DTYPES
-from ..objects import Tree, chunk_spans
+from ..layout import file_chunks
+from ..objects import Tree
 from ..progress import NULL, Progress
 from ..snapshot import Snapshotter
 
@@ -49,26 +48,6 @@ def chunk_locations(tree: Tree) -> dict[str, tuple[str, int, int]]:
     """
     out: dict[str, tuple[str, int, int]] = {}
     for f in tree.files:
-        if f.kind == "blob":
-            for cid, (b, e) in zip(f.chunks, chunk_spans(f.size, 1, tree.chunk_bytes)):
-                out.setdefault(cid, (f.path, b, e - b))
-            continue
-        sizes = []
-        for t in f.tensors:
-            dtype = DTYPES.get(t.dtype)
-            if dtype is None:
-                raise CorruptObject(f"{f.path}: unknown dtype {t.dtype!r}")
-            numel = 1
-            for d in t.shape:
-                numel *= d
-            sizes.append(numel * dtype.width)
-        cursor = f.size - sum(sizes)
-        if cursor < 8:
-            raise CorruptObject(f"{f.path}: tensors larger than the file")
-        out.setdefault(f.header, (f.path, 8, cursor - 8))
-        for t, nbytes in zip(f.tensors, sizes):
-            width = DTYPES[t.dtype].width
-            for cid, (b, e) in zip(t.chunks, chunk_spans(nbytes, width, tree.chunk_bytes)):
-                out.setdefault(cid, (f.path, cursor + b, e - b))
-            cursor += nbytes
+        for cid, offset, length in file_chunks(f, tree.chunk_bytes):
+            out.setdefault(cid, (f.path, offset, length))
     return out

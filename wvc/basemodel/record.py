@@ -82,6 +82,6 @@ def parse_base_json(data: bytes) -> BaseRef:
         raise BaseModelError("remote base record is too large")
     try:
         raw = json.loads(data)
-    except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser's stack
-        raise BaseModelError("remote base record is not JSON") from None
+    except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than the parser's stack
+        raise BaseModelError("remote base record is not JSON") from exc
     return BaseRef.from_json(raw)

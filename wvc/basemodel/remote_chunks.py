@@ -58,7 +58,7 @@ class RemoteBaseChunks:
             try:
                 raw = self.hub.read_range(path, offset, length)
             except RemoteError as exc:
-                raise BaseModelError(f"base {self.base.url}: {exc}") from None
+                raise BaseModelError(f"base {self.base.url}: {exc}") from exc
         else:
             raise BaseModelError(f"base directory {self.base.url} is not on this machine (needed for {path})")
         if ids.chunk_id(raw) != object_id:

@@ -1077,7 +1077,7 @@ static unsigned long active_version(void) {
 /* decode_with_bundled(on) -> the version number of the libzstd that now decompresses: on,
  * python-zstandard's own; off, use_zstd_decoder's again (where one was given). For a chunk
  * that fails its hash check after the system's decoder: decoded again with the bundled one
- * (store.objects.decode_verified), the library is to blame only if the bytes are then right. */
+ * (store.chains.decode_verified), the library is to blame only if the bytes are then right. */
 static PyObject *decode_with_bundled(PyObject *self, PyObject *args) {
     int on;
     if (!PyArg_ParseTuple(args, "p", &on)) return NULL;

@@ -135,8 +135,8 @@ def peek(payload, table: bool = True) -> PayloadInfo:
         raise CorruptObject(f"unknown codec version {version}")
     try:
         method = Method(method)
-    except ValueError:
-        raise CorruptObject(f"unknown codec method {method}") from None
+    except ValueError as exc:
+        raise CorruptObject(f"unknown codec method {method}") from exc
     if width not in (1, 2, 4, 8) or raw_size % width:
         raise CorruptObject(f"bad element width {width} for {raw_size} bytes")
     if method is Method.SPARSE:
@@ -270,8 +270,8 @@ def _unpack_bits(packed, bits: int, n: int):
     if (kernels := native.kernels) is not None:
         try:
             return kernels.unpack_bits(packed, bits, n)
-        except ValueError:
-            raise CorruptObject("bit-packed stream is too short") from None
+        except ValueError as exc:
+            raise CorruptObject("bit-packed stream is too short") from exc
     import numpy as np
 
     return _unpack_bits_numpy(np.frombuffer(packed, dtype=np.uint8), bits, n)
@@ -352,8 +352,8 @@ def stream_bytes(payload, info: PayloadInfo, k: int):
 def _bounded_zstd(data, expected: int) -> bytes:
     try:
         declared = zstandard.frame_content_size(data) if len(data) >= 4 else -2
-    except zstandard.ZstdError:  # not a zstd frame header at all
-        raise CorruptObject("zstd frame header is damaged") from None
+    except zstandard.ZstdError as exc:  # not a zstd frame header at all
+        raise CorruptObject("zstd frame header is damaged") from exc
     if declared not in (expected, -1):  # -1: size not in the frame header
         raise CorruptObject("zstd frame declares the wrong size")
     if expected == 0:
@@ -363,7 +363,7 @@ def _bounded_zstd(data, expected: int) -> bytes:
         # decompression bomb fails instead of allocating.
         out = _decompressor().decompress(data, max_output_size=expected)
     except zstandard.ZstdError as exc:
-        raise CorruptObject(f"zstd stream is corrupt or decodes to the wrong length ({exc})") from None
+        raise CorruptObject(f"zstd stream is corrupt or decodes to the wrong length ({exc})") from exc
     if len(out) != expected:
         raise CorruptObject("zstd stream decoded to the wrong length")
     return out

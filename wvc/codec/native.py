@@ -130,7 +130,7 @@ _dropped = False  # the system's decoder was found wrong and is no longer used
 
 def retry_with_bundled(decode):
     """``decode()`` once more with python-zstandard's decoder, after a chunk decoded with the
-    system's failed its hash check (store.objects.decode_verified: every checked decode, from
+    system's failed its hash check (store.chains.decode_verified: every checked decode, from
     a pack or a remote); None where there is no other decoder, or where the chunk fails with
     the bundled one too (then it is damaged, and the system's decoder is put back).
 

@@ -54,7 +54,7 @@ def decode(data, b, g, width: int, shift: int) -> bytes:
         try:
             return _c.decode(data, b, g, width, shift)
         except ValueError as exc:
-            raise CorruptObject(str(exc)) from None
+            raise CorruptObject(str(exc)) from exc
     return _decode_py(data, b, g, width, shift)
 
 

@@ -257,7 +257,7 @@ def _decode_whole(payload, info, b) -> bytes:
     try:
         return native.kernels.decode_payload(payload, b, info.width, code, shift, sparse, MIN_GROUP)
     except ValueError as exc:  # every length is checked on the C side
-        raise CorruptObject(str(exc)) from None
+        raise CorruptObject(str(exc)) from exc
 
 
 def _decode_native(payload, info, b) -> bytes:
@@ -280,7 +280,7 @@ def _decode_native(payload, info, b) -> bytes:
     try:  # joins the planes straight from the decompressed streams
         raw, counts = native.kernels.decode_planes(streams, b, width, _native_code(info.method, info.param), shift)
     except ValueError as exc:  # a parameter no encoder writes
-        raise CorruptObject(f"payload parameters are invalid: {exc}") from None
+        raise CorruptObject(f"payload parameters are invalid: {exc}") from exc
     if (merge_groups(counts) if counts is not None else [n]) != lengths:
         raise CorruptObject("stream count does not match the chunk's groups")
     return raw
@@ -588,7 +588,7 @@ def decode_on_keyframe(payload, keyframe, raw_size: int) -> bytes | None:
         return native.kernels.decode_on_keyframe(payload, keyframe, width, _NATIVE_CODE[Method.ULP_EXP], info.param,
                                                  MIN_GROUP)
     except ValueError as exc:  # every length is checked on the C side
-        raise CorruptObject(str(exc)) from None
+        raise CorruptObject(str(exc)) from exc
 
 
 GAP_ESCAPE = 255
@@ -610,7 +610,7 @@ def _decode_sparse_native(payload, info, base) -> bytes:
     try:
         return native.kernels.sparse_decode(streams, base, info.width, _NATIVE_CODE[Method(info.param)])
     except ValueError as exc:  # the C side checks every length and position
-        raise CorruptObject(str(exc)) from None
+        raise CorruptObject(str(exc)) from exc
 
 
 def _decode_sparse(xp, payload, info):

@@ -80,7 +80,7 @@ class Layout:
         try:
             raw = json.loads(data.decode("ascii"), parse_constant=_reject)
         except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-            raise FormatError(f"{METADATA_PATH} is not JSON: {exc}") from None
+            raise FormatError(f"{METADATA_PATH} is not JSON: {exc}") from exc
         if not isinstance(raw, dict) or set(raw) != {"format", "tensors", "bytes"} or raw["format"] != FORMAT:
             raise FormatError(f"{METADATA_PATH}: not a format-{FORMAT} layout")
         if not isinstance(raw["tensors"], dict) or not isinstance(raw["bytes"], dict):

@@ -84,9 +84,9 @@ def parse_header(header_bytes: bytes, data_size: int, where: str = "file") -> Sa
         text = header_bytes.decode("utf-8")
         raw = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_bad_constant)
     except SafetensorsFormatError as exc:
-        raise SafetensorsFormatError(f"{where}: {exc}") from None
+        raise SafetensorsFormatError(f"{where}: {exc}") from exc
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise SafetensorsFormatError(f"{where}: header is not valid JSON ({exc})") from None
+        raise SafetensorsFormatError(f"{where}: header is not valid JSON ({exc})") from exc
     if not isinstance(raw, dict):
         raise SafetensorsFormatError(f"{where}: header is not a JSON object")
     if len(raw) > MAX_TENSORS:

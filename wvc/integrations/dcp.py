@@ -44,7 +44,8 @@ from ..ops.device_choice import commit_device
 from ..errors import FormatError, WvcError
 from ..formats import dcp_layout as layout_format
 from ..formats.dtypes import BYTES, DTYPES, by_torch_dtype
-from ..objects import Commit, FileEntry, Tree, check_metadata, chunk_spans
+from ..layout import chunk_spans, tensor_spans
+from ..objects import Commit, FileEntry, Tree, check_metadata
 from ..ops.commit import default_author
 from ..progress import NULL
 from ..snapshot import Snapshotter
@@ -344,7 +345,7 @@ def _check_plain(data: bytes, fqn: str) -> None:
         torch.load(io.BytesIO(data), weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any failure means: not plain data
         raise FormatError(f"DCP item {fqn!r} holds more than plain data ({type(exc).__name__}); "
-                          "load it with WvcStorageReader(..., trust_pickles=True) only if you trust its source") from None
+                          "load it with WvcStorageReader(..., trust_pickles=True) only if you trust its source") from exc
 
 
 def _pieces(entry, shard: layout_format.Shard, req, chunk_bytes: int):
@@ -356,7 +357,7 @@ def _pieces(entry, shard: layout_format.Shard, req, chunk_bytes: int):
         return None
     begin, end = span[0] * width, span[1] * width
     out = []
-    for (b, e), cid in zip(chunk_spans(entry.nbytes, width, chunk_bytes), entry.chunks):
+    for (b, e), cid in zip(tensor_spans(entry, chunk_bytes), entry.chunks):
         if e <= begin or b >= end:
             continue
         lo, hi = max(begin, b), min(end, e)

@@ -34,8 +34,8 @@ from pathlib import Path
 
 try:
     from transformers import TrainerCallback
-except ImportError:  # the callback is for Trainer runs: say how to get what it needs
-    raise ImportError("wvc.integrations.transformers needs transformers: pip install 'wvc[train]'") from None
+except ImportError as exc:  # the callback is for Trainer runs: say how to get what it needs
+    raise ImportError("wvc.integrations.transformers needs transformers: pip install 'wvc[train]'") from exc
 
 from ..publisher import Publisher
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from ..formats import safetensors as st
 from ..formats.dtypes import DTYPES
 from ..fsutil import selected
-from ..objects import FileEntry, TensorEntry, chunk_spans
+from ..layout import chunk_spans
+from ..objects import FileEntry, TensorEntry
 from ..progress import NULL, Progress
 from ..worktree import scan
 from .status import working_hashes

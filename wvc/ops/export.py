@@ -48,8 +48,8 @@ def parse_size(text) -> int:
     number = s.rstrip("KMGTIB")
     try:
         value = int(float(number) * units[s[len(number):]])
-    except (KeyError, ValueError):
-        raise WvcError(f"shard size {text!r}: use a number of bytes, or e.g. 5GB, 500MB, 2GiB") from None
+    except (KeyError, ValueError) as exc:
+        raise WvcError(f"shard size {text!r}: use a number of bytes, or e.g. 5GB, 500MB, 2GiB") from exc
     if value <= 0:
         raise WvcError(f"shard size {text!r} must be positive")
     return value

@@ -22,6 +22,7 @@ from ..repo import INIT_PREFIX
 from ..objects import Commit, Tree
 from ..basemodel.attach import verify as verify_base
 from ..remotes import lazy_remote_name
+from ..store.chains import close_over_bases
 from ..store.packs import pack_filename, read_pack_index
 from ..store.refs import HEADS, TAGS
 
@@ -47,13 +48,11 @@ def reachable(repo, since: int | None = None) -> tuple[set[str], set[str], set[s
     objects = set()
     for t in trees:
         objects |= repo.read_tree(t).chunk_ids()
-    frontier = list(objects)
-    while frontier:  # close over delta bases
-        row = repo.store.row(frontier.pop())
-        if row and row.base and row.base not in objects:
-            objects.add(row.base)
-            frontier.append(row.base)
-    return commits, trees, objects
+    def base_of(oid: str) -> str | None:
+        row = repo.store.row(oid)
+        return row.base if row is not None else None
+
+    return commits, trees, close_over_bases(objects, base_of)
 
 
 @dataclass

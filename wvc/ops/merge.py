@@ -22,7 +22,8 @@ from ..codec.devices import resolve_device
 from ..errors import UncommittedChanges, WvcError
 from ..formats.dtypes import DTYPES
 from ..merge_methods import COMPUTED, TAKE_SIDE, MergeParameters, merge_tensor
-from ..objects import Commit, FileEntry, TensorEntry, Tree, chunk_spans
+from ..layout import chunk_spans
+from ..objects import Commit, FileEntry, TensorEntry, Tree
 from ..progress import NULL, Progress
 from ..store.refs import HEADS, MERGE_HEAD, MERGE_RECIPE
 from .checkout import switch_worktree

@@ -75,7 +75,7 @@ def parse_catalog(data: bytes, name: str) -> Catalog:
             raise CorruptObject(f"{where} declares no size or more than {MAX_CATALOG_BYTES} bytes")
         body = zstandard.ZstdDecompressor().decompress(data, max_output_size=declared)
     except zstandard.ZstdError as exc:
-        raise CorruptObject(f"{where} is not a valid zstd frame ({exc})") from None
+        raise CorruptObject(f"{where} is not a valid zstd frame ({exc})") from exc
     if not body.startswith(MAGIC) or len(body) < len(MAGIC) + 4:
         raise CorruptObject(f"{where} is not a wvc catalog")
     (meta_len,) = struct.unpack_from("<I", body, len(MAGIC))
@@ -89,7 +89,7 @@ def parse_catalog(data: bytes, name: str) -> Catalog:
             raise ValueError("unexpected fields")
     except (ValueError, KeyError, TypeError, RecursionError) as exc:  # RecursionError: absurdly deep nesting
         why = "JSON nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:200]
-        raise CorruptObject(f"{where} has a malformed header ({why})") from None
+        raise CorruptObject(f"{where} has a malformed header ({why})") from exc
     if pack is not None and not ids.is_object_id(pack):
         raise CorruptObject(f"{where} names an invalid pack")
     entries = parse_index(canonical_json(raw_entries), where)

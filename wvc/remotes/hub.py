@@ -64,7 +64,7 @@ def backs_off(method):
             except RateLimited as exc:
                 wait = exc.retry_after if exc.retry_after is not None else min(60.0, 2.0 ** attempt)
                 if waited + wait > limit:
-                    raise RemoteError(f"{exc} (still limited after waiting {waited:.0f} s; WVC_HUB_MAX_WAIT)") from None
+                    raise RemoteError(f"{exc} (still limited after waiting {waited:.0f} s; WVC_HUB_MAX_WAIT)") from exc
                 time.sleep(wait)
                 waited += wait
                 attempt += 1
@@ -89,35 +89,35 @@ def hub_errors(what: str):
 
     try:
         yield
-    except errors.GatedRepoError:
+    except errors.GatedRepoError as exc:
         raise RemoteError(f"{what}: gated repository: request access on the Hub and set HF_TOKEN to a token "
-                          "that has it") from None
-    except errors.RepositoryNotFoundError:
-        raise RemoteNotFound(f"{what}: repository not found, or no permission to read it (check HF_TOKEN)") from None
-    except errors.RevisionNotFoundError:
-        raise RemoteError(f"{what}: revision not found") from None
+                          "that has it") from exc
+    except errors.RepositoryNotFoundError as exc:
+        raise RemoteNotFound(f"{what}: repository not found, or no permission to read it (check HF_TOKEN)") from exc
+    except errors.RevisionNotFoundError as exc:
+        raise RemoteError(f"{what}: revision not found") from exc
     except errors.HfHubHTTPError as exc:
         status = exc.response.status_code if exc.response is not None else None
         if status == 404 or isinstance(exc, errors.EntryNotFoundError):
-            raise RemoteFileNotFound(f"{what}: not found") from None
+            raise RemoteFileNotFound(f"{what}: not found") from exc
         if status == 412:
-            raise RemoteChanged(f"{what}: the remote changed while pushing (another push won); fetch and retry") from None
+            raise RemoteChanged(f"{what}: the remote changed while pushing (another push won); fetch and retry") from exc
         if status in (401, 403):
-            raise RemoteError(f"{what}: permission denied (HTTP {status}); check HF_TOKEN") from None
+            raise RemoteError(f"{what}: permission denied (HTTP {status}); check HF_TOKEN") from exc
         if status in (429, 503):
             raise RateLimited(f"{what}: the Hub is rate-limiting us (HTTP {status})",
-                              _retry_after(exc.response)) from None
+                              _retry_after(exc.response)) from exc
         if status is not None and status >= 500:
-            raise TransientError(f"{what}: Hub error HTTP {status}: {str(exc).splitlines()[0]}") from None
-        raise RemoteError(f"{what}: Hub error HTTP {status}: {str(exc).splitlines()[0]}") from None
+            raise TransientError(f"{what}: Hub error HTTP {status}: {str(exc).splitlines()[0]}") from exc
+        raise RemoteError(f"{what}: Hub error HTTP {status}: {str(exc).splitlines()[0]}") from exc
     except WvcError:
         raise
     except _transport_errors() as exc:
         raise TransientError(f"{what}: cannot reach the Hub endpoint, or it broke off ({type(exc).__name__}: "
-                             f"{str(exc)[:200]})") from None
+                             f"{str(exc)[:200]})") from exc
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError: a 200 that is not the Hub's JSON
         raise TransientError(f"{what}: the endpoint answered with something that is not the Hub's API "
-                             f"({type(exc).__name__}); is HF_ENDPOINT a Hub?") from None
+                             f"({type(exc).__name__}); is HF_ENDPOINT a Hub?") from exc
 
 
 class HubRemote(Remote):
@@ -149,7 +149,7 @@ class HubRemote(Remote):
         try:
             validate_repo_id(repo_id)
         except HFValidationError as exc:
-            raise RemoteError(f"invalid Hub URL {url!r}: {exc}") from None
+            raise RemoteError(f"invalid Hub URL {url!r}: {exc}") from exc
         if revision and (len(revision) > 255 or any(c in revision for c in " ~^:?*[\\") or ".." in revision):
             raise RemoteError(f"invalid Hub URL {url!r}: {revision!r} is not a revision name")
         return cls(repo_id, revision or None)

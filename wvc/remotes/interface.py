@@ -67,7 +67,7 @@ def local_write_errors(dest):
         yield
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise OSError(exc.errno, exc.strerror or os.strerror(exc.errno), str(dest)) from None
+            raise OSError(exc.errno, exc.strerror or os.strerror(exc.errno), str(dest)) from exc
         raise
 
 
@@ -93,7 +93,7 @@ def retries_reads(method):
                 return method(*args, **kwargs)
             except TransientError as exc:
                 if attempt == READ_ATTEMPTS:
-                    raise RemoteError(f"{exc} (tried {READ_ATTEMPTS} times)") from None
+                    raise RemoteError(f"{exc} (tried {READ_ATTEMPTS} times)") from exc
                 time.sleep(delay * (0.5 + random.random()))
                 delay *= 2
 

@@ -34,7 +34,7 @@ def _open_regular(path: Path, what: str):
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise RemoteError(f"remote file {what} cannot be read ({exc.strerror})") from None
+        raise RemoteError(f"remote file {what} cannot be read ({exc.strerror})") from exc
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise RemoteError(f"remote file {what} is not a regular file")
@@ -162,10 +162,10 @@ class PathRemote(Remote):
         lock = self.root / LOCK
         try:
             fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
+        except FileExistsError as exc:
             age = time.time() - lock.stat().st_mtime
             if age < LOCK_STALE_SECONDS:
-                raise RemoteChanged(f"another push holds {lock}; try again") from None
+                raise RemoteChanged(f"another push holds {lock}; try again") from exc
             lock.unlink(missing_ok=True)  # left by a crashed pusher
             fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         try:

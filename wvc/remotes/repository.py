@@ -23,6 +23,7 @@ from .. import ids
 from ..errors import CorruptObject, RemoteError, WvcError
 from ..fsutil import atomic_write
 from ..objects import Commit, Tree
+from ..store.chains import close_over_bases
 from ..store.packs import MAX_INDEX_BYTES, PackEntry, parse_index
 from . import compaction
 from .catalog import MAX_CATALOG_BYTES, Catalog, catalog_name, catalog_path, parse_catalog, segment_size
@@ -187,14 +188,13 @@ class RemoteRepository:
 
     def closure(self, objects: set[str]) -> set[str]:
         """``objects`` with the delta bases they need that the remote's packs hold."""
-        index, out = self.index, set(objects)
-        frontier = list(objects)
-        while frontier:
-            found = index.get(frontier.pop())
-            if found and found[1].base and found[1].base not in out:
-                out.add(found[1].base)
-                frontier.append(found[1].base)
-        return out
+        index = self.index
+
+        def base_of(oid: str) -> str | None:
+            found = index.get(oid)
+            return found[1].base if found is not None else None
+
+        return close_over_bases(objects, base_of)
 
     def has_file(self, path: str) -> bool:
         """Whether the pinned listing holds ``path``."""

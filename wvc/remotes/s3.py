@@ -64,8 +64,8 @@ def _client():
     try:
         import boto3
         from botocore.config import Config
-    except ImportError:
-        raise RemoteError("s3:// remotes need boto3: pip install 'wvc[s3]'") from None
+    except ImportError as exc:
+        raise RemoteError("s3:// remotes need boto3: pip install 'wvc[s3]'") from exc
     # The standard AWS settings win where the user gave them (AWS_MAX_ATTEMPTS,
     # AWS_RETRY_MODE, or the config file); otherwise back off and retry a few more times
     # than boto3's default, since a push is worth finishing.
@@ -83,15 +83,15 @@ def s3_errors(what: str):
     try:
         yield
     except bx.ClientError as exc:
-        raise _client_error(what, exc) from None
-    except bx.NoCredentialsError:
+        raise _client_error(what, exc) from exc
+    except bx.NoCredentialsError as exc:
         raise RemoteError(f"{what}: no AWS credentials found (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
-                          "or AWS_PROFILE)") from None
+                          "or AWS_PROFILE)") from exc
     except (bx.EndpointConnectionError, bx.ConnectTimeoutError, bx.ReadTimeoutError, bx.ConnectionClosedError,
             bx.ResponseStreamingError, bx.IncompleteReadError) as exc:
-        raise TransientError(f"{what}: cannot reach the S3 endpoint, or it broke off ({type(exc).__name__})") from None
+        raise TransientError(f"{what}: cannot reach the S3 endpoint, or it broke off ({type(exc).__name__})") from exc
     except bx.BotoCoreError as exc:
-        raise RemoteError(f"{what}: S3 client error ({type(exc).__name__})") from None
+        raise RemoteError(f"{what}: S3 client error ({type(exc).__name__})") from exc
 
 
 class S3RequestError(RemoteError):
@@ -264,7 +264,7 @@ class S3Remote(Remote):
             if kwargs and (exc.status == 501 or exc.code in _CONDITIONAL_UNSUPPORTED):
                 raise RemoteError(f"{self.url}: the endpoint refuses conditional writes (If-Match / If-None-Match), "
                                   "which wvc needs to move refs safely; refusing to push (two pushers could "
-                                  "overwrite each other's work)") from None
+                                  "overwrite each other's work)") from exc
             raise
         self.bytes_uploaded += len(data)
 

@@ -21,8 +21,8 @@ from .. import ids
 from ..errors import CorruptObject, MissingObject, RemoteError, WvcError
 from ..fsutil import fsync_dir, make_work_dir, sweep_work_dirs
 from ..progress import NULL, Progress
-from ..store.chains import resolve_chain
-from ..store.objects import ObjectRow, ObjectStore, decode_verified
+from ..store.chains import decode_links, resolve_chain
+from ..store.objects import ObjectRow, ObjectStore
 from ..store.packs import PackEntry, PackWriter, copy_payloads, pack_filename, read_pack_index
 from .interface import Remote, pack_path
 VERIFY_CACHE_BYTES = 16 << 20  # decoded delta bases kept while verifying a fetch
@@ -67,6 +67,10 @@ class _Link:
     path: Path
     entry: PackEntry
 
+    @property
+    def raw_size(self) -> int:
+        return self.entry.raw_size
+
 
 def verify_packs(store: ObjectStore, packs: list[tuple[str, Path]],
                  cache_bytes: int = VERIFY_CACHE_BYTES) -> list[list[ObjectRow]]:
@@ -81,7 +85,7 @@ def verify_packs(store: ObjectStore, packs: list[tuple[str, Path]],
         try:
             checksum, entries = read_pack_index(path)
         except WvcError as exc:
-            raise CorruptObject(f"remote pack {name[:12]} is corrupt: {exc}") from None
+            raise CorruptObject(f"remote pack {name[:12]} is corrupt: {exc}") from exc
         if checksum != name:
             raise CorruptObject(f"remote pack {name[:12]} does not match its name")
         per_pack.append((name, entries))
@@ -138,15 +142,15 @@ def verify_packs(store: ObjectStore, packs: list[tuple[str, Path]],
         else:
             row = store.row(below)
             raw, d = store.get(below), row.depth
-        context = None if below is None else context_below(below)
-        for link in reversed(chain):
-            raw, context = decode_verified(link.id, payload(link), link.entry.raw_size, raw,
-                                           f"remote pack {link.pack[:12]}", context=context), raw
-            d += 1
-            depth[link.id] = d
+        above = {link.id: len(chain) - k for k, link in enumerate(chain)}  # links above ``below``
+
+        def decoded(link: _Link, raw: bytes) -> None:
+            depth[link.id] = d + above[link.id]
             if link.id in is_base:
                 cache.put(link.id, raw)
-        return raw
+
+        return decode_links(chain, payload, below=raw, context=None if below is None else context_below(below),
+                            where=lambda link: f"remote pack {link.pack[:12]}", on_decoded=decoded)[0]
 
     try:
         out = []
@@ -302,16 +306,17 @@ class RemoteChunks:
                               stop=lambda o: o in self.cache or self._from_base(o) or self._holds(o),
                               where="the remote")
         below = chain[-1].base
-        raw = None if below is None else self(below)
-        context = None if below is None else (lambda: self._base_bytes(below))
-        for entry in reversed(chain):
-            pack = self.index[entry.id][0]
+
+        def payload_of(entry: PackEntry) -> bytes:
             payload = self.payloads.pop(entry.id, None)
-            if payload is None:
-                payload = self.remote.read_range(pack_path(pack), entry.offset, entry.length)
-            raw, context = decode_verified(entry.id, payload, entry.raw_size, raw, f"remote pack {pack[:12]}",
-                                           context=context), raw
+            return payload if payload is not None else \
+                self.remote.read_range(pack_path(self.index[entry.id][0]), entry.offset, entry.length)
+
+        def decoded(entry: PackEntry, raw: bytes) -> None:
             self.cache.put(entry.id, raw)
             if entry.base is None and self.keep_keyframe is not None:
                 self.keep_keyframe(entry.id, raw)
-        return raw
+
+        return decode_links(chain, payload_of, below=None if below is None else self(below),
+                            context=None if below is None else (lambda: self._base_bytes(below)),
+                            where=lambda entry: f"remote pack {self.index[entry.id][0][:12]}", on_decoded=decoded)[0]

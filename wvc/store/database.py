@@ -103,7 +103,7 @@ class Database:
         try:
             self.conn.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as exc:
-            raise WvcError(f"repository is locked by another wvc process ({exc})") from None
+            raise WvcError(f"repository is locked by another wvc process ({exc})") from exc
         try:
             yield self.conn
         except BaseException:
@@ -169,11 +169,11 @@ def _peek(path: Path, read):
     try:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=PEEK_TIMEOUT_S)
     except sqlite3.Error as exc:
-        raise unavailable(path, exc) from None
+        raise unavailable(path, exc) from exc
     try:
         return read(conn)
     except sqlite3.Error as exc:
-        raise unavailable(path, exc) from None
+        raise unavailable(path, exc) from exc
     finally:
         conn.close()
 

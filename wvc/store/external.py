@@ -48,8 +48,8 @@ class ExternalFiles:
                 size = os.fstat(fh.fileno()).st_size
                 fh.seek(offset)
                 raw = fh.read(length)
-        except FileNotFoundError:
-            raise MissingObject(f"base file {path} is missing from {root}") from None
+        except FileNotFoundError as exc:
+            raise MissingObject(f"base file {path} is missing from {root}") from exc
         if len(raw) != length:
             raise CorruptObject(f"base file {path} changed since the base was recorded (now {size} bytes)")
         if verify and ids.chunk_id(raw) != object_id:

@@ -30,7 +30,7 @@ from .. import settings
 from .. import allocator, ids
 from ..errors import CorruptObject, MissingObject
 from ..progress import NULL, Progress
-from .chains import MAX_CHAIN_LINKS, resolve_chain
+from .chains import MAX_CHAIN_LINKS, decode_links, resolve_chain
 from .database import Database
 from .external import BASE_PACK, EXTERNAL_METHOD, ExternalFiles
 from .packs import PackReader, PackWriter, copy_payloads
@@ -140,38 +140,6 @@ class ObjectRow:
 # codec.Method's PLANES, ULP_EXP and ULP_STEP, which the objects table records (the store reads them
 # without importing the codec; tests/test_delta_on_keyframe.py checks they agree)
 _PLANES, _ULP_EXP, _ULP_STEP = 1, 5, 7
-
-
-def decode_verified(object_id: str, payload, raw_size: int, base, where: str, *, verify: bool = True,
-                    context=None) -> bytes:
-    """Decode one payload and check the result against its id: the only way bytes leave a pack.
-
-    ``verify=False`` skips the hash check, for a link in the middle of a delta chain whose
-    result is checked through the final object's (ObjectStore.decode_chain). ``context``:
-    the base's own base (bytes, or a function returning them), which a ULP_STEP payload needs.
-    """
-    from .. import codec  # numpy and zstandard: not loaded by commands that decode nothing
-
-    def attempt() -> bytes:
-        try:
-            raw = codec.decode(payload, raw_size, base, context=context)
-        except CorruptObject as exc:
-            raise CorruptObject(f"object {ids.short(object_id)} in {where}: {exc}") from None
-        if verify and ids.chunk_id(raw) != object_id:
-            raise CorruptObject(f"object {ids.short(object_id)} in {where} fails its hash check")
-        return raw
-
-    try:
-        return attempt()
-    except CorruptObject:
-        if not verify:  # (a link whose chain's final check decides)
-            raise
-        from ..codec import native  # before the object is called damaged: was it the system's zstd?
-
-        again = native.retry_with_bundled(attempt)
-        if again is None:
-            raise
-        return again
 
 
 def _batches(object_ids):
@@ -345,32 +313,36 @@ class ObjectStore:
         link above the pair, or as the link below a two-link chain's result ``with_base``.
         A pair of another shape is decoded link by link; links checked one by one never
         take the pass."""
-        raw = below = None
+        raw = None
         top = len(chain) - 1
-        payloads = [None] * len(chain)
+        views: dict[str, memoryview] = {}  # payloads the one-pass attempt mapped already
         if not verify_links and len(chain) >= 2 and chain[-2].method == _ULP_EXP and chain[-1].method == _PLANES \
                 and (chain[-3].method != _ULP_STEP if len(chain) >= 3 else not with_base) \
                 and not (chain[-1].external or chain[-2].external):
             from .. import codec
 
             for k in (-2, -1):
-                payloads[k] = self.reader.view(chain[k].pack, chain[k].offset, chain[k].length)
-            raw = codec.decode_on_keyframe(payloads[-2], payloads[-1], chain[-2].raw_size)  # (a CorruptObject: checked link by link)
+                views[chain[k].id] = self.reader.view(chain[k].pack, chain[k].offset, chain[k].length)
+            raw = codec.decode_on_keyframe(views[chain[-2].id], views[chain[-1].id], chain[-2].raw_size)  # (a CorruptObject: checked link by link)
             if raw is not None:
                 top = len(chain) - 3
                 if top < 0 and ids.chunk_id(raw) != chain[0].id:  # (the pair is the chain: its result is checked here)
                     raise CorruptObject(f"object {ids.short(chain[0].id)} fails its hash check")
-        for k in range(top, -1, -1):
-            row, verify = chain[k], verify_links or k == 0
-            if row.external:
-                if self.external is None:
-                    raise MissingObject(f"object {ids.short(row.id)} belongs to a base this repository cannot read")
-                raw, below = self.external.read(row.id, row.file, row.offset, row.length, verify=verify), raw
-                continue
-            payload = payloads[k] if payloads[k] is not None else self.reader.view(row.pack, row.offset, row.length)
-            raw, below = decode_verified(row.id, payload, row.raw_size, raw, f"pack {row.pack[:12]}", verify=verify,
-                                         context=below), raw
-        return raw, below
+        links = chain[: top + 1]
+        if links and links[-1].external:  # a base model's chunk: a keyframe read from its file
+            row = links.pop()
+            if self.external is None:
+                raise MissingObject(f"object {ids.short(row.id)} belongs to a base this repository cannot read")
+            raw = self.external.read(row.id, row.file, row.offset, row.length, verify=verify_links or not links)
+        if not links:
+            return raw, None
+
+        def payload_of(row: ObjectRow):
+            view = views.get(row.id)
+            return view if view is not None else self.reader.view(row.pack, row.offset, row.length)
+
+        return decode_links(links, payload_of, below=raw, where=lambda r: f"pack {r.pack[:12]}",
+                            verify=lambda k: verify_links or k == 0)
 
     def get(self, object_id: str) -> bytes:
         """The raw bytes of a chunk, decoded through its delta chain and hash-verified."""

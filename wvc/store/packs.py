@@ -70,7 +70,7 @@ def parse_index(data: bytes, where: str, payload_end: int | None = None) -> list
         entries = [PackEntry(**e) for e in raw]
     except (ValueError, TypeError, RecursionError) as exc:  # RecursionError: absurdly deep nesting
         why = "JSON nested too deeply" if isinstance(exc, RecursionError) else exc
-        raise CorruptObject(f"{where}: bad pack index ({why})") from None
+        raise CorruptObject(f"{where}: bad pack index ({why})") from exc
     for e in entries:
         if not (ids.is_object_id(e.id) and (e.base is None or ids.is_object_id(e.base))
                 and all(type(v) is int and v >= 0 for v in (e.offset, e.length, e.raw_size, e.method))
@@ -273,8 +273,8 @@ class PackReader:
                 self._close_locked()
             try:
                 fd = os.open(self.directory / pack_filename(pack), os.O_RDONLY)
-            except FileNotFoundError:
-                raise CorruptObject(f"pack {pack[:12]} is missing") from None
+            except FileNotFoundError as exc:
+                raise CorruptObject(f"pack {pack[:12]} is missing") from exc
             self._fds[pack] = fd
             self._sizes[pack] = os.fstat(fd).st_size
         return fd

@@ -44,8 +44,8 @@ def check_ref_name(name: str, what: str = "branch") -> str:
         raise InvalidRefName(f"invalid {what} name {name!r}: it {problem}")
     try:
         name.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidRefName(f"invalid {what} name: not valid UTF-8") from None
+    except UnicodeEncodeError as exc:
+        raise InvalidRefName(f"invalid {what} name: not valid UTF-8") from exc
     return name
 
 
