@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from wvc.store.objects import DEFAULT_MAX_CHAIN
+from wvc.store.chunk_writer import DEFAULT_MAX_CHAIN
 
 RESULTS = Path(__file__).parent / "results"
 

@@ -14,9 +14,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "wvc"
 LAYERS = [
     ["wvc.errors", "wvc.ids", "wvc.progress", "wvc.allocator", "wvc.settings"],
     ["wvc.fsutil", "wvc.formats", "wvc.testing"],
-    ["wvc.objects", "wvc.layout", "wvc.codec", "wvc.device_copy", "wvc.merge_methods"],
+    ["wvc.versions", "wvc.layout", "wvc.codec", "wvc.device_copy", "wvc.merge_methods"],
     ["wvc.store", "wvc.worktree", "wvc.cache"],
-    ["wvc.snapshot", "wvc.revparse", "wvc.remotes"],
+    ["wvc.snapshot", "wvc.materialize", "wvc.tensors", "wvc.device_choice", "wvc.revparse", "wvc.remotes"],
     ["wvc.basemodel"],
     ["wvc.repo"],
     ["wvc.ops"],

@@ -16,7 +16,7 @@ from wvc.codec import native, transforms
 from wvc.codec.container import ROTATED, Method, peek
 from wvc.errors import CorruptObject
 from wvc.formats.dtypes import DTYPES
-from wvc.store import objects
+from wvc.store import chunks
 from wvc.store.packs import pack_filename
 
 from .test_codec import related_pair
@@ -108,8 +108,8 @@ def test_damaged_inputs_are_refused_never_a_crash():
 
 
 def test_the_store_names_the_methods_the_codec_writes():
-    """objects.py reads these two from the objects table without importing the codec."""
-    assert (objects._PLANES, objects._ULP_EXP, objects._ULP_STEP) == (int(Method.PLANES), int(Method.ULP_EXP),
+    """store/chunks.py reads these from the objects table without importing the codec."""
+    assert (chunks._PLANES, chunks._ULP_EXP, chunks._ULP_STEP) == (int(Method.PLANES), int(Method.ULP_EXP),
                                                                        int(Method.ULP_STEP))
 
 

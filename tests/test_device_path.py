@@ -10,9 +10,9 @@ import torch
 import wvc
 from wvc import Repo, device_copy
 from wvc.codec import Method, batched
-from wvc.ops import device_choice
+from wvc import device_choice
 from wvc.errors import CorruptObject
-from wvc.ops.tensors import tensors_on_device
+from wvc.tensors import tensors_on_device
 
 from .conftest import random_tensor
 

@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 from tests.conftest import sha256
 from wvc import Repo, ids
 from wvc.errors import CorruptObject, FormatError
-from wvc.objects import TREE_FORMAT, Commit, Tree
+from wvc.versions import TREE_FORMAT, Commit, Tree
 from wvc.store.refs import HEADS
 from wvc.worktree import content_id
 

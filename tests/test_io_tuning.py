@@ -181,9 +181,9 @@ def test_checkout_through_direct_writes_is_byte_identical(repo, monkeypatch):
 
 def test_the_writer_works_ahead_by_bytes_not_by_chunk_count(repo, monkeypatch):
     from wvc.formats.dtypes import BYTES
-    from wvc.store import objects
+    from wvc.store import pool
 
-    monkeypatch.setattr(objects, "IN_FLIGHT_BYTES", 64 * 1024)
+    monkeypatch.setattr(pool, "IN_FLIGHT_BYTES", 64 * 1024)
     writer = repo.store.writer()
     seen = []
     real_drain = writer._drain_one

@@ -87,7 +87,7 @@ def test_retired_files_are_deleted_after_the_grace_period(tmp_path, monkeypatch,
 
 def _push_format_1(repo: Repo, url: str) -> None:
     """What wvc wrote before format 2: a pack with its .idx, one file a commit and a tree."""
-    from wvc.objects import canonical_json
+    from wvc.versions import canonical_json
     from wvc.remotes.interface import commit_path, pack_path, tree_path
     from wvc.store.packs import PackWriter, pack_filename
 

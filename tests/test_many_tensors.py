@@ -81,11 +81,11 @@ def test_a_commit_still_skips_the_chunks_the_store_holds(two_versions):
 def test_small_chunks_are_coded_many_to_a_pool_task(two_versions, tmp_path, monkeypatch):
     """A commit and a checkout of 300 small tensors hand the pool a task per ~32 of them, not
     one each (a hand-off each cost more CPU than coding the chunk); the bytes are the same."""
-    from wvc.store import objects
+    from wvc.store import pool as codec_pool
 
     repo, root = two_versions
     submitted = []
-    real_pool = objects.pool()
+    real_pool = codec_pool.pool()
 
     class Counting:
         def submit(self, fn, *args):
@@ -95,7 +95,7 @@ def test_small_chunks_are_coded_many_to_a_pool_task(two_versions, tmp_path, monk
         def map(self, *args):
             return real_pool.map(*args)
 
-    monkeypatch.setattr(objects, "pool", lambda: Counting())
+    monkeypatch.setattr(codec_pool, "pool", lambda: Counting())
     head = repo.commit("step").commit
     assert 0 < len(submitted) <= TENSORS // 16, len(submitted)
     submitted.clear()
@@ -179,17 +179,17 @@ def test_pack_offsets_need_no_system_call_per_object(two_versions, monkeypatch, 
 def test_the_codec_pool_size_can_be_set_for_machines_with_more_cores(monkeypatch):
     """One thread per core up to 4 by default; WVC_CODEC_THREADS (1-64) sets it, so that a
     16-core machine can be measured with 16; nonsense falls back to the default."""
-    from wvc.store import objects
+    from wvc.store import pool as codec_pool
 
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
     monkeypatch.delenv("WVC_CODEC_THREADS", raising=False)
-    assert objects._codec_threads() == 4
+    assert codec_pool._codec_threads() == 4
     monkeypatch.setenv("WVC_CODEC_THREADS", "16")
-    assert objects._codec_threads() == 16
+    assert codec_pool._codec_threads() == 16
     for bad in ("0", "65", "many", "-3"):
         monkeypatch.setenv("WVC_CODEC_THREADS", bad)
-        assert objects._codec_threads() == 4
+        assert codec_pool._codec_threads() == 4
 
 
 def test_the_codec_pool_fits_the_cpus_the_process_may_use(monkeypatch):
@@ -197,47 +197,47 @@ def test_the_codec_pool_fits_the_cpus_the_process_may_use(monkeypatch):
     launcher pinning each rank) gets a pool of that many threads, not of the machine's: a
     2-CPU pod on a 64-core host ran 4 codec threads on 2 CPUs. Where affinity is unknown,
     the machine's count."""
-    from wvc.store import objects
+    from wvc.store import pool as codec_pool
 
     monkeypatch.delenv("WVC_CODEC_THREADS", raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {5, 9}, raising=False)
-    assert objects._codec_threads() == 2
+    assert codec_pool._codec_threads() == 2
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3}, raising=False)
-    assert objects._codec_threads() == 1
+    assert codec_pool._codec_threads() == 1
 
     def unknown(pid):
         raise OSError("no affinity here")
 
     monkeypatch.setattr(os, "sched_getaffinity", unknown, raising=False)
-    assert objects._codec_threads() == 4
+    assert codec_pool._codec_threads() == 4
     monkeypatch.setattr(os, "cpu_count", lambda: 3)
-    assert objects._codec_threads() == 3
+    assert codec_pool._codec_threads() == 3
 
 
 def test_chunks_come_out_in_order_across_row_batches(two_versions, monkeypatch):
     """get_many looks rows up a batch at a time as it hands chunks out (the pool starts on
     the first FIRST_ROWS while the rest are looked up): every chunk in the order asked, a
     chunk asked twice, in two batches, given twice."""
-    import wvc.store.objects as objects
+    from wvc.store import chunks, pool
 
     repo, _ = two_versions
     head = repo.commit("step").commit
     chunk_ids = [c for e in repo.tree_of(head).files for t in (e.tensors or []) for c in t.chunks]
     assert len(chunk_ids) > 40
     asked = chunk_ids[:30] + chunk_ids[5:12] + chunk_ids[::-1]
-    monkeypatch.setattr(objects, "FIRST_ROWS", 3)
-    monkeypatch.setattr(objects, "ROW_BATCH", 7)
-    monkeypatch.setattr(objects, "SMALL_CHUNK", 0)  # (a pool task a chunk: the first goes out at once)
+    monkeypatch.setattr(chunks, "FIRST_ROWS", 3)
+    monkeypatch.setattr(chunks, "ROW_BATCH", 7)
+    monkeypatch.setattr(pool, "SMALL_CHUNK", 0)  # (a pool task a chunk: the first goes out at once)
     queries = Queries(repo)
     at_first_decode = []
-    real_submit = objects.pool().submit
+    real_submit = pool.pool().submit
 
     def submit(*args):
         at_first_decode.append(queries.row_lookups())
         return real_submit(*args)
 
-    monkeypatch.setattr(objects.pool(), "submit", submit)
+    monkeypatch.setattr(pool.pool(), "submit", submit)
     got = list(repo.store.get_many(asked))
     assert [ids.chunk_id(b) for b in got] == asked
     # the first decode went to the pool after the first batch's lookups (its ids, their
@@ -252,7 +252,7 @@ def test_a_stored_header_that_disagrees_with_its_tree_is_refused(two_versions, t
     import dataclasses
 
     from wvc.errors import CorruptObject
-    from wvc.ops.materialize import write_file
+    from wvc.materialize import write_file
 
     repo, root = two_versions
     entry = next(e for e in repo.tree_of(repo.log()[0].id).files if e.tensors)

@@ -48,7 +48,7 @@ def test_the_last_commits_chunks_are_the_next_ones_delta_bases_without_decoding(
     """Deep chains follow the steps; decoding the parent's chain made each commit slower
     than the last. The publisher keeps its last commit's raw chunks: no chain is decoded,
     and the payloads are the same bytes as without them."""
-    from wvc.store.objects import ObjectStore
+    from wvc.store.chunks import ObjectStore
 
     decodes = []
     real = ObjectStore.decode_chain

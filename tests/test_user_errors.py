@@ -97,7 +97,7 @@ def test_a_repository_an_older_wvc_made_with_deeper_chains_stays_readable(tmp_pa
     import struct
 
     from wvc.errors import CorruptObject
-    from wvc.store.objects import ObjectRow
+    from wvc.store.rows import ObjectRow
     from wvc.store.packs import PackWriter
 
     from .test_hostile_remotes import delta, keyframe

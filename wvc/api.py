@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from .progress import NULL, Progress
 from .repo import DEFAULT_CHUNK_BYTES, Repository, remove_new_repository
-from .store.objects import DEFAULT_MAX_CHAIN
+from .store.chunk_writer import DEFAULT_MAX_CHAIN
 from .store.refs import HEADS, TAGS
 
 
@@ -123,7 +123,7 @@ class Repo(Repository):
 
     def load_state_dict(self, rev: str = "HEAD", *, device: str = "cpu", lazy: bool = False):
         """Every tensor of version ``rev`` by name, on ``device`` (``lazy``: decoded on first access)."""
-        from .ops import tensors
+        from . import tensors
 
         return tensors.load_state_dict(self, rev, device=device, lazy=lazy)
 

@@ -9,7 +9,7 @@ of its tree entry covers.
   commit, which is what makes per-chunk deltas work.
 
 Writers (snapshot.py, integrations/dcp.py), readers that rebuild files or tensors
-(ops/materialize.py, follower.py), the working-tree hash (worktree.py) and a base model's
+(materialize.py, follower.py), the working-tree hash (worktree.py) and a base model's
 index (basemodel/index.py) all cut files through these functions.
 """
 

@@ -17,14 +17,14 @@ from pathlib import Path
 from .basemodel.record import BaseRef, current
 from .errors import FormatError, InvalidArgument, NotARepository, RepositoryExists
 from .fsutil import file_lock, fsync_dir, umask
-from .objects import Commit, Tree, check_chunk_bytes
+from .versions import Commit, Tree, check_chunk_bytes
 from .remotes import lazy_remote_name
 from .revparse import resolve
 from .store.chains import MAX_CHAIN_LIMIT, MAX_CHAIN_LINKS
 from .store.database import Database, has_rows, peek_config
 from .store.external import ExternalFiles
 from .store.graph import CommitGraph
-from .store.objects import DEFAULT_MAX_CHAIN, ObjectStore
+from .store.chunks import DEFAULT_MAX_CHAIN, ObjectStore
 from .store.refs import HEADS, Refs, check_ref_name
 
 WVC_DIR = ".wvc"

@@ -17,9 +17,9 @@ from .errors import SafetensorsFormatError, UnsupportedTensor, WvcError
 from .formats import safetensors as st
 from .formats.dtypes import BYTES, by_torch_dtype
 from .layout import chunk_spans
-from .objects import FileEntry, TensorEntry, Tree
+from .versions import FileEntry, TensorEntry, Tree
 from .progress import Progress
-from .store.objects import ChunkWriter
+from .store.chunk_writer import ChunkWriter
 from .worktree import StatCache, is_executable
 
 STATE_DICT_PATH = "model.safetensors"

@@ -22,11 +22,11 @@ from .basemodel.remote_chunks import RemoteBaseChunks
 from .codec.devices import resolve_device
 from .cache import cache_root
 from .errors import MissingEntry, RevisionNotFound, WvcError
-from .objects import Tree
+from .versions import Tree
 from .revparse import match_prefix, resolve_with
-from .ops.materialize import file_blocks
-from .ops.remote_base import base_directory, remote_base
-from .ops.tensors import tensor_from_chunks
+from .materialize import file_blocks
+from .basemodel.remote import base_directory, remote_base
+from .tensors import tensor_from_chunks
 from .remotes import open_remote
 from .remotes.repository import RemoteRepository
 from .remotes.transfer import RemoteChunks
@@ -48,7 +48,7 @@ class VersionView:
         self._entries = {t.name: t for f in tree.files for t in f.tensors}
         self.tensors = {n: (t.dtype, t.shape) for n, t in self._entries.items()}
 
-    # the two reads ops.materialize and ops.tensors need from a store
+    # the two reads materialize.py and tensors.py need from a store
     def get(self, chunk_id: str) -> bytes:
         """One chunk's bytes, verified."""
         return self._get(chunk_id)
@@ -154,7 +154,7 @@ def snapshot_download(url_or_path, revision: str = "main", *, cache_dir=None, pr
     import shutil
     import tempfile
 
-    from .ops.materialize import write_file
+    from .materialize import write_file
     from .progress import NULL
     from .fsutil import resolve_inside, umask
 

@@ -22,7 +22,7 @@ from .errors import UnsafePath, WvcError
 from .formats import safetensors as st
 from .fsutil import TEMP_PREFIX, folded_clashes, reserved_name, validate_relpath
 from .layout import chunk_spans
-from .objects import FileEntry, TensorEntry
+from .versions import FileEntry, TensorEntry
 
 if TYPE_CHECKING:
     import pathspec

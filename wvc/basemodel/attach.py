@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .. import ids
 from ..errors import BaseModelError, MissingObject, WvcError
-from ..objects import Tree
+from ..versions import Tree
 from ..progress import NULL, Progress
 from ..store.graph import CommitGraph
 from ..store.refs import HEADS

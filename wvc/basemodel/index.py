@@ -6,7 +6,7 @@ from pathlib import Path
 
 from .. import ids
 from ..layout import file_chunks
-from ..objects import Tree
+from ..versions import Tree
 from ..progress import NULL, Progress
 from ..snapshot import Snapshotter
 

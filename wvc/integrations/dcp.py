@@ -40,12 +40,12 @@ from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, W
 from torch.futures import Future
 
 from ..api import Repo
-from ..ops.device_choice import commit_device
+from ..device_choice import commit_device
 from ..errors import FormatError, WvcError
 from ..formats import dcp_layout as layout_format
 from ..formats.dtypes import BYTES, DTYPES, by_torch_dtype
 from ..layout import chunk_spans, tensor_spans
-from ..objects import Commit, FileEntry, Tree, check_metadata
+from ..versions import Commit, FileEntry, Tree, check_metadata
 from ..ops.commit import default_author
 from ..progress import NULL
 from ..snapshot import Snapshotter
@@ -366,7 +366,7 @@ def _pieces(entry, shard: layout_format.Shard, req, chunk_bytes: int):
 
 
 def _read_whole_region(view, entry, req):
-    from ..ops.tensors import tensor_from_chunks
+    from ..tensors import tensor_from_chunks
 
     part = tensor_from_chunks(view, entry, "cpu")
     for dim, (offset, length) in enumerate(zip(req.storage_offsets, req.lengths)):

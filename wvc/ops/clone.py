@@ -15,7 +15,7 @@ from ..store.database import peek_config
 from ..store.refs import HEADS
 from .fetch import fetch
 from .pull import pull
-from .remote_base import attach_remote_base, base_directory, remote_base
+from ..basemodel.remote import attach_remote_base, base_directory, remote_base
 from .remote_config import index_cache, remote_add
 
 
@@ -43,7 +43,7 @@ def _absolute(url: str) -> str:
 def clone(url: str, directory=None, *, branch: str | None = None, lazy: bool = False, base_dir=None,
           progress: Progress = NULL) -> tuple[Repository, dict]:
     """``base_dir``: where this machine has the model a remote's directory base names (a
-    remote's own record is never read as a local path: ops/remote_base.base_directory)."""
+    remote's own record is never read as a local path: basemodel/remote.base_directory)."""
     remote = open_remote(url)
     if directory is None:
         directory = url.rstrip("/").rpartition("/")[2].removesuffix(".wvc") or "model"

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from .. import settings
 from ..errors import ConcurrentUpdate, NothingToCommit, WvcError
-from .device_choice import commit_device, data_location
-from ..objects import Commit, Tree, check_metadata
+from ..device_choice import commit_device, data_location
+from ..versions import Commit, Tree, check_metadata
 from ..progress import NULL, Progress
 from ..store.refs import HEADS, MERGE_HEAD, MERGE_RECIPE
 from ..worktree import StatCache, scan

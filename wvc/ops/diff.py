@@ -15,7 +15,7 @@ from ..formats import safetensors as st
 from ..formats.dtypes import DTYPES
 from ..fsutil import selected
 from ..layout import chunk_spans
-from ..objects import FileEntry, TensorEntry
+from ..versions import FileEntry, TensorEntry
 from ..progress import NULL, Progress
 from ..worktree import scan
 from .status import working_hashes

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from .. import ids
 from ..errors import RemoteError
 from ..fsutil import fsync_dir, make_work_dir, sweep_work_dirs
-from ..objects import Commit, Tree
+from ..versions import Commit, Tree
 from ..progress import NULL, Progress
 from ..remotes import lazy_remote_name
 from ..remotes.interface import MAX_PACK_BYTES, pack_path
@@ -21,7 +21,7 @@ from ..remotes.transfer import verify_packs
 from ..store.graph import UNKNOWN
 from ..store.packs import pack_filename
 from ..store.refs import HEADS, TAGS
-from .remote_base import check_same_base, remote_base
+from ..basemodel.remote import check_same_base, remote_base
 from .remote_config import REMOTES, open_remote_repository
 
 @dataclass

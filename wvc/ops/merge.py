@@ -23,12 +23,12 @@ from ..errors import UncommittedChanges, WvcError
 from ..formats.dtypes import DTYPES
 from ..merge_methods import COMPUTED, TAKE_SIDE, MergeParameters, merge_tensor
 from ..layout import chunk_spans
-from ..objects import Commit, FileEntry, TensorEntry, Tree
+from ..versions import Commit, FileEntry, TensorEntry, Tree
 from ..progress import NULL, Progress
 from ..store.refs import HEADS, MERGE_HEAD, MERGE_RECIPE
 from .checkout import switch_worktree
 from .commit import default_author
-from .materialize import write_file
+from ..materialize import write_file
 from .status import status
 
 FLOAT_KINDS = ("float",)
@@ -269,7 +269,7 @@ def _fill_computed(repo, plan: _Plan, b_tree, o_tree, t_tree, strategy, params, 
         return plan.files
     import torch
 
-    from .tensors import tensor_from_chunks
+    from ..tensors import tensor_from_chunks
 
     b, o, t = b_tree.by_path(), o_tree.by_path(), t_tree.by_path()
     files = dict(plan.files)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from .. import ids
 from ..errors import NonFastForward, RevisionNotFound, WvcError
-from ..objects import Commit, Tree
+from ..versions import Commit, Tree
 from ..progress import NULL, Progress
 from ..store.refs import HEADS
 from .checkout import switch_worktree

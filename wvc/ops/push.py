@@ -17,7 +17,7 @@ from ..store.chains import resolve_chain
 from ..store.packs import PackWriter, copy_payloads, pack_filename
 from ..store.refs import HEADS, TAGS
 from .remote_config import REMOTES, open_remote_repository
-from .remote_base import check_same_base, remote_base
+from ..basemodel.remote import check_same_base, remote_base
 
 
 @dataclass

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from .. import ids
 from ..errors import CorruptObject
-from ..objects import canonical_json
+from ..versions import canonical_json
 from ..store.packs import MAX_INDEX_BYTES, PackEntry, parse_index
 
 MAGIC = b"WVCCAT\x01\n"

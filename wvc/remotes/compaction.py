@@ -25,7 +25,7 @@ from pathlib import Path
 
 from .. import settings
 from ..errors import CorruptObject, WvcError
-from ..objects import canonical_json
+from ..versions import canonical_json
 from ..store.packs import PackWriter, copy_payloads, pack_filename, read_pack_index
 from .catalog import Catalog
 from .interface import MAX_PACK_BYTES, MAX_SMALL_OBJECT, Remote, commit_path, pack_path, tree_path

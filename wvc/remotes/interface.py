@@ -35,7 +35,7 @@ MAX_REF_BYTES = 200
 # the bound is generous; past it, `wvc push --delete` or `gc --remote` is the way back.
 MAX_REMOTE_REFS = 10_000
 MAX_PACK_BYTES = 64 << 30  # one pack a push (or a compaction) writes
-MAX_SMALL_OBJECT = 128 << 20  # commits and trees (objects.MAX_TREE_BYTES)
+MAX_SMALL_OBJECT = 128 << 20  # commits and trees (versions.MAX_TREE_BYTES)
 MAX_BASE_RECORD = 64 << 10
 BASE_RECORD = "base.json"
 _PACK = re.compile(r"^pack-([0-9a-f]{64})\.(pack|idx)$")

@@ -23,7 +23,7 @@ from .transfer import fetch_objects
 
 
 class LazyRemote:
-    """ChunkSupply (store/objects.py) backed by the remote a lazy clone came from."""
+    """ChunkSupply (store/chunks.py) backed by the remote a lazy clone came from."""
 
     def __init__(self, db, index_cache: Path, work_dir: Path):
         self.db = db

@@ -22,7 +22,7 @@ from pathlib import Path
 from .. import ids
 from ..errors import CorruptObject, RemoteError, WvcError
 from ..fsutil import atomic_write
-from ..objects import Commit, Tree
+from ..versions import Commit, Tree
 from ..store.chains import close_over_bases
 from ..store.packs import MAX_INDEX_BYTES, PackEntry, parse_index
 from . import compaction

@@ -22,7 +22,8 @@ from ..errors import CorruptObject, MissingObject, RemoteError, WvcError
 from ..fsutil import fsync_dir, make_work_dir, sweep_work_dirs
 from ..progress import NULL, Progress
 from ..store.chains import decode_links, resolve_chain
-from ..store.objects import ObjectRow, ObjectStore
+from ..store.chunks import ObjectStore
+from ..store.rows import ObjectRow
 from ..store.packs import PackEntry, PackWriter, copy_payloads, pack_filename, read_pack_index
 from .interface import Remote, pack_path
 VERIFY_CACHE_BYTES = 16 << 20  # decoded delta bases kept while verifying a fetch

@@ -12,7 +12,7 @@ import heapq
 
 from .. import ids
 from ..errors import RevisionNotFound
-from ..objects import Commit, Tree
+from ..versions import Commit, Tree
 from .database import Database
 
 UNKNOWN = None  # stored bytes of a commit whose objects arrived without that figure

@@ -28,7 +28,7 @@ from pathlib import Path
 from .. import ids
 from ..errors import CorruptObject
 from ..fsutil import PACK_WRITEBACK_BYTES, TEMP_PREFIX, EarlyWriteback, file_mode, fsync_dir
-from ..objects import MAX_PAYLOAD, MAX_RAW_CHUNK, canonical_json
+from ..versions import MAX_PAYLOAD, MAX_RAW_CHUNK, canonical_json
 
 MAGIC = b"WVCPACK\x01"
 END = b"WVCPEND\x01"

@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 import time
 
-from ..codec.devices import resolve_device
+from .codec.devices import resolve_device
 
 _CHOSEN: dict[tuple[str, str], str] = {}
 MEASURED: dict[tuple[str, str], dict[str, float]] = {}  # (device, source kind) -> path -> best seconds
@@ -69,10 +69,10 @@ def _trial(device: str, location: str):
     """One run of a path on the synthetic step: a function returning its payloads."""
     import torch
 
-    from ..formats.dtypes import DTYPES
-    from ..store.objects import pool
-    from ..codec import encode
-    from ..codec.transforms import chosen_method
+    from .formats.dtypes import DTYPES
+    from .store.pool import pool
+    from .codec import encode
+    from .codec.transforms import chosen_method
 
     bf16 = DTYPES["BF16"]
     g = torch.Generator().manual_seed(0)
@@ -98,8 +98,8 @@ def _trial(device: str, location: str):
                                                     device=device).payload, spans))
         return run
 
-    from ..device_copy import DeviceCopies
-    from ..codec.batched import DeviceChunk, encode_on_device
+    from .device_copy import DeviceCopies
+    from .codec.batched import DeviceChunk, encode_on_device
 
     def run():  # what Snapshotter._device_tensors and ChunkWriter.put_device_batch do
         copies = DeviceCopies(where)

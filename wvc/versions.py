@@ -1,4 +1,4 @@
-"""Pure object model: trees and commits, their canonical bytes, and validation.
+"""What a version is: trees (its files, tensors and chunks) and commits, their canonical bytes, and validation.
 
 No I/O here. ``to_bytes`` is canonical (sorted keys, compact, ASCII) so ids are stable
 across machines; ``from_bytes`` treats its input as untrusted and checks every field, so a

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from .. import ids
-from ..basemodel.attach import attach
-from ..basemodel.record import base_commit, parse_base_json
+from .attach import attach
+from .record import base_commit, parse_base_json
 from ..errors import BaseModelError, RemoteError
 from ..progress import Progress
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..codec.devices import resolve_device
-from ..errors import CorruptObject
-from ..formats.dtypes import DTYPES
+from .codec.devices import resolve_device
+from .errors import CorruptObject
+from .formats.dtypes import DTYPES
 from .materialize import tensor_bytes
 
 
@@ -30,8 +30,8 @@ def tensors_on_device(store, entries: dict, device: str, batch_bytes: int | None
     memory, and the host decodes the next chunks while a batch crosses."""
     import torch
 
-    from ..device_copy import DeviceCopies
-    from ..store.objects import pool
+    from .device_copy import DeviceCopies
+    from .store.pool import pool
 
     copies = DeviceCopies(device, batch_bytes)
     out, flats = {}, []

@@ -1,0 +1,354 @@
+"""The chunk store: chunks in, verified chunks out.
+
+Writes go through a :class:`ChunkWriter`, which dedups by id, encodes new chunks (against
+a base chunk when one is given) on a small thread pool and appends them to a pack in the
+order they were offered. It inserts no rows: the caller commits its rows together with
+the tree, commit and ref move, in one transaction, after the pack is durable (see
+docs/design.md).
+
+Delta chains are bounded: when the base's chain is already ``max_chain`` deep, the chunk
+is encoded against the chain's keyframe instead (re-anchoring), so no read ever decodes
+more than ``max_chain + 1`` payloads and long runs do not pay for full keyframes.
+
+Reads decode the delta chain from its keyframe down and check every decoded chunk's
+blake3 against its id, so a damaged pack can never yield wrong bytes silently. Database
+lookups stay on the calling thread; workers only read packs and decode.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from pathlib import Path
+from typing import Protocol
+
+from .. import ids
+from ..errors import CorruptObject, MissingObject
+from ..progress import NULL, Progress
+from . import pool as codec_pool
+from .chains import MAX_CHAIN_LINKS, decode_links, resolve_chain
+from .chunk_writer import DEFAULT_MAX_CHAIN, ChunkWriter
+from .database import Database
+from .external import BASE_PACK, EXTERNAL_METHOD, ExternalFiles
+from .packs import PackReader, PackWriter, copy_payloads
+from .rows import ObjectRow
+
+ROW_BATCH = 500  # ids per query (SQLite before 3.32 binds at most 999 parameters)
+FIRST_ROWS = 16  # ids of get_many's first query: enough to start the pool, quick to answer
+
+
+# codec.Method's PLANES, ULP_EXP and ULP_STEP, which the objects table records (the store reads them
+# without importing the codec; tests/test_delta_on_keyframe.py checks they agree)
+_PLANES, _ULP_EXP, _ULP_STEP = 1, 5, 7
+
+
+def _batches(object_ids):
+    """The distinct ids, ROW_BATCH at a time (one IN (...) query each)."""
+    wanted = list(dict.fromkeys(object_ids))
+    for k in range(0, len(wanted), ROW_BATCH):
+        yield wanted[k : k + ROW_BATCH]
+
+
+class ChunkSupply(Protocol):
+    """Where a store turns for chunks that none of its packs hold (a lazy clone's remote).
+
+    Handed to the store when it is built (wvc/repo.py); the store calls it from the thread
+    that asked for the chunks, never from a decode worker.
+    """
+
+    downloaded_bytes: int
+
+    def supply(self, store: "ObjectStore", object_ids: list[str], progress: Progress) -> None:
+        """Make ``object_ids``, and the delta bases they need, local in ``store`` (or raise)."""
+
+
+class ObjectStore:
+    def __init__(self, db: Database, packs_dir: Path, external: ExternalFiles | None = None,
+                 supply: ChunkSupply | None = None, max_links: int = MAX_CHAIN_LINKS):
+        self.db = db
+        # the longest chain this store reads: the hard bound, or more for a repository an
+        # older wvc made with a deeper --max-chain (its own chains stay readable)
+        self.max_links = max_links
+        self.packs_dir = packs_dir
+        self.reader = PackReader(packs_dir)
+        self.external = external  # a base model's files, when the repository has one
+        self.supply = supply  # a lazy clone's remote: chunks not fetched yet
+        # A long-lived writer (the Publisher: a commit every training step) keeps the raw
+        # chunks of its last commit, up to this many bytes, so that the next commit's delta
+        # bases are in hand instead of decoded through their chains (deep chains follow the
+        # steps: decoding them grew a commit's time with each step). The commit before's are
+        # kept too, up to as many bytes: the bases' own bases, ULP_STEP's contexts. 0: keep nothing.
+        self.keep_recent_bytes = 0
+        self.recent_chunks: dict[str, bytes] = {}
+        self.older_chunks: dict[str, bytes] = {}  # the commit before's (ChunkWriter.finish)
+
+    def keep_recent(self, nbytes: int) -> None:
+        """Keep each commit's raw chunks, up to ``nbytes``, for the next one (see above)."""
+        self.keep_recent_bytes = nbytes
+
+    def row(self, object_id: str) -> ObjectRow | None:
+        r = self.db.conn.execute(
+            "SELECT id, pack, offset, length, raw_size, method, base, depth FROM objects WHERE id = ?",
+            (object_id,),
+        ).fetchone()
+        if r:
+            return ObjectRow(*r)
+        r = self.db.conn.execute("SELECT path, offset, length FROM external_objects WHERE id = ?", (object_id,)).fetchone()
+        if r:  # a base chunk: a keyframe (depth 0) that lives in the base's file
+            return ObjectRow(object_id, BASE_PACK, r[1], r[2], r[2], EXTERNAL_METHOD, None, 0, r[0])
+        return None
+
+    def rows(self, object_ids) -> dict[str, ObjectRow]:
+        """The rows of those of ``object_ids`` that a pack holds: one query per ROW_BATCH ids
+        (a lookup per chunk cost a checkout of 824 small tensors more time on its main
+        thread than writing the file)."""
+        found: dict[str, ObjectRow] = {}
+        for batch in _batches(object_ids):
+            for r in self.db.conn.execute(
+                    "SELECT id, pack, offset, length, raw_size, method, base, depth FROM objects "
+                    f"WHERE id IN ({','.join('?' * len(batch))})", batch):
+                found[r[0]] = ObjectRow(*r)
+        return found
+
+    def chain_rows(self, object_ids) -> dict[str, ObjectRow]:
+        """Rows of ``object_ids`` and of every base below them, a level of the chains at a
+        time (:meth:`rows` per level), for :meth:`chain`'s ``known``. Objects that no pack
+        holds (a base's files, a lazy clone's remote) are left to :meth:`chain`'s lookups."""
+        found: dict[str, ObjectRow] = {}
+        level = list(dict.fromkeys(object_ids))
+        for _ in range(self.max_links):
+            rows = self.rows(level)
+            found.update(rows)
+            level = [r.base for r in rows.values() if r.base is not None and r.base not in found]
+            if not level:
+                break
+        return found
+
+    def present(self, object_ids) -> set[str]:
+        """Those of ``object_ids`` the store holds, in a pack or a base's files (batched)."""
+        found: set[str] = set()
+        for batch in _batches(object_ids):
+            marks = ",".join("?" * len(batch))
+            found.update(o for (o,) in self.db.conn.execute(
+                f"SELECT id FROM objects WHERE id IN ({marks}) UNION SELECT id FROM external_objects WHERE id IN ({marks})",
+                batch + batch))
+        return found
+
+    def has(self, object_id: str) -> bool:
+        return self.db.one("SELECT 1 FROM objects WHERE id = ? UNION ALL "
+                           "SELECT 1 FROM external_objects WHERE id = ? LIMIT 1", (object_id, object_id)) is not None
+
+    def ensure_local(self, object_ids, progress: Progress = NULL) -> None:
+        """Have the supply fetch whichever of ``object_ids`` the store lacks (a lazy clone)."""
+        if self.supply is None:
+            return
+        missing = [o for o in dict.fromkeys(object_ids) if not self.has(o)]
+        if missing:
+            self.supply.supply(self, missing, progress)
+
+    def _row_or_supplied(self, object_id: str) -> ObjectRow | None:
+        row = self.row(object_id)
+        if row is None and self.supply is not None:
+            self.supply.supply(self, [object_id], NULL)
+            row = self.row(object_id)
+        return row
+
+    def chain(self, object_id: str, row: ObjectRow | None = None,
+              known: dict[str, ObjectRow] | None = None) -> list[ObjectRow]:
+        """The rows to decode for ``object_id`` (whose ``row`` the caller may have, or rows
+        from :meth:`chain_rows` in ``known``): itself first, its keyframe last (store/chains.py)."""
+        def lookup(oid: str) -> ObjectRow | None:
+            if row is not None and row.id == oid:
+                return row
+            found = known.get(oid) if known is not None else None
+            return found if found is not None else self._row_or_supplied(oid)
+
+        return resolve_chain(object_id, lookup, max_links=self.max_links)
+
+    def decode_chain(self, chain: list[ObjectRow]) -> bytes:
+        """Decode rows from :meth:`chain` (no database access: safe on a worker thread).
+
+        Only the result is hash-checked: a wrong link anywhere below it would change the
+        result, so its check covers the whole chain (a collision aside), and hashing every
+        link cost a quarter of a checkout's CPU. When it fails, the chain is decoded again
+        checking every link, so that the error names the first bad object.
+        """
+        return self._decode(chain, with_base=False)[0]
+
+    def decode_chain_and_base(self, chain: list[ObjectRow]) -> tuple[bytes, bytes | None]:
+        """:meth:`decode_chain`, and the bytes of the chain's second link (None for a keyframe)."""
+        return self._decode(chain, with_base=True)
+
+    def _decode(self, chain: list[ObjectRow], with_base: bool) -> tuple[bytes, bytes | None]:
+        try:
+            return self._decode_links(chain, verify_links=False, with_base=with_base)
+        except CorruptObject:
+            if len(chain) == 1:
+                raise
+            return self._decode_links(chain, verify_links=True, with_base=with_base)
+
+    def _decode_links(self, chain: list[ObjectRow], verify_links: bool,
+                      with_base: bool = True) -> tuple[bytes, bytes | None]:
+        """(the chain's result, the link below it; None for the link below unless
+        ``with_base``): a ULP_STEP link needs the two below it, its base and the base's
+        base, which a chain down to its keyframe always holds.
+
+        The keyframe and the delta over it are decoded in one pass (codec.decode_on_keyframe:
+        no base materialised; a checkout's most common chain is a fine-tune over its starting
+        version), unless their bytes are wanted: the keyframe's as the context of a ULP_STEP
+        link above the pair, or as the link below a two-link chain's result ``with_base``.
+        A pair of another shape is decoded link by link; links checked one by one never
+        take the pass."""
+        raw = None
+        top = len(chain) - 1
+        views: dict[str, memoryview] = {}  # payloads the one-pass attempt mapped already
+        if not verify_links and len(chain) >= 2 and chain[-2].method == _ULP_EXP and chain[-1].method == _PLANES \
+                and (chain[-3].method != _ULP_STEP if len(chain) >= 3 else not with_base) \
+                and not (chain[-1].external or chain[-2].external):
+            from .. import codec
+
+            for k in (-2, -1):
+                views[chain[k].id] = self.reader.view(chain[k].pack, chain[k].offset, chain[k].length)
+            raw = codec.decode_on_keyframe(views[chain[-2].id], views[chain[-1].id], chain[-2].raw_size)  # (a CorruptObject: checked link by link)
+            if raw is not None:
+                top = len(chain) - 3
+                if top < 0 and ids.chunk_id(raw) != chain[0].id:  # (the pair is the chain: its result is checked here)
+                    raise CorruptObject(f"object {ids.short(chain[0].id)} fails its hash check")
+        links = chain[: top + 1]
+        if links and links[-1].external:  # a base model's chunk: a keyframe read from its file
+            row = links.pop()
+            if self.external is None:
+                raise MissingObject(f"object {ids.short(row.id)} belongs to a base this repository cannot read")
+            raw = self.external.read(row.id, row.file, row.offset, row.length, verify=verify_links or not links)
+        if not links:
+            return raw, None
+
+        def payload_of(row: ObjectRow):
+            view = views.get(row.id)
+            return view if view is not None else self.reader.view(row.pack, row.offset, row.length)
+
+        return decode_links(links, payload_of, below=raw, where=lambda r: f"pack {r.pack[:12]}",
+                            verify=lambda k: verify_links or k == 0)
+
+    def get(self, object_id: str) -> bytes:
+        """The raw bytes of a chunk, decoded through its delta chain and hash-verified."""
+        return self.decode_chain(self.chain(object_id))
+
+    def get_many(self, object_ids):
+        """Yield each chunk's bytes in order, decoding ahead on the pool (see codec_pool.IN_FLIGHT_BYTES).
+
+        The rows are looked up FIRST_ROWS ids first, then ROW_BATCH at a time, as the chunks
+        are handed out: the pool starts on the first chunks while the rest are looked up
+        (all of a many-tensor checkout's rows first kept the pool idle ~10 ms)."""
+        object_ids = list(object_ids)
+        queue, ahead = collections.deque(), 0
+        small = codec_pool.SmallTasks(self.decode_chain, lambda size, share: queue.append((share, size)))
+        at = 0
+        while at < len(object_ids):
+            batch = object_ids[at : at + (FIRST_ROWS if at == 0 else ROW_BATCH)]
+            at += len(batch)
+            known = self.chain_rows(batch)
+            for oid in batch:
+                chain = self.chain(oid, known=known)
+                size = chain[0].raw_size
+                if size < codec_pool.SMALL_CHUNK:
+                    small.add(size, (chain,))
+                else:
+                    small.flush()  # (results are yielded in order)
+                    queue.append((codec_pool.pool().submit(self.decode_chain, chain), size))
+                ahead += size
+                while queue and (ahead >= codec_pool.IN_FLIGHT_BYTES or len(queue) >= codec_pool.MAX_IN_FLIGHT):
+                    future, size = queue.popleft()
+                    ahead -= size
+                    yield future.result()
+        small.flush()
+        while queue:
+            yield queue.popleft()[0].result()
+
+    def writer(self, *, device: str = "cpu", max_chain: int = DEFAULT_MAX_CHAIN, level: int = 1) -> "ChunkWriter":
+        return ChunkWriter(self, device=device, max_chain=max_chain, level=level)
+
+    def insert_rows(self, pack: tuple[str, int] | None, rows: list[ObjectRow]) -> None:
+        """Record a finished pack and its objects; call inside the caller's transaction."""
+        if pack is None:
+            return
+        name, size = pack
+        self.db.conn.execute(
+            "INSERT OR IGNORE INTO packs VALUES (?, ?, ?, ?)", (name, size, len(rows), int(time.time()))
+        )
+        self.db.conn.executemany(
+            "INSERT OR IGNORE INTO objects VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            [(r.id, name, r.offset, r.length, r.raw_size, r.method, r.base, r.depth) for r in rows],
+        )
+
+
+    # -- what gc, fsck and stats ask of the store -----------------------------------------------
+    def has_pack(self, name: str) -> bool:
+        return self.db.one("SELECT 1 FROM packs WHERE name = ?", (name,)) is not None
+
+    def pack_names(self) -> list[str]:
+        return [n for (n,) in self.db.query("SELECT name FROM packs")]
+
+    def pack_ages(self) -> dict[str, int]:
+        """Pack name -> the time its rows were recorded."""
+        return dict(self.db.query("SELECT name, created_at FROM packs"))
+
+    def object_packs(self) -> list[tuple[str, str]]:
+        """(object id, pack) of every object in a pack."""
+        return self.db.query("SELECT id, pack FROM objects")
+
+    def object_ids(self) -> list[str]:
+        return [o for (o,) in self.db.query("SELECT id FROM objects")]
+
+    def rows_in_packs(self, packs) -> list[ObjectRow]:
+        packs = tuple(packs)
+        return [ObjectRow(*r) for r in self.db.query(
+            "SELECT id, pack, offset, length, raw_size, method, base, depth FROM objects "
+            f"WHERE pack IN ({','.join('?' * len(packs))}) ORDER BY pack, offset", packs)] if packs else []
+
+    def copy_to_new_pack(self, rows) -> tuple[tuple[str, int] | None, list[tuple[str, int]]]:
+        """``rows``' payloads copied verbatim into one new pack (gc keeping the live objects of
+        the packs it rewrites): the pack (None when ``rows`` is empty) and (id, new offset)
+        of each, for :meth:`relocate`."""
+        writer = PackWriter(self.packs_dir)
+        try:
+            entries = copy_payloads(writer, ((r, self.reader.read(r.pack, r.offset, r.length)) for r in rows))
+            return writer.finish(), [(e.id, e.offset) for e in entries]
+        except BaseException:
+            writer.abort()
+            raise
+
+    def relocate(self, pack: tuple[str, int], moved: list[tuple[str, int]], created_at: int) -> None:
+        """Point the rows of ``moved`` (id, offset) at ``pack``; inside the caller's transaction."""
+        name, size = pack
+        self.db.conn.execute("INSERT OR IGNORE INTO packs VALUES (?, ?, ?, ?)", (name, size, len(moved), created_at))
+        self.db.conn.executemany("UPDATE objects SET pack = ?, offset = ? WHERE id = ?",
+                                 [(name, off, oid) for oid, off in moved])
+
+    def forget(self, object_ids, packs) -> None:
+        """Delete rows of objects and packs (gc); inside the caller's transaction."""
+        self.db.conn.executemany("DELETE FROM objects WHERE id = ?", [(o,) for o in object_ids])
+        self.db.conn.executemany("DELETE FROM packs WHERE name = ?", [(p,) for p in packs])
+
+    def count_objects(self) -> int:
+        return self.db.one("SELECT COUNT(*) FROM objects")
+
+    def count_packs(self) -> int:
+        return self.db.one("SELECT COUNT(*) FROM packs")
+
+    def bytes_by_method(self) -> dict[int, tuple[int, int]]:
+        """method -> (objects, stored bytes)."""
+        return {m: (n, b) for m, n, b in self.db.query(
+            "SELECT method, COUNT(*), SUM(length) FROM objects GROUP BY method")}
+
+    def add_external(self, locations: dict[str, tuple[str, int, int]]) -> None:
+        """Record where a base model's chunks lie in its files; inside the caller's transaction."""
+        self.db.conn.executemany("INSERT OR IGNORE INTO external_objects VALUES (?, ?, ?, ?)",
+                                 [(cid, p, off, n) for cid, (p, off, n) in locations.items()])
+
+    def external_rows(self) -> list[tuple[str, str, int, int]]:
+        """(id, path, offset, length) of every base chunk, in file order."""
+        return self.db.query("SELECT id, path, offset, length FROM external_objects ORDER BY path, offset")
+
+    def count_external(self) -> int:
+        return self.db.one("SELECT COUNT(*) FROM external_objects")

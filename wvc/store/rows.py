@@ -1,0 +1,23 @@
+"""A stored chunk's row: where its payload is (a pack, or a base model's file) and what
+decoding it needs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ObjectRow:
+    id: str
+    pack: str
+    offset: int
+    length: int
+    raw_size: int
+    method: int
+    base: str | None
+    depth: int
+    file: str | None = None  # set for an external object: its path in the base directory
+
+    @property
+    def external(self) -> bool:
+        return self.file is not None
