@@ -45,6 +45,15 @@ CODER_ZSTD = 1
 CODER_PACKED = {2: 1, 3: 2, 4: 4}  # coder -> bits per value
 MAX_STREAMS = 1 << 16
 MAX_EXPONENT_BITS = 12  # the widest exponent field a coder keys on (F64's is 11): ULP_EXP's and ULP_STEP's bound
+STEP_WIDTHS = (1, 2, 4)  # the element widths a ULP_STEP payload may have
+
+
+def step_supports(width: int, shift: int) -> bool:
+    """Whether a ULP_STEP payload may have elements of ``width`` bytes with an exponent field
+    at ``shift`` (codec/step.py codes exactly these)."""
+    return width in STEP_WIDTHS and 1 <= shift < 8 * width - 1 and 8 * width - 1 - shift <= MAX_EXPONENT_BITS
+
+
 ROTATED = 1  # PLANES parameter: elements rotated left one bit (the sign to bit 0) before the split
 
 
@@ -122,10 +131,8 @@ def peek(payload, table: bool = True) -> PayloadInfo:
     table again themselves: parsing it here too cost ~25 us a chunk, 3% of a checkout."""
     payload = memoryview(payload)
     if len(payload) >= 2 and payload[0] == CODEC_VERSION and payload[1] == Method.ULP_STEP:
-        from .step import supports
-
         width, param, raw_size, _ = _step_head(payload)
-        if not supports(width, param) or raw_size % width:
+        if not step_supports(width, param) or raw_size % width:
             raise CorruptObject(f"bad codec parameter {param} for width {width}")
         return PayloadInfo(Method.ULP_STEP, width, param, raw_size, ())
     if len(payload) < _HEAD.size:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from .. import settings
 from ..errors import CorruptObject
-from .container import MAX_EXPONENT_BITS  # the container's bound on exponent fields
+from .container import STEP_WIDTHS, step_supports  # the format's bounds on ULP_STEP payloads
 
 try:
     from . import _step as _c
@@ -31,12 +31,8 @@ MAG_UNARY = 16
 RATE_LIMIT = 255
 INHERIT_N = 3  # a context starts from its class's last coded context, trusted like this many updates
 RECIP = [(1 << 33) // (2 * n + 3) for n in range(RATE_LIMIT + 1)]
-WIDTHS = (1, 2, 4)
-
-
-def supports(width: int, shift: int) -> bool:
-    """Whether the coder takes elements of ``width`` bytes with an exponent field at ``shift``."""
-    return width in WIDTHS and 1 <= shift < 8 * width - 1 and 8 * width - 1 - shift <= MAX_EXPONENT_BITS
+WIDTHS = STEP_WIDTHS
+supports = step_supports  # whether the coder takes elements of a width with an exponent field at a shift
 
 
 def native() -> bool:

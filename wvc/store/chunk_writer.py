@@ -13,15 +13,11 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from .. import ids
 from . import pool as codec_pool
 from .packs import PackWriter
 from .rows import ObjectRow
-
-if TYPE_CHECKING:  # (the store builds its writers: chunks.py imports this module)
-    from .chunks import ObjectStore
 
 DEFAULT_MAX_CHAIN = 8  # with the payload rule of ChunkWriter._base_chain; measured in benchmarks/sync.py (docs/measurements.md)
 # A commit sends the chunks it is offered to the pool in groups of at most this many, or
@@ -61,7 +57,8 @@ class _Deferred:
 class ChunkWriter:
     """Collects new chunks of one operation into one pack, encoding them in parallel."""
 
-    def __init__(self, store: "ObjectStore", *, device: str, max_chain: int, level: int):
+    def __init__(self, store, *, device: str, max_chain: int, level: int):
+        """``store``: the ObjectStore (store/chunks.py) that builds this writer (``writer()``)."""
         self.store = store
         self.device = device
         self.max_chain = max_chain
