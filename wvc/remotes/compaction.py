@@ -18,7 +18,6 @@ a retired one; then nothing is deleted yet).
 
 from __future__ import annotations
 
-import os
 import secrets
 import time
 from pathlib import Path
@@ -26,7 +25,7 @@ from pathlib import Path
 from .. import settings
 from ..errors import CorruptObject, WvcError
 from ..versions import canonical_json
-from ..store.packs import PackWriter, copy_payloads, pack_filename, read_pack_index
+from ..store.packs import PackWriter, copy_payloads, pack_filename, read_pack_index, read_payload
 from .catalog import Catalog
 from .interface import MAX_PACK_BYTES, MAX_SMALL_OBJECT, Remote, commit_path, pack_path, tree_path
 
@@ -104,10 +103,7 @@ def merge_segments(remote: Remote, old: list, new_pack: Path | None, new: Catalo
                 if e.id in seen:
                     continue
                 seen.add(e.id)
-                payload = os.pread(fh.fileno(), e.length, e.offset)
-                if len(payload) != e.length:
-                    raise CorruptObject(f"{path.name} is truncated")
-                yield e, payload
+                yield e, read_payload(fh.fileno(), e.offset, e.length, path.name)
 
     try:
         entries = [e for path, source in sources for e in copy_payloads(writer, payloads(path, source))]

@@ -24,7 +24,7 @@ from ..progress import NULL, Progress
 from ..store.chains import decode_links, resolve_chain
 from ..store.chunks import ObjectStore
 from ..store.rows import ObjectRow
-from ..store.packs import PackEntry, PackWriter, copy_payloads, pack_filename, read_pack_index
+from ..store.packs import PackEntry, PackWriter, copy_payloads, pack_filename, read_pack_index, read_payload
 from .interface import Remote, pack_path
 VERIFY_CACHE_BYTES = 16 << 20  # decoded delta bases kept while verifying a fetch
 VIEW_CACHE_BYTES = 64 << 20  # decoded chunks a remote view keeps
@@ -101,10 +101,7 @@ def verify_packs(store: ObjectStore, packs: list[tuple[str, Path]],
         fh = files.get(link.path)
         if fh is None:
             fh = files[link.path] = open(link.path, "rb")
-        data = os.pread(fh.fileno(), link.entry.length, link.entry.offset)
-        if len(data) != link.entry.length:
-            raise CorruptObject(f"remote pack {link.pack[:12]} is truncated")
-        return data
+        return read_payload(fh.fileno(), link.entry.offset, link.entry.length, f"remote pack {link.pack[:12]}")
 
     def lookup(oid: str) -> _Link:  # stop() has already ended the walk at a local base
         link = by_id.get(oid)

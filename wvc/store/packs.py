@@ -150,6 +150,16 @@ class PackWriter:
                 pass
 
 
+def read_payload(fd: int, offset: int, length: int, where: str) -> bytes:
+    """Exactly ``length`` bytes of an open pack at ``offset``, else CorruptObject (a pack cut
+    short): the one way a payload is read out of a pack file (PackReader for the store's own
+    packs; a fetch's downloaded packs; compaction's)."""
+    data = os.pread(fd, length, offset)
+    if len(data) != length:
+        raise CorruptObject(f"{where} is truncated")
+    return data
+
+
 def copy_payloads(writer: "PackWriter", items, progress=None) -> list[PackEntry]:
     """Append payloads verbatim to ``writer``: ``items`` yields (entry, payload), the entry
     any record with id, raw_size, method and base (a PackEntry, a store row). The one way
@@ -227,10 +237,7 @@ class PackReader:
         """The bytes at ``offset``, copied (for callers that keep or re-send them)."""
         with self._lock:  # (the read too: another thread may close the descriptors, and a
             # number closed under a pread can be reused by the next file opened)
-            data = os.pread(self._fd_locked(pack), length, offset)
-        if len(data) != length:
-            raise CorruptObject(f"pack {pack[:12]} is truncated")
-        return data
+            return read_payload(self._fd_locked(pack), offset, length, f"pack {pack[:12]}")
 
     def view(self, pack: str, offset: int, length: int) -> memoryview:
         """The bytes at ``offset``, a read-only slice of a mapping of the pack (no copy; a
