@@ -56,7 +56,8 @@ class UncommittedChanges(WvcError):
 
 
 class ConcurrentUpdate(WvcError):
-    """A ref moved between reading it and updating it (another writer won)."""
+    """Something changed under an operation: a ref moved between reading it and updating it
+    (another writer won), or a file changed while it was being committed."""
 
 
 class UnsafePath(FormatError):
@@ -119,4 +120,29 @@ class DatabaseUnavailable(WvcError):
 
 
 class LockedError(WvcError):
-    """Another process holds the working-tree lock (a commit, checkout, pull or reset)."""
+    """Another process holds a lock wvc waits for: the working-tree lock (a commit, checkout,
+    pull or reset) or the database's write lock."""
+
+
+class PathInTheWay(WvcError, FileExistsError):
+    """A destination is not empty, or a directory stands where a file must go."""
+
+
+class DetachedHead(WvcError):
+    """The operation needs a branch and HEAD names a commit: name the branch."""
+
+
+class BranchInUse(WvcError):
+    """The branch is checked out, or holds commits no other branch has."""
+
+
+class MergeInProgress(WvcError):
+    """A merge written with --no-commit waits to be committed."""
+
+
+class NoSuchRemote(RemoteError, LookupError):
+    """No remote of that name is configured."""
+
+
+class RemoteExists(WvcError, FileExistsError):
+    """A remote of that name is configured already."""

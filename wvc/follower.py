@@ -25,7 +25,7 @@ from pathlib import Path
 
 from . import ids
 from .codec.devices import resolve_device
-from .errors import CorruptObject, RemoteNotFound, RevisionNotFound, WvcError
+from .errors import CorruptObject, InvalidArgument, RemoteNotFound, RevisionNotFound
 from .formats.dtypes import DTYPES
 from .layout import tensor_spans
 from .cache import cache_root
@@ -392,7 +392,7 @@ class Follower:
                 problems.append(f"{name} is not contiguous")
         if problems:
             shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
-            raise WvcError(f"the state dict does not fit {self.source} {self.branch}: {shown}")
+            raise InvalidArgument(f"the state dict does not fit {self.source} {self.branch}: {shown}")
 
 
 def follow(url_or_path, branch: str = "main", *, state_dict=None, device: str = "cpu") -> Follower:

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import SafetensorsFormatError, UnsupportedTensor, WvcError
+from .errors import ConcurrentUpdate, SafetensorsFormatError, UnsupportedTensor
 from .formats import safetensors as st
 from .formats.dtypes import BYTES, by_torch_dtype
 from .layout import chunk_spans
@@ -100,7 +100,7 @@ class Snapshotter:
                     entry = self._blob_file(path, fh, opened.st_size, executable)
             after = os.stat(full)
             if StatCache.signature(after) != StatCache.signature(opened) or entry.size != after.st_size:
-                raise WvcError(f"{path} changed while it was being committed; commit again when it is written")
+                raise ConcurrentUpdate(f"{path} changed while it was being committed; commit again when it is written")
             stat_cache.remember(path, after, self.chunk_bytes, entry.hash)
             files.append(entry)
         self.progress.close()
@@ -115,7 +115,7 @@ class Snapshotter:
         for i, (begin, end) in enumerate(chunk_spans(size, 1, self.chunk_bytes)):
             raw = fh.read(end - begin)
             if len(raw) != end - begin:
-                raise WvcError(f"{path} was truncated while it was being committed")
+                raise ConcurrentUpdate(f"{path} was truncated while it was being committed")
             chunks.append(self._put(raw, BYTES, _base(parent_chunks, i), (path, begin)))
             self.progress.advance(len(raw))
         return FileEntry.of(path, "blob", size, chunks=tuple(chunks), executable=executable)

@@ -21,7 +21,7 @@ from . import ids
 from .basemodel.remote_chunks import RemoteBaseChunks
 from .codec.devices import resolve_device
 from .cache import cache_root
-from .errors import MissingEntry, RevisionNotFound, WvcError
+from .errors import MissingEntry, MissingObject, RevisionNotFound
 from .versions import Tree
 from .revparse import match_prefix, resolve_with
 from .materialize import file_blocks
@@ -166,7 +166,7 @@ def snapshot_download(url_or_path, revision: str = "main", *, cache_dir=None, pr
     if remote and offline():  # as huggingface_hub: the cached snapshot, no network at all
         if (hit := cached_tree(root, source, revision)) is not None:
             return hit
-        raise WvcError(f"HF_HUB_OFFLINE is set and version {revision!r} of {source} is not in the cache "
+        raise MissingObject(f"HF_HUB_OFFLINE is set and version {revision!r} of {source} is not in the cache "
                        f"({root}); run once online, or pass a full commit id downloaded before")
     view = open_version(source, revision, base_dir=base_dir)
     target = root / "trees" / view.tree.id

@@ -41,7 +41,7 @@ from torch.futures import Future
 
 from ..api import Repo
 from ..device_choice import commit_device
-from ..errors import FormatError, WvcError
+from ..errors import FormatError
 from ..formats import dcp_layout as layout_format
 from ..formats.dtypes import BYTES, DTYPES, by_torch_dtype
 from ..layout import chunk_spans, tensor_spans
@@ -238,7 +238,7 @@ class WvcStorageReader(StorageReader):
 
             self._view = open_version(self.source, self.rev)
             if layout_format.METADATA_PATH not in self._view.tree.by_path():
-                raise WvcError(f"{self.source} {self.rev}: not a DCP commit (no {layout_format.METADATA_PATH})")
+                raise FormatError(f"{self.source} {self.rev}: not a DCP commit (no {layout_format.METADATA_PATH})")
         return self._view
 
     @property

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..errors import RefExists, RevisionNotFound, WvcError
+from ..errors import BranchInUse, RefExists, RevisionNotFound
 from ..store.refs import HEADS, TAGS, check_ref_name
 
 
@@ -21,7 +21,7 @@ def force_branch(repo, name: str, start: str) -> tuple[str | None, str]:
     The current branch is refused (``reset`` moves it together with the working tree)."""
     check_ref_name(name)
     if repo.refs.head_branch() == name:
-        raise WvcError(f"cannot force-update branch {name!r}: it is checked out (use `wvc reset`)")
+        raise BranchInUse(f"cannot force-update branch {name!r}: it is checked out (use `wvc reset`)")
     target = repo.resolve(start)
     with repo.db.write():
         old = repo.refs.get(HEADS + name)
@@ -33,11 +33,11 @@ def delete_branch(repo, name: str, force: bool = False) -> str:
     """Delete a branch; one whose commits HEAD does not contain is refused unless ``force``
     (they would be reachable from nothing but the reflog)."""
     if repo.refs.head_branch() == name:
-        raise WvcError(f"cannot delete branch {name!r}: it is checked out")
+        raise BranchInUse(f"cannot delete branch {name!r}: it is checked out")
     target = repo.refs.get(HEADS + name)
     head = repo.refs.head_commit()
     if target is not None and not force and not (head is not None and repo.graph.is_ancestor(target, head)):
-        raise WvcError(f"branch {name!r} is not merged into HEAD: its commits would be lost "
+        raise BranchInUse(f"branch {name!r} is not merged into HEAD: its commits would be lost "
                        f"(`wvc branch -D {name}` deletes it anyway; the reflog keeps {target[:12]} for a while)")
     return _delete(repo, HEADS, name, "branch")
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import ids
-from ..errors import MissingEntry, UncommittedChanges, WvcError
+from ..errors import MissingEntry, PathInTheWay, UncommittedChanges
 from ..fsutil import resolve_inside, selected
 from ..versions import Tree
 from ..progress import NULL, Progress
@@ -128,7 +128,7 @@ def switch_worktree(repo, current_tree: Tree | None, target: Tree, *, force: boo
         if dest.is_dir() and not dest.is_symlink():  # emptied above unless it held ignored files
             _prune_empty_dirs(repo.root, dest)
             if dest.is_dir():
-                raise WvcError(f"cannot check out {entry.path}: a directory with ignored files is in the way")
+                raise PathInTheWay(f"cannot check out {entry.path}: a directory with ignored files is in the way")
         written = write_file(repo.store, target_entries[entry.path], dest, progress)  # as recorded
         cache.remember(entry.path, written, target.chunk_bytes, entry.hash)
     progress.close()
@@ -173,7 +173,7 @@ def _restore_paths(repo, commit_id: str, tree: Tree, paths, progress: Progress) 
     for entry in entries:
         dest = resolve_inside(repo.root, entry.path, replacing_link=True)
         if dest.is_dir() and not dest.is_symlink():
-            raise WvcError(f"cannot restore {entry.path}: a directory is in the way")
+            raise PathInTheWay(f"cannot restore {entry.path}: a directory is in the way")
         written = write_file(repo.store, entry, dest, progress)
         cache.remember(entry.path, written, tree.chunk_bytes, entry.with_content_id().hash)
     progress.close()
@@ -184,7 +184,7 @@ def _restore_paths(repo, commit_id: str, tree: Tree, paths, progress: Progress) 
 
 def _to_directory(repo, commit_id, tree, out: Path, force: bool, progress: Progress) -> CheckoutResult:
     if out.exists() and any(out.iterdir()) and not force:
-        raise WvcError(f"output directory {out} is not empty (use --force to write into it)")
+        raise PathInTheWay(f"output directory {out} is not empty (use --force to write into it)")
     out.mkdir(parents=True, exist_ok=True)
     repo.store.ensure_local(tree.chunk_ids(), progress)
     progress.start(tree.logical_bytes, "checkout")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from ..errors import RemoteError, RevisionNotFound, WvcError
+from ..errors import PathInTheWay, RemoteError, RevisionNotFound
 from ..progress import NULL, Progress
 from ..remotes import LAZY_REMOTE_KEY, open_remote
 from ..remotes.repository import RemoteRepository
@@ -52,7 +52,7 @@ def clone(url: str, directory=None, *, branch: str | None = None, lazy: bool = F
         for child in target.iterdir():
             shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        raise WvcError(f"destination {target} exists and is not an empty directory")
+        raise PathInTheWay(f"destination {target} exists and is not an empty directory")
     # the one listing of this clone, before anything is created (an unusable remote fails
     # here); the base, the fetch and the pull all read it
     pinned = RemoteRepository.open(remote)

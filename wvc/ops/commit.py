@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import settings
-from ..errors import ConcurrentUpdate, NothingToCommit, WvcError
+from ..errors import ConcurrentUpdate, InvalidArgument, NothingToCommit
 from ..device_choice import commit_device, data_location
 from ..versions import Commit, Tree, check_metadata
 from ..progress import NULL, Progress
@@ -110,15 +110,15 @@ def _commit(repo, message, source, *, author, metadata, allow_empty, device, sta
     amended = None
     if amend:
         if branch is not None:
-            raise WvcError("--amend works on HEAD's commit; it cannot be combined with a branch")
+            raise InvalidArgument("--amend works on HEAD's commit; it cannot be combined with a branch")
         head = repo.refs.head_commit()
         if head is None:
-            raise WvcError("nothing to amend: HEAD has no commits yet")
+            raise NothingToCommit("nothing to amend: HEAD has no commits yet")
         amended = repo.read_commit(head)
         message = amended.message if message is None else message
         metadata = amended.metadata if metadata is None else metadata
     if message is None:
-        raise WvcError("a commit needs a message")
+        raise InvalidArgument("a commit needs a message")
     metadata = check_metadata(metadata or {})
     merge_head = repo.db.get_config(MERGE_HEAD) if branch is None and source is None else None
     if merge_head is not None:

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import WvcError
+from ..errors import CorruptObject, InvalidArgument, PathInTheWay
 from ..formats import dcp_layout
 from ..formats import safetensors as st
 from ..formats.dtypes import DTYPES
@@ -49,9 +49,9 @@ def parse_size(text) -> int:
     try:
         value = int(float(number) * units[s[len(number):]])
     except (KeyError, ValueError) as exc:
-        raise WvcError(f"shard size {text!r}: use a number of bytes, or e.g. 5GB, 500MB, 2GiB") from exc
+        raise InvalidArgument(f"shard size {text!r}: use a number of bytes, or e.g. 5GB, 500MB, 2GiB") from exc
     if value <= 0:
-        raise WvcError(f"shard size {text!r} must be positive")
+        raise InvalidArgument(f"shard size {text!r} must be positive")
     return value
 
 
@@ -59,7 +59,7 @@ def export(repo, rev: str, out_dir, *, max_shard_bytes: int = DEFAULT_MAX_SHARD_
            progress: Progress = NULL) -> dict:
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):
-        raise WvcError(f"output directory {out} is not empty")
+        raise PathInTheWay(f"output directory {out} is not empty")
     commit_id = repo.resolve(rev)
     tree = repo.tree_of(commit_id)
     files = tree.by_path()
@@ -99,11 +99,11 @@ def _dcp_sources(repo, files) -> list[_Source]:
             entry = files.get(s.file)
             t = next((t for t in entry.tensors if t.name == s.tensor), None) if entry else None
             if t is None or t.dtype != item.dtype or tuple(t.shape) != s.sizes:
-                raise WvcError(f"{dcp_layout.METADATA_PATH}: shard {s.tensor!r} does not match the tree")
+                raise CorruptObject(f"{dcp_layout.METADATA_PATH}: shard {s.tensor!r} does not match the tree")
             pairs.append((s, t))
         covered = sum(math.prod(s.sizes) for s, _ in pairs)
         if covered != math.prod(item.size):  # replicated shards are saved once: each element once
-            raise WvcError(f"{fqn}: its saved shards cover {covered} of {math.prod(item.size)} elements")
+            raise CorruptObject(f"{fqn}: its saved shards cover {covered} of {math.prod(item.size)} elements")
         sources.append(_Source(fqn, item.dtype, item.size, shards=tuple(pairs)))
     return sources
 

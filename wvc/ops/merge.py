@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from .. import ids
 from ..codec.devices import resolve_device
-from ..errors import UncommittedChanges, WvcError
+from ..errors import InvalidArgument, MergeInProgress, NothingToCommit, UncommittedChanges, WvcError
 from ..formats.dtypes import DTYPES
 from ..merge_methods import COMPUTED, TAKE_SIDE, MergeParameters, merge_tensor
 from ..layout import chunk_spans
@@ -83,13 +83,13 @@ def _merge(repo, rev, *, strategy, params, no_commit, message, author, device, p
         params.check(strategy)
     ours = repo.refs.head_commit()
     if ours is None:
-        raise WvcError("nothing to merge into: HEAD has no commits yet")
+        raise NothingToCommit("nothing to merge into: HEAD has no commits yet")
     theirs = repo.resolve(rev)
     graph = repo.graph
     if graph.is_ancestor(theirs, ours):
         return MergeResult("up-to-date", ours, theirs, ours)
     if repo.db.get_config(MERGE_HEAD) is not None:
-        raise WvcError("a merge written with --no-commit is waiting: `wvc commit` it, or "
+        raise MergeInProgress("a merge written with --no-commit is waiting: `wvc commit` it, or "
                        "`wvc checkout --force HEAD` to drop it")
     if not status(repo).clean:
         raise UncommittedChanges("merge needs a clean working tree: commit or discard your changes first")
@@ -101,7 +101,7 @@ def _merge(repo, rev, *, strategy, params, no_commit, message, author, device, p
     o_tree, t_tree = repo.tree_of(ours), repo.tree_of(theirs)
     b_tree = repo.tree_of(merge_base) if merge_base else Tree((), o_tree.chunk_bytes)
     if not (o_tree.chunk_bytes == t_tree.chunk_bytes == (b_tree.chunk_bytes if merge_base else o_tree.chunk_bytes)):
-        raise WvcError("the two sides (or their merge-base) are chunked with different chunk sizes: "
+        raise InvalidArgument("the two sides (or their merge-base) are chunked with different chunk sizes: "
                        "a per-tensor merge needs one")
     plan = _plan(b_tree, o_tree, t_tree, strategy, params)
     if plan.conflicts:
@@ -161,7 +161,7 @@ def plan_three_way(b_tree: Tree, o_tree: Tree, t_tree: Tree) -> _Plan:
     """The plain three-way plan (no strategy): ``plan.files`` is the result where
     ``plan.conflicts`` is empty. pull --rebase replays a commit with it."""
     if not o_tree.chunk_bytes == t_tree.chunk_bytes == (b_tree.chunk_bytes if b_tree.files else o_tree.chunk_bytes):
-        raise WvcError("the two sides are chunked with different chunk sizes: a per-tensor merge needs one")
+        raise InvalidArgument("the two sides are chunked with different chunk sizes: a per-tensor merge needs one")
     return _plan(b_tree, o_tree, t_tree, None, MergeParameters())
 
 

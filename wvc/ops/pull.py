@@ -5,7 +5,7 @@ working-tree lock from the fetch's end to the branch's move."""
 from __future__ import annotations
 
 from .. import ids
-from ..errors import NonFastForward, RevisionNotFound, WvcError
+from ..errors import DetachedHead, NonFastForward, RevisionNotFound
 from ..versions import Commit, Tree
 from ..progress import NULL, Progress
 from ..store.refs import HEADS
@@ -20,7 +20,7 @@ def pull(repo, remote_name: str = "origin", branch: str | None = None, *, rebase
     fetched = fetched or fetch(repo, remote_name, progress=progress)
     branch = branch or repo.refs.head_branch()
     if branch is None:
-        raise WvcError("HEAD is detached: name the branch to pull")
+        raise DetachedHead("HEAD is detached: name the branch to pull")
     with repo.worktree_lock("pull"):
         return _integrate(repo, remote_name, branch, fetched, rebase, merge, strategy, progress)
 

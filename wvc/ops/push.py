@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .. import ids
 from ..basemodel.record import base_json
-from ..errors import NonFastForward, RevisionNotFound, WvcError
+from ..errors import DetachedHead, NonFastForward, RevisionNotFound
 from ..fsutil import sweep_work_dirs, work_dir
 from ..progress import NULL, Progress
 from ..remotes.catalog import Catalog
@@ -45,7 +45,7 @@ def push(repo, remote_name: str = "origin", branch: str | None = None, *, force:
     if branch is None and not tags:
         branch = repo.refs.head_branch()
         if branch is None:
-            raise WvcError("HEAD is detached: name the branch to push")
+            raise DetachedHead("HEAD is detached: name the branch to push")
     updates: dict[str, str] = {}  # remote ref -> local commit
     if branch is not None:
         for prefix in (HEADS, TAGS):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from ..errors import WvcError
+from ..errors import NoSuchRemote, RemoteExists
 from ..remotes import open_remote, remote_url
 from ..store.refs import check_ref_name
 
@@ -26,14 +26,14 @@ def remote_add(repo, name: str, url: str) -> None:
     open_remote(url)  # an unsupported or malformed URL is refused now, not at the first push
     with repo.db.write():
         if repo.db.get_config(f"remote.{name}.url") is not None:
-            raise WvcError(f"remote {name!r} already exists")
+            raise RemoteExists(f"remote {name!r} already exists")
         repo.db.set_config(f"remote.{name}.url", url)
 
 
 def remote_remove(repo, name: str) -> None:
     with repo.db.write():
         if repo.db.get_config(f"remote.{name}.url") is None:
-            raise WvcError(f"no remote named {name!r}")
+            raise NoSuchRemote(f"no remote named {name!r}")
         repo.db.delete_config(f"remote.{name}.url")
         for branch in repo.refs.list(f"{REMOTES}{name}/"):
             repo.refs.delete(f"{REMOTES}{name}/{branch}", "remote removed")
@@ -44,7 +44,7 @@ def remote_set_url(repo, name: str, url: str) -> None:
     open_remote(url)
     with repo.db.write():
         if repo.db.get_config(f"remote.{name}.url") is None:
-            raise WvcError(f"no remote named {name!r}")
+            raise NoSuchRemote(f"no remote named {name!r}")
         repo.db.set_config(f"remote.{name}.url", url)
 
 
@@ -54,9 +54,9 @@ def remote_rename(repo, old: str, new: str) -> None:
     with repo.db.write():
         url = repo.db.get_config(f"remote.{old}.url")
         if url is None:
-            raise WvcError(f"no remote named {old!r}")
+            raise NoSuchRemote(f"no remote named {old!r}")
         if repo.db.get_config(f"remote.{new}.url") is not None:
-            raise WvcError(f"remote {new!r} already exists")
+            raise RemoteExists(f"remote {new!r} already exists")
         repo.db.set_config(f"remote.{new}.url", url)
         repo.db.delete_config(f"remote.{old}.url")
         for branch, target in repo.refs.list(f"{REMOTES}{old}/").items():

@@ -32,7 +32,9 @@ def remote_url(db, name: str) -> str:
     """The URL of the remote ``name`` configured in a repository's database."""
     url = db.get_config(f"remote.{name}.url")
     if url is None:
-        raise RemoteError(f"no remote named {name!r} (see `wvc remote add`)")
+        from ..errors import NoSuchRemote
+
+        raise NoSuchRemote(f"no remote named {name!r} (see `wvc remote add`)")
     return url
 
 

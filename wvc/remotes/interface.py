@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import ids
-from ..errors import NonFastForward, RemoteChanged, RemoteError  # noqa: F401 - the backends' vocabulary
+from ..errors import NonFastForward, NotAWvcRemote, RemoteChanged, RemoteError  # noqa: F401 - the backends' vocabulary
 from ..store.refs import check_ref_name
 
 FORMAT = 1

@@ -16,7 +16,7 @@ import sqlite3
 import time
 from pathlib import Path
 
-from ..errors import DatabaseUnavailable, WvcError
+from ..errors import DatabaseUnavailable, LockedError
 
 BUSY_TIMEOUT_MS = 30_000
 PEEK_TIMEOUT_S = 5  # a look at what is there before opening: a lock held longer is reported, not waited out
@@ -103,7 +103,7 @@ class Database:
         try:
             self.conn.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as exc:
-            raise WvcError(f"repository is locked by another wvc process ({exc})") from exc
+            raise LockedError(f"repository is locked by another wvc process ({exc})") from exc
         try:
             yield self.conn
         except BaseException:
