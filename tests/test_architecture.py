@@ -21,7 +21,7 @@ LAYERS = [
     ["wvc.repo"],
     ["wvc.ops"],
     ["wvc.api"],
-    ["wvc.view", "wvc.follower", "wvc.publisher", "wvc.integrations", "wvc.demo"],
+    ["wvc.view", "wvc.follower", "wvc.publisher", "wvc.integrations", "wvc.demo", "wvc.ui"],
     ["wvc.cli", "wvc.__main__", "wvc"],
 ]
 

@@ -88,6 +88,18 @@ class Repo(Repository):
 
         return history.log(self, rev, n, all_refs, exclude=exclude, paths=paths)
 
+    def _repr_html_(self) -> str:
+        """A notebook's view: the last commits of HEAD's history (``wvc ui`` draws the rest)."""
+        from html import escape
+
+        rows = "".join(f"<tr><td><code>{e.id[:10]}</code></td><td>{escape(', '.join(e.refs))}</td>"
+                       f"<td>{escape(e.message.splitlines()[0] if e.message else '')}</td>"
+                       f"<td>{escape(str(e.metadata)[:120])}</td><td>{e.stored_bytes if e.stored_bytes is not None else '-'}</td></tr>"
+                       for e in (self.log(n=10) if self.refs.head_commit() else []))
+        return (f"<p>wvc repository <code>{escape(str(self.root))}</code> on {escape(self.refs.head_branch() or 'a detached HEAD')}"
+                f"</p><table><tr><th>commit</th><th>refs</th><th>message</th><th>metadata</th><th>stored bytes</th></tr>"
+                f"{rows}</table>")
+
     def show(self, rev: str = "HEAD"):
         """One commit as a dict: id, tree, parents, author, time, message, metadata, sizes and files."""
         from .ops import history

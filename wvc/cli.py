@@ -1035,6 +1035,64 @@ def stats(as_json):
         click.echo(f"  {method:<8} {v['objects']:>8} objects {human(v['bytes']):>10}")
 
 
+@main.command("ui")
+@click.argument("source", required=False, metavar="[REMOTE_URL]")
+@click.option("--port", default=8733, show_default=True, help="Port on 127.0.0.1 (0: any free one).")
+@click.option("--no-browser", is_flag=True, help="Print the address; do not open a browser.")
+@click.option("--rev", "revs", multiple=True, metavar="REV", help="Histories to prepare (default: every branch).")
+@click.option("--limit", default=200, show_default=True, help="Commits of each history to show.")
+def ui_command(source, port, no_browser, revs, limit):
+    """A read-only web view of the history: change map, metrics, storage, compare.
+
+    Serves on 127.0.0.1 only. With REMOTE_URL, a lazy clone of the remote is kept in the
+    cache ($WVC_CACHE/ui) and only what the views show is downloaded."""
+    import webbrowser
+
+    from .ui import server
+
+    repo = open_repo() if source is None else _ui_copy_of(source)
+    server.prepare(repo, list(revs) or None, limit, BarProgress())
+    srv = server.Server(repo, port, source or "")
+    click.echo(f"wvc ui: serving {srv.url} (read-only, loopback only; Ctrl-C stops)")
+    if not no_browser:
+        webbrowser.open(srv.url)
+    try:
+        srv.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        srv.server_close()
+
+
+def _ui_copy_of(url: str):
+    from .ui.remote import local_copy
+
+    return local_copy(url, BarProgress())
+
+
+@main.command("plot")
+@click.argument("kind", type=click.Choice(["changes", "metrics", "storage"]))
+@click.argument("rev_range", required=False, metavar="[REV | A..B]")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="FILE.svg or FILE.png.")
+@click.option("--metric", default="rel_l2", show_default=True, type=click.Choice(["rel_l2", "fraction", "ulps"]),
+              help="Change map colour: relative L2, fraction of elements changed, max |delta| in ULPs.")
+@click.option("--branch", "branches", multiple=True, help="metrics: branches to overlay (default: all).")
+@click.option("--limit", default=200, show_default=True, help="Commits of the history to draw.")
+@json_option
+def plot_command(kind, rev_range, output, metric, branches, limit, as_json):
+    """Write the change map, the metrics or the storage picture to a file (SVG or PNG)."""
+    from pathlib import Path
+
+    from .ui import plot
+
+    text, numbers = plot.picture(open_repo(), kind, rev_range, metric=metric, branches=list(branches) or None,
+                                 limit=limit, progress=BarProgress())
+    plot.write(text, Path(output))
+    if as_json:
+        return emit_json({"output": output, "kind": kind, "data": numbers})
+    click.echo(f"wrote {output}")
+
+
 @main.group()
 def cache():
     """The local cache of versions snapshot_download made ($WVC_CACHE, else $HF_HOME/wvc)."""

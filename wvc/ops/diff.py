@@ -33,6 +33,7 @@ class TensorDiff:
     old_shape: list[int] | None = None
     changed: int | None = None
     max_abs_delta: float | None = None
+    max_ulps: int | None = None  # floats: the largest change in units of last place
     rel_l2: float | None = None
     stored_bytes: int | None = None
 
@@ -55,15 +56,16 @@ class FileDiff:
 class _TreeSide:
     """Chunks of a committed version."""
 
-    def __init__(self, repo, tree):
+    def __init__(self, repo, tree, get=None):
         self.repo = repo
         self.files = {p: f.with_content_id() for p, f in tree.by_path().items()}  # hash: content id
+        self.get = get or repo.store.get  # (ops/changes.py passes a cache shared along a history)
 
     def chunks(self, path, tensor):
         return list(tensor.chunks)
 
     def chunk(self, path, tensor, i, cid):
-        return self.repo.store.get(cid)
+        return self.get(cid)
 
 
 class _WorkSide:
@@ -101,11 +103,28 @@ class _WorkSide:
             return fh.read(end - begin)
 
 
-def diff(repo, rev_a=None, rev_b=None, *, stat: bool = False, paths=(), progress: Progress = NULL) -> dict:
-    """``paths``: only files at or under these (repository paths; "." is all)."""
-    tree_a = repo.tree_of(rev_a or "HEAD")
-    a = _TreeSide(repo, tree_a)
-    b = _TreeSide(repo, repo.tree_of(rev_b)) if rev_b else _WorkSide(repo, tree_a.chunk_bytes)
+class DiffResult(dict):
+    """``{"files": [...], "tensors": [...]}``; renders as a table in a notebook."""
+
+    def _repr_html_(self) -> str:
+        from html import escape
+
+        cols = ["file", "name", "status", "numel", "changed", "max_abs_delta", "max_ulps", "rel_l2", "stored_bytes"]
+        rows = "".join("<tr>" + "".join(f"<td>{escape(str(t.get(k, '')))}</td>" for k in cols) + "</tr>"
+                       for t in self.get("tensors", []))
+        files = ", ".join(escape(f"{f['path']} ({f['status']})") for f in self.get("files", []))
+        return (f"<p>{len(self.get('files', []))} files changed: {files}</p><table><tr>"
+                + "".join(f"<th>{c}</th>" for c in cols) + f"</tr>{rows}</table>")
+
+
+def diff(repo, rev_a=None, rev_b=None, *, stat: bool = False, paths=(), progress: Progress = NULL, get=None,
+         tree_a=None) -> dict:
+    """``paths``: only files at or under these (repository paths; "." is all). ``get``: chunk
+    bytes by id (default: the store's); ``tree_a``: the first side's tree given directly (an
+    empty one for a root commit)."""
+    tree_a = tree_a if tree_a is not None else repo.tree_of(rev_a or "HEAD")
+    a = _TreeSide(repo, tree_a, get)
+    b = _TreeSide(repo, repo.tree_of(rev_b), get) if rev_b else _WorkSide(repo, tree_a.chunk_bytes)
     known_a = {c for f in a.files.values() for c in f.chunk_ids()}
     files, tensors = [], []
     wanted = tuple(paths)
@@ -128,7 +147,7 @@ def diff(repo, rev_a=None, rev_b=None, *, stat: bool = False, paths=(), progress
             tensors.append(_tensor_diff(repo, a, b, path, ta.get(name), tb.get(name), known_a, progress))
     progress.close()
     tensors = [t for t in tensors if t is not None]
-    return {"files": [f.to_json() for f in files], "tensors": [t.to_json() for t in tensors]}
+    return DiffResult(files=[f.to_json() for f in files], tensors=[t.to_json() for t in tensors])
 
 
 def _stored_bytes(repo, chunk_ids, known: set) -> int:
@@ -138,6 +157,23 @@ def _stored_bytes(repo, chunk_ids, known: set) -> int:
 
 
 _SAME_WIDTH_INT = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
+
+
+def _max_ulps(bits_a, bits_b, width: int) -> int:
+    """The largest distance in units of last place between float bit patterns (their
+    sign-magnitude values mapped to ordered integers: -0.0 and 0.0 are 0 apart)."""
+    import torch
+
+    def ordered(bits):
+        s = bits.to(torch.int64)
+        if width == 1:  # (uint8 view: the sign is bit 7)
+            s = torch.where(s >= 128, s - 256, s)
+        magnitude = s & ((1 << (8 * width - 1)) - 1)
+        return torch.where(s < 0, -magnitude, s)
+
+    if width == 8:  # (int64 differences could overflow: close enough in float64 for a display)
+        return int(float((ordered(bits_b).double() - ordered(bits_a).double()).abs().max()))
+    return int((ordered(bits_b) - ordered(bits_a)).abs().max())
 
 
 def _tensor_diff(repo, a, b, path, ta, tb, known_a, progress: Progress = NULL):
@@ -164,7 +200,8 @@ def _tensor_diff(repo, a, b, path, ta, tb, known_a, progress: Progress = NULL):
     bits = getattr(torch, _SAME_WIDTH_INT[width])
     # float32 holds the squares of 16-bit floats exactly enough for a ratio; wider types in float64
     wide = torch.float64 if width > 2 else torch.float32
-    changed, max_abs, sq_delta, sq_a = 0, 0.0, 0.0, 0.0
+    changed, max_abs, max_ulps, sq_delta, sq_a = 0, 0.0, 0, 0.0, 0.0
+    is_float = DTYPES[t.dtype].kind == "float"
     for i, (ca, cb) in enumerate(zip(chunks_a, chunks_b)):
         raw_a = a.chunk(path, ta, i, ca)
         progress.advance(len(raw_a))
@@ -182,6 +219,8 @@ def _tensor_diff(repo, a, b, path, ta, tb, known_a, progress: Progress = NULL):
         # the delta statistics over the moved elements only: a training step moves a few
         # percent of them, and this was most of a diff's time when done over all
         d = ub.view(dtype)[moved].to(wide) - va[moved]
+        if is_float:
+            max_ulps = max(max_ulps, _max_ulps(ua.view(bits)[moved], ub.view(bits)[moved], width))
         finite = torch.isfinite(d)
         if finite.any():
             max_abs = max(max_abs, float(d[finite].abs().max()))
@@ -189,6 +228,7 @@ def _tensor_diff(repo, a, b, path, ta, tb, known_a, progress: Progress = NULL):
     base.status = "modified"
     base.changed = changed
     base.max_abs_delta = max_abs
+    base.max_ulps = max_ulps if is_float else None
     base.rel_l2 = math.sqrt(sq_delta / sq_a) if sq_a > 0 else (0.0 if sq_delta == 0 else None)
     if isinstance(b, _TreeSide):
         base.stored_bytes = _stored_bytes(repo, chunks_b, known_a)

@@ -78,11 +78,21 @@ def _m0004_stat_cache_executable_bit(db: "sqlite_utils.Database") -> None:
     db.execute("DELETE FROM stat_cache")
 
 
+def _m0005_tensor_changes(db: "sqlite_utils.Database") -> None:
+    # per commit, each tensor's change against the first parent (store/changes.py): what
+    # `wvc ui` and `wvc plot` draw, computed once and kept
+    db.execute("CREATE TABLE tensor_changes (commit_id TEXT NOT NULL, parent TEXT, file TEXT NOT NULL, "
+               "tensor TEXT NOT NULL, status TEXT NOT NULL, numel INTEGER, changed INTEGER, max_abs_delta REAL, "
+               "max_ulps INTEGER, rel_l2 REAL, stored_bytes INTEGER, PRIMARY KEY (commit_id, file, tensor))")
+    db.execute("CREATE TABLE changes_done (commit_id TEXT PRIMARY KEY, parent TEXT)")
+
+
 MIGRATIONS = [
     ("0001_initial", _m0001_initial),
     ("0002_external_objects", _m0002_external_objects),
     ("0003_stat_cache_content_ids", _m0003_stat_cache_content_ids),
     ("0004_stat_cache_executable_bit", _m0004_stat_cache_executable_bit),
+    ("0005_tensor_changes", _m0005_tensor_changes),
 ]
 
 

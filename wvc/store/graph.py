@@ -88,6 +88,8 @@ class CommitGraph:
         rows = [(c,) for c in commit_ids]
         self.db.conn.executemany("DELETE FROM commits WHERE id = ?", rows)
         self.db.conn.executemany("DELETE FROM commit_parents WHERE commit_id = ?", rows)
+        self.db.conn.executemany("DELETE FROM tensor_changes WHERE commit_id = ?", rows)
+        self.db.conn.executemany("DELETE FROM changes_done WHERE commit_id = ?", rows)
 
     def delete_unreferenced_trees(self, keep=()) -> None:
         """Trees no commit points to, except ``keep`` (the base's tree, say)."""

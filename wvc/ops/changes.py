@@ -1,0 +1,82 @@
+"""Changes along a history: each commit's per-tensor change against its first parent (the
+numbers `wvc diff PARENT COMMIT` gives: elements changed, max |delta|, max ULPs, relative
+L2, stored bytes), computed once and kept in the repository database (store/changes.py).
+
+Computing them for a history that lacks them walks it parent first and decodes only the
+chunks that changed, with the chunks decoded for one commit cached for the next (a commit's
+new chunks are its child's old ones): about one decode of each changed chunk, less than a
+checkout of each commit.
+"""
+
+from __future__ import annotations
+
+import collections
+
+from ..errors import RevisionNotFound
+from ..progress import NULL, Progress
+from ..store.changes import ChangeStats, TensorChange
+from ..versions import Tree
+from .diff import diff
+
+CACHE_BYTES = 256 << 20  # decoded chunks kept between consecutive commits
+
+
+def first_parent_history(repo, rev: str = "HEAD", limit: int | None = None) -> list[str]:
+    """The commits from ``rev`` back along first parents, oldest first (at most ``limit``)."""
+    commit = repo.resolve(rev)
+    out = []
+    while commit is not None and (limit is None or len(out) < limit):
+        out.append(commit)
+        parents = repo.read_commit(commit).parents
+        commit = parents[0] if parents else None
+    return out[::-1]
+
+
+class _ChunkCache:
+    def __init__(self, store, max_bytes: int = CACHE_BYTES):
+        self.store, self.max_bytes, self.size = store, max_bytes, 0
+        self.items: collections.OrderedDict[str, bytes] = collections.OrderedDict()
+
+    def __call__(self, chunk_id: str) -> bytes:
+        raw = self.items.get(chunk_id)
+        if raw is not None:
+            self.items.move_to_end(chunk_id)
+            return raw
+        raw = self.store.get(chunk_id)
+        if len(raw) <= self.max_bytes:
+            self.items[chunk_id] = raw
+            self.size += len(raw)
+            while self.size > self.max_bytes:
+                self.size -= len(self.items.popitem(last=False)[1])
+        return raw
+
+
+def ensure_changes(repo, commits, progress: Progress = NULL) -> int:
+    """Compute and keep the changes of those of ``commits`` that lack them (parent first);
+    returns how many were computed."""
+    stats = ChangeStats(repo.db)
+    missing = [c for c in commits if c not in stats.done(commits)]
+    if not missing:
+        return 0
+    cache = _ChunkCache(repo.store)
+    progress.start(len(missing), "computing changes", unit="commits")
+    for commit in missing:
+        parents = repo.read_commit(commit).parents
+        parent = parents[0] if parents else None
+        tree = repo.tree_of(commit)
+        result = diff(repo, parent, commit, get=cache,
+                      tree_a=None if parent else Tree((), tree.chunk_bytes))
+        changes = [TensorChange(t["file"], t["name"], t["status"], t["numel"], t["changed"], t["max_abs_delta"],
+                                t["max_ulps"], t["rel_l2"], t["stored_bytes"]) for t in result["tensors"]]
+        with repo.db.write():
+            stats.put(commit, parent, changes)
+        progress.advance(1)
+    progress.close()
+    return len(missing)
+
+
+def changes_of(repo, commit: str) -> list[TensorChange]:
+    """A commit's kept changes (ensure_changes first)."""
+    if not ChangeStats(repo.db).done([commit]):
+        raise RevisionNotFound(f"no changes computed for {commit[:12]}")
+    return ChangeStats(repo.db).get(commit)

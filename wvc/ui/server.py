@@ -1,0 +1,97 @@
+"""``wvc ui``: the views of ui/pages.py served on 127.0.0.1, read-only.
+
+The server binds to loopback only, answers GET (and HEAD) and nothing else, sends pages
+that may run no script and load nothing from elsewhere (a Content-Security-Policy of
+``default-src 'none'``), and never writes: the change numbers the views need are computed
+before it starts serving (ops/changes.py). Requests are answered one at a time (one
+repository handle)."""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+from ..errors import InvalidArgument, WvcError
+from ..progress import NULL
+from . import data, pages
+
+CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; form-action 'self'"
+
+
+def prepare(repo, revs=None, limit: int = data.DEFAULT_LIMIT, progress=NULL) -> int:
+    """Compute the change numbers of each branch's (or each of ``revs``') last ``limit``
+    first-parent commits; refuses a history with no tensor at all. Returns how many commits
+    were computed now."""
+    revs = revs or [f"refs/heads/{b}" for b in repo.refs.list("refs/heads/")] or ["HEAD"]
+    commits: list[str] = []
+    for rev in revs:
+        commits += [c for c in data.commits_of(repo, rev, limit) if c not in commits]
+    if not any(f.tensors for c in commits for f in repo.tree_of(c).files):
+        raise InvalidArgument("no version here holds a tensor (no safetensors files): nothing to show")
+    from ..ops.changes import ensure_changes
+
+    return ensure_changes(repo, commits, progress)
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, repo, port: int = 0, name: str = ""):
+        self.repo, self.name, self.lock = repo, name or repo.root.name, threading.Lock()
+        try:
+            super().__init__(("127.0.0.1", port), _Handler)
+        except OSError as exc:
+            raise InvalidArgument(f"cannot listen on 127.0.0.1:{port} ({exc.strerror or exc}): pick another --port")\
+                from exc
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/"
+
+    def start(self) -> "Server":
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+        return self
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: Server
+
+    def log_message(self, *args):  # quiet: the CLI prints the address once
+        pass
+
+    def _send(self, status: int, body: str) -> None:
+        payload = body.encode("utf-8")
+        self.send_response(status)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Security-Policy", CSP)
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(payload)
+
+    def do_GET(self):
+        url = urlsplit(self.path)
+        view = pages.ROUTES.get(url.path)
+        if view is None:
+            return self._send(404, pages.page("Not found", "<p>No such view.</p>", self.server.name))
+        query = parse_qs(url.query, max_num_fields=50)
+        try:
+            with self.server.lock:
+                title, body = view(self.server.repo, query)
+            self._send(200, pages.page(title, body, self.server.name))
+        except (WvcError, KeyError, ValueError) as exc:
+            message = str(exc) if isinstance(exc, WvcError) else f"bad request ({type(exc).__name__}: {exc})"
+            self._send(400, pages.page("Cannot show this", f'<p class="error">{pages._e(message)}</p>',
+                                       self.server.name))
+
+    do_HEAD = do_GET
+
+    def _refuse(self):
+        self.send_response(405)
+        self.send_header("Allow", "GET, HEAD")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_POST = do_PUT = do_DELETE = do_PATCH = _refuse
