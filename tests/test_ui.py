@@ -113,6 +113,11 @@ def test_the_server_is_read_only_and_on_loopback(history):
         for view in ("", "changes", "metrics", "storage", "compare?a=main~2&b=main", "changes?metric=ulps"):
             with urllib.request.urlopen(srv.url + view, timeout=30) as resp:
                 assert resp.status == 200 and "default-src 'none'" in resp.headers["Content-Security-Policy"]
+                page = resp.read().decode()
+                assert "<script" not in page
+                if view == "":  # the graph: every commit of both branches, and their refs
+                    assert len(set(re.findall(r'<circle[^>]*data-commit="([0-9a-f]{64})"', page))) == 7
+                    assert "[exp]" in page and "[main]" in page
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(urllib.request.Request(srv.url, data=b"x", method="POST"), timeout=30)
         assert refused.value.code == 405
@@ -124,6 +129,21 @@ def test_the_server_is_read_only_and_on_loopback(history):
         srv.server_close()
     after = (db.read_bytes(), Path(str(db) + "-wal").read_bytes() if Path(str(db) + "-wal").exists() else b"")
     assert after == before
+
+
+def test_a_remote_is_viewed_through_a_lazy_copy(history, tmp_path, monkeypatch):
+    from wvc.ui.remote import local_copy
+
+    monkeypatch.setenv("WVC_CACHE", str(tmp_path / "cache"))
+    history.remote_add("origin", str(tmp_path / "remote"))
+    history.push("origin", "main")
+    copy = local_copy(str(tmp_path / "remote"))
+    assert copy.root.is_relative_to(tmp_path / "cache")
+    server.prepare(copy)
+    commits = data.commits_of(copy, "HEAD")
+    assert commits == data.commits_of(history, "main")
+    assert _cells(data.change_map(copy, commits, compute=False)) == _cells(data.change_map(history, commits))
+    assert local_copy(str(tmp_path / "remote")).root == copy.root  # kept, and fetched again next time
 
 
 def test_bad_input_is_one_line_and_writes_nothing(history, tmp_path):
@@ -196,6 +216,7 @@ def test_every_view_in_chromium_on_a_real_minilm_fine_tune(tmp_path, browser):
     try:
         By = _visit(browser, srv, "", "ui-history.png")
         assert len(browser.find_elements(By.CSS_SELECTOR, "tr[data-commit]")) == 5
+        assert len(browser.find_elements(By.CSS_SELECTOR, "svg.graph circle[data-commit]")) == 5
         _visit(browser, srv, "changes", "ui-changes.png")
         cells = browser.execute_script(
             "return [...document.querySelectorAll('svg.heatmap rect[data-row]')].map(r => [r.dataset.col, r.dataset.value])")

@@ -48,7 +48,9 @@ def history_view(repo, q) -> tuple[str, str]:
                     f'<td class="muted">{meta}</td><td class="num">{_size(c["logical_bytes"])}</td>'
                     f'<td class="num">{_size(c["stored_bytes"])}</td>'
                     f'<td>{" ".join("<code>" + p[:7] + "</code>" for p in c["parents"])}</td></tr>')
-    body = (f'<p>HEAD: {_e(h["head"] or "detached")}; {len(h["refs"])} refs.</p><table><tr><th>commit</th><th>message</th>'
+    body = (f'<p>HEAD: {_e(h["head"] or "detached")}; {len(h["refs"])} refs (branches, tags, remote-tracking).</p>'
+            + svg.graph(h["commits"])
+            + '<h3>Commits</h3><table><tr><th>commit</th><th>message</th>'
             f'<th>metadata</th><th>size</th><th>stored</th><th>parents</th></tr>{"".join(rows)}</table>')
     return "History", body
 

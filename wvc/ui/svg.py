@@ -148,6 +148,55 @@ def bars(items: list[tuple[str, float]], unit: str = "", width: int = 640, bar: 
     return "".join(out)
 
 
+def graph(commits: list[dict], row: int = 20) -> str:
+    """The commit graph, newest first (as ``git log --graph``): a dot a commit in its lane,
+    a line to each parent shown; beside it the id, the refs and the message."""
+    lanes: list[str | None] = []
+    place: dict[str, tuple[int, int]] = {}
+    for i, c in enumerate(commits):
+        lane = lanes.index(c["commit"]) if c["commit"] in lanes else None
+        if lane is None:
+            lane = lanes.index(None) if None in lanes else len(lanes)
+            if lane == len(lanes):
+                lanes.append(None)
+        place[c["commit"]] = (lane, i)
+        lanes = [None if x == c["commit"] else x for x in lanes]
+        for k, p in enumerate(c["parents"]):
+            if p in lanes:
+                continue
+            if k == 0:
+                lanes[lane] = p
+            else:
+                free = lanes.index(None) if None in lanes else len(lanes)
+                if free == len(lanes):
+                    lanes.append(None)
+                lanes[free] = p
+    width_lanes = 16 * max(1, len(lanes)) + 10
+    height = row * len(commits) + 10
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="graph" width="{width_lanes + 900}" height="{height}" {FONT}>']
+
+    def xy(lane, i):
+        return 10 + 16 * lane, 10 + row * i
+
+    for c in commits:
+        x0, y0 = xy(*place[c["commit"]])
+        for p in c["parents"]:
+            if p in place:
+                x1, y1 = xy(*place[p])
+                out.append(f'<path d="M{x0},{y0} C{x0},{y0 + row / 2} {x1},{y1 - row / 2} {x1},{y1}" fill="none" '
+                           f'stroke="{PALETTE[place[p][0] % len(PALETTE)]}" stroke-width="1.5"/>')
+    for c in commits:
+        lane, i = place[c["commit"]]
+        x, y = xy(lane, i)
+        refs = "".join(f" [{r}]" for r in c.get("refs", []))
+        out.append(f'<circle cx="{x}" cy="{y}" r="4" fill="{PALETTE[lane % len(PALETTE)]}" data-commit="{c["commit"]}">'
+                   f'<title>{_e(c["commit"])}</title></circle>'
+                   f'<text x="{width_lanes}" y="{y + 4}"><tspan font-family="monospace">{c["commit"][:10]}</tspan>'
+                   f'<tspan fill="#1a56db">{_e(refs)}</tspan> {_e(c.get("message", "")[:90])}</text>')
+    out.append("</svg>")
+    return "".join(out)
+
+
 def document(body: str, title: str = "") -> str:
     """A standalone SVG file of one picture (``wvc plot``): the picture with a title line."""
     inner = body.split(">", 1)[1].rsplit("</svg>", 1)[0]
