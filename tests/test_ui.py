@@ -292,3 +292,31 @@ def _minilm_fine_tune(path: Path, steps: int):
         repo.commit(f"step {step}", {k: v.detach().clone() for k, v in model.state_dict().items()},
                     metadata={"step": step, "loss": float(loss.detach())})
     return repo
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_the_c_change_statistics_equal_the_torch_reference(dtype, monkeypatch):
+    """ops/diff.py takes a chunk's change statistics from one C pass when the kernels are
+    built; the torch path is the reference, special values included (NaN, inf, -0.0)."""
+    from wvc.ops import diff as diff_op
+
+    if diff_op._native_stats("F32") is None:
+        pytest.skip("the C kernels are not built")
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(4096, generator=g).to(dtype)
+    b = (a.float() + 1e-2 * torch.randn(4096, generator=g) * (torch.rand(4096, generator=g) < 0.3)).to(dtype)
+    a[:6] = torch.tensor([float("nan"), float("inf"), -0.0, 1.0, float("-inf"), 2.0]).to(dtype)
+    b[:6] = torch.tensor([float("nan"), 1.0, 0.0, float("nan"), float("-inf"), -2.0]).to(dtype)
+    repo = wvc.Repo.init(Path(os.environ.get("TMPDIR", "/tmp")) / f"cstats-{str(dtype)[6:]}-{os.getpid()}",
+                         chunk_bytes=2048)
+    try:
+        repo.commit("a", {"w": a})
+        repo.commit("b", {"w": b})
+        native = repo.diff("HEAD~1", "HEAD")["tensors"][0]
+        monkeypatch.setattr(diff_op, "_native_stats", lambda dtype: None)
+        reference = repo.diff("HEAD~1", "HEAD")["tensors"][0]
+    finally:
+        shutil.rmtree(repo.root, ignore_errors=True)
+    assert native["changed"] == reference["changed"] and native["max_ulps"] == reference["max_ulps"]
+    assert native["max_abs_delta"] == pytest.approx(reference["max_abs_delta"], rel=1e-6)
+    assert native["rel_l2"] == pytest.approx(reference["rel_l2"], rel=1e-5)

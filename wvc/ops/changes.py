@@ -33,21 +33,37 @@ def first_parent_history(repo, rev: str = "HEAD", limit: int | None = None) -> l
 
 
 class _ChunkCache:
+    """Decoded chunks by id, least recently used dropped first, bounded in bytes. ``prefetch``
+    hands a commit's chunks to the codec pool (their chains looked up here, on the calling
+    thread: the pool only decodes), so the next commit decodes while this one is compared."""
+
     def __init__(self, store, max_bytes: int = CACHE_BYTES):
         self.store, self.max_bytes, self.size = store, max_bytes, 0
         self.items: collections.OrderedDict[str, bytes] = collections.OrderedDict()
+        self.pending: dict[str, object] = {}  # id -> Future of its bytes
+
+    def prefetch(self, chunk_ids) -> None:
+        from ..store.pool import pool
+
+        for chunk_id in dict.fromkeys(chunk_ids):
+            if chunk_id not in self.items and chunk_id not in self.pending:
+                self.pending[chunk_id] = pool().submit(self.store.decode_chain, self.store.chain(chunk_id))
+
+    def _keep(self, chunk_id: str, raw: bytes) -> None:
+        if len(raw) <= self.max_bytes and chunk_id not in self.items:
+            self.items[chunk_id] = raw
+            self.size += len(raw)
+            while self.size > self.max_bytes:
+                self.size -= len(self.items.popitem(last=False)[1])
 
     def __call__(self, chunk_id: str) -> bytes:
         raw = self.items.get(chunk_id)
         if raw is not None:
             self.items.move_to_end(chunk_id)
             return raw
-        raw = self.store.get(chunk_id)
-        if len(raw) <= self.max_bytes:
-            self.items[chunk_id] = raw
-            self.size += len(raw)
-            while self.size > self.max_bytes:
-                self.size -= len(self.items.popitem(last=False)[1])
+        future = self.pending.pop(chunk_id, None)
+        raw = future.result() if future is not None else self.store.get(chunk_id)
+        self._keep(chunk_id, raw)
         return raw
 
 
@@ -58,13 +74,21 @@ def ensure_changes(repo, commits, progress: Progress = NULL) -> int:
     missing = [c for c in commits if c not in stats.done(commits)]
     if not missing:
         return 0
-    cache = _ChunkCache(repo.store)
+    cache, norms = _ChunkCache(repo.store), {}
     progress.start(len(missing), "computing changes", unit="commits")
-    for commit in missing:
+
+    def sides(commit: str):
         parents = repo.read_commit(commit).parents
-        parent = parents[0] if parents else None
         tree = repo.tree_of(commit)
-        result = diff(repo, parent, commit, get=cache,
+        return (parents[0] if parents else None), tree, (repo.tree_of(parents[0]) if parents else Tree((), tree.chunk_bytes))
+
+    for k, commit in enumerate(missing):
+        parent, tree, before = sides(commit)
+        cache.prefetch(_changed_chunks(before, tree))
+        if k + 1 < len(missing):  # decoded on the pool while this commit is compared
+            _, next_tree, next_before = sides(missing[k + 1])
+            cache.prefetch(_changed_chunks(next_before, next_tree))
+        result = diff(repo, parent, commit, get=cache, norms=norms,
                       tree_a=None if parent else Tree((), tree.chunk_bytes))
         changes = [TensorChange(t["file"], t["name"], t["status"], t["numel"], t["changed"], t["max_abs_delta"],
                                 t["max_ulps"], t["rel_l2"], t["stored_bytes"]) for t in result["tensors"]]
@@ -73,6 +97,19 @@ def ensure_changes(repo, commits, progress: Progress = NULL) -> int:
         progress.advance(1)
     progress.close()
     return len(missing)
+
+
+def _changed_chunks(before: Tree, after: Tree) -> list[str]:
+    """The chunks of the tensors whose chunk lists differ between two trees, both sides:
+    what the diff decodes (a commit's new chunks, and the old ones they replace)."""
+    old = {(f.path, t.name): t for f in before.files for t in f.tensors}
+    out = []
+    for f in after.files:
+        for t in f.tensors:
+            o = old.get((f.path, t.name))
+            if o is not None and o.chunks != t.chunks and o.dtype == t.dtype and o.shape == t.shape:
+                out += [*o.chunks, *t.chunks]
+    return out
 
 
 def changes_of(repo, commit: str) -> list[TensorChange]:

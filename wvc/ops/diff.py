@@ -118,10 +118,11 @@ class DiffResult(dict):
 
 
 def diff(repo, rev_a=None, rev_b=None, *, stat: bool = False, paths=(), progress: Progress = NULL, get=None,
-         tree_a=None) -> dict:
+         tree_a=None, norms: dict | None = None) -> dict:
     """``paths``: only files at or under these (repository paths; "." is all). ``get``: chunk
     bytes by id (default: the store's); ``tree_a``: the first side's tree given directly (an
-    empty one for a root commit)."""
+    empty one for a root commit); ``norms``: each chunk's sum of squares by id, kept between
+    calls (ops/changes.py: a commit's chunks are its child's old ones)."""
     tree_a = tree_a if tree_a is not None else repo.tree_of(rev_a or "HEAD")
     a = _TreeSide(repo, tree_a, get)
     b = _TreeSide(repo, repo.tree_of(rev_b), get) if rev_b else _WorkSide(repo, tree_a.chunk_bytes)
@@ -144,7 +145,8 @@ def diff(repo, rev_a=None, rev_b=None, *, stat: bool = False, paths=(), progress
         ta = {t.name: t for t in fa.tensors} if fa else {}
         tb = {t.name: t for t in fb.tensors} if fb else {}
         for name in list(ta) + [n for n in tb if n not in ta]:
-            tensors.append(_tensor_diff(repo, a, b, path, ta.get(name), tb.get(name), known_a, progress))
+            tensors.append(_tensor_diff(repo, a, b, path, ta.get(name), tb.get(name), known_a, progress,
+                                        {} if norms is None else norms))
     progress.close()
     tensors = [t for t in tensors if t is not None]
     return DiffResult(files=[f.to_json() for f in files], tensors=[t.to_json() for t in tensors])
@@ -165,18 +167,40 @@ def _max_ulps(bits_a, bits_b, width: int) -> int:
     import torch
 
     def ordered(bits):
-        s = bits.to(torch.int64)
         if width == 1:  # (uint8 view: the sign is bit 7)
+            s = bits.to(torch.int16)
             s = torch.where(s >= 128, s - 256, s)
-        magnitude = s & ((1 << (8 * width - 1)) - 1)
-        return torch.where(s < 0, -magnitude, s)
+        else:
+            s = bits
+        sign = s >> (8 * width - 1)  # 0, or -1 for a negative value (arithmetic shift)
+        # sign-magnitude to two's complement, branch-free: -magnitude for negatives
+        return ((s ^ (sign & ((1 << (8 * width - 1)) - 1))) - sign).to(torch.int64)
 
-    if width == 8:  # (int64 differences could overflow: close enough in float64 for a display)
-        return int(float((ordered(bits_b).double() - ordered(bits_a).double()).abs().max()))
+    if width == 8:  # (int64 differences could overflow: in float64, at most the largest int64)
+        return min(int(float((ordered(bits_b).double() - ordered(bits_a).double()).abs().max())), 2**63 - 1)
     return int((ordered(bits_b) - ordered(bits_a)).abs().max())
 
 
-def _tensor_diff(repo, a, b, path, ta, tb, known_a, progress: Progress = NULL):
+_KINDS = {"F32": 0, "F64": 1, "F16": 2, "BF16": 3}  # codec/_native.c change_stats
+
+
+def _native_stats(dtype: str):
+    """The C kernel for these floats' change statistics, or None (no build, another dtype)."""
+    from ..codec import native
+
+    kind = _KINDS.get(dtype)
+    if kind is None or native.kernels is None or not hasattr(native.kernels, "change_stats"):
+        return None
+    return lambda x, y: native.kernels.change_stats(x, y, kind)
+
+
+# Above this fraction of moved elements a chunk's delta statistics are taken over every
+# element: gathering the moved ones costs more than it saves when nearly all moved (a dense
+# optimizer step); below it (an RL step, a partial update) only the moved ones are touched.
+DENSE_FRACTION = 0.25
+
+
+def _tensor_diff(repo, a, b, path, ta, tb, known_a, progress: Progress = NULL, norms: dict | None = None):
     import torch
 
     t = tb or ta
@@ -202,12 +226,36 @@ def _tensor_diff(repo, a, b, path, ta, tb, known_a, progress: Progress = NULL):
     wide = torch.float64 if width > 2 else torch.float32
     changed, max_abs, max_ulps, sq_delta, sq_a = 0, 0.0, 0, 0.0, 0.0
     is_float = DTYPES[t.dtype].kind == "float"
-    for i, (ca, cb) in enumerate(zip(chunks_a, chunks_b)):
+    kernel = _native_stats(t.dtype)
+    if kernel is not None:  # one pass in C over both chunks (the torch path below is its reference)
+        for i, (ca, cb) in enumerate(zip(chunks_a, chunks_b)):
+            raw_a = a.chunk(path, ta, i, ca)
+            progress.advance(len(raw_a))
+            if ca is not None and ca == cb:
+                known = norms.get(ca) if norms is not None else None
+                if known is None:
+                    known = kernel(raw_a, raw_a)[1]
+                    if norms is not None:
+                        norms[ca] = known
+                sq_a += known
+                continue
+            n, sq, sq_d, m_abs, m_ulps = kernel(raw_a, b.chunk(path, tb, i, cb))
+            if norms is not None and ca is not None:
+                norms[ca] = sq
+            changed, sq_a, sq_delta = changed + n, sq_a + sq, sq_delta + sq_d
+            max_abs, max_ulps = max(max_abs, m_abs), max(max_ulps, m_ulps)
+    for i, (ca, cb) in enumerate(zip(chunks_a, chunks_b) if kernel is None else ()):
         raw_a = a.chunk(path, ta, i, ca)
         progress.advance(len(raw_a))
         ua = torch.frombuffer(bytearray(raw_a), dtype=torch.uint8)
-        va = ua.view(dtype).to(wide)
-        sq_a += float(torch.nansum(va * va, dtype=torch.float64))
+        va = None
+        known = norms.get(ca) if norms is not None and ca is not None else None
+        if known is None:
+            va = ua.view(dtype).to(wide)
+            known = float(torch.nansum(va * va, dtype=torch.float64))
+            if norms is not None and ca is not None:
+                norms[ca] = known
+        sq_a += known
         if ca is not None and ca == cb:
             continue
         ub = torch.frombuffer(bytearray(b.chunk(path, tb, i, cb)), dtype=torch.uint8)
@@ -216,15 +264,21 @@ def _tensor_diff(repo, a, b, path, ta, tb, known_a, progress: Progress = NULL):
         changed += n
         if not n:
             continue
-        # the delta statistics over the moved elements only: a training step moves a few
-        # percent of them, and this was most of a diff's time when done over all
-        d = ub.view(dtype)[moved].to(wide) - va[moved]
+        if n > DENSE_FRACTION * moved.numel():  # every element: unmoved ones give a delta of 0
+            va = ua.view(dtype).to(wide) if va is None else va
+            d = torch.nan_to_num(ub.view(dtype).to(wide) - va, nan=0.0, posinf=0.0, neginf=0.0)
+            if is_float:
+                max_ulps = max(max_ulps, _max_ulps(ua.view(bits), ub.view(bits), width))
+            max_abs = max(max_abs, float(d.abs().max()))
+            sq_delta += float(torch.sum(d * d, dtype=torch.float64))
+            continue
+        # the moved elements only: a training step may move a few percent of them
+        d = ub.view(dtype)[moved].to(wide) - ua.view(dtype)[moved].to(wide)
         if is_float:
             max_ulps = max(max_ulps, _max_ulps(ua.view(bits)[moved], ub.view(bits)[moved], width))
-        finite = torch.isfinite(d)
-        if finite.any():
-            max_abs = max(max_abs, float(d[finite].abs().max()))
-        sq_delta += float(torch.nansum(torch.where(finite, d * d, torch.zeros_like(d)), dtype=torch.float64))
+        d = torch.nan_to_num(d, nan=0.0, posinf=0.0, neginf=0.0)  # (a non-finite delta is not a number)
+        max_abs = max(max_abs, float(d.abs().max()))
+        sq_delta += float(torch.sum(d * d, dtype=torch.float64))
     base.status = "modified"
     base.changed = changed
     base.max_abs_delta = max_abs
