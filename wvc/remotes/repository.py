@@ -30,6 +30,41 @@ from .catalog import MAX_CATALOG_BYTES, Catalog, catalog_name, catalog_path, par
 from .interface import BASE_RECORD, MAX_SMALL_OBJECT, Remote, RemoteState, commit_path, pack_path, tree_path
 
 MAX_RETIRED_RECORD = 16 << 20
+PARSED_CACHE_BYTES = 256 << 20  # parsed catalogs a process keeps (their segment sizes, about)
+
+
+class _ParsedCatalogs:
+    """Catalogs already parsed in this process, by name (a name is the hash of the bytes, so
+    a hit is the same verified catalog): a process that pushes or follows every step (the
+    Publisher, a follower) parsed every catalog of the remote again at each operation, most of
+    a push's time late in a long run. Least recently used dropped first, bounded in bytes."""
+
+    def __init__(self, max_bytes: int = PARSED_CACHE_BYTES):
+        import collections
+        import threading
+
+        self.max_bytes, self.size, self.lock = max_bytes, 0, threading.Lock()
+        self.items: "collections.OrderedDict[str, tuple[Catalog, int]]" = collections.OrderedDict()
+        self.parsed = 0  # catalogs parsed from bytes (tests count them)
+
+    def get(self, name: str, load) -> Catalog:
+        with self.lock:
+            hit = self.items.get(name)
+            if hit is not None:
+                self.items.move_to_end(name)
+                return hit[0]
+        catalog = load()
+        with self.lock:
+            self.parsed += 1
+            if name not in self.items and catalog.size <= self.max_bytes:
+                self.items[name] = (catalog, catalog.size)
+                self.size += catalog.size
+                while self.size > self.max_bytes:
+                    self.size -= self.items.popitem(last=False)[1][1]
+        return catalog
+
+
+PARSED_CATALOGS = _ParsedCatalogs()
 
 
 @dataclass
@@ -203,8 +238,8 @@ class RemoteRepository:
     def _read_contents(self) -> RemoteContents:
         segments = []
         for name in self.state.catalogs:
-            data = self._immutable(catalog_path(name), f"{name}.cat", MAX_CATALOG_BYTES, f"remote catalog {name[:12]}",
-                                   lambda d, n=name: parse_catalog(d, n))
+            data = PARSED_CATALOGS.get(name, lambda n=name: self._immutable(
+                catalog_path(n), f"{n}.cat", MAX_CATALOG_BYTES, f"remote catalog {n[:12]}", lambda d: parse_catalog(d, n)))
             segments.append(Segment(name, data.pack, data.entries, data.commits, data.trees))
         for name in self.state.packs:
             segments.append(Segment(None, name, self.pack_index(name), {}, {}))
