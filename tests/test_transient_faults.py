@@ -107,3 +107,21 @@ def test_an_s3_body_cut_short_is_read_again_not_called_corrupt(tmp_path, s3_env,
     copy = clone(url, tmp_path / "copy")
     assert any(p.startswith("catalogs/") for p in cut) and tree_digests(copy.root) == tree_digests(src.root)
     assert copy.fsck().ok
+
+
+def test_a_rate_limited_file_upload_is_waited_out_not_a_failed_push(tmp_path, hub, hub_env):
+    """huggingface_hub reports a failed LFS upload as a RuntimeError whose cause is the HTTP
+    error: a 429 there is the Hub's quota like any other and is backed off, not a failed push
+    (under load the Publisher's pushes failed with "Error while uploading ... to the Hub")."""
+    import torch
+
+    import wvc
+
+    repo = wvc.Repo.init(tmp_path / "r")
+    repo.commit("one", {"w": torch.randn(64, 256, generator=torch.Generator().manual_seed(0))})
+    repo.remote_add("origin", "hf://team/upload-429")
+    hub.fail["upload-429"] = 8  # more than huggingface_hub retries on its own
+    repo.push("origin", "main")
+    assert hub.fail["upload-429"] == 0  # the 429 happened, and the push went through after it
+    clone = wvc.clone("hf://team/upload-429", tmp_path / "c")
+    assert clone.resolve("main") == repo.resolve("main")

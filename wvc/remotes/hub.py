@@ -112,6 +112,12 @@ def hub_errors(what: str):
         raise RemoteError(f"{what}: Hub error HTTP {status}: {str(exc).splitlines()[0]}") from exc
     except WvcError:
         raise
+    except RuntimeError as exc:  # huggingface_hub wraps a file upload's failure: judge it by its cause
+        cause = exc.__cause__
+        if not isinstance(cause, (errors.HfHubHTTPError, *_transport_errors())):
+            raise
+        with hub_errors(what):
+            raise cause from exc
     except _transport_errors() as exc:
         raise TransientError(f"{what}: cannot reach the Hub endpoint, or it broke off ({type(exc).__name__}: "
                              f"{str(exc)[:200]})") from exc

@@ -398,6 +398,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def upload(self, oid, params):
         data = self._body()
+        if self.server.take_failure("upload-429"):  # tests: a rate-limited file upload
+            raise HubError(429, "You have exceeded our API request rate limit", retry_after=1)
         if hashlib.sha256(data).hexdigest() != oid:
             raise HubError(400, "sha256 mismatch")
         self.server.storage.put_blob(data)
