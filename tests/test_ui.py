@@ -68,6 +68,12 @@ def test_the_change_map_is_diff_per_commit_in_model_order(history):
     assert cells[(W1, commits[3])]["value"] == 0 and cells[(W0, commits[3])]["value"] > 0
     assert cells[(W0, commits[2])]["value"] == 0
     assert {cells[(n, commits[0])]["status"] for n in (W0, W1, B10)} == {"added"}
+    file = m["rows"][0]["file"]
+    detail = data.tensor_detail(history, commits[1], file, W0)  # the view a click on a cell opens
+    assert sum(h["count"] for h in detail["histogram"]) == cells[(W0, commits[1])]["change"]["changed"]
+    assert max(h["ulps_from"] for h in detail["histogram"]) <= cells[(W0, commits[1])]["change"]["max_ulps"]
+    changed_fraction = sum(c["changed_fraction"] for c in detail["chunks"]) / len(detail["chunks"])
+    assert changed_fraction == pytest.approx(cells[(W0, commits[1])]["change"]["changed"] / 512)  # equal chunks
 
 
 def test_plot_writes_the_same_numbers_as_diff_and_the_page(history, tmp_path):

@@ -161,20 +161,25 @@ def _stored_bytes(repo, chunk_ids, known: set) -> int:
 _SAME_WIDTH_INT = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
 
 
-def _max_ulps(bits_a, bits_b, width: int) -> int:
-    """The largest distance in units of last place between float bit patterns (their
-    sign-magnitude values mapped to ordered integers: -0.0 and 0.0 are 0 apart)."""
+def ordered_bits(bits, width: int):
+    """Float bit patterns (a same-width integer tensor) as value-ordered int64s: the
+    sign-magnitude values in two's complement, so -0.0 and 0.0 are both 0 and the distance
+    between two is in units of last place."""
     import torch
 
+    if width == 1:  # (uint8 view: the sign is bit 7)
+        s = bits.to(torch.int16)
+        s = torch.where(s >= 128, s - 256, s)
+    else:
+        s = bits
+    sign = s >> (8 * width - 1)  # 0, or -1 for a negative value (arithmetic shift)
+    return ((s ^ (sign & ((1 << (8 * width - 1)) - 1))) - sign).to(torch.int64)  # branch-free
+
+
+def _max_ulps(bits_a, bits_b, width: int) -> int:
+    """The largest distance in units of last place between float bit patterns."""
     def ordered(bits):
-        if width == 1:  # (uint8 view: the sign is bit 7)
-            s = bits.to(torch.int16)
-            s = torch.where(s >= 128, s - 256, s)
-        else:
-            s = bits
-        sign = s >> (8 * width - 1)  # 0, or -1 for a negative value (arithmetic shift)
-        # sign-magnitude to two's complement, branch-free: -magnitude for negatives
-        return ((s ^ (sign & ((1 << (8 * width - 1)) - 1))) - sign).to(torch.int64)
+        return ordered_bits(bits, width)
 
     if width == 8:  # (int64 differences could overflow: in float64, at most the largest int64)
         return min(int(float((ordered(bits_b).double() - ordered(bits_a).double()).abs().max())), 2**63 - 1)

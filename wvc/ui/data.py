@@ -192,7 +192,7 @@ def tensor_detail(repo, commit: str, file: str, tensor: str, bins: int = 40) -> 
     import torch
 
     from ..formats.dtypes import DTYPES
-    from ..ops.diff import _SAME_WIDTH_INT
+    from ..ops.diff import _SAME_WIDTH_INT, ordered_bits
 
     c = repo.read_commit(commit)
     new = next((t for f in repo.tree_of(commit).files if f.path == file for t in f.tensors if t.name == tensor), None)
@@ -210,24 +210,17 @@ def tensor_detail(repo, commit: str, file: str, tensor: str, bins: int = 40) -> 
     dt = DTYPES[new.dtype]
     bits = getattr(torch, _SAME_WIDTH_INT[dt.width])
     counts = [0] * bins
-    sign = 1 << (8 * dt.width - 1)
-
-    def ordered(s):  # float bits as value-ordered integers (ops/diff._max_ulps)
-        if dt.width == 1:
-            s = torch.where(s >= 128, s - 256, s)
-        return torch.where(s < 0, -(s & (sign - 1)), s)
-
     for ca, cb in zip(old.chunks, new.chunks):
         if ca == cb:
             out["chunks"].append({"chunk": cb, "changed_fraction": 0.0})
             continue
-        ua = torch.frombuffer(bytearray(repo.store.get(ca)), dtype=torch.uint8).view(bits).to(torch.int64)
-        ub = torch.frombuffer(bytearray(repo.store.get(cb)), dtype=torch.uint8).view(bits).to(torch.int64)
+        ua = torch.frombuffer(bytearray(repo.store.get(ca)), dtype=torch.uint8).view(bits)
+        ub = torch.frombuffer(bytearray(repo.store.get(cb)), dtype=torch.uint8).view(bits)
         moved = ua != ub
         out["chunks"].append({"chunk": cb, "changed_fraction": float(moved.float().mean()) if len(ua) else 0.0})
         if dt.kind != "float" or not bool(moved.any()):
             continue
-        d = (ordered(ub[moved]) - ordered(ua[moved])).abs().clamp(min=1).double()
+        d = (ordered_bits(ub[moved], dt.width).double() - ordered_bits(ua[moved], dt.width).double()).abs().clamp(min=1)
         buckets = torch.log2(d).floor().clamp(max=bins - 1).long()
         for k, n in zip(*torch.unique(buckets, return_counts=True)):
             counts[int(k)] += int(n)
