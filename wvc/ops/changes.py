@@ -67,11 +67,17 @@ class _ChunkCache:
         return raw
 
 
+def missing_changes(repo, commits) -> list[str]:
+    """Those of ``commits`` whose changes are not kept yet, in order."""
+    done = ChangeStats(repo.db).done(commits)
+    return [c for c in commits if c not in done]
+
+
 def ensure_changes(repo, commits, progress: Progress = NULL) -> int:
     """Compute and keep the changes of those of ``commits`` that lack them (parent first);
     returns how many were computed."""
     stats = ChangeStats(repo.db)
-    missing = [c for c in commits if c not in stats.done(commits)]
+    missing = missing_changes(repo, commits)
     if not missing:
         return 0
     cache, norms = _ChunkCache(repo.store), {}
@@ -82,14 +88,14 @@ def ensure_changes(repo, commits, progress: Progress = NULL) -> int:
         tree = repo.tree_of(commit)
         return (parents[0] if parents else None), tree, (repo.tree_of(parents[0]) if parents else Tree((), tree.chunk_bytes))
 
+    upcoming = sides(missing[0])
+    cache.prefetch(_changed_chunks(upcoming[2], upcoming[1]))
     for k, commit in enumerate(missing):
-        parent, tree, before = sides(commit)
-        cache.prefetch(_changed_chunks(before, tree))
+        parent, tree, before = upcoming
         if k + 1 < len(missing):  # decoded on the pool while this commit is compared
-            _, next_tree, next_before = sides(missing[k + 1])
-            cache.prefetch(_changed_chunks(next_before, next_tree))
-        result = diff(repo, parent, commit, get=cache, norms=norms,
-                      tree_a=None if parent else Tree((), tree.chunk_bytes))
+            upcoming = sides(missing[k + 1])
+            cache.prefetch(_changed_chunks(upcoming[2], upcoming[1]))
+        result = diff(repo, parent, commit, get=cache, norms=norms, tree_a=None if parent else before)
         changes = [TensorChange(t["file"], t["name"], t["status"], t["numel"], t["changed"], t["max_abs_delta"],
                                 t["max_ulps"], t["rel_l2"], t["stored_bytes"]) for t in result["tensors"]]
         with repo.db.write():

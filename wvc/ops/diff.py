@@ -178,12 +178,10 @@ def ordered_bits(bits, width: int):
 
 def _max_ulps(bits_a, bits_b, width: int) -> int:
     """The largest distance in units of last place between float bit patterns."""
-    def ordered(bits):
-        return ordered_bits(bits, width)
-
+    a, b = ordered_bits(bits_a, width), ordered_bits(bits_b, width)
     if width == 8:  # (int64 differences could overflow: in float64, at most the largest int64)
-        return min(int(float((ordered(bits_b).double() - ordered(bits_a).double()).abs().max())), 2**63 - 1)
-    return int((ordered(bits_b) - ordered(bits_a)).abs().max())
+        return min(int(float((b.double() - a.double()).abs().max())), 2**63 - 1)
+    return int((b - a).abs().max())
 
 
 _KINDS = {"F32": 0, "F64": 1, "F16": 2, "BF16": 3}  # codec/_native.c change_stats

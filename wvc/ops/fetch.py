@@ -50,10 +50,10 @@ def fetch(repo, remote_name: str = "origin", *, progress: Progress = NULL, remot
             trees[commit.tree] = remote.tree(commit.tree)
 
     # a lazy clone takes commits and trees only; chunks come on first use (remotes/lazy.py)
-    lazy = lazy_remote_name(repo.db) == remote_name
-    if lazy and repo.store.supply is not None:
+    lazy_from = lazy_remote_name(repo.db)
+    if lazy_from == remote_name and repo.store.supply is not None:
         repo.store.supply.use(remote)  # later chunk reads in this process go by this listing
-    lazy = lazy_remote_name(repo.db) is not None
+    lazy = lazy_from is not None
     needed = set() if lazy else {c for t in trees.values() for c in t.chunk_ids() if not repo.store.has(c)}
     packs_to_get, lengths, sizes = [], {}, {}
     for seg in contents.segments:

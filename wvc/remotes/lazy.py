@@ -42,15 +42,17 @@ class LazyRemote:
             return
         fresh = self.pinned is None
         if fresh:
-            self.pinned = RemoteRepository.open(open_remote(remote_url(self.db, name)), self.index_cache)
+            self._list(name)
         try:
             self._fetch(store, object_ids, progress)
         except (RemoteError, MissingObject):
             if fresh:
                 raise
-            # the listing may be out of date (a pack compacted away, a chunk pushed since): once more
-            self.pinned = RemoteRepository.open(open_remote(remote_url(self.db, name)), self.index_cache)
+            self._list(name)  # the listing may be out of date (a pack compacted away, a chunk pushed since)
             self._fetch(store, object_ids, progress)
+
+    def _list(self, name: str) -> None:
+        self.pinned = RemoteRepository.open(open_remote(remote_url(self.db, name)), self.index_cache)
 
     def _fetch(self, store, object_ids, progress: Progress) -> None:
         remote = self.pinned

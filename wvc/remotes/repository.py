@@ -238,9 +238,9 @@ class RemoteRepository:
     def _read_contents(self) -> RemoteContents:
         segments = []
         for name in self.state.catalogs:
-            data = PARSED_CATALOGS.get(name, lambda n=name: self._immutable(
+            cat = PARSED_CATALOGS.get(name, lambda n=name: self._immutable(
                 catalog_path(n), f"{n}.cat", MAX_CATALOG_BYTES, f"remote catalog {n[:12]}", lambda d: parse_catalog(d, n)))
-            segments.append(Segment(name, data.pack, data.entries, data.commits, data.trees))
+            segments.append(Segment(name, cat.pack, cat.entries, cat.commits, cat.trees))
         for name in self.state.packs:
             segments.append(Segment(None, name, self.pack_index(name), {}, {}))
         index: dict[str, tuple[str, PackEntry]] = {}

@@ -1,15 +1,6 @@
 """The chunk store: chunks in, verified chunks out.
 
-Writes go through a :class:`ChunkWriter`, which dedups by id, encodes new chunks (against
-a base chunk when one is given) on a small thread pool and appends them to a pack in the
-order they were offered. It inserts no rows: the caller commits its rows together with
-the tree, commit and ref move, in one transaction, after the pack is durable (see
-docs/design.md).
-
-Delta chains are bounded: when the base's chain is already ``max_chain`` deep, the chunk
-is encoded against the chain's keyframe instead (re-anchoring), so no read ever decodes
-more than ``max_chain + 1`` payloads and long runs do not pay for full keyframes.
-
+Writes go through a chunk writer (store/chunk_writer.py, built by :meth:`ObjectStore.writer`).
 Reads decode the delta chain from its keyframe down and check every decoded chunk's
 blake3 against its id, so a damaged pack can never yield wrong bytes silently. Database
 lookups stay on the calling thread; workers only read packs and decode.

@@ -9,7 +9,7 @@ import math
 import re
 
 from ..errors import InvalidArgument
-from ..ops.changes import changes_of, ensure_changes, first_parent_history
+from ..ops.changes import changes_of, ensure_changes, first_parent_history, missing_changes
 from ..ops.diff import diff
 from ..store.refs import HEADS, TAGS
 
@@ -80,13 +80,6 @@ def value_of(change, metric: str) -> float | None:
     raise InvalidArgument(f"unknown metric {metric!r}: one of {', '.join(METRICS)}")
 
 
-def missing_changes(repo, commits: list[str]) -> list[str]:
-    from ..store.changes import ChangeStats
-
-    done = ChangeStats(repo.db).done(commits)
-    return [c for c in commits if c not in done]
-
-
 def _ready(repo, commits, compute: bool, progress) -> None:
     """The kept changes of ``commits``: computed now (``compute``), else they must exist
     (the server never writes: `wvc ui` computes them before it serves)."""
@@ -105,11 +98,8 @@ def change_map(repo, commits: list[str], metric: str = "rel_l2", progress=None, 
     if metric not in METRICS:
         raise InvalidArgument(f"unknown metric {metric!r}: one of {', '.join(METRICS)}")
     _ready(repo, commits, compute, progress)
-    names: dict[tuple[str, str], None] = {}
-    for c in commits:
-        for f in repo.tree_of(c).files:
-            for t in f.tensors:
-                names.setdefault((f.path, t.name))
+    present = {c: [(f.path, t.name) for f in repo.tree_of(c).files for t in f.tensors] for c in commits}
+    names = dict.fromkeys(key for keys in present.values() for key in keys)
     if not names:
         raise InvalidArgument("no tensors in these versions (no safetensors files): nothing to draw")
     rows = sorted(names, key=lambda k: (k[0], _natural(layer_of(k[1])), _natural(k[1])))
@@ -117,10 +107,10 @@ def change_map(repo, commits: list[str], metric: str = "rel_l2", progress=None, 
     for c in commits:
         meta = repo.read_commit(c).metadata
         columns.append({"commit": c, "step": meta.get("step") if isinstance(meta.get("step"), (int, float)) else None})
-        present = {(f.path, t.name) for f in repo.tree_of(c).files for t in f.tensors}
+        here = set(present[c])
         by_key = {(ch.file, ch.tensor): ch for ch in changes_of(repo, c)}
         for r, key in enumerate(rows):
-            if key not in present and key not in by_key:
+            if key not in here and key not in by_key:
                 continue
             ch = by_key.get(key)
             cells.append({"row": r, "col": len(columns) - 1, "value": value_of(ch, metric),

@@ -73,9 +73,9 @@ def changes_view(repo, q) -> tuple[str, str]:
         col, row = m["columns"][c["col"]], m["rows"][c["row"]]
         ch = c.get("change") or {}
         c["title"] = (f'{row["tensor"]} @ {col["commit"][:10]}' + (f' step {col["step"]}' if col["step"] is not None else "")
-                      + f': {c["status"]}; rel L2 {svg._fmt(ch.get("rel_l2"))}, changed {svg._fmt(ch.get("changed"))} of '
-                      f'{svg._fmt(ch.get("numel"))}, max |delta| {svg._fmt(ch.get("max_abs_delta"))}, '
-                      f'max ULPs {svg._fmt(ch.get("max_ulps"))}')
+                      + f': {c["status"]}; rel L2 {svg.fmt(ch.get("rel_l2"))}, changed {svg.fmt(ch.get("changed"))} of '
+                      f'{svg.fmt(ch.get("numel"))}, max |delta| {svg.fmt(ch.get("max_abs_delta"))}, '
+                      f'max ULPs {svg.fmt(ch.get("max_ulps"))}')
 
     def link(c):
         row, col = m["rows"][c["row"]], m["columns"][c["col"]]
@@ -139,7 +139,7 @@ def compare_view(repo, q) -> tuple[str, str]:
     tensors = sorted(c["diff"]["tensors"], key=lambda t: (t.get(key) is None, -(t.get(key) or 0)))
     cols = ["file", "name", "status", "numel", "changed", "max_abs_delta", "max_ulps", "rel_l2", "stored_bytes"]
     head = "".join(f'<th><a href="/compare?{urlencode({"a": a, "b": b, "sort": k})}">{k}</a></th>' for k in cols)
-    rows = "".join("<tr>" + "".join(f'<td data-field="{k}">{_e(svg._fmt(t.get(k)))}</td>' for k in cols) + "</tr>"
+    rows = "".join("<tr>" + "".join(f'<td data-field="{k}">{_e(svg.fmt(t.get(k)))}</td>' for k in cols) + "</tr>"
                    for t in tensors)
     body = (_rev_form(q, {"a": ("from", "HEAD~1"), "b": ("to", "HEAD")})
             + f'<p><code>{c["a"][:10]}</code> to <code>{c["b"][:10]}</code>: {len(tensors)} tensors changed.</p>'

@@ -37,7 +37,7 @@ def picture(repo, kind: str, rev_range: str | None = None, *, metric: str = "rel
                  for r in m["rows"]]
         cols = [str(c["step"]) if c["step"] is not None else c["commit"][:7] for c in m["columns"]]
         for c in m["cells"]:
-            c["title"] = f'{m["rows"][c["row"]]["tensor"]} @ {m["columns"][c["col"]]["commit"][:10]}: {svg._fmt(c["value"])}'
+            c["title"] = f'{m["rows"][c["row"]]["tensor"]} @ {m["columns"][c["col"]]["commit"][:10]}: {svg.fmt(c["value"])}'
         return stack([(f'{m["metric_label"]} against the first parent', svg.heatmap(names, cols, m["cells"]))]), m
     if kind == "metrics":
         m = data.metrics(repo, branches)

@@ -16,7 +16,7 @@ def _e(value) -> str:
     return escape(str(value), quote=True)
 
 
-def _fmt(v) -> str:
+def fmt(v) -> str:
     if v is None:
         return "-"
     if isinstance(v, float):
@@ -29,7 +29,7 @@ def _short(v: float) -> str:
     for limit, suffix in ((1e9, "G"), (1e6, "M"), (1e4, "k")):
         if abs(v) >= limit:
             return f"{v / limit:.3g}{suffix}"
-    return _fmt(v)
+    return fmt(v)
 
 
 def colour(value: float | None, lo: float, hi: float) -> str:
@@ -58,8 +58,8 @@ def heatmap(rows: list[str], columns: list[str], cells: list[dict], link=None, c
     for k in range(10):  # the legend: white (unchanged), then lo .. hi on a log scale
         v = lo * (hi / lo) ** (k / 9) if hi > lo else hi
         out.append(f'<rect x="{label_w + 20 * k}" y="4" width="20" height="10" fill="{colour(v, lo, hi)}" stroke="#ccc"/>')
-    out.append(f'<text x="{label_w - 4}" y="13" text-anchor="end">{_fmt(lo)}</text>'
-               f'<text x="{label_w + 204}" y="13">{_fmt(hi)} (grey: no number)</text>')
+    out.append(f'<text x="{label_w - 4}" y="13" text-anchor="end">{fmt(lo)}</text>'
+               f'<text x="{label_w + 204}" y="13">{fmt(hi)} (grey: no number)</text>')
     for i, name in enumerate(rows):
         out.append(f'<text x="{label_w - 4}" y="{top + i * cell + cell - 2}" text-anchor="end">{_e(name[-60:])}</text>')
     every = max(1, (len(columns) * 10) // (cw * 12) or 1)
@@ -70,7 +70,7 @@ def heatmap(rows: list[str], columns: list[str], cells: list[dict], link=None, c
     for c in cells:
         x, y = label_w + c["col"] * cw, top + c["row"] * cell
         rect = (f'<rect x="{x}" y="{y}" width="{cw - 1}" height="{cell - 1}" fill="{colour(c["value"], lo, hi)}" '
-                f'stroke="#eeeeee" data-row="{c["row"]}" data-col="{c["col"]}" data-value="{_e(_fmt(c["value"]))}">'
+                f'stroke="#eeeeee" data-row="{c["row"]}" data-col="{c["col"]}" data-value="{_e(fmt(c["value"]))}">'
                 f'<title>{_e(c.get("title", ""))}</title></rect>')
         href = link(c) if link else None
         out.append(f'<a href="{_e(href)}">{rect}</a>' if href else rect)
@@ -109,7 +109,7 @@ def lines(series: dict[str, list], x_label: str = "step", y_label: str = "", wid
     out.append(f'<line x1="{left}" y1="{height - bottom}" x2="{width - right}" y2="{height - bottom}" stroke="#444"/>')
     out.append(f'<line x1="{left}" y1="{top}" x2="{left}" y2="{height - bottom}" stroke="#444"/>')
     for t in _ticks(x0, x1):
-        out.append(f'<text x="{sx(t):.1f}" y="{height - bottom + 14}" text-anchor="middle">{_fmt(t)}</text>')
+        out.append(f'<text x="{sx(t):.1f}" y="{height - bottom + 14}" text-anchor="middle">{fmt(t)}</text>')
     for t in _ticks(y0, y1):
         out.append(f'<text x="{left - 4}" y="{sy(t) + 4:.1f}" text-anchor="end">{_short(t)}</text>')
     out.append(f'<text x="{(left + width - right) / 2}" y="{height - 6}" text-anchor="middle">{_e(x_label)}</text>')
@@ -122,7 +122,7 @@ def lines(series: dict[str, list], x_label: str = "step", y_label: str = "", wid
         out.append(f'<polyline fill="none" stroke="{colour_}" stroke-width="1.5" points="{path}" '
                    f'data-series="{_e(label)}"/>')
         for p in pts:
-            title = f"{label}: {y_label} {_fmt(p[1])} at {x_label} {_fmt(p[0])}" + (f" ({p[2][:12]})" if len(p) > 2 else "")
+            title = f"{label}: {y_label} {fmt(p[1])} at {x_label} {fmt(p[0])}" + (f" ({p[2][:12]})" if len(p) > 2 else "")
             out.append(f'<circle cx="{sx(p[0]):.1f}" cy="{sy(p[1]):.1f}" r="2.5" fill="{colour_}" '
                        f'data-series="{_e(label)}" data-x="{_e(p[0])}" data-y="{_e(p[1])}"><title>{_e(title)}</title></circle>')
         out.append(f'<rect x="{width - right + 10}" y="{top + 16 * k}" width="10" height="10" fill="{colour_}"/>'
@@ -142,8 +142,8 @@ def bars(items: list[tuple[str, float]], unit: str = "", width: int = 640, bar: 
         y = 5 + i * bar
         out.append(f'<text x="{label_w - 4}" y="{y + bar - 4}" text-anchor="end">{_e(label[-55:])}</text>'
                    f'<rect x="{label_w}" y="{y}" width="{w:.1f}" height="{bar - 3}" fill="{PALETTE[0]}" '
-                   f'data-label="{_e(label)}" data-value="{_e(value)}"><title>{_e(label)}: {_fmt(value)} {_e(unit)}</title></rect>'
-                   f'<text x="{label_w + w + 4:.1f}" y="{y + bar - 4}">{_fmt(value)} {_e(unit)}</text>')
+                   f'data-label="{_e(label)}" data-value="{_e(value)}"><title>{_e(label)}: {fmt(value)} {_e(unit)}</title></rect>'
+                   f'<text x="{label_w + w + 4:.1f}" y="{y + bar - 4}">{fmt(value)} {_e(unit)}</text>')
     out.append("</svg>")
     return "".join(out)
 
@@ -195,13 +195,3 @@ def graph(commits: list[dict], row: int = 20) -> str:
                    f'<tspan fill="#1a56db">{_e(refs)}</tspan> {_e(c.get("message", "")[:90])}</text>')
     out.append("</svg>")
     return "".join(out)
-
-
-def document(body: str, title: str = "") -> str:
-    """A standalone SVG file of one picture (``wvc plot``): the picture with a title line."""
-    inner = body.split(">", 1)[1].rsplit("</svg>", 1)[0]
-    width = int(body.split('width="', 1)[1].split('"', 1)[0])
-    height = int(body.split('height="', 1)[1].split('"', 1)[0]) + 24
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" {FONT}>'
-            f'<rect width="100%" height="100%" fill="white"/>'
-            f'<text x="8" y="16" font-size="13">{_e(title)}</text><g transform="translate(0,24)">{inner}</g></svg>')
