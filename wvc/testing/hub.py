@@ -25,14 +25,15 @@ import argparse
 import base64
 import hashlib
 import json
-import math
 import re
-import socket
 import threading
 import time
 import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+from .http_base import BaseHandler, CountingServer, HubError, Quota, ReadFaults  # noqa: F401 - Quota, ReadFaults: for tests
+from .xet_cas import XetStore
+from .xet_server import CasServer
 
 TYPES = {"models": "", "datasets": "datasets/", "spaces": "spaces/"}
 
@@ -40,34 +41,6 @@ TYPES = {"models": "", "datasets": "datasets/", "spaces": "spaces/"}
 def git_blob_sha1(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
-
-class Quota:
-    """At most ``limit`` events in any ``window`` seconds (a sliding window)."""
-
-    def __init__(self, limit: int, window: float):
-        self.limit, self.window = limit, window
-        self.times: list[float] = []
-        self.rejected = 0
-        self.peak = 0  # the most events ever admitted within one window
-
-    def admit(self) -> float | None:
-        """Record an event, or return how many seconds until one would be admitted."""
-        now = time.monotonic()
-        self.times = [t for t in self.times if now - t < self.window]
-        if len(self.times) >= self.limit:
-            self.rejected += 1
-            return self.window - (now - self.times[0])
-        self.times.append(now)
-        self.peak = max(self.peak, len(self.times))
-        return None
-
-
-class HubError(Exception):
-    def __init__(self, status: int, message: str, code: str | None = None, *, commit: str | None = None,
-                 retry_after: float | None = None):
-        super().__init__(message)
-        self.status, self.message, self.code = status, message, code
-        self.commit, self.retry_after = commit, retry_after  # X-Repo-Commit; Retry-After (a 429)
 
 
 class Storage:
@@ -77,6 +50,7 @@ class Storage:
         self.root = Path(root)
         (self.root / "blobs").mkdir(parents=True, exist_ok=True)
         self.lock = threading.RLock()
+        self.xet = XetStore(self.root, self.put_blob)
 
     def _meta_path(self, kind: str, repo: str) -> Path:
         return self.root / "repos" / kind / (repo.replace("/", "--") + ".json")
@@ -138,51 +112,9 @@ def resolve_rev(meta: dict, rev: str) -> str:
     raise HubError(404, f"Invalid rev id: {rev}", "RevisionNotFound")
 
 
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+
+class Handler(BaseHandler):
     server: "HubServer"
-    # headers and body go out in two writes: without this, Nagle's algorithm holds the body
-    # until the client's delayed ACK (40 ms a response), which no real server adds
-    disable_nagle_algorithm = True
-
-    def log_message(self, *args):  # quiet
-        pass
-
-    # -- plumbing ------------------------------------------------------------------------------
-    _fault = None
-
-    def _send(self, status: int, body: bytes = b"", headers: dict | None = None, head_only: bool = False):
-        if self._fault == "garbage" and status == 200 and (headers or {}).get("Content-Type") == "application/json":
-            body = b"\xff\xfe<html>Please sign in to the network</html>"
-        self.send_response(status)
-        for k, v in (headers or {}).items():
-            self.send_header(k, str(v))
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if body and not head_only:
-            if self._fault == "truncate" and len(body) > 1:
-                self.wfile.write(body[: len(body) // 2])
-                self.wfile.flush()
-                self.close_connection = True
-                self.connection.shutdown(socket.SHUT_RDWR)
-                return
-            self.wfile.write(body)
-
-    def _json(self, status: int, obj, headers: dict | None = None, head_only: bool = False):
-        self._send(status, json.dumps(obj).encode(), {"Content-Type": "application/json", **(headers or {})},
-                   head_only=head_only)
-
-    def _body(self) -> bytes:
-        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-            out = bytearray()
-            while True:
-                size = int(self.rfile.readline().strip() or b"0", 16)
-                if size == 0:
-                    self.rfile.readline()
-                    return bytes(out)
-                out += self.rfile.read(size)
-                self.rfile.readline()
-        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
 
     def _auth(self, meta: dict | None, write: bool) -> None:
         token = self.server.token
@@ -192,55 +124,6 @@ class Handler(BaseHTTPRequestHandler):
         if got != f"Bearer {token}":
             if write or (meta and meta.get("private")) or meta is None:
                 raise HubError(401, "Invalid credentials in Authorization header")
-
-    def _dispatch(self, method: str):
-        raw_path, _, query = self.path.partition("?")
-        params = urllib.parse.parse_qs(query)
-        try:
-            self.server.count(method, raw_path)
-            try:
-                self.server.check_quota(self.server.request_quota, "You have exceeded our API request rate limit: "
-                                        "1000 api requests per 5 minutes")
-            except HubError:
-                if method in ("POST", "PUT"):
-                    self._body()  # an unread body would be taken for the next request on this connection
-                raise
-            handler = self._route(method, raw_path)
-            if handler is None:
-                raise HubError(404, f"no route for {method} {raw_path}")
-            self._fault = self.server.draw_read_fault() if method in ("GET", "HEAD") else None
-            if self._fault == "500":
-                raise HubError(500, "injected server error")
-            if self._fault == "reset":
-                self.close_connection = True
-                self.connection.shutdown(socket.SHUT_RDWR)
-                return
-            handler[0](*handler[1], params=params)
-        except HubError as exc:
-            headers = {"X-Error-Code": exc.code} if exc.code else {}
-            if getattr(exc, "retry_after", None) is not None:
-                headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))  # whole seconds, as the Hub sends
-            if exc.code == "EntryNotFound" and getattr(exc, "commit", None):
-                headers["X-Repo-Commit"] = exc.commit
-            # an answer to HEAD has no body: one would be read as the next response's start
-            self._json(exc.status, {"error": exc.message}, headers, head_only=method == "HEAD")
-        except (BrokenPipeError, ConnectionResetError):
-            pass
-
-    def do_GET(self):
-        self._dispatch("GET")
-
-    def do_HEAD(self):
-        self._dispatch("HEAD")
-
-    def do_POST(self):
-        self._dispatch("POST")
-
-    def do_PUT(self):
-        self._dispatch("PUT")
-
-    def do_DELETE(self):
-        self._dispatch("DELETE")
 
     def _route(self, method: str, path: str):
         t = "(models|datasets|spaces)"
@@ -254,6 +137,7 @@ class Handler(BaseHTTPRequestHandler):
             ("GET", rf"/api/{t}/{repo}/refs", self.refs),
             ("GET", rf"/api/{t}/{repo}/commits/([^/]+)", self.commits),
             ("POST", rf"/api/{t}/{repo}/preupload/([^/]+)", self.preupload),
+            ("GET", rf"/api/{t}/{repo}/xet-(read|write)-token/([^/]+)", self.xet_token),
             ("POST", rf"/api/{t}/{repo}/commit/([^/]+)", self.commit),
             ("POST", rf"/api/{t}/{repo}/branch/([^/]+)", self.create_branch),
             ("DELETE", rf"/api/{t}/{repo}/branch/([^/]+)", self.delete_branch),
@@ -321,9 +205,22 @@ class Handler(BaseHTTPRequestHandler):
     @staticmethod
     def _file_entry(path: str, f: dict) -> dict:
         entry = {"type": "file", "oid": f["oid"], "size": f["size"], "path": path}
+        if f.get("xet"):
+            entry["xetHash"] = f["xet"]
         if f.get("lfs"):
             entry["lfs"] = {"oid": f["sha256"], "size": f["size"], "pointerSize": 134}
         return entry
+
+    def xet_token(self, kind, repo, scope, rev, params):
+        """A Xet access token for this repo (auth.md), in the JSON body and in the headers
+        huggingface_hub reads."""
+        meta = self._meta(kind, repo, write=scope == "write")
+        if scope == "read":
+            resolve_rev(meta, rev)
+        cas = self.server.cas
+        token, expires = cas.issue_token(scope)
+        self._json(200, {"accessToken": token, "exp": expires, "casUrl": cas.base_url},
+                   {"X-Xet-Cas-Url": cas.base_url, "X-Xet-Access-Token": token, "X-Xet-Token-Expiration": expires})
 
     def tree(self, kind, repo, rev, sub, params):
         meta = self._meta(kind, repo)
@@ -432,6 +329,9 @@ class Handler(BaseHTTPRequestHandler):
                         raise HubError(400, f"LFS object {value['oid']} was not uploaded")
                     files[value["path"]] = {"sha256": value["oid"], "size": value["size"],
                                             "oid": git_blob_sha1(blob.read_bytes()), "lfs": True}
+                    xet = storage.xet.file_by_sha256(value["oid"])  # uploaded through Xet: served through it
+                    if xet:
+                        files[value["path"]]["xet"] = xet
                 elif key == "deletedFile":
                     files.pop(value["path"], None)
                 elif key == "deletedFolder":
@@ -464,6 +364,16 @@ class Handler(BaseHTTPRequestHandler):
                    "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
         if f.get("lfs"):
             headers.update({"X-Linked-Etag": f'"{f["sha256"]}"', "X-Linked-Size": size})
+        if f.get("xet"):
+            # as the Hub answers for a Xet-backed file: a redirect to a signed URL on another
+            # host that serves the reconstructed bytes (Range too), with the file's Xet hash
+            # and where a read token for it comes from
+            token_route = f"{self.server.base_url}/api/{kind}/{urllib.parse.unquote(repo)}/xet-read-token/{sha}"
+            cas = self.server.cas
+            self._send(302, b"", {**headers, "Location": cas.sign(f"{cas.base_url}/bridge/{f['xet']}"),
+                                  "X-Xet-Hash": f["xet"], "X-Xet-Refresh-Route": token_route,
+                                  "Link": f'<{token_route}>; rel="xet-auth"'})
+            return
         start, end, status = 0, size - 1, 200
         rng = None if self.server.ignore_range else self.headers.get("Range")
         if rng:
@@ -492,74 +402,34 @@ class Handler(BaseHTTPRequestHandler):
         self._send(status, body, headers)
 
 
-class ReadFaults:
-    """A seeded fault plan for read requests (see the module docstring)."""
 
-    KINDS = ("500", "reset", "truncate", "garbage")
-
-    def __init__(self, rate: float, kinds=KINDS, seed: int = 0):
-        import random
-
-        self.rate, self.kinds, self.random = rate, tuple(kinds), random.Random(seed)
-        self.injected: dict[str, int] = {}
-
-    def draw(self) -> str | None:
-        if self.random.random() >= self.rate:
-            return None
-        kind = self.random.choice(self.kinds)
-        self.injected[kind] = self.injected.get(kind, 0) + 1
-        return kind
-
-
-class HubServer(ThreadingHTTPServer):
-    daemon_threads = True
-
+class HubServer(CountingServer):
     def __init__(self, root, host: str = "127.0.0.1", port: int = 0, token: str | None = None):
         super().__init__((host, port), Handler)
         self.storage = Storage(Path(root))
         self.token = token
         self.base_url = f"http://{host}:{self.server_address[1]}"
-        self.fail: dict[str, int] = {}
-        self.requests: list[tuple[str, str]] = []
-        self.served_bytes = 0
         self.ignore_range = False  # tests: answer Range requests with the whole file (200)
         self.request_quota: Quota | None = None
         self.commit_quota: Quota | None = None
-        self.read_faults: ReadFaults | None = None
-        self._lock = threading.Lock()
+        self.cas_quota: Quota | None = None  # the Xet service's own request limit
+        self.cas = CasServer(self, host)
 
-    def draw_read_fault(self) -> str | None:
-        if self.read_faults is None:
-            return None
-        with self._lock:
-            return self.read_faults.draw()
-
-    def check_quota(self, quota: Quota | None, message: str) -> None:
-        if quota is None:
-            return
-        with self._lock:
-            wait = quota.admit()
-        if wait is not None:
-            raise HubError(429, message, retry_after=wait)
-
-    def count(self, method: str, path: str) -> None:
-        with self._lock:
-            self.requests.append((method, path))
-
-    def add_served(self, n: int) -> None:
-        with self._lock:
-            self.served_bytes += n
-
-    def take_failure(self, what: str) -> bool:
-        with self._lock:
-            if self.fail.get(what, 0) > 0:
-                self.fail[what] -= 1
-                return True
-            return False
+    def quota_for(self, path: str):
+        return self.request_quota, "You have exceeded our API request rate limit: 1000 api requests per 5 minutes"
 
     def start(self) -> "HubServer":
+        threading.Thread(target=self.cas.serve_forever, daemon=True).start()
         threading.Thread(target=self.serve_forever, daemon=True).start()
         return self
+
+    def shutdown(self) -> None:
+        self.cas.shutdown()
+        super().shutdown()
+
+    def server_close(self) -> None:
+        self.cas.server_close()
+        super().server_close()
 
 
 def main(argv=None):
@@ -571,6 +441,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     server = HubServer(args.root, args.host, args.port, args.token)
     print(f"serving a Hub-compatible API on {server.base_url} (HF_ENDPOINT={server.base_url})", flush=True)
+    threading.Thread(target=server.cas.serve_forever, daemon=True).start()
     server.serve_forever()
 
 
