@@ -6,9 +6,9 @@ import sqlite3
 import struct
 from pathlib import Path
 
-# The local Hub server speaks LFS, not Xet. huggingface_hub reads this once, at import, and
-# wvc no longer sets it for the process (a library must not), so the suite sets it first.
-os.environ["HF_HUB_DISABLE_XET"] = "1"
+# The suite runs as users run: hf_xet installed and Xet enabled (the local Hub server speaks
+# it); the remote conformance tests also run on the LFS path (the "hub-lfs" remote below).
+os.environ.pop("HF_HUB_DISABLE_XET", None)
 
 import huggingface_hub  # noqa: E402,F401 - before any in-process CLI run: the CLI would otherwise set
 # HF_HUB_DISABLE_PROGRESS_BARS, which huggingface_hub reads once at import, for the whole session
@@ -110,7 +110,17 @@ def hub_env(hub, monkeypatch, tmp_path):
     monkeypatch.setenv("HF_TOKEN", TOKEN)
     monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.setenv("HF_XET_CACHE", str(tmp_path / "xet-cache"))
     return hub
+
+
+def use_lfs_path(monkeypatch) -> None:
+    """huggingface_hub as with ``HF_HUB_DISABLE_XET=1`` (or without hf_xet): LFS uploads, plain
+    downloads. It reads the variable once, at import; child processes read the environment."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
+    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
 
 
 @pytest.fixture(scope="session")
@@ -165,12 +175,16 @@ def new_bucket() -> str:
     return name
 
 
-@pytest.fixture(params=["path", "hub", "s3"])
+@pytest.fixture(params=["path", "hub", "hub-lfs", "s3"])
 def remote_url(request, tmp_path):
-    """Each remote test runs against a directory remote, a Hub remote and an S3 bucket."""
+    """Each remote test runs against a directory remote, a Hub remote (through Xet, as
+    huggingface_hub does whenever hf_xet is installed; and once more on the LFS path) and an S3
+    bucket."""
     if request.param == "s3":
         request.getfixturevalue("s3_env")
         return f"s3://{new_bucket()}/team/model"
+    if request.param == "hub-lfs":
+        use_lfs_path(request.getfixturevalue("monkeypatch"))
     n = next(_remote_names)
     return str(tmp_path / f"remote-{n}") if request.param == "path" else f"hf://team/model-{n}"
 

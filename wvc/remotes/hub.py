@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import urllib.parse
 from pathlib import Path
 
 from .. import settings
@@ -82,6 +83,16 @@ def _transport_errors() -> tuple[type, ...]:
     return tuple(getattr(module, n) for n in ("TransportError",) if hasattr(module, n)) + (OSError,)
 
 
+def _xet_failure(message: str) -> tuple[int | None, str]:
+    """The HTTP status and URL in an hf_xet error ("... HTTP status client error (404 Not
+    Found), domain: http://..."), or (None, "") for a failure without an answer."""
+    import re
+
+    status = re.search(r"HTTP status (?:client|server) error \((\d{3})", message)
+    url = re.search(r"domain: (\S+)", message)
+    return (int(status.group(1)) if status else None), (url.group(1).rstrip(")'\"") if url else "")
+
+
 @contextlib.contextmanager
 def hub_errors(what: str):
     """Turn client and transport failures into one clear RemoteError line."""
@@ -118,6 +129,22 @@ def hub_errors(what: str):
             raise
         with hub_errors(what):
             raise cause from exc
+    except ConnectionError as exc:  # hf_xet's: the HTTP status is only in the text
+        status, url = _xet_failure(str(exc))
+        if status is None:
+            raise TransientError(f"{what}: cannot reach the Hub endpoint or its Xet storage, or it broke off "
+                                 f"({type(exc).__name__}: {str(exc)[:200]})") from exc
+        where = urllib.parse.urlsplit(url).path[:80] or "the Xet service"
+        if status == 404 and "/xet-" in url and "-token/" in url:
+            raise RemoteError(f"{what}: the endpoint does not speak Xet (HTTP 404 at {url}), which huggingface_hub "
+                              "uses whenever hf_xet is installed; set HF_HUB_DISABLE_XET=1 to upload over LFS") from exc
+        if status in (429, 503):
+            raise RateLimited(f"{what}: the Hub's Xet storage is rate-limiting us (HTTP {status})", None) from exc
+        if status in (401, 403):
+            raise RemoteError(f"{what}: Xet storage denied access (HTTP {status} at {where}); check HF_TOKEN") from exc
+        if status >= 500:
+            raise TransientError(f"{what}: Xet storage error HTTP {status} at {where}") from exc
+        raise RemoteError(f"{what}: Xet storage refused the request (HTTP {status} at {where})") from exc
     except _transport_errors() as exc:
         raise TransientError(f"{what}: cannot reach the Hub endpoint, or it broke off ({type(exc).__name__}: "
                              f"{str(exc)[:200]})") from exc

@@ -101,6 +101,7 @@ class BaseHandler(BaseHTTPRequestHandler):
                    head_only=head_only)
 
     def _body(self) -> bytes:
+        self._body_read = True
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
             out = bytearray()
             while True:
@@ -115,14 +116,10 @@ class BaseHandler(BaseHTTPRequestHandler):
     def _dispatch(self, method: str):
         raw_path, _, query = self.path.partition("?")
         params = urllib.parse.parse_qs(query)
+        self._body_read = False
         try:
             self.server.count(method, raw_path)
-            try:
-                self.server.check_quota(*self.server.quota_for(raw_path))
-            except HubError:
-                if method in ("POST", "PUT"):
-                    self._body()  # an unread body would be taken for the next request on this connection
-                raise
+            self.server.check_quota(*self.server.quota_for(raw_path))
             handler = self._route(method, raw_path)
             if handler is None:
                 raise HubError(404, f"no route for {method} {raw_path}")
@@ -135,6 +132,8 @@ class BaseHandler(BaseHTTPRequestHandler):
                 return
             handler[0](*handler[1], params=params)
         except HubError as exc:
+            if method in ("POST", "PUT") and not self._body_read:
+                self._body()  # an unread body would be taken for the next request on this connection
             headers = {"X-Error-Code": exc.code} if exc.code else {}
             if getattr(exc, "retry_after", None) is not None:
                 headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after)))  # whole seconds, as the Hub sends

@@ -214,6 +214,8 @@ class Handler(BaseHandler):
     def xet_token(self, kind, repo, scope, rev, params):
         """A Xet access token for this repo (auth.md), in the JSON body and in the headers
         huggingface_hub reads."""
+        if not self.server.speaks_xet:  # an LFS-only server, as this one was before it spoke Xet
+            raise HubError(404, f"no route for GET {self.path}")
         meta = self._meta(kind, repo, write=scope == "write")
         if scope == "read":
             resolve_rev(meta, rev)
@@ -414,6 +416,7 @@ class HubServer(CountingServer):
         self.commit_quota: Quota | None = None
         self.cas_quota: Quota | None = None  # the Xet service's own request limit
         self.cas = CasServer(self, host)
+        self.speaks_xet = True  # tests: False answers the Xet token endpoints 404, as an LFS-only server
 
     def quota_for(self, path: str):
         return self.request_quota, "You have exceeded our API request rate limit: 1000 api requests per 5 minutes"

@@ -26,7 +26,6 @@ class XetStore:
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         self.put_blob = put_blob  # (bytes) -> the blob record; the Hub's own store, by sha256
         self.lock = threading.Lock()
-        self.shard_tags: set[bytes] = set()  # header tags seen in accepted shards (for tests' own shards)
 
     # -- xorbs ---------------------------------------------------------------------------------
     def xorb_path(self, xorb: str) -> Path:
@@ -69,7 +68,7 @@ class XetStore:
 
     def put_shard(self, body: bytes, require_sha256: bool = True) -> int:
         """Verify a shard and record its files; returns how many were new."""
-        files, xorbs, tag = parse_shard(body)
+        files, xorbs = parse_shard(body)
         for info in xorbs:  # the xorbs it lists must be the ones the CAS holds, chunk for chunk
             key = hash_hex(info.hash)
             held = self.xorb_chunks(key)
@@ -116,7 +115,6 @@ class XetStore:
                 _write_json(self.root / "files" / f"{file_id}.json",
                             {"size": len(data), "sha256": sha256, "terms": terms})
             new += 1
-        self.shard_tags.add(tag)
         return new
 
     def reconstruct(self, terms: list[list]) -> bytes:

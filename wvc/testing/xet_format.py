@@ -25,6 +25,8 @@ MAX_XORB_BYTES = 64 << 20  # the CAS refuses bigger serialized xorbs (xorb.md)
 MAX_CHUNK_BYTES = 128 << 10
 MAX_SHARD_BYTES = 64 << 20
 BOOKEND = b"\xff" * 32
+# the shard header's magic (shard.md names it, xet-core's MDB_SHARD_HEADER_TAG holds it)
+SHARD_TAG = b"HFRepoMetaData\x00UigEj{\x81W\x83\xa5\xbd\xd9\\\xcd\xd1J\xa9"
 SHARD_HEADER_VERSION = 2
 FILE_FLAG_VERIFICATION = 1 << 31
 FILE_FLAG_METADATA_EXT = 1 << 30
@@ -221,13 +223,14 @@ class XorbInfo:
     serialized: int
 
 
-def parse_shard(body: bytes) -> tuple[list[FileInfo], list[XorbInfo], bytes]:
-    """The file infos and xorb infos of a shard as uploaded (no footer), and its header tag."""
+def parse_shard(body: bytes) -> tuple[list[FileInfo], list[XorbInfo]]:
+    """The file infos and xorb infos of a shard as uploaded (no footer)."""
     if len(body) > MAX_SHARD_BYTES:
         raise XetFormatError("a shard over the size limit")
     if len(body) < 48:
         raise XetFormatError("a shard shorter than its header")
-    tag = body[:32]
+    if body[:32] != SHARD_TAG:
+        raise XetFormatError("not a shard (its header tag is wrong)")
     version, footer_size = struct.unpack_from("<QQ", body, 32)
     if version != SHARD_HEADER_VERSION:
         raise XetFormatError(f"shard header version {version}, not {SHARD_HEADER_VERSION}")
@@ -277,12 +280,12 @@ def parse_shard(body: bytes) -> tuple[list[FileInfo], list[XorbInfo], bytes]:
         xorbs.append(XorbInfo(head[:32], tuple(chunks), unpacked, serialized))
     if files and len({f.terms[0].verification is None for f in files}) > 1:
         raise XetFormatError("verification entries on some files of a shard and not on others")
-    return files, xorbs, tag
+    return files, xorbs
 
 
-def serialize_shard(files: list[FileInfo], tag: bytes) -> bytes:
+def serialize_shard(files: list[FileInfo]) -> bytes:
     """A shard of file infos only, with verification and sha256 entries (tests send their own)."""
-    out = bytearray(tag + struct.pack("<QQ", SHARD_HEADER_VERSION, 0))
+    out = bytearray(SHARD_TAG + struct.pack("<QQ", SHARD_HEADER_VERSION, 0))
     for f in files:
         flags = FILE_FLAG_VERIFICATION | (FILE_FLAG_METADATA_EXT if f.sha256 else 0)
         out += f.hash + struct.pack("<II", flags, len(f.terms)) + bytes(8)
