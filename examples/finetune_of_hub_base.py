@@ -22,10 +22,9 @@ from wvc.testing.hub import HubServer
 
 
 def publish_base(root: Path, server) -> str:
-    from huggingface_hub import HfApi, constants
+    from huggingface_hub import HfApi
     from huggingface_hub.utils import disable_progress_bars
 
-    constants.HF_HUB_DISABLE_XET = True  # the local server speaks LFS only
     disable_progress_bars()
     folder = root / "base-model"
     folder.mkdir(parents=True)
@@ -44,8 +43,8 @@ def main():
     ap.add_argument("--dir", default=None)
     root = Path(ap.parse_args().dir or tempfile.mkdtemp(prefix="wvc-base-"))
     server = HubServer(root / "hub").start()
-    os.environ.update(HF_ENDPOINT=server.base_url, HF_HUB_DISABLE_XET="1", HF_TOKEN="local",
-                      HF_HUB_CACHE=str(root / "hf-cache"))
+    os.environ.update(HF_ENDPOINT=server.base_url, HF_TOKEN="local",
+                      HF_HUB_CACHE=str(root / "hf-cache"), HF_XET_CACHE=str(root / "xet-cache"))
     import wvc  # after the environment is set
 
     base_url = publish_base(root, server)

@@ -22,8 +22,8 @@ def main():
     ap.add_argument("--dir", default=None)
     root = Path(ap.parse_args().dir or tempfile.mkdtemp(prefix="wvc-team-"))
     server = HubServer(root / "hub").start()
-    os.environ.update(HF_ENDPOINT=server.base_url, HF_HUB_DISABLE_XET="1", HF_TOKEN="local",
-                      HF_HUB_CACHE=str(root / "hf-cache"))
+    os.environ.update(HF_ENDPOINT=server.base_url, HF_TOKEN="local",
+                      HF_HUB_CACHE=str(root / "hf-cache"), HF_XET_CACHE=str(root / "xet-cache"))
     import wvc  # after the environment is set
 
     alice = wvc.Repo.init(root / "alice")

@@ -108,10 +108,14 @@ class BaseHandler(BaseHTTPRequestHandler):
                 size = int(self.rfile.readline().strip() or b"0", 16)
                 if size == 0:
                     self.rfile.readline()
-                    return bytes(out)
+                    break
                 out += self.rfile.read(size)
                 self.rfile.readline()
-        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            body = bytes(out)
+        else:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.server.add_received(self.path.partition("?")[0], len(body))
+        return body
 
     def _dispatch(self, method: str):
         raw_path, _, query = self.path.partition("?")
@@ -171,8 +175,23 @@ class CountingServer(ThreadingHTTPServer):
         self.fail: dict[str, int] = {}
         self.requests: list[tuple[str, str]] = []
         self.served_bytes = 0
+        self.received_bytes: dict[str, int] = {}  # request body bytes by kind (see received_kind)
         self.read_faults: ReadFaults | None = None
         self._lock = threading.Lock()
+
+    @staticmethod
+    def received_kind(path: str) -> str:
+        """What an upload was, for measurements: a Xet xorb or shard, an LFS object, a Hub commit."""
+        for marker, kind in (("/xorbs/", "xet-xorbs"), ("/shards", "xet-shards"), ("/upload/", "lfs-objects"),
+                             ("/commit/", "commit"), ("/info/lfs/", "lfs-batch"), ("/preupload/", "preupload")):
+            if marker in path:
+                return kind
+        return "other"
+
+    def add_received(self, path: str, n: int) -> None:
+        kind = self.received_kind(path)
+        with self._lock:
+            self.received_bytes[kind] = self.received_bytes.get(kind, 0) + n
 
     def quota_for(self, path: str) -> tuple["Quota | None", str]:
         return None, ""

@@ -2,8 +2,10 @@
 
     python -m wvc.testing.hub --port 8765 --root /tmp/hub [--token SECRET]
 
-The real, unmodified huggingface_hub client talks to it with
-``HF_ENDPOINT=http://127.0.0.1:8765`` and ``HF_HUB_DISABLE_XET=1``. It keeps repos as
+The real, unmodified huggingface_hub and hf_xet clients talk to it with
+``HF_ENDPOINT=http://127.0.0.1:8765``. It speaks Xet as the Hub does (xet_server.py: token
+endpoints here, a CAS service on a port of its own, ``/resolve/`` of a Xet-backed file
+redirected there) and LFS for clients with ``HF_HUB_DISABLE_XET=1``. It keeps repos as
 git-like commits (a 40-hex sha per commit, branches, ``parent_commit`` checked with 412)
 and serves files with Range support. Endpoints follow shared/research/hub-protocol.md.
 

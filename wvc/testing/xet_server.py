@@ -237,6 +237,9 @@ class CasServer(CountingServer):
     def count(self, method: str, path: str) -> None:
         self.hub.count(method, "[cas]" + path)
 
+    def add_received(self, path: str, n: int) -> None:
+        self.hub.add_received(path, n)
+
     def issue_token(self, scope: str) -> tuple[str, int]:
         token, expires = "xet_" + secrets.token_urlsafe(24), int(time.time()) + TOKEN_SECONDS
         with self._token_lock:
