@@ -34,6 +34,7 @@ import urllib.parse
 from pathlib import Path
 
 from .http_base import BaseHandler, CountingServer, HubError, Quota, ReadFaults  # noqa: F401 - Quota, ReadFaults: for tests
+from .hub_buckets import BucketRoutes, BucketStore
 from .xet_cas import XetStore
 from .xet_server import CasServer
 
@@ -115,7 +116,7 @@ def resolve_rev(meta: dict, rev: str) -> str:
 
 
 
-class Handler(BaseHandler):
+class Handler(BucketRoutes, BaseHandler):
     server: "HubServer"
 
     def _auth(self, meta: dict | None, write: bool) -> None:
@@ -130,7 +131,7 @@ class Handler(BaseHandler):
     def _route(self, method: str, path: str):
         t = "(models|datasets|spaces)"
         repo = r"([^/]+/[^/]+)"
-        routes = [
+        routes = self.bucket_routes() + [
             ("POST", r"/api/repos/create", self.create_repo),
             ("POST", r"/api/validate-yaml", self.validate_yaml),
             ("GET", r"/api/agent-harnesses", self.telemetry),
@@ -411,6 +412,7 @@ class HubServer(CountingServer):
     def __init__(self, root, host: str = "127.0.0.1", port: int = 0, token: str | None = None):
         super().__init__((host, port), Handler)
         self.storage = Storage(Path(root))
+        self.buckets = BucketStore(Path(root))
         self.token = token
         self.base_url = f"http://{host}:{self.server_address[1]}"
         self.ignore_range = False  # tests: answer Range requests with the whole file (200)

@@ -52,13 +52,15 @@ class CasHandler(BaseHandler):
                 return fn, match.groups()
         return None
 
-    def _token(self, write: bool) -> None:
+    def _token(self, write: bool) -> bool:
+        """Check the request's Xet token; whether its uploads must carry sha256 metadata."""
         got = self.headers.get("Authorization", "")
-        scope = self.server.token_scope(got[len("Bearer "):] if got.startswith("Bearer ") else "")
-        if scope is None:
+        grant = self.server.token_grant(got[len("Bearer "):] if got.startswith("Bearer ") else "")
+        if grant is None:
             raise HubError(401, "missing, unknown or expired Xet token")
-        if write and scope != "write":
+        if write and grant[0] != "write":
             raise HubError(403, "this Xet token has read scope; uploads need a write token")
+        return grant[1]
 
     def _store(self):
         return self.server.hub.storage.xet
@@ -77,8 +79,8 @@ class CasHandler(BaseHandler):
 
     def _shard(self) -> int:
         body = self._body()
-        self._token(write=True)
-        return self._store().put_shard(body)
+        sha256_required = self._token(write=True)
+        return self._store().put_shard(body, require_sha256=sha256_required)
 
     def upload_shard(self, params):
         try:
@@ -221,7 +223,7 @@ class CasServer(CountingServer):
         super().__init__((host, 0), CasHandler)
         self.hub = hub
         self.base_url = f"http://{host}:{self.server_address[1]}"
-        self.tokens: dict[str, tuple[str, float]] = {}
+        self.tokens: dict[str, tuple[str, float, bool]] = {}
         self._secret = secrets.token_bytes(32)
         self._token_lock = threading.Lock()
         # the hub's log, faults and counters are shared, so tests see one server
@@ -240,16 +242,18 @@ class CasServer(CountingServer):
     def add_received(self, path: str, n: int) -> None:
         self.hub.add_received(path, n)
 
-    def issue_token(self, scope: str) -> tuple[str, int]:
+    def issue_token(self, scope: str, sha256_required: bool = True) -> tuple[str, int]:
+        """A token for ``scope`` ("read" or "write"); a repository's uploads must carry each
+        file's sha256 (its commit names files by it), a bucket's need not."""
         token, expires = "xet_" + secrets.token_urlsafe(24), int(time.time()) + TOKEN_SECONDS
         with self._token_lock:
-            self.tokens[token] = (scope, expires)
+            self.tokens[token] = (scope, expires, sha256_required)
         return token, expires
 
-    def token_scope(self, token: str) -> str | None:
+    def token_grant(self, token: str) -> tuple[str, bool] | None:
         with self._token_lock:
-            scope, expires = self.tokens.get(token, (None, 0))
-        return scope if expires > time.time() else None
+            scope, expires, sha256_required = self.tokens.get(token, (None, 0, True))
+        return (scope, sha256_required) if expires > time.time() else None
 
     def _signature(self, path: str, lo: int, hi: int) -> str:
         return hmac.new(self._secret, f"{path}:{lo}-{hi}".encode(), hashlib.sha256).hexdigest()[:32]

@@ -1,0 +1,170 @@
+"""Storage Buckets on the local Hub server: mutable, unversioned, Xet-backed object storage.
+
+The API huggingface_hub 2.4 speaks (hub-docs ``docs/hub/buckets.md``; ``HfApi.create_bucket``,
+``bucket_info``, ``list_bucket_tree``, ``get_bucket_paths_info``, ``batch_bucket_files``,
+``get_bucket_file_metadata``, downloads through ``/buckets/{id}/resolve/{path}``). Files are
+added by Xet hash after their upload to the CAS; a batch is applied operation by operation,
+not as a transaction, and an add over an existing path replaces it, as on the Hub. There is
+no compare-and-swap.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.parse
+from pathlib import Path
+
+from .http_base import HubError
+
+BUCKET = r"/api/buckets/([^/]+)/([^/]+)"
+
+
+def _now(t: float | None = None) -> str:
+    t = time.time() if t is None else t
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
+
+
+class BucketStore:
+    def __init__(self, root: Path):
+        self.root = Path(root) / "buckets"
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.lock = threading.RLock()
+
+    def _path(self, bucket: str) -> Path:
+        return self.root / (bucket.replace("/", "--") + ".json")
+
+    def load(self, bucket: str) -> dict:
+        path = self._path(bucket)
+        if not path.is_file():
+            raise HubError(404, f"Bucket {bucket} not found", "RepoNotFound")
+        return json.loads(path.read_text())
+
+    def save(self, bucket: str, meta: dict) -> None:
+        tmp = self._path(bucket).with_suffix(f".{threading.get_ident()}.tmp")
+        tmp.write_text(json.dumps(meta))
+        tmp.replace(self._path(bucket))
+
+    def create(self, bucket: str, private: bool) -> bool:
+        with self.lock:
+            if self._path(bucket).is_file():
+                return False
+            self.save(bucket, {"private": private, "createdAt": _now(), "files": {}})
+            return True
+
+
+class BucketRoutes:
+    """The bucket endpoints, mixed into the Hub handler (which brings _json, _body, _auth...)."""
+
+    def bucket_routes(self):
+        return [
+            ("POST", rf"{BUCKET}", self.bucket_create),
+            ("GET", rf"{BUCKET}", self.bucket_info),
+            ("GET", rf"{BUCKET}/tree(?:/(.*))?", self.bucket_tree),
+            ("POST", rf"{BUCKET}/paths-info", self.bucket_paths_info),
+            ("POST", rf"{BUCKET}/batch", self.bucket_batch),
+            ("GET", rf"{BUCKET}/xet-(read|write)-token(?:/[^/]*)?", self.bucket_xet_token),
+            ("GET", r"/buckets/([^/]+)/([^/]+)/resolve/(.+)", self.bucket_resolve),
+            ("HEAD", r"/buckets/([^/]+)/([^/]+)/resolve/(.+)", self.bucket_resolve),
+        ]
+
+    def _bucket(self, ns, name, write=False) -> tuple[str, dict]:
+        bucket = f"{urllib.parse.unquote(ns)}/{urllib.parse.unquote(name)}"
+        meta = self.server.buckets.load(bucket)
+        self._auth(meta, write)
+        return bucket, meta
+
+    def bucket_create(self, ns, name, params):
+        body = json.loads(self._body() or b"{}")
+        self._auth(None, write=True)
+        bucket = f"{'user' if ns == 'me' else urllib.parse.unquote(ns)}/{urllib.parse.unquote(name)}"
+        private = body.get("private", body.get("visibility", "private") == "private")
+        created = self.server.buckets.create(bucket, bool(private))
+        url = {"url": f"{self.server.base_url}/buckets/{bucket}"}
+        self._json(200 if created else 409, url if created else {**url, "error": "You already created this bucket"})
+
+    def bucket_info(self, ns, name, params):
+        bucket, meta = self._bucket(ns, name)
+        self._json(200, {"id": bucket, "private": meta["private"], "createdAt": meta["createdAt"],
+                         "size": sum(f["size"] for f in meta["files"].values()), "totalFiles": len(meta["files"])})
+
+    @staticmethod
+    def _bucket_entry(path: str, f: dict) -> dict:
+        return {"type": "file", "path": path, "size": f["size"], "xetHash": f["xetHash"], "mtime": f.get("mtime"),
+                "uploadedAt": f["uploadedAt"]}
+
+    def bucket_tree(self, ns, name, prefix, params):
+        _, meta = self._bucket(ns, name)
+        prefix = urllib.parse.unquote(prefix or "").strip("/")
+        recursive = params.get("recursive", ["false"])[0].lower() == "true"
+        out, dirs = [], set()
+        for path in sorted(meta["files"]):
+            if prefix and not path.startswith(prefix + "/"):
+                continue
+            rest = path[len(prefix) + 1:] if prefix else path
+            if "/" in rest and not recursive:
+                dirs.add((prefix + "/" if prefix else "") + rest.split("/")[0])
+                continue
+            out.append(self._bucket_entry(path, meta["files"][path]))
+        out += [{"type": "directory", "path": d, "uploadedAt": None} for d in sorted(dirs)]
+        self._json(200, out)
+
+    def bucket_paths_info(self, ns, name, params):
+        body = self._body()
+        _, meta = self._bucket(ns, name)
+        try:
+            paths = json.loads(body).get("paths", [])
+        except ValueError:
+            paths = urllib.parse.parse_qs(body.decode()).get("paths", [])
+        self._json(200, [self._bucket_entry(p, meta["files"][p]) for p in paths if p in meta["files"]])
+
+    def bucket_batch(self, ns, name, params):
+        lines = [json.loads(line) for line in self._body().splitlines() if line.strip()]
+        if self.server.take_failure("commit"):
+            raise HubError(403, "injected failure")
+        self.server.check_quota(self.server.commit_quota, "You have exceeded our hourly quotas for action: commit")
+        store, failed = self.server.buckets, []
+        for op in lines:  # one at a time, each saved: a batch is not a transaction
+            with store.lock:
+                bucket, meta = self._bucket(ns, name, write=True)
+                path = op.get("path", "")
+                if not isinstance(path, str) or not path or path.startswith("/") or ".." in path.split("/"):
+                    failed.append({"path": path, "error": "invalid path"})
+                    continue
+                if op.get("type") in ("addFile", "copyFile"):
+                    record = self.server.storage.xet.file_record(str(op.get("xetHash", "")))
+                    if record is None:
+                        failed.append({"path": path, "error": f"unknown xet hash {op.get('xetHash')!r}"})
+                        continue
+                    meta["files"][path] = {"xetHash": op["xetHash"], "size": record["size"], "uploadedAt": _now(),
+                                           "mtime": _now(op["mtime"] / 1000) if isinstance(op.get("mtime"), (int, float)) else None}
+                elif op.get("type") == "deleteFile":
+                    meta["files"].pop(path, None)
+                else:
+                    failed.append({"path": path, "error": f"unknown operation {op.get('type')!r}"})
+                    continue
+                store.save(bucket, meta)
+        self._json(200 if len(failed) < len(lines) or not lines else 422, {"failed": failed})
+
+    def bucket_xet_token(self, ns, name, scope, params):
+        self._bucket(ns, name, write=scope == "write")
+        cas = self.server.cas
+        token, expires = cas.issue_token(scope, sha256_required=False)  # bucket files need no sha256
+        self._json(200, {"accessToken": token, "exp": expires, "casUrl": cas.base_url},
+                   {"X-Xet-Cas-Url": cas.base_url, "X-Xet-Access-Token": token, "X-Xet-Token-Expiration": expires})
+
+    def bucket_resolve(self, ns, name, path, params):
+        bucket, meta = self._bucket(ns, name)
+        path = urllib.parse.unquote(path)
+        f = meta["files"].get(path)
+        if f is None:
+            raise HubError(404, f"Entry not found: {path}", "EntryNotFound")
+        if self.server.take_failure("resolve"):
+            raise HubError(403, "injected failure")
+        cas = self.server.cas
+        token_route = f"{self.server.base_url}/api/buckets/{bucket}/xet-read-token"
+        self._send(302, b"", {"Location": cas.sign(f"{cas.base_url}/bridge/{f['xetHash']}"),
+                              "X-Xet-Hash": f["xetHash"], "X-Xet-Refresh-Route": token_route,
+                              "Link": f'<{token_route}>; rel="xet-auth"', "X-Linked-Size": f["size"],
+                              "ETag": f'"{f["xetHash"]}"', "Content-Type": "application/octet-stream"})
