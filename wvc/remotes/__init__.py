@@ -1,6 +1,7 @@
 """Remotes: where repositories meet. One interface (``interface.Remote``), three backends:
 a directory (``path``: a shared disk or NFS team folder), a Hugging Face Hub model repo
-(``hub``) and an S3-protocol bucket (``s3``). ``transfer`` moves and verifies what crosses; ``lazy`` supplies a lazy clone's
+(``hub``), a Hugging Face Storage Bucket (``bucket``: no commits, refs through a log) and an
+S3-protocol bucket (``s3``). ``transfer`` moves and verifies what crosses; ``lazy`` supplies a lazy clone's
 chunks on first use. The verbs (push, fetch, pull, clone) are in ``wvc.ops``."""
 
 from __future__ import annotations
@@ -9,7 +10,12 @@ from ..errors import RemoteError
 
 
 def open_remote(url: str):
-    """The backend for ``url``: ``hf://user/repo`` or a local path / ``file://`` URL."""
+    """The backend for ``url``: ``hf://user/repo``, ``hf://buckets/namespace/bucket[/prefix]``,
+    ``s3://bucket/prefix`` or a local path / ``file://`` URL."""
+    if url.startswith("hf://buckets/"):
+        from .bucket import BucketRemote
+
+        return BucketRemote.from_url(url)
     if url.startswith("hf://"):
         from .hub import HubRemote
 

@@ -211,18 +211,24 @@ class HubRemote(Remote):
         base = self.read(BASE_RECORD, MAX_BASE_RECORD) if BASE_RECORD in paths else None
         return listing_state(refs, self.sha, paths, base)
 
+    def file_url(self, path: str) -> str:
+        """Where a file is read (``/resolve/``, pinned to our snapshot)."""
+        from huggingface_hub import hf_hub_url
+
+        return hf_hub_url(self.repo_id, path, revision=self.sha or HUB_BRANCH, endpoint=self.endpoint)
+
     @backs_off
     @retries_reads
     def read_range(self, path: str, offset: int, length: int) -> bytes:
         """Exactly ``length`` bytes from ``offset``, streamed: never more than ``length`` bytes
         are read, whatever the endpoint sends. An endpoint that ignores Range (200 instead of
         206) is refused unless the range starts at 0, rather than downloading a whole pack."""
-        from huggingface_hub import get_session, hf_hub_url
+        from huggingface_hub import get_session
         from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
 
         if length <= 0:
             return b""
-        url = hf_hub_url(self.repo_id, path, revision=self.sha or HUB_BRANCH, endpoint=self.endpoint)
+        url = self.file_url(path)
         headers = {**build_hf_headers(), "Range": f"bytes={offset}-{offset + length - 1}"}
         buf = bytearray()
         with hub_errors(f"{self.url}/{path}"):
@@ -241,10 +247,10 @@ class HubRemote(Remote):
         return bytes(buf)
 
     def _get(self, path: str, limit: int, sink) -> None:
-        from huggingface_hub import get_session, hf_hub_url
+        from huggingface_hub import get_session
         from huggingface_hub.utils import build_hf_headers, hf_raise_for_status
 
-        url = hf_hub_url(self.repo_id, path, revision=self.sha or HUB_BRANCH, endpoint=self.endpoint)
+        url = self.file_url(path)
         with hub_errors(f"{self.url}/{path}"):
             with get_session().stream("GET", url, headers=build_hf_headers(), follow_redirects=True) as resp:
                 hf_raise_for_status(resp)

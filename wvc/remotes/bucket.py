@@ -1,0 +1,269 @@
+"""A Hugging Face Storage Bucket as a remote (``hf://buckets/<namespace>/<bucket>[/<prefix>]``).
+
+A bucket is mutable, unversioned, Xet-backed object storage with no commits (so no commit
+quota: a run can publish every step) and no compare-and-swap, and its batches are not
+transactional. wvc therefore writes only immutable, uniquely named files (packs and catalogs
+as everywhere) and moves refs through a log of entries, each naming its predecessor:
+
+- ``reflog/<seq>-<nonce>.json`` holds the whole ref map and ``prev``, the entry it follows;
+- ``reflog/<seq>-<nonce>.ok`` (a server-side copy of it) confirms it. The head is the
+  confirmed entry of the highest ``seq``; readers never follow an unconfirmed one.
+
+A push uploads its objects, then proposes the entry that follows the head it read, lists the
+log, and confirms its proposal only if no other live proposal or confirmed entry sits at its
+``seq`` or later; otherwise it retracts (deletes) its proposal, backs off a random while and
+looks again: if the winner moved a ref this push moves, the push is a non-fast-forward;
+otherwise it proposes again on top of the winner. Two pushers never both confirm: with a
+listing that sees every write completed before it (the Hub's, and the local server's), the
+one that listed second saw the other's proposal. The limits are in docs/design.md.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import secrets
+import time
+import urllib.parse
+from datetime import datetime
+
+from .. import ids, settings
+from ..errors import NonFastForward, RemoteNotFound
+from .hub import HubRemote, RemoteFileNotFound, backs_off, hub_errors
+from .interface import (BASE_RECORD, MAX_BASE_RECORD, RemoteChanged, RemoteError, RemoteState, content_size,
+                        is_wvc_layout, listing_state, not_a_wvc_remote, parse_refs, retries_reads, upload_progress)
+
+REFLOG = "reflog/"
+ENTRY = re.compile(r"(\d{12})-([0-9a-f]{16})")
+# An unconfirmed proposal older than this (by the bucket's own upload times) is a crashed
+# pusher's: others pass over it. A pusher confirms only within half of it (see publish).
+STALE_SECONDS = 30.0
+KEEP_ENTRIES = 16  # confirmed log entries kept behind the head (older ones are deleted)
+MAX_ENTRY_BYTES = 4 << 20
+MAX_LISTED = 1_000_000
+
+
+def _seq(name: str) -> int:
+    return int(name[:12])
+
+
+def _time(value) -> float:
+    if isinstance(value, datetime):
+        return value.timestamp()
+    return 0.0
+
+
+class BucketRemote(HubRemote):
+    deletes_atomically = False  # a batch is not a transaction: replaced files are retired, then deleted
+
+    def __init__(self, bucket_id: str, prefix: str = ""):
+        from huggingface_hub import HfApi
+
+        self.repo_id = bucket_id  # (HubRemote's reads use repo_id only through file_url)
+        self.bucket_id, self.prefix = bucket_id, prefix.strip("/")
+        self.revision, self.sha = None, None
+        self.url = f"hf://buckets/{bucket_id}" + (f"/{self.prefix}" if self.prefix else "")
+        self.endpoint = settings.text("HF_ENDPOINT")
+        self.api = HfApi(endpoint=self.endpoint)
+        self.head: str | None = None
+
+    @classmethod
+    def from_url(cls, url: str) -> "BucketRemote":
+        rest = url[len("hf://buckets/"):].strip("/")
+        parts = rest.split("/")
+        if len(parts) < 2 or not all(parts) or any(p in (".", "..") for p in parts) or "@" in rest:
+            raise RemoteError(f"invalid bucket URL {url!r}: expected hf://buckets/namespace/bucket[/prefix]")
+        from huggingface_hub.errors import HFValidationError
+        from huggingface_hub.utils import validate_repo_id
+
+        try:
+            validate_repo_id("/".join(parts[:2]))
+        except HFValidationError as exc:
+            raise RemoteError(f"invalid bucket URL {url!r}: {exc}") from exc
+        return cls("/".join(parts[:2]), "/".join(parts[2:]))
+
+    # -- paths -----------------------------------------------------------------------------------
+    def _key(self, path: str) -> str:
+        return f"{self.prefix}/{path}" if self.prefix else path
+
+    def file_url(self, path: str) -> str:
+        return f"{self.endpoint or 'https://huggingface.co'}/buckets/{self.bucket_id}/resolve/" + \
+            urllib.parse.quote(self._key(path))
+
+    @backs_off
+    @retries_reads
+    def _list(self, sub: str = "") -> dict:
+        """Every file under the prefix (or under ``sub`` in it): relative path -> BucketFile."""
+        from huggingface_hub.errors import RepositoryNotFoundError
+
+        under = self._key(sub).rstrip("/")
+        out = {}
+        try:
+            with hub_errors(self.url):
+                for item in self.api.list_bucket_tree(self.bucket_id, prefix=under or None, recursive=True):
+                    if getattr(item, "type", "") != "file":
+                        continue
+                    path = item.path
+                    if self.prefix:
+                        if not path.startswith(self.prefix + "/"):
+                            continue
+                        path = path[len(self.prefix) + 1:]
+                    out[path] = item
+                    if len(out) > MAX_LISTED:
+                        raise RemoteError(f"{self.url} lists more than {MAX_LISTED} files")
+        except RemoteNotFound:
+            raise
+        except (RepositoryNotFoundError, RemoteFileNotFound) as exc:  # a 404 for the bucket itself
+            raise RemoteNotFound(f"{self.url}: bucket not found, or no permission to read it (check HF_TOKEN)") from exc
+        return out
+
+    @backs_off
+    def _batch(self, **ops) -> None:
+        ops = {k: [(c, self._key(p)) for c, p in v] if k == "add" else v for k, v in ops.items()}
+        with hub_errors(self.url):
+            self.api.batch_bucket_files(self.bucket_id, **ops)
+
+    # -- the ref log -----------------------------------------------------------------------------
+    @staticmethod
+    def _log(listing: dict) -> tuple[dict, set]:
+        """(proposals by entry name -> listed file, names confirmed) of a listing."""
+        entries, confirmed = {}, set()
+        for path, item in listing.items():
+            if not path.startswith(REFLOG):
+                continue
+            name, _, ext = path[len(REFLOG):].rpartition(".")
+            if not ENTRY.fullmatch(name):
+                continue
+            if ext == "json":
+                entries[name] = item
+            elif ext == "ok":
+                confirmed.add(name)
+        return entries, confirmed & set(entries)
+
+    def _head(self, listing: dict) -> str | None:
+        entries, confirmed = self._log(listing)
+        if not confirmed:
+            return None
+        top = max(confirmed)  # names sort by seq first
+        if sum(1 for n in confirmed if _seq(n) == _seq(top)) > 1:
+            raise RemoteError(f"{self.url}: two ref updates were both confirmed at entry {_seq(top)}; the bucket "
+                              "was written by something that does not follow wvc's protocol")
+        return top
+
+    def _entry(self, name: str) -> dict:
+        data = self.read(f"{REFLOG}{name}.json", MAX_ENTRY_BYTES)
+        if data is None:
+            raise RemoteChanged(f"{self.url}: ref log entry {name} vanished while reading (tidied by a newer push); "
+                                "try again")
+        try:
+            entry = json.loads(data)
+            refs = entry["refs"]
+            ok = entry.get("format") == 1 and entry.get("seq") == _seq(name) and isinstance(refs, dict)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            ok = False
+        if not ok:
+            raise RemoteError(f"{self.url}: ref log entry {name} is malformed")
+        for value in refs.values():
+            if not isinstance(value, str) or not ids.is_object_id(value):
+                raise RemoteError(f"{self.url}: ref log entry {name} names something that is not a commit")
+        return {"refs": parse_refs({r: (c + "\n").encode() for r, c in refs.items()}), "prev": entry.get("prev")}
+
+    # -- Remote ------------------------------------------------------------------------------------
+    def state(self, create: bool = False) -> RemoteState:
+        try:
+            listing = self._list()
+        except RemoteNotFound:
+            if not create:
+                raise
+            with hub_errors(self.url):
+                self.api.create_bucket(self.bucket_id, private=True, exist_ok=True)
+            listing = {}
+        paths = [p for p in listing if not p.startswith(REFLOG)]
+        if paths and not is_wvc_layout(paths):
+            raise not_a_wvc_remote(self.url, paths, "push" if create else "read")
+        self.head = self._head(listing)
+        refs = self._entry(self.head)["refs"] if self.head else {}
+        base = self.read(BASE_RECORD, MAX_BASE_RECORD) if BASE_RECORD in listing else None
+        return listing_state(refs, self.head or "", paths, base)
+
+    def read_ref(self, ref: str) -> str | None:
+        head = self._head(self._list(REFLOG))
+        return self._entry(head)["refs"].get(ref) if head else None
+
+    def delete(self, paths) -> None:
+        if paths:
+            self._batch(delete=[self._key(p) for p in paths])
+
+    def publish(self, files, refs, expected: RemoteState, message: str, delete=(), progress=None) -> None:
+        if delete:
+            raise RemoteError("a bucket cannot delete files atomically with a ref update")
+        progress = upload_progress(progress, files)
+        if files:  # objects first: immutable and uniquely named, so a retried upload is harmless
+            self._batch(add=[(c if isinstance(c, bytes) else str(c), p) for p, c in files.items()])
+        sent = sum(map(content_size, files.values()))
+        progress.advance(sent)
+        progress.close()
+        self.bytes_uploaded += sent
+        self._move_refs(refs, expected)
+
+    def _move_refs(self, refs: dict, expected: RemoteState) -> None:
+        head, current = expected.version or None, dict(expected.refs)
+        deadline = time.monotonic() + 2 * STALE_SECONDS
+        attempt = 0
+        while True:
+            new_refs = {**current, **{r: c for r, c in refs.items() if c is not None}}
+            for r, c in refs.items():
+                if c is None:
+                    new_refs.pop(r, None)
+            seq = _seq(head) + 1 if head else 0
+            name = f"{seq:012d}-{secrets.token_hex(8)}"
+            body = json.dumps({"format": 1, "seq": seq, "prev": head, "refs": new_refs}, sort_keys=True).encode()
+            proposed = time.monotonic()
+            self._batch(add=[(body, f"{REFLOG}{name}.json")])
+            listing = self._list(REFLOG)
+            entries, confirmed = self._log(listing)
+            mine = entries.get(name)
+            if mine is None:
+                raise RemoteError(f"{self.url}: a ref update just written is not listed; the bucket's listing "
+                                  "lags its writes, which wvc cannot push safely through")
+            now = _time(mine.uploaded_at)
+            rivals = [n for n in entries if n != name and _seq(n) >= seq
+                      and (n in confirmed or now - _time(entries[n].uploaded_at) < STALE_SECONDS)]
+            # confirm only well within the staleness bound: a pusher paused past it could be
+            # passed over by others, who would take its proposal for a crashed one's
+            if not rivals and time.monotonic() - proposed < STALE_SECONDS / 2:
+                self._batch(copy=[("bucket", self.bucket_id, mine.xet_hash, self._key(f"{REFLOG}{name}.ok"))])
+                self.head = name
+                self._tidy(entries, confirmed | {name}, name, now)
+                return
+            self._batch(delete=[self._key(f"{REFLOG}{name}.json")])  # retract
+            attempt += 1
+            time.sleep(random.uniform(0.02, 0.1) * min(2 ** attempt, 16))
+            listing = self._list(REFLOG)
+            now_head = self._head(listing)
+            if now_head != head:
+                theirs = self._entry(now_head)["refs"] if now_head else {}
+                moved = [r for r in refs if theirs.get(r) != current.get(r)]
+                if moved:
+                    raise NonFastForward(f"{self.url}: another push moved {', '.join(sorted(moved))} first; pull, "
+                                         "then push again")
+                head, current = now_head, theirs
+            if time.monotonic() > deadline:
+                raise RemoteChanged(f"{self.url}: another push to this bucket is in progress (or a pusher crashed "
+                                    f"in the last {STALE_SECONDS:.0f} s); try again")
+
+    def _tidy(self, entries: dict, confirmed: set, head: str, now: float) -> None:
+        """Delete log entries no reader needs: confirmed ones far behind the head, and crashed
+        pushers' stale proposals behind it. Best effort: a failure here loses nothing."""
+        behind = sorted(n for n in confirmed if n < head)
+        drop = [n for n in behind[:-KEEP_ENTRIES]]
+        drop += [n for n in entries if n not in confirmed and n < head
+                 and now - _time(entries[n].uploaded_at) > STALE_SECONDS]
+        if not drop:
+            return
+        paths = [self._key(f"{REFLOG}{n}.{ext}") for n in drop for ext in ("ok", "json")]
+        try:
+            self._batch(delete=paths)
+        except RemoteError:
+            pass
