@@ -215,7 +215,9 @@ class Publisher:
             repo.remote_add(remote, push_to)
         repo.close()
         if push_interval is None:
-            push_interval = HUB_PUSH_INTERVAL if (push_to or "").startswith("hf://") else 0.0
+            # a Hub repo's commits are under an hourly quota; a bucket has no commits: every step
+            hub_repo = (push_to or "").startswith("hf://") and not push_to.startswith("hf://buckets/")
+            push_interval = HUB_PUSH_INTERVAL if hub_repo else 0.0
         self.push_interval = push_interval
         self.buffers = SnapshotBuffers(sets=max_pending + 1)
         self._cond = threading.Condition()

@@ -27,6 +27,7 @@ VARIABLES = {
     "WVC_HUB_MAX_WAIT": "seconds one Hub call may wait out rate limits (default 300)",
     "WVC_COMPACT_FANOUT": "segments a remote tier holds before a push merges them (default 4; 0: never compact)",
     "WVC_REMOTE_GRACE_SECONDS": "seconds a retired remote file is kept before a push deletes it (default 3600)",
+    "WVC_BUCKET_STALE_SECONDS": "seconds after which a bucket push's unconfirmed ref update counts as crashed (default 30)",
     "WVC_MALLOC_TUNING": "0: leave glibc's malloc thresholds alone (default: raised at the first encode, allocator.py)",
     "WVC_NO_NATIVE": "1: never load the C kernels (the numpy path; same bytes, slower); read at import",
     "WVC_NO_WHOLE_PAYLOADS": "1: encode and decode stream by stream, not whole payloads in C (same bytes)",

@@ -38,7 +38,7 @@ REFLOG = "reflog/"
 ENTRY = re.compile(r"(\d{12})-([0-9a-f]{16})")
 # An unconfirmed proposal older than this (by the bucket's own upload times) is a crashed
 # pusher's: others pass over it. A pusher confirms only within half of it (see publish).
-STALE_SECONDS = 30.0
+STALE_SECONDS = 30.0  # WVC_BUCKET_STALE_SECONDS
 KEEP_ENTRIES = 16  # confirmed log entries kept behind the head (older ones are deleted)
 MAX_ENTRY_BYTES = 4 << 20
 MAX_LISTED = 1_000_000
@@ -209,7 +209,8 @@ class BucketRemote(HubRemote):
 
     def _move_refs(self, refs: dict, expected: RemoteState) -> None:
         head, current = expected.version or None, dict(expected.refs)
-        deadline = time.monotonic() + 2 * STALE_SECONDS
+        stale = settings.number("WVC_BUCKET_STALE_SECONDS", STALE_SECONDS)
+        deadline = time.monotonic() + 2 * stale
         attempt = 0
         while True:
             new_refs = {**current, **{r: c for r, c in refs.items() if c is not None}}
@@ -229,13 +230,13 @@ class BucketRemote(HubRemote):
                                   "lags its writes, which wvc cannot push safely through")
             now = _time(mine.uploaded_at)
             rivals = [n for n in entries if n != name and _seq(n) >= seq
-                      and (n in confirmed or now - _time(entries[n].uploaded_at) < STALE_SECONDS)]
+                      and (n in confirmed or now - _time(entries[n].uploaded_at) < stale)]
             # confirm only well within the staleness bound: a pusher paused past it could be
             # passed over by others, who would take its proposal for a crashed one's
-            if not rivals and time.monotonic() - proposed < STALE_SECONDS / 2:
+            if not rivals and time.monotonic() - proposed < stale / 2:
                 self._batch(copy=[("bucket", self.bucket_id, mine.xet_hash, self._key(f"{REFLOG}{name}.ok"))])
                 self.head = name
-                self._tidy(entries, confirmed | {name}, name, now)
+                self._tidy(entries, confirmed | {name}, name, now, stale)
                 return
             self._batch(delete=[self._key(f"{REFLOG}{name}.json")])  # retract
             attempt += 1
@@ -251,15 +252,15 @@ class BucketRemote(HubRemote):
                 head, current = now_head, theirs
             if time.monotonic() > deadline:
                 raise RemoteChanged(f"{self.url}: another push to this bucket is in progress (or a pusher crashed "
-                                    f"in the last {STALE_SECONDS:.0f} s); try again")
+                                    f"in the last {stale:.0f} s); try again")
 
-    def _tidy(self, entries: dict, confirmed: set, head: str, now: float) -> None:
+    def _tidy(self, entries: dict, confirmed: set, head: str, now: float, stale: float) -> None:
         """Delete log entries no reader needs: confirmed ones far behind the head, and crashed
         pushers' stale proposals behind it. Best effort: a failure here loses nothing."""
         behind = sorted(n for n in confirmed if n < head)
         drop = [n for n in behind[:-KEEP_ENTRIES]]
         drop += [n for n in entries if n not in confirmed and n < head
-                 and now - _time(entries[n].uploaded_at) > STALE_SECONDS]
+                 and now - _time(entries[n].uploaded_at) > stale]
         if not drop:
             return
         paths = [self._key(f"{REFLOG}{n}.{ext}") for n in drop for ext in ("ok", "json")]

@@ -176,6 +176,7 @@ class CountingServer(ThreadingHTTPServer):
         self.requests: list[tuple[str, str]] = []
         self.served_bytes = 0
         self.received_bytes: dict[str, int] = {}  # request body bytes by kind (see received_kind)
+        self.on_request = None  # tests: called with (method, path) as each request arrives
         self.read_faults: ReadFaults | None = None
         self._lock = threading.Lock()
 
@@ -213,6 +214,8 @@ class CountingServer(ThreadingHTTPServer):
     def count(self, method: str, path: str) -> None:
         with self._lock:
             self.requests.append((method, path))
+        if self.on_request is not None:
+            self.on_request(method, path)
 
     def add_served(self, n: int) -> None:
         with self._lock:
