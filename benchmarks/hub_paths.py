@@ -1,9 +1,11 @@
-"""The Hub's transfer paths on the local server: Xet (huggingface_hub's default whenever
-hf_xet is installed) against LFS (``HF_HUB_DISABLE_XET=1``), for the same histories.
+"""The Hub's transfer paths on the local server: a model repo through Xet (huggingface_hub's
+default whenever hf_xet is installed), through LFS (``HF_HUB_DISABLE_XET=1``), and a Storage
+Bucket (Xet only), for the same histories.
 
     python -m benchmarks.hub_paths [--minilm-steps 20] [--small-steps 100]
 
-Two histories, each committed and pushed every step to a Hub model repo, once per path:
+Two histories, each committed and pushed every step, once per path, each path on a fresh server
+(nothing of one run is there to deduplicate the next against):
 - **MiniLM bf16**: all-MiniLM-L6-v2 trained in bf16 with AdamW (lr 1e-5), as benchmarks/sync.py;
 - **small steps**: three 256x512 bf16 tensors, ~1% of one of them nudged a step.
 Per path: bytes the pushes uploaded (request bodies the server received, by kind: Xet xorbs and
@@ -52,14 +54,19 @@ def digest(sd: dict) -> str:
     return h.hexdigest()
 
 
-def run(history: str, steps_iter, path: str, hub, work: Path) -> dict:
+def run(history: str, steps_iter, path: str, work: Path) -> dict:
+    import os
+
     from huggingface_hub import constants
 
     import wvc
+    from wvc.testing.hub import HubServer
 
+    hub = HubServer(work / f"hub-{history}-{path}").start()
+    os.environ["HF_ENDPOINT"] = hub.base_url
     constants.HF_HUB_DISABLE_XET = path == "lfs"  # as the environment variable does, read at each upload
     repo = wvc.Repo.init(work / f"{history}-{path}")
-    url = f"hf://bench/{history}-{path}"
+    url = f"hf://buckets/bench/{history}" if path == "bucket" else f"hf://bench/{history}"
     repo.remote_add("origin", url)
     pushes, follows, digests, follower = [], [], {}, None
     for step, sd in steps_iter:
@@ -85,6 +92,8 @@ def run(history: str, steps_iter, path: str, hub, work: Path) -> dict:
              "seconds": time.perf_counter() - t}
     for commit, expected in digests.items():
         assert digest(copy.load_state_dict(commit)) == expected, f"{history}/{path}: the clone's {commit} differs"
+    hub.shutdown()
+    hub.server_close()
     return {"history": history, "path": path, "steps": len(pushes), "pushes": pushes, "follows": follows,
             "clone": clone}
 
@@ -98,7 +107,7 @@ def summary(res: dict) -> dict:
         "history": res["history"], "path": res["path"], "steps": res["steps"],
         "pushed_bytes": pushed, "uploaded_bytes": uploaded, "uploaded_over_pushed": uploaded / pushed,
         "xorb_bytes": total("xet-xorbs"), "shard_bytes": total("xet-shards"), "lfs_object_bytes": total("lfs-objects"),
-        "commit_bytes": total("commit"),
+        "commit_bytes": total("commit") + total("bucket-batch"),
         "requests_per_push": statistics.median(p["requests"] for p in pushes),
         "push_seconds_median": statistics.median(p["seconds"] for p in pushes),
         "follower_bytes_median": statistics.median(f["served"] for f in follows),
@@ -124,34 +133,45 @@ def markdown(rows: list[dict]) -> str:
 
 def main(argv=None) -> None:
     import os
+    import subprocess
+    import sys
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--minilm-steps", type=int, default=20)
     ap.add_argument("--small-steps", type=int, default=100)
+    ap.add_argument("--path", choices=("xet", "lfs", "bucket"), help="run one path only (in this process)")
+    ap.add_argument("--out", type=Path, help="with --path: where its results go")
     args = ap.parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="wvc-hub-paths-"))
-    from wvc.testing.hub import HubServer
-
-    hub = HubServer(work / "hub").start()
-    os.environ.update(HF_ENDPOINT=hub.base_url, HF_TOKEN="local", HF_HUB_CACHE=str(work / "hf-cache"),
-                      HF_XET_CACHE=str(work / "xet-cache"), WVC_CACHE=str(work / "wvc-cache"),
-                      HF_HUB_DISABLE_PROGRESS_BARS="1")
+    if args.path is None:
+        # each path in a process of its own: hf_xet keeps one session a process, with a cache of
+        # the chunks it uploaded that would let one run deduplicate against another
+        work = Path(tempfile.mkdtemp(prefix="wvc-hub-paths-"))
+        results = []
+        for path in ("xet", "lfs", "bucket"):
+            out = work / f"{path}.json"
+            subprocess.run([sys.executable, "-m", "benchmarks.hub_paths", "--path", path, "--out", str(out),
+                            "--minilm-steps", str(args.minilm_steps), "--small-steps", str(args.small_steps)],
+                           check=True)
+            results += json.loads(out.read_text())
+        rows = [summary(r) for r in results]
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / "hub_paths.json").write_text(json.dumps({"summaries": rows, "runs": results}, indent=1))
+        (RESULTS / "hub_paths.md").write_text(markdown(rows))
+        print(markdown(rows))
+        return
+    work = Path(tempfile.mkdtemp(prefix=f"wvc-hub-paths-{args.path}-"))
+    os.environ.update(HF_TOKEN="local", HF_HUB_CACHE=str(work / "hf-cache"), WVC_CACHE=str(work / "wvc-cache"),
+                      HF_XET_CACHE=str(work / "xet-cache"), HF_HUB_DISABLE_PROGRESS_BARS="1")
     from .sync import minilm_bf16_steps
 
     results = []
-    for path in ("xet", "lfs"):
-        if args.minilm_steps:
-            results.append(run("minilm-bf16", minilm_bf16_steps(args.minilm_steps), path, hub, work))
-            print(json.dumps(summary(results[-1])), flush=True)
-        if args.small_steps:
-            results.append(run("small-steps", small_steps(args.small_steps), path, hub, work))
-            print(json.dumps(summary(results[-1])), flush=True)
-    hub.shutdown()
-    rows = [summary(r) for r in results]
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "hub_paths.json").write_text(json.dumps({"summaries": rows, "runs": results}, indent=1))
-    (RESULTS / "hub_paths.md").write_text(markdown(rows))
-    print(markdown(rows))
+    if args.minilm_steps:
+        results.append(run("minilm-bf16", minilm_bf16_steps(args.minilm_steps), args.path, work))
+        print(json.dumps(summary(results[-1])), flush=True)
+    if args.small_steps:
+        results.append(run("small-steps", small_steps(args.small_steps), args.path, work))
+        print(json.dumps(summary(results[-1])), flush=True)
+    args.out.write_text(json.dumps(results))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ from safetensors.torch import save_file
 
 import wvc
 from wvc import Repo, clone
-from wvc.errors import NonFastForward
 
 from .conftest import REPO_ROOT, tree_digests
 

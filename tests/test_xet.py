@@ -4,7 +4,6 @@ operation of wvc runs on the Xet path and on the LFS path (``HF_HUB_DISABLE_XET=
 
 import hashlib
 import json
-import os
 
 import pytest
 import torch

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import socket
 import threading
 import time
@@ -62,6 +63,34 @@ class ReadFaults:
         kind = self.random.choice(self.kinds)
         self.injected[kind] = self.injected.get(kind, 0) + 1
         return kind
+
+
+def match_route(routes, method: str, path: str):
+    """(handler, groups) of the first (method, pattern, handler) route that matches, else None."""
+    for m, pattern, fn in routes:
+        match = re.fullmatch(pattern, path)
+        if m == method and match:
+            return fn, match.groups()
+    return None
+
+
+def tree_listing(paths, prefix: str, recursive: bool) -> tuple[list[str], list[str]]:
+    """(files, directories) a tree listing of ``prefix`` shows: its direct children, or with
+    ``recursive`` every file below and every folder on the way."""
+    files, dirs = [], set()
+    for path in sorted(paths):
+        if prefix and not path.startswith(prefix + "/"):
+            continue
+        rest = path[len(prefix) + 1:] if prefix else path
+        if "/" in rest and not recursive:
+            dirs.add((prefix + "/" if prefix else "") + rest.split("/")[0])
+            continue
+        if recursive:
+            parts = rest.split("/")[:-1]
+            for i in range(1, len(parts) + 1):
+                dirs.add((prefix + "/" if prefix else "") + "/".join(parts[:i]))
+        files.append(path)
+    return files, sorted(dirs)
 
 
 class BaseHandler(BaseHTTPRequestHandler):
@@ -184,7 +213,8 @@ class CountingServer(ThreadingHTTPServer):
     def received_kind(path: str) -> str:
         """What an upload was, for measurements: a Xet xorb or shard, an LFS object, a Hub commit."""
         for marker, kind in (("/xorbs/", "xet-xorbs"), ("/shards", "xet-shards"), ("/upload/", "lfs-objects"),
-                             ("/commit/", "commit"), ("/info/lfs/", "lfs-batch"), ("/preupload/", "preupload")):
+                             ("/commit/", "commit"), ("/info/lfs/", "lfs-batch"), ("/preupload/", "preupload"),
+                             ("/batch", "bucket-batch")):
             if marker in path:
                 return kind
         return "other"

@@ -33,7 +33,8 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from .http_base import BaseHandler, CountingServer, HubError, Quota, ReadFaults  # noqa: F401 - Quota, ReadFaults: for tests
+from .http_base import (BaseHandler, CountingServer, HubError, Quota, ReadFaults,  # noqa: F401 - Quota, ReadFaults: for tests
+                        match_route, tree_listing)
 from .hub_buckets import BucketRoutes, BucketStore
 from .xet_cas import XetStore
 from .xet_server import CasServer
@@ -151,11 +152,7 @@ class Handler(BucketRoutes, BaseHandler):
             ("GET", r"/(?:(datasets|spaces)/)?([^/]+/[^/]+)/resolve/([^/]+)/(.+)", self.resolve),
             ("HEAD", r"/(?:(datasets|spaces)/)?([^/]+/[^/]+)/resolve/([^/]+)/(.+)", self.resolve),
         ]
-        for m, pattern, fn in routes:
-            match = re.fullmatch(pattern, path)
-            if m == method and match:
-                return fn, match.groups()
-        return None
+        return match_route(routes, method, path)
 
     # -- endpoints -----------------------------------------------------------------------------
     def telemetry(self, params):
@@ -189,21 +186,9 @@ class Handler(BucketRoutes, BaseHandler):
                          "siblings": [{"rfilename": p} for p in sorted(files)]})
 
     def _entries(self, files: dict, prefix: str, recursive: bool) -> list[dict]:
-        out, dirs = [], set()
-        for path in sorted(files):
-            if prefix and not path.startswith(prefix + "/"):
-                continue
-            rest = path[len(prefix) + 1:] if prefix else path
-            if "/" in rest and not recursive:
-                dirs.add((prefix + "/" if prefix else "") + rest.split("/")[0])
-                continue
-            if recursive:
-                parts = rest.split("/")[:-1]
-                for i in range(1, len(parts) + 1):
-                    dirs.add((prefix + "/" if prefix else "") + "/".join(parts[:i]))
-            out.append(self._file_entry(path, files[path]))
-        out += [{"type": "directory", "oid": hashlib.sha1(d.encode()).hexdigest(), "size": 0, "path": d} for d in sorted(dirs)]
-        return out
+        paths, dirs = tree_listing(files, prefix, recursive)
+        return [self._file_entry(p, files[p]) for p in paths] + \
+            [{"type": "directory", "oid": hashlib.sha1(d.encode()).hexdigest(), "size": 0, "path": d} for d in dirs]
 
     @staticmethod
     def _file_entry(path: str, f: dict) -> dict:

@@ -16,7 +16,7 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from .http_base import HubError
+from .http_base import HubError, tree_listing
 
 BUCKET = r"/api/buckets/([^/]+)/([^/]+)"
 
@@ -98,16 +98,9 @@ class BucketRoutes:
         _, meta = self._bucket(ns, name)
         prefix = urllib.parse.unquote(prefix or "").strip("/")
         recursive = params.get("recursive", ["false"])[0].lower() == "true"
-        out, dirs = [], set()
-        for path in sorted(meta["files"]):
-            if prefix and not path.startswith(prefix + "/"):
-                continue
-            rest = path[len(prefix) + 1:] if prefix else path
-            if "/" in rest and not recursive:
-                dirs.add((prefix + "/" if prefix else "") + rest.split("/")[0])
-                continue
-            out.append(self._bucket_entry(path, meta["files"][path]))
-        out += [{"type": "directory", "path": d, "uploadedAt": None} for d in sorted(dirs)]
+        paths, dirs = tree_listing(meta["files"], prefix, recursive)
+        out = [self._bucket_entry(p, meta["files"][p]) for p in paths]
+        out += [{"type": "directory", "path": d, "uploadedAt": None} for d in dirs]
         self._json(200, out)
 
     def bucket_paths_info(self, ns, name, params):

@@ -23,7 +23,7 @@ import secrets
 import threading
 import time
 
-from .http_base import BaseHandler, CountingServer, HubError
+from .http_base import BaseHandler, CountingServer, HubError, match_route
 from .xet_format import XetFormatError
 
 TOKEN_SECONDS = 3600
@@ -46,11 +46,7 @@ class CasHandler(BaseHandler):
             ("GET", rf"/bridge/{h}", self.bridge),
             ("HEAD", rf"/bridge/{h}", self.bridge),
         ]
-        for m, pattern, fn in routes:
-            match = re.fullmatch(pattern, path)
-            if m == method and match:
-                return fn, match.groups()
-        return None
+        return match_route(routes, method, path)
 
     def _token(self, write: bool) -> bool:
         """Check the request's Xet token; whether its uploads must carry sha256 metadata."""
