@@ -9,6 +9,11 @@ from pathlib import Path
 # The suite runs as users run: hf_xet installed and Xet enabled (the local Hub server speaks
 # it); the remote conformance tests also run on the LFS path (the "hub-lfs" remote below).
 os.environ.pop("HF_HUB_DISABLE_XET", None)
+# The suite's quotas are the Hub's in miniature (windows of seconds, not minutes): hf_xet's own
+# retries of a 429 or 5xx are scaled to match (its defaults wait about 30 s before giving up,
+# and then wvc's back-off takes over; tests/test_transient_faults.py checks that hand-over).
+os.environ.setdefault("HF_XET_CLIENT_RETRY_BASE_DELAY", "100ms")
+os.environ.setdefault("HF_XET_CLIENT_RETRY_MAX_DURATION", "5s")
 
 import huggingface_hub  # noqa: E402,F401 - before any in-process CLI run: the CLI would otherwise set
 # HF_HUB_DISABLE_PROGRESS_BARS, which huggingface_hub reads once at import, for the whole session
