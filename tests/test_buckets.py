@@ -134,7 +134,7 @@ def test_a_push_killed_at_any_request_leaves_the_bucket_readable_and_the_next_pu
     head = repo.refs.head_commit()
     repo.close()
     push = [sys.executable, "-m", "wvc", "push"]
-    for k in range(1, per_push + 1, 2):
+    for k in range(1, per_push + 1):
         with Repo.open(tmp_path / "m") as r:
             save_file({"w": torch.full((256, 256), float(k + 2))}, str(r.root / "model.safetensors"))
             new = r.commit(f"step {k}").commit

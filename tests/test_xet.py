@@ -163,8 +163,9 @@ def _weights(step: int) -> dict:
     return w
 
 
-@pytest.mark.parametrize("path", ["xet", "lfs"])
+@pytest.mark.parametrize("path", ["xet", "lfs", "bucket"])
 def test_every_hub_operation_on_the_xet_and_lfs_paths(tmp_path, hub, monkeypatch, cli, path):
+    """The same verbs on a model repo through Xet, through LFS, and on a Storage Bucket."""
     if path == "lfs":
         use_lfs_path(monkeypatch)
     monkeypatch.setenv("WVC_CACHE", str(tmp_path / "wvc-cache"))
@@ -172,8 +173,8 @@ def test_every_hub_operation_on_the_xet_and_lfs_paths(tmp_path, hub, monkeypatch
     before = len(hub.requests)
     repo = Repo.init(tmp_path / "a", base=f"hf://{base}")  # the base downloaded over the path under test
     base_reads = [p for _, p in hub.requests[before:] if "reconstructions" in p]
-    assert bool(base_reads) == (path == "xet")
-    url = f"hf://team/ops-{path}-{tmp_path.name}"
+    assert bool(base_reads) == (path != "lfs")
+    url = f"hf://buckets/team/ops-{tmp_path.name}/run" if path == "bucket" else f"hf://team/ops-{path}-{tmp_path.name}"
     repo.remote_add("origin", url)
     digests = {}
     for step in range(3):
@@ -183,7 +184,7 @@ def test_every_hub_operation_on_the_xet_and_lfs_paths(tmp_path, hub, monkeypatch
     before = len(hub.requests)
     repo.push("origin", "main")
     cas = [p for _, p in hub.requests[before:] if p.startswith("[cas]")]
-    assert bool(cas) == (path == "xet")  # the pack went up through Xet, or through LFS and nothing else
+    assert bool(cas) == (path != "lfs")  # the pack went up through Xet, or through LFS and nothing else
 
     copy = clone(url, tmp_path / "b")  # clone; the base again from its own repo
     assert tree_digests(copy.root) == digests[repo.refs.head_commit()]
