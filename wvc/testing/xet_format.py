@@ -106,8 +106,12 @@ class Chunk:
 
 
 def decompress(scheme: int, data: bytes, size: int) -> bytes:
-    import lz4.block
-    import lz4.frame
+    try:
+        import lz4.block
+        import lz4.frame
+    except ImportError as exc:  # a setup problem of the server, not bad input
+        raise RuntimeError("the local Hub server needs the lz4 package to read Xet chunks: "
+                           "pip install 'wvc[hub]'") from exc
 
     if scheme == 0:
         out = data
