@@ -28,7 +28,7 @@ import time
 import urllib.parse
 from datetime import datetime
 
-from .. import ids, settings
+from .. import settings
 from ..errors import NonFastForward, RemoteNotFound
 from .hub import HubRemote, RemoteFileNotFound, backs_off, hub_errors
 from .interface import (BASE_RECORD, MAX_BASE_RECORD, RemoteChanged, RemoteError, RemoteState, content_size,
@@ -95,8 +95,6 @@ class BucketRemote(HubRemote):
     @retries_reads
     def _list(self, sub: str = "") -> dict:
         """Every file under the prefix (or under ``sub`` in it): relative path -> BucketFile."""
-        from huggingface_hub.errors import RepositoryNotFoundError
-
         under = self._key(sub).rstrip("/")
         out = {}
         try:
@@ -112,9 +110,7 @@ class BucketRemote(HubRemote):
                     out[path] = item
                     if len(out) > MAX_LISTED:
                         raise RemoteError(f"{self.url} lists more than {MAX_LISTED} files")
-        except RemoteNotFound:
-            raise
-        except (RepositoryNotFoundError, RemoteFileNotFound) as exc:  # a 404 for the bucket itself
+        except RemoteFileNotFound as exc:  # a plain 404 for the bucket itself
             raise RemoteNotFound(f"{self.url}: bucket not found, or no permission to read it (check HF_TOKEN)") from exc
         return out
 
@@ -151,7 +147,8 @@ class BucketRemote(HubRemote):
                               "was written by something that does not follow wvc's protocol")
         return top
 
-    def _entry(self, name: str) -> dict:
+    def _entry(self, name: str) -> dict[str, str]:
+        """The refs a log entry holds, validated."""
         data = self.read(f"{REFLOG}{name}.json", MAX_ENTRY_BYTES)
         if data is None:
             raise RemoteChanged(f"{self.url}: ref log entry {name} vanished while reading (tidied by a newer push); "
@@ -164,10 +161,9 @@ class BucketRemote(HubRemote):
             ok = False
         if not ok:
             raise RemoteError(f"{self.url}: ref log entry {name} is malformed")
-        for value in refs.values():
-            if not isinstance(value, str) or not ids.is_object_id(value):
-                raise RemoteError(f"{self.url}: ref log entry {name} names something that is not a commit")
-        return {"refs": parse_refs({r: (c + "\n").encode() for r, c in refs.items()}), "prev": entry.get("prev")}
+        if not all(isinstance(r, str) and isinstance(c, str) for r, c in refs.items()):
+            raise RemoteError(f"{self.url}: ref log entry {name} is malformed")
+        return parse_refs({r: c.encode() for r, c in refs.items()})  # names and commit ids checked there
 
     # -- Remote ------------------------------------------------------------------------------------
     def state(self, create: bool = False) -> RemoteState:
@@ -183,13 +179,13 @@ class BucketRemote(HubRemote):
         if paths and not is_wvc_layout(paths):
             raise not_a_wvc_remote(self.url, paths, "push" if create else "read")
         self.head = self._head(listing)
-        refs = self._entry(self.head)["refs"] if self.head else {}
+        refs = self._entry(self.head) if self.head else {}
         base = self.read(BASE_RECORD, MAX_BASE_RECORD) if BASE_RECORD in listing else None
         return listing_state(refs, self.head or "", paths, base)
 
     def read_ref(self, ref: str) -> str | None:
         head = self._head(self._list(REFLOG))
-        return self._entry(head)["refs"].get(ref) if head else None
+        return self._entry(head).get(ref) if head else None
 
     def delete(self, paths) -> None:
         if paths:
@@ -244,7 +240,7 @@ class BucketRemote(HubRemote):
             listing = self._list(REFLOG)
             now_head = self._head(listing)
             if now_head != head:
-                theirs = self._entry(now_head)["refs"] if now_head else {}
+                theirs = self._entry(now_head) if now_head else {}
                 moved = [r for r in refs if theirs.get(r) != current.get(r)]
                 if moved:
                     raise NonFastForward(f"{self.url}: another push moved {', '.join(sorted(moved))} first; pull, "
@@ -258,7 +254,7 @@ class BucketRemote(HubRemote):
         """Delete log entries no reader needs: confirmed ones far behind the head, and crashed
         pushers' stale proposals behind it. Best effort: a failure here loses nothing."""
         behind = sorted(n for n in confirmed if n < head)
-        drop = [n for n in behind[:-KEEP_ENTRIES]]
+        drop = behind[:-KEEP_ENTRIES]
         drop += [n for n in entries if n not in confirmed and n < head
                  and now - _time(entries[n].uploaded_at) > stale]
         if not drop:

@@ -207,10 +207,7 @@ class Handler(BucketRoutes, BaseHandler):
         meta = self._meta(kind, repo, write=scope == "write")
         if scope == "read":
             resolve_rev(meta, rev)
-        cas = self.server.cas
-        token, expires = cas.issue_token(scope)
-        self._json(200, {"accessToken": token, "exp": expires, "casUrl": cas.base_url},
-                   {"X-Xet-Cas-Url": cas.base_url, "X-Xet-Access-Token": token, "X-Xet-Token-Expiration": expires})
+        self._json(200, *self.server.cas.token_answer(scope))
 
     def tree(self, kind, repo, rev, sub, params):
         meta = self._meta(kind, repo)
@@ -355,14 +352,8 @@ class Handler(BucketRoutes, BaseHandler):
         if f.get("lfs"):
             headers.update({"X-Linked-Etag": f'"{f["sha256"]}"', "X-Linked-Size": size})
         if f.get("xet"):
-            # as the Hub answers for a Xet-backed file: a redirect to a signed URL on another
-            # host that serves the reconstructed bytes (Range too), with the file's Xet hash
-            # and where a read token for it comes from
             token_route = f"{self.server.base_url}/api/{kind}/{urllib.parse.unquote(repo)}/xet-read-token/{sha}"
-            cas = self.server.cas
-            self._send(302, b"", {**headers, "Location": cas.sign(f"{cas.base_url}/bridge/{f['xet']}"),
-                                  "X-Xet-Hash": f["xet"], "X-Xet-Refresh-Route": token_route,
-                                  "Link": f'<{token_route}>; rel="xet-auth"'})
+            self._send(302, b"", {**headers, **self.server.cas.redirect_headers(f["xet"], token_route)})
             return
         start, end, status = 0, size - 1, 200
         rng = None if self.server.ignore_range else self.headers.get("Range")

@@ -142,10 +142,7 @@ class BucketRoutes:
 
     def bucket_xet_token(self, ns, name, scope, params):
         self._bucket(ns, name, write=scope == "write")
-        cas = self.server.cas
-        token, expires = cas.issue_token(scope, sha256_required=False)  # bucket files need no sha256
-        self._json(200, {"accessToken": token, "exp": expires, "casUrl": cas.base_url},
-                   {"X-Xet-Cas-Url": cas.base_url, "X-Xet-Access-Token": token, "X-Xet-Token-Expiration": expires})
+        self._json(200, *self.server.cas.token_answer(scope, sha256_required=False))  # bucket files need no sha256
 
     def bucket_resolve(self, ns, name, path, params):
         bucket, meta = self._bucket(ns, name)
@@ -155,9 +152,6 @@ class BucketRoutes:
             raise HubError(404, f"Entry not found: {path}", "EntryNotFound")
         if self.server.take_failure("resolve"):
             raise HubError(403, "injected failure")
-        cas = self.server.cas
         token_route = f"{self.server.base_url}/api/buckets/{bucket}/xet-read-token"
-        self._send(302, b"", {"Location": cas.sign(f"{cas.base_url}/bridge/{f['xetHash']}"),
-                              "X-Xet-Hash": f["xetHash"], "X-Xet-Refresh-Route": token_route,
-                              "Link": f'<{token_route}>; rel="xet-auth"', "X-Linked-Size": f["size"],
+        self._send(302, b"", {**self.server.cas.redirect_headers(f["xetHash"], token_route), "X-Linked-Size": f["size"],
                               "ETag": f'"{f["xetHash"]}"', "Content-Type": "application/octet-stream"})

@@ -15,7 +15,7 @@ import json
 import threading
 from pathlib import Path
 
-from .xet_format import XetFormatError, file_hash, hash_hex, merkle_root, parse_shard, parse_xorb, \
+from .xet_format import XetFormatError, file_hash, hash_hex, hex_hash, merkle_root, parse_shard, parse_xorb, \
     read_chunks, verification_hash
 
 
@@ -89,7 +89,7 @@ class XetStore:
                     raise XetFormatError(f"file {file_id}: chunks [{t.start}, {t.end}) of xorb {key}, which has "
                                          f"{len(held)}")
                 span = held[t.start:t.end]
-                hashes = [bytes.fromhex(_raw_hex(h)) for h, _, _, _ in span]
+                hashes = [hex_hash(h) for h, _, _, _ in span]
                 if sum(c[3] for c in span) != t.unpacked:
                     raise XetFormatError(f"file {file_id}: a term's size {t.unpacked} is not its chunks'")
                 if t.verification is None:
@@ -159,11 +159,6 @@ class XetStore:
                                                    "url_range": {"start": b0, "end": b1}})
         key = "xorbs" if v2 else "fetch_info"
         return {"offset_into_first_range": offset_into_first, "terms": terms, key: fetch}
-
-
-def _raw_hex(protocol_hex: str) -> str:
-    """Plain hex of the raw bytes, from the protocol's word-reversed form."""
-    return "".join(bytes.fromhex(protocol_hex[i:i + 16])[::-1].hex() for i in range(0, 64, 16))
 
 
 def _write_json(path: Path, obj) -> None:

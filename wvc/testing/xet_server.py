@@ -222,9 +222,6 @@ class CasServer(CountingServer):
         self.tokens: dict[str, tuple[str, float, bool]] = {}
         self._secret = secrets.token_bytes(32)
         self._token_lock = threading.Lock()
-        # the hub's log, faults and counters are shared, so tests see one server
-        self.requests = hub.requests
-        self.fail = hub.fail
 
     def quota_for(self, path: str):
         return self.hub.cas_quota, "You have exceeded the Xet service's request rate limit"
@@ -245,6 +242,20 @@ class CasServer(CountingServer):
         with self._token_lock:
             self.tokens[token] = (scope, expires, sha256_required)
         return token, expires
+
+    def token_answer(self, scope: str, sha256_required: bool = True) -> tuple[dict, dict]:
+        """A new token as the Hub's ``xet-*-token`` endpoints answer it (auth.md): the JSON body,
+        and the headers huggingface_hub reads."""
+        token, expires = self.issue_token(scope, sha256_required)
+        return ({"accessToken": token, "exp": expires, "casUrl": self.base_url},
+                {"X-Xet-Cas-Url": self.base_url, "X-Xet-Access-Token": token, "X-Xet-Token-Expiration": expires})
+
+    def redirect_headers(self, xet_hash: str, token_route: str) -> dict:
+        """How the Hub answers ``/resolve/`` of a Xet-backed file: a redirect to a signed URL
+        on this other origin that serves the reconstructed bytes (Range too), with the file's
+        Xet hash and where a read token for it comes from."""
+        return {"Location": self.sign(f"{self.base_url}/bridge/{xet_hash}"), "X-Xet-Hash": xet_hash,
+                "X-Xet-Refresh-Route": token_route, "Link": f'<{token_route}>; rel="xet-auth"'}
 
     def token_grant(self, token: str) -> tuple[str, bool] | None:
         with self._token_lock:
