@@ -442,6 +442,8 @@ def log(revs, oneline, graph, all_refs, max_count, stat, as_json):
             continue
         refs = f" ({', '.join(e.refs)})" if e.refs else ""
         summary = e.message.splitlines()[0] if e.message else ""
+        if e.pruned:
+            refs += " [pruned]"
         if oneline:
             click.echo(f"{pad}{click.style(e.id[:12], fg='yellow')}{refs} {summary}")
             if stat:
@@ -994,6 +996,30 @@ def gc(grace, remote_name, dry_run, as_json):
     if res.kept_young_objects:
         click.echo(f"Kept {plural(res.kept_young_objects, 'unreachable object')} in packs younger than "
                    f"{res.grace_seconds} s (--grace): a commit running now may still use them")
+
+
+@main.command()
+@click.argument("branch", required=False)
+@click.option("--keep-last", "keep_last", type=click.IntRange(min=1), default=None, metavar="K",
+              help="Keep the newest K versions.")
+@click.option("--keep-every", "keep_every", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Keep every version whose step (metadata 'step', else its position from 0) is a multiple of N.")
+@click.option("--keep-tagged", is_flag=True, help="Keep the versions tags point at.")
+@click.option("--keep-best", "keep_best", multiple=True, metavar="METRIC[:min|max]",
+              help="Keep the best version by this metadata metric (default min; repeatable).")
+@click.option("--dry-run", is_flag=True, help="Report what would be pruned and freed; change nothing.")
+@json_option
+def prune(branch, keep_last, keep_every, keep_tagged, keep_best, dry_run, as_json):
+    """Drop the weights of a run's versions the policy does not keep (they stay in the log)."""
+    keep = {"last": keep_last or 0, "every": keep_every or 0, "tagged": keep_tagged, "best": keep_best}
+    res = open_repo().prune(branch, keep=keep, dry_run=dry_run, progress=BarProgress())
+    if as_json:
+        return emit_json(res.to_json())
+    verb = "Would prune" if dry_run else "Pruned"
+    click.echo(f"{verb} {plural(res.pruned, 'version')} of {res.versions} on {res.branch} "
+               f"({res.kept} keep their weights, {res.already_pruned} pruned before); "
+               f"{'would free' if dry_run else 'freed'} {human(res.bytes_freed)}, "
+               f"{plural(res.chunks_reencoded, 'chunk')} re-encoded for the kept versions")
 
 
 @main.command()

@@ -43,6 +43,10 @@ class RevisionNotFound(WvcError, LookupError):
     """A REV does not name a commit."""
 
 
+class VersionPruned(WvcError, LookupError):
+    """The version's weights were dropped by `wvc prune`; its commit stays in the log."""
+
+
 class InvalidRefName(WvcError, ValueError):
     """A branch or tag name is not allowed."""
 

@@ -15,7 +15,8 @@ import tempfile
 from pathlib import Path
 
 from .basemodel.record import BaseRef, current
-from .errors import FormatError, InvalidArgument, NotARepository, RepositoryExists
+from . import ids
+from .errors import FormatError, InvalidArgument, NotARepository, RepositoryExists, VersionPruned
 from .fsutil import file_lock, fsync_dir, umask
 from .versions import Commit, Tree, check_chunk_bytes
 from .remotes import lazy_remote_name
@@ -192,9 +193,24 @@ class Repository:
         """The tree (a version's files) with this id."""
         return self.graph.read_tree(tree_id)
 
-    def tree_of(self, rev: str) -> Tree:
-        """The tree of the commit ``rev`` names."""
-        return self.read_tree(self.read_commit(self.resolve(rev)).tree)
+    def tree_of(self, rev: str, *, weights: bool = True) -> Tree:
+        """The tree of the commit ``rev`` names. ``weights``: the caller will read its chunks,
+        so a version `wvc prune` dropped is refused (VersionPruned), naming the nearest kept ones;
+        False: only its listing (names, shapes, chunk ids) is wanted."""
+        commit_id = self.resolve(rev)
+        if weights:
+            self.require_weights(commit_id)
+        return self.read_tree(self.read_commit(commit_id).tree)
+
+    def require_weights(self, commit_id: str) -> None:
+        """Raise VersionPruned if ``commit_id``'s weights were dropped by `wvc prune`."""
+        if not self.graph.is_pruned(commit_id):
+            return
+        before, after = self.graph.nearest_kept(commit_id)
+        near = [f"{ids.short(c)} ({n} {'commit' if n == 1 else 'commits'} {side})"
+                for found, side in ((before, "earlier"), (after, "later")) if found for c, n in [found]]
+        raise VersionPruned(f"version {ids.short(commit_id)} was pruned (wvc prune): its log entry stays, its weights "
+                            f"are gone; nearest kept: {', '.join(near) or 'none'}")
 
     # -- recording -------------------------------------------------------------------------
     def record(self, versions, *, packs=(), externals=None, ref: str | None = None, expected: str | None = None,

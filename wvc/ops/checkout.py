@@ -46,7 +46,7 @@ def checkout(repo, rev: str, *, force: bool = False, output=None, paths=None,
     branch = rev if repo.refs.get(HEADS + rev) is not None else None
     if rev == "HEAD":  # as in git: checking out HEAD restores files and stays on the branch
         branch = repo.refs.head_branch()
-    target = repo.read_tree(repo.read_commit(commit_id).tree)
+    target = repo.tree_of(commit_id)  # (a pruned version is refused, naming the nearest kept ones)
     if output is not None:
         return _to_directory(repo, commit_id, target, Path(output), force, progress)
     with repo.worktree_lock("checkout"):

@@ -18,6 +18,7 @@ class LogEntry:
     metadata: dict
     stored_bytes: int | None
     refs: tuple[str, ...]
+    pruned: bool = False  # its weights were dropped by `wvc prune` (ops/prune.py)
 
     def to_json(self):
         return {
@@ -29,6 +30,7 @@ class LogEntry:
             "metadata": self.metadata,
             "stored_bytes": self.stored_bytes,
             "refs": list(self.refs),
+            "pruned": self.pruned,
         }
 
 
@@ -70,6 +72,7 @@ def log(repo, rev: str = "HEAD", n: int | None = None, all_refs: bool = False, *
         tips = [repo.resolve(r) for r in exclude]
         hidden = set(repo.graph.ancestors(tips)) | set(tips)
     labels = ref_labels(repo)
+    pruned = repo.graph.pruned()
     out = []
     for cid in repo.graph.newest_first(starts, None if (hidden or paths) else n):
         if n is not None and len(out) >= n:
@@ -78,7 +81,7 @@ def log(repo, rev: str = "HEAD", n: int | None = None, all_refs: bool = False, *
             continue
         c = repo.read_commit(cid)
         out.append(LogEntry(cid, c.parents, c.author, c.timestamp, c.message, c.metadata,
-                            repo.graph.stored_bytes(cid), tuple(labels.get(cid, ()))))
+                            repo.graph.stored_bytes(cid), tuple(labels.get(cid, ())), cid in pruned))
     return out
 
 

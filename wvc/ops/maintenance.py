@@ -39,14 +39,16 @@ def reflog_expire_seconds() -> int:
 def reachable(repo, since: int | None = None) -> tuple[set[str], set[str], set[str]]:
     """(commits, trees, objects) reachable from every ref and HEAD, and from the reflog
     entries recorded at or after ``since`` (unix time; None: not from the reflog); objects
-    include delta bases."""
+    include delta bases. A pruned commit's tree is kept (the log lists its files), its
+    chunks are not (ops/prune.py)."""
     starts = _ref_tips(repo)
     if since is not None:
         starts |= {c for c in repo.refs.reflog_commits(since) if repo.graph.has_commit(c)}
     commits = set(repo.graph.ancestors(starts))
+    pruned = repo.graph.pruned()
     trees = {repo.read_commit(c).tree for c in commits}
     objects = set()
-    for t in trees:
+    for t in {repo.read_commit(c).tree for c in commits - pruned}:
         objects |= repo.read_tree(t).chunk_ids()
     def base_of(oid: str) -> str | None:
         row = repo.store.row(oid)
@@ -208,6 +210,7 @@ def fsck(repo) -> FsckResult:
         except (WvcError, OSError) as exc:
             res.errors.append(f"pack {name[:12]}: {exc}")
     lazy = lazy_remote_name(repo.db) is not None
+    pruned = repo.graph.pruned()  # their trees stay, their chunks are gone on purpose
     for oid in repo.store.object_ids():
         res.objects += 1
         try:
@@ -225,6 +228,8 @@ def fsck(repo) -> FsckResult:
                 res.errors.append(f"commit {ids.short(cid)}: tree {ids.short(c.tree)} missing")
                 continue
             tree = Tree.from_bytes(tree_data, expected_id=c.tree)
+            if cid in pruned:
+                continue
             missing = [o for o in tree.chunk_ids() if not repo.store.has(o)]
             if missing and lazy:
                 res.not_fetched.update(missing)  # a lazy clone's promise: on the remote, fetched on use

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .. import ids
 from ..basemodel.record import base_json
-from ..errors import DetachedHead, NonFastForward, RevisionNotFound
+from ..errors import DetachedHead, NonFastForward, RevisionNotFound, VersionPruned
 from ..fsutil import sweep_work_dirs, work_dir
 from ..progress import NULL, Progress
 from ..remotes.catalog import Catalog
@@ -90,6 +90,10 @@ def push(repo, remote_name: str = "origin", branch: str | None = None, *, force:
         known |= set(graph.ancestors([t for t in state.refs.values() if graph.has_commit(t)]))
     new_commits = graph.ancestors(list(updates.values()), stop=known)
 
+    pruned = repo.graph.pruned().intersection(new_commits)
+    if pruned:
+        raise VersionPruned(f"{len(pruned)} of the {len(new_commits)} commits {remote_name} lacks were pruned here "
+                            f"(wvc prune), e.g. {ids.short(next(iter(pruned)))}: their weights cannot be sent")
     remote_objects = {e.id for seg in live for e in seg.entries}
     # a lazy clone pushing to another remote fetches what it lacks first, delta bases included
     chunks_of = {cid: repo.read_tree(repo.read_commit(cid).tree).chunk_ids() for cid in new_commits}

@@ -316,6 +316,18 @@ class ObjectStore:
         self.db.conn.executemany("UPDATE objects SET pack = ?, offset = ? WHERE id = ?",
                                  [(name, off, oid) for oid, off in moved])
 
+    def reencoded(self, rows: list[ObjectRow]) -> None:
+        """Point ``rows``' objects at their new payloads (pack, offset, length, method, base,
+        depth: a prune re-encoding what kept versions need); inside the caller's transaction,
+        after :meth:`insert_rows` or :meth:`relocate` recorded the pack."""
+        self.db.conn.executemany(
+            "UPDATE objects SET pack = ?, offset = ?, length = ?, method = ?, base = ?, depth = ? WHERE id = ?",
+            [(r.pack, r.offset, r.length, r.method, r.base, r.depth, r.id) for r in rows])
+
+    def set_depths(self, depths: dict[str, int]) -> None:
+        """Correct the recorded chain depth of objects whose chain got shorter; inside the caller's transaction."""
+        self.db.conn.executemany("UPDATE objects SET depth = ? WHERE id = ?", [(d, o) for o, d in depths.items()])
+
     def forget(self, object_ids, packs) -> None:
         """Delete rows of objects and packs (gc); inside the caller's transaction."""
         self.db.conn.executemany("DELETE FROM objects WHERE id = ?", [(o,) for o in object_ids])

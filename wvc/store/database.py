@@ -87,12 +87,19 @@ def _m0005_tensor_changes(db: "sqlite_utils.Database") -> None:
     db.execute("CREATE TABLE changes_done (commit_id TEXT PRIMARY KEY, parent TEXT)")
 
 
+def _m0006_pruned_commits(db: "sqlite_utils.Database") -> None:
+    # commits whose weights `wvc prune` dropped: they stay in the log (message, metadata,
+    # tree, change statistics); their chunks are no longer kept (ops/prune.py)
+    db.execute("CREATE TABLE pruned_commits (commit_id TEXT PRIMARY KEY, pruned_at INTEGER NOT NULL)")
+
+
 MIGRATIONS = [
     ("0001_initial", _m0001_initial),
     ("0002_external_objects", _m0002_external_objects),
     ("0003_stat_cache_content_ids", _m0003_stat_cache_content_ids),
     ("0004_stat_cache_executable_bit", _m0004_stat_cache_executable_bit),
     ("0005_tensor_changes", _m0005_tensor_changes),
+    ("0006_pruned_commits", _m0006_pruned_commits),
 ]
 
 

@@ -70,6 +70,36 @@ class CommitGraph:
         """(commit id, tree bytes) of every commit whose tree is present."""
         return self.db.query("SELECT c.id, t.data FROM commits c JOIN trees t ON t.id = c.tree")
 
+    def children(self, commit_id: str) -> list[str]:
+        """Commits that name ``commit_id`` as their first parent."""
+        return [r[0] for r in self.db.query(
+            "SELECT commit_id FROM commit_parents WHERE parent = ? AND position = 0", (commit_id,))]
+
+    def pruned(self) -> set[str]:
+        """Commits whose weights `wvc prune` dropped (their commit and tree stay)."""
+        return {r[0] for r in self.db.query("SELECT commit_id FROM pruned_commits")}
+
+    def is_pruned(self, commit_id: str) -> bool:
+        return self.db.one("SELECT 1 FROM pruned_commits WHERE commit_id = ?", (commit_id,)) is not None
+
+    def nearest_kept(self, commit_id: str, limit: int = 100_000) -> tuple[tuple[str, int] | None, tuple[str, int] | None]:
+        """The closest versions along first parents whose weights are kept, before and after
+        ``commit_id``, each with its distance in commits (None where there is none)."""
+        pruned = self.pruned()
+
+        def walk(step):
+            cursor, n = commit_id, 0
+            while n < limit:
+                following = step(cursor)
+                if not following:
+                    return None
+                cursor, n = following[0], n + 1
+                if cursor not in pruned:
+                    return cursor, n
+            return None
+
+        return walk(lambda c: self.parents(c)[:1]), walk(self.children)
+
     # -- adding (inside the caller's transaction) --------------------------------------------
     def add_tree(self, tree: Tree, data: bytes | None = None) -> None:
         self.db.conn.execute("INSERT OR IGNORE INTO trees VALUES (?, ?)", (tree.id, data or tree.to_bytes()))
@@ -84,8 +114,12 @@ class CommitGraph:
                                  [(cid, i, p) for i, p in enumerate(commit.parents)])
         return cid
 
+    def mark_pruned(self, commit_ids, at: int) -> None:
+        self.db.conn.executemany("INSERT OR IGNORE INTO pruned_commits VALUES (?, ?)", [(c, at) for c in commit_ids])
+
     def delete_commits(self, commit_ids) -> None:
         rows = [(c,) for c in commit_ids]
+        self.db.conn.executemany("DELETE FROM pruned_commits WHERE commit_id = ?", rows)
         self.db.conn.executemany("DELETE FROM commits WHERE id = ?", rows)
         self.db.conn.executemany("DELETE FROM commit_parents WHERE commit_id = ?", rows)
         self.db.conn.executemany("DELETE FROM tensor_changes WHERE commit_id = ?", rows)

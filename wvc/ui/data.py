@@ -98,7 +98,7 @@ def change_map(repo, commits: list[str], metric: str = "rel_l2", progress=None, 
     if metric not in METRICS:
         raise InvalidArgument(f"unknown metric {metric!r}: one of {', '.join(METRICS)}")
     _ready(repo, commits, compute, progress)
-    present = {c: [(f.path, t.name) for f in repo.tree_of(c).files for t in f.tensors] for c in commits}
+    present = {c: [(f.path, t.name) for f in repo.tree_of(c, weights=False).files for t in f.tensors] for c in commits}
     names = dict.fromkeys(key for keys in present.values() for key in keys)
     if not names:
         raise InvalidArgument("no tensors in these versions (no safetensors files): nothing to draw")
@@ -185,10 +185,10 @@ def tensor_detail(repo, commit: str, file: str, tensor: str, bins: int = 40) -> 
     from ..ops.diff import _SAME_WIDTH_INT, ordered_bits
 
     c = repo.read_commit(commit)
-    new = next((t for f in repo.tree_of(commit).files if f.path == file for t in f.tensors if t.name == tensor), None)
+    new = next((t for f in repo.tree_of(commit, weights=False).files if f.path == file for t in f.tensors if t.name == tensor), None)
     old = None
     if c.parents:
-        old = next((t for f in repo.tree_of(c.parents[0]).files if f.path == file for t in f.tensors
+        old = next((t for f in repo.tree_of(c.parents[0], weights=False).files if f.path == file for t in f.tensors
                     if t.name == tensor), None)
     if new is None:
         raise InvalidArgument(f"no tensor {tensor!r} in {file} at {commit[:12]}")

@@ -27,7 +27,7 @@ def prepare(repo, revs=None, limit: int = data.DEFAULT_LIMIT, progress=NULL) -> 
     commits: list[str] = []
     for rev in revs:
         commits += [c for c in data.commits_of(repo, rev, limit) if c not in commits]
-    if not any(f.tensors for c in commits for f in repo.tree_of(c).files):
+    if not any(f.tensors for c in commits for f in repo.tree_of(c, weights=False).files):
         raise InvalidArgument("no version here holds a tensor (no safetensors files): nothing to show")
     from ..ops.changes import ensure_changes
 

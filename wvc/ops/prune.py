@@ -1,0 +1,382 @@
+"""`wvc prune`: drop the weights of the versions of a run that a retention policy does not keep.
+
+A pruned commit stays in the log: its commit, tree (the files and tensors it listed),
+message, metadata, stored bytes and change statistics (computed before its weights go)
+are kept, and it is marked in `pruned_commits`; reading its weights (checkout, export,
+diff, merge, open) raises VersionPruned naming the nearest kept versions. The chunks only
+pruned versions used are freed. A chunk a kept version needs whose delta chain runs through
+a freed chunk is re-encoded against the nearest link of its chain that stays (a kept
+version's chunk, usually the previous kept version's or the keyframe), or as a keyframe.
+
+Order (docs/design.md, "prune"): 1. the change statistics of the commits to prune and of
+their children, each commit in its own transaction (a cache); 2. the re-encoded payloads,
+and the live payloads of every pack that holds a freed payload, copied into one new pack,
+made durable; 3. one transaction: reachability again (a commit that landed meanwhile keeps
+every chunk its chain needs), the commits marked pruned, rows switched to the new pack,
+freed rows and emptied packs deleted, the emptied packs' names noted in the config; 4. their
+files unlinked, the note dropped. A kill before 3 leaves an orphan new pack (a leftover gc
+removes after its grace period); after 3, the noted files, which the next prune or gc
+unlinks. A rerun after any kill finishes the job.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+
+from .. import ids
+from ..errors import InvalidArgument, WvcError
+from ..formats.dtypes import BYTES, DTYPES
+from ..progress import NULL, Progress
+from ..remotes import lazy_remote_name
+from ..store.packs import PackWriter, copy_payloads, pack_filename
+from ..store.refs import HEADS, TAGS
+from ..store.rows import ObjectRow
+from .changes import ensure_changes, first_parent_history
+from .maintenance import reflog_expire_seconds
+
+RETIRED_PACKS = "prune.retired"  # config: packs a prune's transaction dropped, until their files are gone
+
+
+@dataclass(frozen=True)
+class KeepPolicy:
+    """Which versions of a run keep their weights. A version is kept if any rule keeps it;
+    a branch's tip, every commit a ref or HEAD points at, and a base model's root always are."""
+
+    last: int = 0  # the newest ``last`` versions
+    every: int = 0  # versions whose step (metadata "step", else position in the run from 0) is a multiple
+    tagged: bool = False  # versions a tag points at
+    best: tuple[str, ...] = ()  # "METRIC" or "METRIC:min|max" (default min): the best version by each
+
+    @classmethod
+    def of(cls, keep) -> "KeepPolicy":
+        """A policy from a KeepPolicy, a dict of its fields, or a string such as
+        ``"last=10,every=100,tagged,best=eval_loss:min"`` (the Publisher's ``keep=``)."""
+        if isinstance(keep, KeepPolicy):
+            return keep.checked()
+        if isinstance(keep, str):
+            fields: dict = {}
+            for part in filter(None, (p.strip() for p in keep.split(","))):
+                key, eq, value = part.partition("=")
+                if key == "tagged" and not eq:
+                    fields["tagged"] = True
+                elif key in ("last", "every") and eq and value.isdigit():
+                    fields[key] = int(value)
+                elif key == "best" and value:
+                    fields["best"] = fields.get("best", ()) + (value,)
+                else:
+                    raise InvalidArgument(f"keep policy: {part!r} is not last=K, every=N, tagged or best=METRIC[:min|max]")
+            keep = fields
+        if isinstance(keep, dict):
+            unknown = set(keep) - {"last", "every", "tagged", "best"}
+            if unknown:
+                raise InvalidArgument(f"keep policy: unknown rule {sorted(unknown)[0]!r}")
+            best = keep.get("best", ())
+            return cls(int(keep.get("last", 0)), int(keep.get("every", 0)), bool(keep.get("tagged", False)),
+                       (best,) if isinstance(best, str) else tuple(best)).checked()
+        raise InvalidArgument(f"keep policy: expected a string, a dict or a KeepPolicy, not {type(keep).__name__}")
+
+    def checked(self) -> "KeepPolicy":
+        if self.last < 0 or self.every < 0:
+            raise InvalidArgument("keep policy: --keep-last and --keep-every take a count of at least 1")
+        if not (self.last or self.every or self.tagged or self.best):
+            raise InvalidArgument("keep policy: say what to keep (--keep-last, --keep-every, --keep-tagged, --keep-best)")
+        for spec in self.best:
+            metric, _, direction = spec.partition(":")
+            if not metric or direction not in ("", "min", "max"):
+                raise InvalidArgument(f"keep policy: --keep-best {spec!r} is not METRIC[:min|max]")
+        return self
+
+    def kept(self, run: list[str], metadata: dict[str, dict], tagged: set[str]) -> set[str]:
+        """Those of ``run`` (commit ids, oldest first) this policy keeps."""
+        keep = set(run[len(run) - self.last:]) if self.last else set()
+        if self.every:
+            keep |= {c for i, c in enumerate(run) if _step(metadata[c], i) % self.every == 0}
+        if self.tagged:
+            keep |= tagged.intersection(run)
+        for spec in self.best:
+            metric, _, direction = spec.partition(":")
+            scored = [(v, i, c) for i, c in enumerate(run) if (v := metric_value(metadata[c], metric)) is not None]
+            if scored:
+                keep.add((max(scored) if direction == "max" else min(scored, key=lambda s: (s[0], -s[1])))[2])
+        return keep
+
+
+def _step(metadata: dict, position: int) -> int:
+    step = metadata.get("step")
+    return step if type(step) is int and step >= 0 else position
+
+
+def metric_value(metadata: dict, metric: str) -> float | None:
+    """A commit's value of ``metric``: metadata[metric], else metadata["metrics"][metric]
+    (the Trainer callback's layout); only finite numbers count."""
+    value = metadata.get(metric)
+    if value is None and isinstance(metadata.get("metrics"), dict):
+        value = metadata["metrics"].get(metric)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+@dataclass
+class PruneResult:
+    branch: str
+    dry_run: bool
+    versions: int  # in the run (the branch's first-parent history)
+    kept: int  # of them, with weights after this prune
+    pruned: int  # by this prune
+    already_pruned: int
+    chunks_freed: int = 0
+    chunks_reencoded: int = 0
+    bytes_before: int = 0  # pack bytes
+    bytes_after: int = 0
+    bytes_freed: int = 0
+    pruned_commits: list[str] = field(default_factory=list)
+
+    def to_json(self):
+        return dict(self.__dict__)
+
+
+@dataclass
+class _Plan:
+    kept_chunks: set[str]
+    rows: dict[str, ObjectRow]  # old rows of every chunk involved and its chain
+    reencode: list[tuple[str, str | None]]  # (chunk, its new base or None), bases first
+    freed: set[str]  # rows to delete
+    dtypes: dict[str, str]
+
+
+def prune(repo, branch: str | None = None, keep=None, *, dry_run: bool = False, progress: Progress = NULL) -> PruneResult:
+    """Apply ``keep`` (see :class:`KeepPolicy`) to ``branch``'s run (default: HEAD's branch)."""
+    policy = KeepPolicy.of(keep)
+    if lazy_remote_name(repo.db) is not None:
+        raise WvcError("this is a lazy clone: `wvc fetch --all` first, so that what kept versions need is here")
+    _finish_retired(repo)
+    branch = branch or repo.refs.head_branch()
+    if branch is None:
+        raise InvalidArgument("HEAD is detached: name the branch to prune")
+    tip = repo.refs.get(HEADS + branch)
+    if tip is None:
+        raise InvalidArgument(f"no branch {branch!r}")
+    run = first_parent_history(repo, tip)
+    metadata = {c: repo.read_commit(c).metadata for c in run}
+    already = repo.graph.pruned()
+    keep_set = policy.kept(run, metadata, set(repo.refs.list(TAGS).values())) | _always_kept(repo)
+    to_prune = [c for c in run if c not in keep_set and c not in already]
+    result = PruneResult(branch, dry_run, len(run), sum(1 for c in run if c not in already and c not in to_prune),
+                         len(to_prune), len(already.intersection(run)), bytes_before=_pack_bytes(repo),
+                         pruned_commits=to_prune)
+    plan = _plan(repo, already | set(to_prune))
+    result.chunks_freed, result.chunks_reencoded = len(plan.freed), len(plan.reencode)
+    result.bytes_freed = sum(plan.rows[o].length for o in plan.freed)
+    if dry_run or not (to_prune or plan.freed or plan.reencode):
+        result.bytes_after = result.bytes_before - (0 if dry_run else result.bytes_freed)
+        return result
+    # 1. what the log shows of them must survive their weights: changes against the parent
+    pruning = set(to_prune)
+    first_parent = {c: (repo.read_commit(c).parents or (None,))[0] for c in run}
+    ensure_changes(repo, [c for c in run if c in pruning or first_parent[c] in pruning], progress)
+    # 2. the new pack: re-encoded payloads, and the live payloads of the packs freed objects are in
+    new_rows, copied, pack = _write_pack(repo, plan, progress)
+    # 3. one transaction
+    now = int(time.time())
+    with repo.db.write():
+        live_now = _live(repo, already | pruning, {r.id: r for r in new_rows}, plan.rows)
+        resurrected = plan.freed & live_now  # a commit that landed meanwhile needs them
+        freed = plan.freed - resurrected
+        touched = {plan.rows[o].pack for o in plan.freed} | {plan.rows[o].pack for o, _ in plan.reencode}
+        emptied = touched - {plan.rows[o].pack for o in resurrected}
+        repo.graph.mark_pruned(to_prune, now)
+        if pack is not None:
+            repo.store.relocate(pack, copied + [(r.id, r.offset) for r in new_rows], now)
+            repo.store.reencoded(new_rows)
+        repo.store.set_depths(_corrected_depths(repo, plan, {r.id: r for r in new_rows}))
+        repo.store.forget(freed, emptied)
+        repo.db.set_config(RETIRED_PACKS, json.dumps(sorted(emptied)))
+    repo.store.reader.close()
+    # 4. the emptied packs' files
+    _finish_retired(repo)
+    result.chunks_freed = len(freed)
+    result.bytes_after = _pack_bytes(repo)
+    result.bytes_freed = max(0, result.bytes_before - result.bytes_after)
+    return result
+
+
+def _always_kept(repo) -> set[str]:
+    tips = set(repo.refs.list("refs/").values())
+    if head := repo.refs.head_commit():
+        tips.add(head)
+    if base := repo.db.get_config("base.commit"):
+        tips.add(base)
+    return tips
+
+
+def _pack_bytes(repo) -> int:
+    return sum(p.stat().st_size for p in repo.store.packs_dir.glob("pack-*.pack"))
+
+
+def _finish_retired(repo) -> None:
+    """Unlink the packs the last prune's transaction dropped (step 4; a rerun after a kill)."""
+    noted = repo.db.get_config(RETIRED_PACKS)
+    if noted is None:
+        return
+    known = set(repo.store.pack_names())
+    for name in json.loads(noted):
+        if name not in known:  # (never a pack a later write recorded again)
+            (repo.store.packs_dir / pack_filename(name)).unlink(missing_ok=True)
+    with repo.db.write():
+        repo.db.delete_config(RETIRED_PACKS)
+
+
+def _kept_trees(repo, pruned: set[str]) -> list:
+    """The trees of every commit a ref, HEAD or a recent reflog entry reaches, less the pruned."""
+    now = int(time.time())
+    expire = reflog_expire_seconds()
+    starts = _always_kept(repo)
+    if expire > 0:
+        starts |= {c for c in repo.refs.reflog_commits(now - expire) if repo.graph.has_commit(c)}
+    commits = set(repo.graph.ancestors(starts)) - pruned
+    return [repo.read_tree(t) for t in {repo.read_commit(c).tree for c in commits}]
+
+
+def _plan(repo, pruned: set[str]) -> _Plan:
+    """Which chunks stay, which go, and which of those staying must be re-encoded (their
+    chain runs through one that goes), each against the nearest link of its chain that
+    stays. Chains are followed through the plan's own re-encodings, bases first."""
+    dtypes: dict[str, str] = {}
+    for tree in _kept_trees(repo, pruned):
+        for f in tree.files:
+            if f.header:
+                dtypes[f.header] = BYTES.name
+            dtypes.update((c, BYTES.name) for c in f.chunks)
+            for t in f.tensors:
+                dtypes.update((c, t.dtype) for c in t.chunks)
+    kept = set(dtypes)
+    dropped: set[str] = set()
+    for c in pruned:
+        if repo.graph.has_commit(c):
+            dropped |= repo.read_tree(repo.read_commit(c).tree).chunk_ids()
+    rows = repo.store.chain_rows(kept | dropped)
+    new_base: dict[str, str | None] = {}
+
+    def base_of(oid: str) -> str | None:
+        if oid in new_base:
+            return new_base[oid]
+        row = rows.get(oid)
+        return row.base if row is not None else None
+
+    reencode = []
+    for oid in sorted((o for o in kept if o in rows), key=lambda o: rows[o].depth):
+        link, needs = base_of(oid), False
+        while link is not None and link not in kept:
+            needs, link = True, base_of(link)
+        if needs:
+            new_base[oid] = link  # the nearest link that stays (its own chain already fixed), or None
+            reencode.append((oid, link))
+    live = set()
+    for oid in kept:
+        cursor = oid
+        while cursor is not None and cursor not in live:
+            live.add(cursor)
+            cursor = base_of(cursor)
+    freed = {o for o in rows if o not in live}
+    return _Plan(kept, rows, reencode, freed, dtypes)
+
+
+def _write_pack(repo, plan: _Plan, progress: Progress):
+    """Step 2: re-encode, copy the live payloads of the packs that lose one; make it durable."""
+    from .. import codec
+    from ..store import pool as codec_pool
+
+    store = repo.store
+    chains = {o: store.chain(o, known=plan.rows) for o, _ in plan.reencode}
+    chains.update({b: store.chain(b, known=plan.rows) for _, b in plan.reencode if b is not None})
+
+    def encode(item):
+        oid, base = item
+        raw = store.decode_chain(chains[oid])
+        base_raw = store.decode_chain(chains[base]) if base is not None else None
+        dtype = DTYPES.get(plan.dtypes[oid], BYTES)
+        return oid, base, len(raw), codec.encode(raw, dtype, base_raw, device="cpu")
+
+    writer = PackWriter(store.packs_dir)
+    try:
+        progress.start(len(plan.reencode), "re-encoding what kept versions need", unit="chunks")
+        encoded: list = []
+        for k in range(0, len(plan.reencode), 16):  # a bounded number of decoded chunks in flight
+            encoded += list(codec_pool.pool().map(encode, plan.reencode[k:k + 16]))
+            progress.advance(min(16, len(plan.reencode) - k))
+        progress.close()
+        depth: dict[str, int] = {}
+
+        def depth_of(oid: str | None) -> int:  # the depth a row will have (bases come first)
+            return -1 if oid is None else depth.get(oid, plan.rows[oid].depth if oid in plan.rows else 0)
+
+        new_rows = []
+        for oid, base, raw_size, enc in encoded:
+            base = base if enc.uses_base else None
+            entry = writer.add(oid, enc.payload, raw_size, int(enc.method), base)
+            depth[oid] = depth_of(base) + 1
+            new_rows.append(ObjectRow(oid, "", entry.offset, entry.length, raw_size, int(enc.method), base, depth[oid]))
+        moving = {o for o, _ in plan.reencode}
+        touched = {plan.rows[o].pack for o in plan.freed | moving}
+        keep_rows = [r for r in store.rows_in_packs(touched) if r.id not in plan.freed and r.id not in moving]
+        entries = copy_payloads(writer, ((r, store.reader.read(r.pack, r.offset, r.length)) for r in keep_rows))
+        pack = writer.finish()
+    except BaseException:
+        writer.abort()
+        raise
+    if pack is not None:
+        new_rows = [ObjectRow(r.id, pack[0], r.offset, r.length, r.raw_size, r.method, r.base, r.depth) for r in new_rows]
+    return new_rows, [(e.id, e.offset) for e in entries], pack
+
+
+def _live(repo, pruned: set[str], new_rows: dict[str, ObjectRow], old_rows: dict[str, ObjectRow]) -> set[str]:
+    """Under the write lock: every chunk the kept versions need now, through the new rows."""
+    kept = set()
+    for tree in _kept_trees(repo, pruned):
+        kept |= tree.chunk_ids()
+    rows = dict(old_rows)
+    rows.update(repo.store.rows([o for o in kept if o not in rows]))
+    live = set()
+    frontier = list(kept)
+    while frontier:
+        oid = frontier.pop()
+        if oid in live:
+            continue
+        live.add(oid)
+        row = new_rows.get(oid) or rows.get(oid)
+        if row is None:
+            continue
+        if row.base is not None and row.base not in rows and row.base not in new_rows:
+            rows.update(repo.store.rows([row.base]))
+        if row.base is not None:
+            frontier.append(row.base)
+    return live
+
+
+def _corrected_depths(repo, plan: _Plan, new_rows: dict[str, ObjectRow]) -> dict[str, int]:
+    """The depth each kept chunk's chain has after re-encoding, where it changed."""
+    depth: dict[str, int] = {}
+
+    def of(oid: str) -> int:
+        path, cursor = [], oid
+        while cursor is not None and cursor not in depth:
+            row = new_rows.get(cursor) or plan.rows.get(cursor)
+            if row is None:  # a base's file, or not in a pack
+                depth[cursor] = 0
+                break
+            path.append((cursor, row.base))
+            cursor = row.base
+        for oid_, base in reversed(path):
+            depth[oid_] = 0 if base is None else depth[base] + 1
+        return depth[oid]
+
+    changed = {}
+    for oid in plan.kept_chunks:
+        row = new_rows.get(oid) or plan.rows.get(oid)
+        if row is not None and of(oid) != row.depth:
+            changed[oid] = depth[oid]
+    return changed
