@@ -78,6 +78,9 @@ def main():
     elif args.op == "fetch":
         Repo.open(args.repo).fetch("origin")
         print("DONE")
+    elif args.op == "prune":  # (tests/test_prune.py: every 10th step and the last 3 keep their weights)
+        Repo.open(args.repo).prune(keep={"every": 10, "last": 3})
+        print("DONE")
     else:
         sys.exit(f"unknown op {args.op}")
 

@@ -259,12 +259,13 @@ class Repo(Repository):
 
         return remote_gc.remote_gc(self, remote, dry_run=dry_run, progress=progress)
 
-    def prune(self, branch: str | None = None, *, keep, dry_run: bool = False, progress: Progress = NULL):
+    def prune(self, branch: str | None = None, *, keep, dry_run: bool = False, protect=frozenset(),
+              progress: Progress = NULL):
         """Drop the weights of ``branch``'s versions that ``keep`` does not keep (ops/prune.py):
         ``keep`` is a dict (last, every, tagged, best), a string ("last=10,every=100") or a KeepPolicy."""
         from .ops import prune
 
-        return prune.prune(self, branch, keep, dry_run=dry_run, progress=progress)
+        return prune.prune(self, branch, keep, dry_run=dry_run, protect=protect, progress=progress)
 
     def fsck(self):
         """Verify every object, tree and commit (and the base's files); returns what is wrong, if anything."""

@@ -24,6 +24,12 @@ but the repository.
 Failures never reach the training loop: they are logged and collected in ``errors``; a
 failed push is retried with back-off and at ``close``. huggingface_hub's own upload bars are
 kept out of the training log while a push runs (``quiet_hub``; see hub_bars_silenced).
+
+``keep`` (a retention policy, as ``wvc prune`` takes it: ``"last=10,every=100"``, a dict or
+a KeepPolicy) prunes the branch as the run goes, every ``prune_every`` commits: the versions
+the policy does not keep lose their weights (they stay in the log). With a remote, only
+versions the remote already has are pruned (a push must still be able to send the others),
+and never while a push is reading the store.
 """
 
 from __future__ import annotations
@@ -194,9 +200,17 @@ class Publisher:
     def __init__(self, repo_path, branch: str, *, push_to: str | None = None, remote: str = "origin",
                  max_pending: int = 1, push_interval: float | None = None, device: str = "auto",
                  max_push_attempts: int = 5, retry_seconds: float = 2.0, keep_bytes: int = KEEP_BYTES,
-                 quiet_hub: bool = True):
+                 quiet_hub: bool = True, keep=None, prune_every: int | None = None):
         if max_pending < 1:
             raise ValueError("max_pending must be at least 1")
+        from .ops.prune import KeepPolicy
+
+        self.keep = KeepPolicy.of(keep) if keep is not None else None  # (a bad policy fails here, not mid-run)
+        # pruning batches: one pass re-encodes what the kept versions need once, not every step
+        self.prune_every = prune_every or max(1, min(16, (self.keep.last if self.keep and self.keep.last else 16)))
+        self._commits_unpruned = 0
+        self._store_lock = threading.Lock()  # a prune and a push never overlap
+        self.prunes: list[dict] = []  # one per prune: pruned, bytes_freed, seconds
         self.repo_path = Path(repo_path)
         self.branch = branch
         self.remote = remote
@@ -297,6 +311,13 @@ class Publisher:
         with self._cond:
             self._closing = True
             self._cond.notify_all()
+        if self.keep is not None and self._commits_unpruned and done:
+            self._committer.join()  # (idle after the flush: it returns now)
+            repo = Repo.open(self.repo_path)
+            try:
+                self._prune(repo, wait=True)  # the last versions follow the policy too
+            finally:
+                repo.close()
         if not done:
             self.unpushed = True
             message = (f"not committed and pushed within {timeout:g} s: what is committed of {self.branch} is in "
@@ -372,6 +393,32 @@ class Publisher:
         self.commits.append({"commit": res.commit, "step": job.metadata.get("step"), "skipped_steps": job.skipped,
                              "seconds": time.perf_counter() - t, "stored_bytes": res.stored_bytes,
                              "logical_bytes": res.logical_bytes})
+        self._commits_unpruned += 1
+        if self.keep is not None and self._commits_unpruned >= self.prune_every:
+            self._prune(repo)
+
+    def _prune(self, repo, wait: bool = False) -> None:
+        """Apply ``keep`` to the branch; skipped (tried again after the next commit) while a
+        push runs, unless ``wait``."""
+        if not self._store_lock.acquire(blocking=wait):
+            return
+        t = time.perf_counter()
+        try:
+            protect: set[str] = set()
+            if self._pusher is not None:  # what the remote lacks keeps its weights until pushed
+                tip = repo.refs.get(f"refs/heads/{self.branch}")
+                pushed = repo.refs.get(f"refs/remotes/{self.remote}/{self.branch}")
+                stop = set(repo.graph.ancestors(pushed)) if pushed else set()
+                protect = set(repo.graph.ancestors(tip, stop=stop)) if tip else set()
+            res = repo.prune(self.branch, keep=self.keep, protect=protect)
+            self._commits_unpruned = 0
+            self.prunes.append({"pruned": res.pruned, "bytes_freed": res.bytes_freed,
+                                "seconds": time.perf_counter() - t})
+        except Exception as exc:  # noqa: BLE001 - reported, never raised into training
+            self.errors.append(f"prune failed: {exc}")
+            log.error("wvc: prune of %s failed: %s", self.branch, exc)
+        finally:
+            self._store_lock.release()
 
     # -- the pusher ----------------------------------------------------------------------------
     def _push_loop(self) -> None:
@@ -397,7 +444,7 @@ class Publisher:
                     self._push_wanted, self._pushing = False, True
                 last_try = time.monotonic()
                 try:
-                    with hub_bars_silenced(self.quiet_hub):
+                    with hub_bars_silenced(self.quiet_hub), self._store_lock:
                         repo.push(self.remote, self.branch)
                     attempts = 0
                 except Exception as exc:  # noqa: BLE001 - retried with back-off, never raised into training

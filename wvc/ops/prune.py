@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 
 from .. import ids
+from ..codec.container import Method
 from ..errors import InvalidArgument, WvcError
 from ..formats.dtypes import BYTES, DTYPES
 from ..progress import NULL, Progress
@@ -146,10 +147,13 @@ class _Plan:
     reencode: list[tuple[str, str | None]]  # (chunk, its new base or None), bases first
     freed: set[str]  # rows to delete
     dtypes: dict[str, str]
+    rebased: set[str]  # re-encoded on a new base (the rest of ``reencode`` keeps its base)
 
 
-def prune(repo, branch: str | None = None, keep=None, *, dry_run: bool = False, progress: Progress = NULL) -> PruneResult:
-    """Apply ``keep`` (see :class:`KeepPolicy`) to ``branch``'s run (default: HEAD's branch)."""
+def prune(repo, branch: str | None = None, keep=None, *, dry_run: bool = False, protect=frozenset(),
+          progress: Progress = NULL) -> PruneResult:
+    """Apply ``keep`` (see :class:`KeepPolicy`) to ``branch``'s run (default: HEAD's branch).
+    ``protect``: commits kept whatever the policy says (the Publisher's not yet pushed)."""
     policy = KeepPolicy.of(keep)
     if lazy_remote_name(repo.db) is not None:
         raise WvcError("this is a lazy clone: `wvc fetch --all` first, so that what kept versions need is here")
@@ -163,7 +167,7 @@ def prune(repo, branch: str | None = None, keep=None, *, dry_run: bool = False, 
     run = first_parent_history(repo, tip)
     metadata = {c: repo.read_commit(c).metadata for c in run}
     already = repo.graph.pruned()
-    keep_set = policy.kept(run, metadata, set(repo.refs.list(TAGS).values())) | _always_kept(repo)
+    keep_set = policy.kept(run, metadata, set(repo.refs.list(TAGS).values())) | _always_kept(repo) | set(protect)
     to_prune = [c for c in run if c not in keep_set and c not in already]
     result = PruneResult(branch, dry_run, len(run), sum(1 for c in run if c not in already and c not in to_prune),
                          len(to_prune), len(already.intersection(run)), bytes_before=_pack_bytes(repo),
@@ -183,6 +187,9 @@ def prune(repo, branch: str | None = None, keep=None, *, dry_run: bool = False, 
     # 3. one transaction
     now = int(time.time())
     with repo.db.write():
+        # a ref moved onto a version meanwhile: it keeps its weights (its chunks revive below)
+        pruning -= _always_kept(repo)
+        to_prune = [c for c in to_prune if c in pruning]
         live_now = _live(repo, already | pruning, {r.id: r for r in new_rows}, plan.rows)
         resurrected = plan.freed & live_now  # a commit that landed meanwhile needs them
         freed = plan.freed - resurrected
@@ -191,14 +198,14 @@ def prune(repo, branch: str | None = None, keep=None, *, dry_run: bool = False, 
         repo.graph.mark_pruned(to_prune, now)
         if pack is not None:
             repo.store.relocate(pack, copied + [(r.id, r.offset) for r in new_rows], now)
-            repo.store.reencoded(new_rows)
+            repo.store.reencoded(new_rows, plan.rebased)
         repo.store.set_depths(_corrected_depths(repo, plan, {r.id: r for r in new_rows}))
         repo.store.forget(freed, emptied)
         repo.db.set_config(RETIRED_PACKS, json.dumps(sorted(emptied)))
     repo.store.reader.close()
     # 4. the emptied packs' files
     _finish_retired(repo)
-    result.chunks_freed = len(freed)
+    result.chunks_freed, result.pruned, result.pruned_commits = len(freed), len(to_prune), to_prune
     result.bytes_after = _pack_bytes(repo)
     result.bytes_freed = max(0, result.bytes_before - result.bytes_after)
     return result
@@ -280,9 +287,15 @@ def _plan(repo, pruned: set[str]) -> _Plan:
         cursor = oid
         while cursor is not None and cursor not in live:
             live.add(cursor)
+            dtypes.setdefault(cursor, dtypes[oid])  # (a chain never crosses dtypes)
             cursor = base_of(cursor)
+    # A ULP_STEP payload is coded in the context of its base's base: where that base was
+    # rebased, the payload is re-encoded on the same base, without a context.
+    rebased = set(new_base)
+    reencode += [(o, rows[o].base) for o in sorted(live, key=lambda o: rows[o].depth if o in rows else 0)
+                 if o in rows and o not in rebased and rows[o].base in rebased and rows[o].method == Method.ULP_STEP]
     freed = {o for o in rows if o not in live}
-    return _Plan(kept, rows, reencode, freed, dtypes)
+    return _Plan(kept, rows, reencode, freed, dtypes, rebased)
 
 
 def _write_pack(repo, plan: _Plan, progress: Progress):

@@ -76,6 +76,7 @@ class ChunkWriter:
         self.offered: list[tuple] = []  # (id, raw, dtype, base id) not yet sent (put)
         self.offered_ids: set[str] = set()
         self.offered_bytes = 0
+        self.rebased = store.rebased_ids()  # never a base with a step context (see _base_and_context)
 
     def __enter__(self):
         return self
@@ -245,13 +246,14 @@ class ChunkWriter:
         the base (the base's own base, when the chain was not re-anchored), only of the
         same byte size as the chunk and its base (a shape change is not a step). The dtype
         is the chunk's own: the snapshot offers a parent chunk as base only when the dtype
-        is unchanged, so a chain never crosses dtypes."""
+        is unchanged, so a chain never crosses dtypes. A base that a prune re-encoded on a
+        new base gives no context: another store may hold it on its old one."""
         context = None
         if base_raw is None and base_chain:
             base_raw, context = self.store.decode_chain_and_base(base_chain)
         elif base_chain and len(base_chain) > 1:
             context = self.store.older_chunks.get(base_chain[1].id)
-        if context is not None and not len(context) == len(base_raw) == len(raw):
+        if context is not None and (not len(context) == len(base_raw) == len(raw) or base_chain[0].id in self.rebased):
             context = None
         return base_raw, context
 

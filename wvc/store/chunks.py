@@ -316,13 +316,20 @@ class ObjectStore:
         self.db.conn.executemany("UPDATE objects SET pack = ?, offset = ? WHERE id = ?",
                                  [(name, off, oid) for oid, off in moved])
 
-    def reencoded(self, rows: list[ObjectRow]) -> None:
+    def reencoded(self, rows: list[ObjectRow], rebased) -> None:
         """Point ``rows``' objects at their new payloads (pack, offset, length, method, base,
         depth: a prune re-encoding what kept versions need); inside the caller's transaction,
-        after :meth:`insert_rows` or :meth:`relocate` recorded the pack."""
+        after :meth:`insert_rows` or :meth:`relocate` recorded the pack. ``rebased``: those
+        whose base changed (see :meth:`rebased_ids`)."""
         self.db.conn.executemany(
             "UPDATE objects SET pack = ?, offset = ?, length = ?, method = ?, base = ?, depth = ? WHERE id = ?",
             [(r.pack, r.offset, r.length, r.method, r.base, r.depth, r.id) for r in rows])
+        self.db.conn.executemany("INSERT OR IGNORE INTO reencoded_objects VALUES (?)", [(o,) for o in rebased])
+
+    def rebased_ids(self) -> set[str]:
+        """Chunks a prune re-encoded on a new base: never a ULP_STEP payload's base (their
+        base's base, the step context, may differ in another store holding them)."""
+        return {r[0] for r in self.db.query("SELECT id FROM reencoded_objects")}
 
     def set_depths(self, depths: dict[str, int]) -> None:
         """Correct the recorded chain depth of objects whose chain got shorter; inside the caller's transaction."""
@@ -330,7 +337,9 @@ class ObjectStore:
 
     def forget(self, object_ids, packs) -> None:
         """Delete rows of objects and packs (gc); inside the caller's transaction."""
+        object_ids = list(object_ids)
         self.db.conn.executemany("DELETE FROM objects WHERE id = ?", [(o,) for o in object_ids])
+        self.db.conn.executemany("DELETE FROM reencoded_objects WHERE id = ?", [(o,) for o in object_ids])
         self.db.conn.executemany("DELETE FROM packs WHERE name = ?", [(p,) for p in packs])
 
     def count_objects(self) -> int:

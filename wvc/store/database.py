@@ -91,6 +91,10 @@ def _m0006_pruned_commits(db: "sqlite_utils.Database") -> None:
     # commits whose weights `wvc prune` dropped: they stay in the log (message, metadata,
     # tree, change statistics); their chunks are no longer kept (ops/prune.py)
     db.execute("CREATE TABLE pruned_commits (commit_id TEXT PRIMARY KEY, pruned_at INTEGER NOT NULL)")
+    # chunks a prune re-encoded against a new base: a ULP_STEP payload's context is its
+    # base's base, so no new payload takes one of these as a base with a context (another
+    # store may hold the same chunk on its old base)
+    db.execute("CREATE TABLE reencoded_objects (id TEXT PRIMARY KEY)")
 
 
 MIGRATIONS = [

@@ -1,0 +1,259 @@
+"""Retention: `wvc prune` drops the weights of a run's versions a policy does not keep.
+
+Kept versions must stay byte-identical (their chunks re-encoded where a chain ran through a
+freed one), pruned ones stay in the log and are refused with the nearest kept versions
+named, and a prune killed at any write point leaves a consistent repository that a rerun
+finishes."""
+
+import hashlib
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from wvc import Repo
+from wvc.api import clone as clone_repo
+from wvc.cli import main
+from wvc.ops.changes import changes_of
+from wvc.view import open_version
+from wvc.errors import InvalidArgument, VersionPruned
+from wvc.ops.prune import KeepPolicy
+from wvc.publisher import Publisher
+from wvc.store.refs import TAGS
+
+DRIVER = Path(__file__).parent / "crash_driver.py"
+
+
+def run_steps(repo, steps, *, branch="main", seed=0, metrics=None, start=0):
+    """A training-like run: each step moves ~3% of a bf16 tensor's elements by small
+    amounts (some steps twice as far); returns {commit: sha256 of the version's bytes}."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(128, 256, generator=g).to(torch.bfloat16)
+    b = torch.randn(300, generator=g)
+    digests = {}
+    for s in range(start, start + steps):
+        idx = torch.randint(0, w.numel(), (w.numel() // 30,), generator=g)
+        w.view(-1)[idx] += torch.randn(idx.numel(), generator=g).to(torch.bfloat16) * 1e-3
+        b[s % 300] += 1e-3
+        metadata = {"step": s, **({"eval_loss": metrics(s)} if metrics else {})}
+        res = repo.commit(f"step {s}", source={"w": w.clone(), "b": b.clone()}, metadata=metadata, branch=branch)
+        digests[res.commit] = version_digest(repo, res.commit)
+    return digests
+
+
+def version_digest(repo, commit) -> str:
+    view = open_version(repo.root, commit)
+    h = hashlib.sha256()
+    for path in sorted(view.files):
+        h.update(path.encode() + b"\0" + view.read_file(path) + b"\0")
+    return h.hexdigest()
+
+
+def pack_bytes(repo) -> int:
+    return sum(p.stat().st_size for p in (repo.root / ".wvc" / "packs").glob("pack-*.pack"))
+
+
+def test_keep_every_100_and_last_10_of_1000_steps_frees_most_and_kept_versions_stay_exact(tmp_path):
+    repo = Repo.init(tmp_path / "r")
+    digests = run_steps(repo, 1000)
+    run = list(digests)
+    before = pack_bytes(repo)
+    res = repo.prune(keep={"every": 100, "last": 10})
+    kept = set(run[::100]) | set(run[-10:])
+    assert set(res.pruned_commits) == set(run) - kept
+    assert res.kept == len(kept) == 20
+    after = pack_bytes(repo)
+    assert after <= 0.2 * before, f"freed {1 - after / before:.0%} of {before} bytes"
+    assert res.bytes_freed == before - after
+    assert res.chunks_reencoded > 0  # kept versions whose chains ran through pruned steps
+    for c in kept:
+        assert version_digest(repo, c) == digests[c]
+    assert repo.fsck().ok and repo.fsck().errors == []
+    # the log keeps every commit, with its metadata, and says which lost their weights
+    log = repo.log("main")
+    assert len(log) == 1000 and {e.id for e in log if e.pruned} == set(res.pruned_commits)
+    assert all(e.metadata["step"] == run.index(e.id) for e in log)
+    # a rerun has nothing left to do; gc neither
+    again = repo.prune(keep={"every": 100, "last": 10})
+    assert again.pruned == 0 and again.bytes_freed == 0 and pack_bytes(repo) == after
+    repo.gc(grace_seconds=0)
+    for c in kept:
+        assert version_digest(repo, c) == digests[c]
+
+
+def test_a_pruned_version_is_refused_naming_the_nearest_kept_ones(tmp_path):
+    repo = Repo.init(tmp_path / "r")
+    run = list(run_steps(repo, 30))
+    repo.prune(keep={"every": 10, "last": 2})
+    with pytest.raises(VersionPruned) as err:
+        repo.checkout(run[13], output=tmp_path / "out")
+    message = str(err.value)
+    assert run[13][:12] in message and f"{run[10][:12]} (3 commits earlier)" in message
+    assert f"{run[20][:12]} (7 commits later)" in message
+    assert not (tmp_path / "out").exists()
+    for reader in (lambda: open_version(repo.root, run[13]), lambda: repo.diff(run[12], run[14])):
+        with pytest.raises(VersionPruned):
+            reader()
+    # its change statistics were kept before its weights went
+    assert changes_of(repo, run[13]) and changes_of(repo, run[20])
+    # the CLI: one line, non-zero, no traceback
+    cli = CliRunner().invoke(main, ["-C", str(repo.root), "checkout", run[13][:12]])
+    assert cli.exit_code != 0 and "was pruned" in cli.output and "Traceback" not in cli.output
+    assert len(cli.output.strip().splitlines()) == 1
+    log = CliRunner().invoke(main, ["-C", str(repo.root), "log", "--oneline", "-n", "5"])
+    assert log.output.count("[pruned]") == 3  # 29, 28 kept (last 2); 27..25 pruned
+
+
+def test_policy_rules(tmp_path):
+    repo = Repo.init(tmp_path / "r")
+    run = list(run_steps(repo, 40, metrics=lambda s: float((s - 23) ** 2) + 1.0))
+    repo.create_tag("v-step-7", run[7])
+    res = repo.prune(keep={"tagged": True, "best": ["eval_loss:min", "eval_loss:max"]}, dry_run=True)
+    assert res.dry_run and pack_bytes(repo) > 0 and not repo.graph.pruned()  # a dry run changes nothing
+    res = repo.prune(keep={"tagged": True, "best": ["eval_loss:min", "eval_loss:max"]})
+    kept = {run[7], run[23], run[0], run[39]}  # tag, best min, best max (step 0: 530 > step 39's 257), tip
+    assert set(run) - set(res.pruned_commits) == kept
+    for c in kept:
+        assert open_version(repo.root, c).files
+    # keep-every counts the metadata's step, not the position
+    other = Repo.init(tmp_path / "o")
+    run2 = list(run_steps(other, 12, start=95))
+    other.prune(keep="every=100")
+    assert {run2[5], run2[-1]} == set(run2) - other.graph.pruned()  # step 100, and the tip
+
+
+@pytest.mark.parametrize("bad", ["", "last=x", "every=-1", "best=", "best=loss:up", "nonsense", {"lst": 3}])
+def test_a_bad_policy_is_refused_before_anything_changes(tmp_path, bad):
+    with pytest.raises(InvalidArgument):
+        KeepPolicy.of(bad)
+
+
+def test_cli_prune_json_and_refusals(tmp_path):
+    repo = Repo.init(tmp_path / "r")
+    run = list(run_steps(repo, 12))
+    cli = CliRunner()
+    out = cli.invoke(main, ["-C", str(repo.root), "prune", "--keep-last", "3", "--json"])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.output)
+    assert data["pruned"] == 9 and data["kept"] == 3 and data["bytes_freed"] > 0
+    none = cli.invoke(main, ["-C", str(repo.root), "prune"])
+    assert none.exit_code != 0 and "say what to keep" in none.output and "Traceback" not in none.output
+    assert open_version(repo.root, run[-1]).files
+
+
+def test_branches_and_refs_keep_what_they_reach(tmp_path):
+    """A branch forked off a pruned step keeps its own versions exact: its chunks' chains
+    ran through the pruned step's and are re-encoded."""
+    repo = Repo.init(tmp_path / "r")
+    digests = run_steps(repo, 30)
+    run = list(digests)
+    repo.create_branch("side", run[12])
+    side = run_steps(repo, 5, branch="side", seed=1)
+    res = repo.prune("main", keep={"last": 1})
+    assert run[12] in res.pruned_commits  # "side" moved on: its commits keep their weights, step 12 does not
+    for c, d in side.items():
+        assert version_digest(repo, c) == d
+    assert version_digest(repo, run[-1]) == digests[run[-1]]
+    assert repo.fsck().ok
+
+
+def test_a_ref_moved_onto_a_version_during_the_prune_keeps_it(tmp_path, monkeypatch):
+    from wvc.ops import prune as prune_mod
+
+    repo = Repo.init(tmp_path / "r")
+    digests = run_steps(repo, 20)
+    run = list(digests)
+    original = prune_mod._write_pack
+
+    def racing(repo_, plan, progress):
+        out = original(repo_, plan, progress)
+        with Repo.open(repo.root) as other:  # another process tags step 5 while the new pack is written
+            other.create_tag("keep-me", run[5])
+        return out
+
+    monkeypatch.setattr(prune_mod, "_write_pack", racing)
+    res = repo.prune(keep={"last": 2})
+    assert run[5] not in res.pruned_commits and run[5] not in repo.graph.pruned()
+    assert repo.refs.get(TAGS + "keep-me") == run[5]
+    for c in (run[5], run[-1], run[-2]):
+        assert version_digest(repo, c) == digests[c]
+    assert repo.fsck().ok
+
+
+def test_push_refuses_pruned_commits_the_remote_lacks_and_a_clone_gets_what_was_pushed(tmp_path):
+    repo = Repo.init(tmp_path / "r")
+    repo.remote_add("origin", str(tmp_path / "remote"))
+    digests = run_steps(repo, 10)
+    repo.push("origin", "main")
+    run = list(digests)
+    more = run_steps(repo, 10, start=10, seed=3)
+    repo.prune(keep={"last": 1})
+    with pytest.raises(VersionPruned, match="pruned here"):
+        repo.push("origin", "main")
+    # versions the remote has stay there in full: a clone reads the pushed ones exactly
+    clone = clone_repo(str(tmp_path / "remote"), tmp_path / "c")
+    for c in run:
+        assert version_digest(clone, c) == digests[c]
+    assert not set(more) & set(clone.graph.commit_ids())
+
+
+def test_publisher_keep_prunes_as_it_goes_and_never_what_is_unpushed(tmp_path):
+    remote = tmp_path / "remote"
+    pub = Publisher(tmp_path / "r", "run/a", push_to=str(remote), keep="last=4,every=10", prune_every=3)
+    w = torch.zeros(64, 256)
+    for step in range(31):
+        w[step % 64] += 1.0
+        pub.publish({"w": w}, message=f"step {step}", metadata={"step": step})
+        pub.flush()
+    assert pub.close() and pub.errors == []
+    assert pub.prunes and sum(p["pruned"] for p in pub.prunes) == 31 - 4 - 3  # 0, 10, 20, 30 and 27..29
+    with Repo.open(tmp_path / "r") as repo:
+        log = repo.log("run/a")
+        assert sorted(e.metadata["step"] for e in log if not e.pruned) == [0, 10, 20, 27, 28, 29, 30]
+        assert repo.fsck().ok
+    # the remote got every version before it was pruned here
+    clone = clone_repo(str(remote), tmp_path / "c", branch="run/a")
+    assert len(clone.log("run/a")) == 31 and not clone.graph.pruned()
+    first = open_version(clone.root, clone.log("run/a")[-1].id).tensor("w")
+    assert float(first.sum()) == 256.0  # step 0: one row of ones
+
+
+@pytest.mark.slow
+def test_prune_killed_at_every_write_point_stays_consistent_and_a_rerun_finishes(tmp_path):
+    kills = 0
+    for func in ("replace", "fsync", "unlink", "commit"):
+        for n in range(1, 8):
+            root = tmp_path / f"{func}-{n}"
+            repo = Repo.init(root)
+            digests = run_steps(repo, 25)
+            repo.close()
+            run = list(digests)
+            cmd = [sys.executable, str(DRIVER), "prune", str(root), "--crash-at", f"{func}:{n}"]
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+            if r.returncode == 0:
+                break  # fewer than n such calls
+            assert r.returncode == -signal.SIGKILL, r.stderr[-800:]
+            kills += 1
+            with Repo.open(root) as repo:
+                assert repo.fsck().errors == [], f"after a kill at {func}:{n}"
+                pruned = repo.graph.pruned()
+                assert pruned in (set(), set(run[:25]) - set(run[::10]) - set(run[-3:]))
+                for c in run:
+                    if c not in pruned:
+                        assert version_digest(repo, c) == digests[c], f"{func}:{n}: {c[:12]}"
+            r = subprocess.run([sys.executable, str(DRIVER), "prune", str(root)], capture_output=True, text=True,
+                               timeout=120)
+            assert r.returncode == 0, r.stderr[-800:]
+            with Repo.open(root) as repo:
+                assert repo.fsck().errors == []
+                assert repo.graph.pruned() == set(run) - set(run[::10]) - set(run[-3:])
+                for c in set(run[::10]) | set(run[-3:]):
+                    assert version_digest(repo, c) == digests[c]
+                repo.gc(grace_seconds=0)
+                assert repo.fsck().leftovers == []
+    assert kills >= 8
