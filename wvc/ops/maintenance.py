@@ -8,6 +8,7 @@ younger than the grace period are kept: they may belong to a commit still runnin
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -30,6 +31,7 @@ from ..store.refs import HEADS, TAGS
 # As git's gc.reflogExpireUnreachable: a commit left behind by a reset, an amend, a deleted
 # branch or a rebase stays recoverable (`wvc reflog`, `main@{1}`) this long. WVC_REFLOG_EXPIRE_DAYS.
 REFLOG_EXPIRE_DAYS = 30
+PRUNED_PACKS = "prune.retired"  # config: packs a prune's transaction dropped, until their files are gone (ops/prune.py)
 
 
 def reflog_expire_seconds() -> int:
@@ -125,7 +127,12 @@ def gc(repo, *, grace_seconds: int = 3600) -> GcResult:
     result.commits_removed = len(dead_commits)
     result.objects_removed = len(dead_ids - resurrected)
     result.packs_rewritten = len(dead_packs - kept_packs)
-    result.files_removed = _remove_leftovers(repo, now, grace_seconds, dead_packs - kept_packs)
+    noted = repo.db.get_config(PRUNED_PACKS)  # a prune killed before unlinking them
+    pruned_packs = set(json.loads(noted)) - set(repo.store.pack_names()) if noted else set()
+    result.files_removed = _remove_leftovers(repo, now, grace_seconds, (dead_packs - kept_packs) | pruned_packs)
+    if noted:
+        with repo.db.write():
+            repo.db.delete_config(PRUNED_PACKS)
     result.bytes_after = _pack_bytes(repo)
     return result
 

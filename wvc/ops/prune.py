@@ -36,9 +36,7 @@ from ..store.packs import PackWriter, copy_payloads, pack_filename
 from ..store.refs import HEADS, TAGS
 from ..store.rows import ObjectRow
 from .changes import ensure_changes, first_parent_history
-from .maintenance import reflog_expire_seconds
-
-RETIRED_PACKS = "prune.retired"  # config: packs a prune's transaction dropped, until their files are gone
+from .maintenance import PRUNED_PACKS as RETIRED_PACKS, reflog_expire_seconds
 
 
 @dataclass(frozen=True)
