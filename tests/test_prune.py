@@ -257,3 +257,103 @@ def test_prune_killed_at_every_write_point_stays_consistent_and_a_rerun_finishes
                 repo.gc(grace_seconds=0)
                 assert repo.fsck().leftovers == []
     assert kills >= 8
+
+
+def test_remote_prune_and_what_clones_and_readers_see(tmp_path, remote_url, hub_env):
+    repo = Repo.init(tmp_path / "r")
+    repo.remote_add("origin", remote_url)
+    digests = run_steps(repo, 100)
+    run = list(digests)
+    repo.push("origin", "main")
+    dry = repo.remote_prune("origin", "main", keep={"every": 50, "last": 3}, dry_run=True)
+    assert dry.pruned == 100 - 2 - 3 and dry.bytes_freed > 0
+    res = repo.remote_prune("origin", "main", keep={"every": 50, "last": 3})
+    assert res.pruned == dry.pruned and res.bytes_freed == dry.bytes_freed
+    print(res.bytes_before, res.bytes_after)
+    assert res.bytes_after < 0.6 * res.bytes_before  # chains kept: a kept version pins at most max_chain links
+    kept = set(run[::50]) | set(run[-3:])
+    clone = clone_repo(remote_url, tmp_path / "c")
+    assert clone.graph.pruned() == set(run) - kept and len(clone.log("main")) == 100
+    assert clone.fsck().errors == []
+    for c in kept:
+        assert version_digest(clone, c) == digests[c]
+    with pytest.raises(VersionPruned):
+        clone.checkout(run[5], output=tmp_path / "o")
+    with pytest.raises(VersionPruned, match="pruned on"):
+        open_version(remote_url, run[5])
+    assert open_version(remote_url, run[50]).files  # a kept one streams
+    # this repository still has every version; pushing on keeps working, and a rerun prunes only what left the last 3
+    more = run_steps(repo, 3, start=100, seed=9)
+    repo.push("origin", "main")
+    again = repo.remote_prune("origin", "main", keep={"every": 50, "last": 3})
+    assert again.already_pruned == res.pruned and again.pruned == 3  # steps 97..99
+    clone.pull("origin", "main")
+    for c, d in more.items():
+        assert version_digest(clone, c) == d
+    assert repo.remote_gc("origin").objects_removed == 0  # gc agrees on what is live
+    # a tag pushed onto a version the remote pruned takes its weights back up
+    repo.create_tag("revived", run[5])
+    repo.push("origin", "main", tags=True)
+    fresh = clone_repo(remote_url, tmp_path / "c2")
+    assert run[5] not in fresh.graph.pruned() and version_digest(fresh, run[5]) == digests[run[5]]
+    assert repo.remote_gc("origin").objects_removed == 0
+
+
+def test_remote_prune_races_a_push_and_a_follower_reaches_the_tip(tmp_path, monkeypatch):
+    from wvc.ops import remote_gc
+    from wvc.follower import Follower
+
+    remote = str(tmp_path / "remote")
+    repo = Repo.init(tmp_path / "r")
+    repo.remote_add("origin", remote)
+    digests = run_steps(repo, 30)
+    repo.push("origin", "main")
+    follower = Follower(remote, "main")
+    assert follower.update() is not None
+    pusher = Repo.open(repo.root)
+    extra = {}
+    original = remote_gc.Cut.of
+    calls = []
+
+    def racing(*args, **kwargs):  # another process pushes between the prune's listing and its publish
+        calls.append(1)
+        if len(calls) == 1:
+            extra.update(run_steps(pusher, 2, start=30, seed=5))
+            pusher.push("origin", "main")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(remote_gc.Cut, "of", racing)
+    res = repo.remote_prune("origin", "main", keep={"last": 2})
+    # The first publish lost the compare-and-swap (its files may have landed: on a directory
+    # they go first, and they are a prune of the listing it read); the prune started over.
+    assert len(calls) == 2 and res.versions == 32
+    run = list(digests) + list(extra)
+    clone = clone_repo(remote, tmp_path / "c")
+    assert clone.graph.pruned() == set(run[:-2])
+    update = follower.update()
+    assert update is not None and update.commit == list(extra)[-1]
+    tip = open_version(remote, "main")
+    for name, tensor in follower.state_dict.items():
+        assert torch.equal(tensor, tip.tensor(name))
+    for c, d in extra.items():
+        assert version_digest(clone, c) == d
+
+
+def test_publisher_prune_remote_applies_the_policy_there_too(tmp_path):
+    remote = str(tmp_path / "remote")
+    pub = Publisher(tmp_path / "r", "run/b", push_to=remote, keep={"last": 3, "every": 10}, prune_every=4,
+                    prune_remote=True)
+    w = torch.zeros(64, 256)
+    for step in range(21):
+        w[step % 64] += 0.5
+        pub.publish({"w": w}, message=f"step {step}", metadata={"step": step})
+        pub.flush()
+    assert pub.close() and pub.errors == []
+    assert any(p.get("remote_pruned") for p in pub.prunes)
+    clone = clone_repo(remote, tmp_path / "c", branch="run/b")
+    kept_there = sorted(e.metadata["step"] for e in clone.log("run/b") if not e.pruned)
+    # the remote was last pruned at the last push before close: what it keeps is a superset of the policy's
+    assert {0, 10, 20, 19, 18} <= set(kept_there) and len(kept_there) < 21
+    for e in clone.log("run/b"):
+        if not e.pruned:
+            assert float(open_version(clone.root, e.id).tensor("w").sum()) == 0.5 * 256 * (e.metadata["step"] + 1)

@@ -267,6 +267,13 @@ class Repo(Repository):
 
         return prune.prune(self, branch, keep, dry_run=dry_run, protect=protect, progress=progress)
 
+    def remote_prune(self, remote: str = "origin", branch: str | None = None, *, keep, dry_run: bool = False,
+                     progress: Progress = NULL):
+        """Apply the retention policy ``keep`` to ``branch`` on ``remote`` (ops/prune.py)."""
+        from .ops import prune
+
+        return prune.remote_prune(self, remote, branch, keep, dry_run=dry_run, progress=progress)
+
     def fsck(self):
         """Verify every object, tree and commit (and the base's files); returns what is wrong, if anything."""
         from .ops import maintenance

@@ -1007,16 +1007,23 @@ def gc(grace, remote_name, dry_run, as_json):
 @click.option("--keep-tagged", is_flag=True, help="Keep the versions tags point at.")
 @click.option("--keep-best", "keep_best", multiple=True, metavar="METRIC[:min|max]",
               help="Keep the best version by this metadata metric (default min; repeatable).")
+@click.option("--remote", "remote_name", default=None, metavar="NAME",
+              help="Prune the branch on that remote instead (what only pruned versions need is removed there).")
 @click.option("--dry-run", is_flag=True, help="Report what would be pruned and freed; change nothing.")
 @json_option
-def prune(branch, keep_last, keep_every, keep_tagged, keep_best, dry_run, as_json):
+def prune(branch, keep_last, keep_every, keep_tagged, keep_best, remote_name, dry_run, as_json):
     """Drop the weights of a run's versions the policy does not keep (they stay in the log)."""
     keep = {"last": keep_last or 0, "every": keep_every or 0, "tagged": keep_tagged, "best": keep_best}
-    res = open_repo().prune(branch, keep=keep, dry_run=dry_run, progress=BarProgress())
+    repo = open_repo()
+    if remote_name is not None:
+        res = repo.remote_prune(remote_name, branch, keep=keep, dry_run=dry_run, progress=BarProgress())
+    else:
+        res = repo.prune(branch, keep=keep, dry_run=dry_run, progress=BarProgress())
     if as_json:
         return emit_json(res.to_json())
     verb = "Would prune" if dry_run else "Pruned"
-    click.echo(f"{verb} {plural(res.pruned, 'version')} of {res.versions} on {res.branch} "
+    where = f" on {remote_name}" if remote_name else ""
+    click.echo(f"{verb} {plural(res.pruned, 'version')} of {res.versions} on {res.branch}{where} "
                f"({res.kept} keep their weights, {res.already_pruned} pruned before); "
                f"{'would free' if dry_run else 'freed'} {human(res.bytes_freed)}, "
                f"{plural(res.chunks_reencoded, 'chunk')} re-encoded for the kept versions")

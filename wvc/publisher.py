@@ -29,7 +29,8 @@ kept out of the training log while a push runs (``quiet_hub``; see hub_bars_sile
 a KeepPolicy) prunes the branch as the run goes, every ``prune_every`` commits: the versions
 the policy does not keep lose their weights (they stay in the log). With a remote, only
 versions the remote already has are pruned (a push must still be able to send the others),
-and never while a push is reading the store.
+and never while a push is reading the store; ``prune_remote`` prunes the remote's copy
+of the branch as well (``wvc prune --remote``; on the Hub, one commit each time).
 """
 
 from __future__ import annotations
@@ -200,7 +201,7 @@ class Publisher:
     def __init__(self, repo_path, branch: str, *, push_to: str | None = None, remote: str = "origin",
                  max_pending: int = 1, push_interval: float | None = None, device: str = "auto",
                  max_push_attempts: int = 5, retry_seconds: float = 2.0, keep_bytes: int = KEEP_BYTES,
-                 quiet_hub: bool = True, keep=None, prune_every: int | None = None):
+                 quiet_hub: bool = True, keep=None, prune_every: int | None = None, prune_remote: bool = False):
         if max_pending < 1:
             raise ValueError("max_pending must be at least 1")
         from .ops.prune import KeepPolicy
@@ -209,6 +210,7 @@ class Publisher:
         # pruning batches: one pass re-encodes what the kept versions need once, not every step
         self.prune_every = prune_every or max(1, min(16, (self.keep.last if self.keep and self.keep.last else 16)))
         self._commits_unpruned = 0
+        self.prune_remote = prune_remote and bool(push_to)  # the remote's copy of the branch too (a Hub commit each)
         self._store_lock = threading.Lock()  # a prune and a push never overlap
         self.prunes: list[dict] = []  # one per prune: pruned, bytes_freed, seconds
         self.repo_path = Path(repo_path)
@@ -412,8 +414,12 @@ class Publisher:
                 protect = set(repo.graph.ancestors(tip, stop=stop)) if tip else set()
             res = repo.prune(self.branch, keep=self.keep, protect=protect)
             self._commits_unpruned = 0
-            self.prunes.append({"pruned": res.pruned, "bytes_freed": res.bytes_freed,
-                                "seconds": time.perf_counter() - t})
+            entry = {"pruned": res.pruned, "bytes_freed": res.bytes_freed, "seconds": time.perf_counter() - t}
+            if self.prune_remote and repo.refs.get(f"refs/remotes/{self.remote}/{self.branch}"):
+                there = repo.remote_prune(self.remote, self.branch, keep=self.keep)
+                entry.update(remote_pruned=there.pruned, remote_bytes_freed=there.bytes_freed,
+                             seconds=time.perf_counter() - t)
+            self.prunes.append(entry)
         except Exception as exc:  # noqa: BLE001 - reported, never raised into training
             self.errors.append(f"prune failed: {exc}")
             log.error("wvc: prune of %s failed: %s", self.branch, exc)

@@ -21,7 +21,7 @@ from . import ids
 from .basemodel.remote_chunks import RemoteBaseChunks
 from .codec.devices import resolve_device
 from .cache import cache_root
-from .errors import MissingEntry, MissingObject, RevisionNotFound
+from .errors import MissingEntry, MissingObject, RevisionNotFound, VersionPruned
 from .versions import Tree
 from .revparse import match_prefix, resolve_with
 from .materialize import file_blocks
@@ -123,6 +123,9 @@ def open_remote_version(url: str, rev: str, cache_dir: Path | None = None, *, ba
 
     commit_id = resolve_with(rev, root_of, lambda c: read_commit(c).parents)
     commit = read_commit(commit_id)
+    if commit_id in remote.pruned:
+        raise VersionPruned(f"version {ids.short(commit_id)} was pruned on {url} (wvc prune --remote): its log entry "
+                            "stays, its weights are gone")
     tree = remote.tree(commit.tree)
     base_chunks = None
     if (base := remote_base(remote.base_record, url)) is not None:

@@ -111,7 +111,7 @@ class WvcCallback(TrainerCallback):
                  branch: str | None = None, push_to: str | None = None, remote: str = "origin",
                  device: str = "auto", max_push_attempts: int = 5, retry_seconds: float = 2.0,
                  flush_timeout: float = 30.0, max_pending: int = 1, push_interval: float | None = None,
-                 keep=None):
+                 keep=None, prune_remote: bool = False):
         self.repo_path = Path(repo_path)
         self.every_n_steps = every_n_steps
         self.commit_on_save = on_save
@@ -119,7 +119,7 @@ class WvcCallback(TrainerCallback):
         # the Publisher's settings (wvc/publisher.py says what each does)
         self.publisher_options = dict(push_to=push_to, remote=remote, device=device, max_pending=max_pending,
                                       push_interval=push_interval, max_push_attempts=max_push_attempts,
-                                      retry_seconds=retry_seconds, keep=keep)
+                                      retry_seconds=retry_seconds, keep=keep, prune_remote=prune_remote)
         # How long train() may wait at its end for the last commits and push (an unreachable
         # Hub must not hold it through every retry); what is left is reported, `wvc push` sends it.
         self.flush_timeout = flush_timeout

@@ -7,6 +7,7 @@ is ever recorded."""
 from __future__ import annotations
 
 import os
+import time
 import shutil
 from dataclasses import dataclass, field
 
@@ -54,7 +55,11 @@ def fetch(repo, remote_name: str = "origin", *, progress: Progress = NULL, remot
     if lazy_from == remote_name and repo.store.supply is not None:
         repo.store.supply.use(remote)  # later chunk reads in this process go by this listing
     lazy = lazy_from is not None
-    needed = set() if lazy else {c for t in trees.values() for c in t.chunk_ids() if not repo.store.has(c)}
+    # a version `prune --remote` dropped comes as its commit and tree, marked pruned here too
+    weighted = {c.tree for cid, c in commits.items() if cid not in remote.pruned}
+    pruned = [cid for cid, c in commits.items() if cid in remote.pruned and c.tree not in weighted]
+    needed = set() if lazy else {c for tid, t in trees.items() if tid in weighted for c in t.chunk_ids()
+                                 if not repo.store.has(c)}
     packs_to_get, lengths, sizes = [], {}, {}
     for seg in contents.segments:
         if needed and seg.pack and seg.pack not in sizes and not repo.store.has_pack(seg.pack):
@@ -92,6 +97,7 @@ def fetch(repo, remote_name: str = "origin", *, progress: Progress = NULL, remot
             for cid, commit in commits.items():
                 repo.graph.add_commit(commit, _introduced_bytes(repo, commit, commits, trees, lengths),
                                       raw_commits[cid])
+            repo.graph.mark_pruned(pruned, int(time.time()))
             tracked = _move_tracking_refs(repo, remote_name, remote.refs)
             new_tags = _take_tags(repo, remote_name, remote.refs)
     finally:

@@ -391,3 +391,72 @@ def _corrected_depths(repo, plan: _Plan, new_rows: dict[str, ObjectRow]) -> dict
         if row is not None and of(oid) != row.depth:
             changed[oid] = depth[oid]
     return changed
+
+
+def remote_prune(repo, remote_name: str, branch: str | None = None, keep=None, *, dry_run: bool = False,
+                 progress: Progress = NULL, attempts: int = 5) -> PruneResult:
+    """Apply ``keep`` to ``branch``'s run on a remote: the pruned commits are listed in one
+    ``pruned/`` record (the union with the ones before, which it replaces), and what only they
+    needed is removed as ``gc --remote`` removes garbage, by compare-and-swap against the
+    listing it read (a push meanwhile makes it start over, up to ``attempts`` times). Chains
+    are not re-encoded on a remote: another store may hold the same chunks, and a ULP_STEP
+    payload's context is its base's base there, so a kept version keeps the links its
+    chains run through (at most ``max_chain`` a chunk)."""
+    from ..errors import RemoteChanged
+    from .remote_config import open_remote_repository
+
+    policy = KeepPolicy.of(keep)
+    branch = branch or repo.refs.head_branch()
+    if branch is None:
+        raise InvalidArgument("HEAD is detached: name the branch to prune")
+    for attempt in range(attempts):
+        remote = open_remote_repository(repo, remote_name)
+        try:
+            return _remote_prune_once(repo, remote, remote_name, branch, policy, dry_run, progress)
+        except RemoteChanged:
+            if attempt + 1 == attempts:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _remote_prune_once(repo, remote, remote_name: str, branch: str, policy: KeepPolicy, dry_run: bool,
+                       progress: Progress) -> PruneResult:
+    import secrets
+    import tempfile
+    from pathlib import Path
+
+    from ..versions import canonical_json
+    from .remote_gc import Cut
+
+    tip = remote.refs.get(HEADS + branch)
+    if tip is None:
+        raise InvalidArgument(f"{remote_name} has no branch {branch!r}")
+    run, cursor = [], tip
+    while cursor is not None:
+        run.append(cursor)
+        parents = remote.commit(cursor).parents
+        cursor = parents[0] if parents else None
+    run.reverse()
+    metadata = {c: remote.commit(c).metadata for c in run}
+    contents = remote.contents
+    already = remote.pruned
+    tags = {t for r, t in remote.refs.items() if r.startswith(TAGS)}
+    keep_set = policy.kept(run, metadata, tags) | set(remote.refs.values())
+    to_prune = [c for c in run if c not in keep_set and c not in already]
+    pruned = already | set(to_prune)
+    live_commits, live_trees, live_objects = remote.reachable(pruned=pruned)
+    cut = Cut.of(contents.live_segments, live_commits, live_trees, live_objects)
+    result = PruneResult(branch, dry_run, len(run), sum(1 for c in run if c not in pruned), len(to_prune),
+                         len(already.intersection(run)), chunks_freed=cut.objects_removed,
+                         bytes_freed=cut.bytes_freed, pruned_commits=to_prune)
+    stored = sum(seg.pack_bytes for seg in contents.live_segments)
+    result.bytes_before, result.bytes_after = stored, stored - cut.bytes_freed
+    if dry_run or not (to_prune or cut.dead or cut.partial):
+        return result
+    record = f"pruned/{int(time.time()):010d}-{secrets.token_hex(8)}.json"
+    with tempfile.TemporaryDirectory(prefix="wvc-remote-prune-", dir=repo.wvc_dir) as tmp:
+        remote.rewrite(cut.dead + cut.partial, cut.kept(live_objects, live_commits, live_trees),
+                       f"wvc prune {branch}: {len(to_prune)} versions, {cut.objects_removed} objects removed",
+                       Path(tmp), progress, extra={record: canonical_json({"commits": sorted(pruned)})},
+                       replaced=[f"pruned/{r}.json" for r in remote.state.pruned])
+    return result

@@ -97,6 +97,11 @@ def push(repo, remote_name: str = "origin", branch: str | None = None, *, force:
     remote_objects = {e.id for seg in live for e in seg.entries}
     # a lazy clone pushing to another remote fetches what it lacks first, delta bases included
     chunks_of = {cid: repo.read_tree(repo.read_commit(cid).tree).chunk_ids() for cid in new_commits}
+    # a ref moved onto a version the remote pruned: its weights go up again (the remote
+    # counts a ref's commit as kept, remotes/repository.RemoteRepository.pruned)
+    for target in set(updates.values()) & contents.pruned:
+        if target is not None and not repo.graph.is_pruned(target):
+            chunks_of[target] = repo.read_tree(repo.read_commit(target).tree).chunk_ids()
     repo.store.ensure_local(set().union(*chunks_of.values()) - remote_objects, progress)
     wanted = _objects_to_send(repo, chunks_of, remote_objects)
     sweep_work_dirs(repo.wvc_dir)  # a killed push's pack

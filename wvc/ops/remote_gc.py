@@ -43,23 +43,41 @@ def remote_gc(repo, remote_name: str, *, dry_run: bool = False, progress: Progre
         live_commits, live_trees, live_objects = remote.reachable()
     except RemoteError as exc:
         raise RemoteError(f"{exc}: refusing to collect garbage on {remote_name}") from exc
-    dead, partial = [], []
-    objects_removed = commits_removed = bytes_freed = 0
-    for seg in contents.live_segments:  # retired ones are on their way out already
-        dead_entries = [e for e in seg.entries if e.id not in live_objects]
-        dead_commits = [c for c in seg.commits if c not in live_commits]
-        if not dead_entries and not dead_commits and not [t for t in seg.trees if t not in live_trees]:
-            continue
-        objects_removed += len(dead_entries)
-        commits_removed += len(dead_commits)
-        bytes_freed += sum(e.length for e in dead_entries)
-        alive = len(seg.entries) - len(dead_entries) + len(seg.commits) - len(dead_commits)
-        (partial if alive else dead).append(seg)
-    result = RemoteGcResult(remote_name, dry_run, len(contents.live_segments), len(dead), len(partial), objects_removed,
-                            commits_removed, bytes_freed)
-    if dry_run or not (dead or partial):
+    cut = Cut.of(contents.live_segments, live_commits, live_trees, live_objects)
+    result = RemoteGcResult(remote_name, dry_run, len(contents.live_segments), len(cut.dead), len(cut.partial),
+                            cut.objects_removed, cut.commits_removed, cut.bytes_freed)
+    if dry_run or not (cut.dead or cut.partial):
         return result
     with tempfile.TemporaryDirectory(prefix="wvc-remote-gc-", dir=repo.wvc_dir) as tmp:
-        remote.rewrite(dead + partial, [seg.only(live_objects, live_commits, live_trees) for seg in partial],
-                       f"wvc gc: {objects_removed} objects, {commits_removed} commits removed", Path(tmp), progress)
+        remote.rewrite(cut.dead + cut.partial, cut.kept(live_objects, live_commits, live_trees),
+                       f"wvc gc: {cut.objects_removed} objects, {cut.commits_removed} commits removed", Path(tmp), progress)
     return result
+
+
+@dataclass
+class Cut:
+    """Which live segments lose what: removed whole (``dead``) or rewritten with what stays
+    (``partial``). Shared by ``gc --remote`` and ``prune --remote``."""
+    dead: list
+    partial: list
+    objects_removed: int
+    commits_removed: int
+    bytes_freed: int  # pack bytes of the objects removed
+
+    @classmethod
+    def of(cls, segments, live_commits: set[str], live_trees: set[str], live_objects: set[str]) -> "Cut":
+        cut = cls([], [], 0, 0, 0)
+        for seg in segments:  # retired ones are on their way out already
+            dead_entries = [e for e in seg.entries if e.id not in live_objects]
+            dead_commits = [c for c in seg.commits if c not in live_commits]
+            if not dead_entries and not dead_commits and not [t for t in seg.trees if t not in live_trees]:
+                continue
+            cut.objects_removed += len(dead_entries)
+            cut.commits_removed += len(dead_commits)
+            cut.bytes_freed += sum(e.length for e in dead_entries)
+            alive = len(seg.entries) - len(dead_entries) + len(seg.commits) - len(dead_commits)
+            (cut.partial if alive else cut.dead).append(seg)
+        return cut
+
+    def kept(self, live_objects, live_commits, live_trees) -> list:
+        return [seg.only(live_objects, live_commits, live_trees) for seg in self.partial]

@@ -130,7 +130,7 @@ def purge(repository) -> int:
     old = [r for r in contents.retired_records if now - int(r.split("-")[0]) >= grace]
     if not old:
         return 0
-    doomed = {p for r in old for p in contents.retired_records[r] if p.startswith(("packs/", "catalogs/"))}
+    doomed = {p for r in old for p in contents.retired_records[r] if p.startswith(("packs/", "catalogs/", "pruned/"))}
     live = [s for s in contents.segments if not set(s.files()) & doomed]
     if not _refs_covered(repository, live):
         return 0  # a push that raced the retirement relies on a retired segment: keep it all

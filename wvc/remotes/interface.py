@@ -41,6 +41,8 @@ BASE_RECORD = "base.json"
 _PACK = re.compile(r"^pack-([0-9a-f]{64})\.(pack|idx)$")
 _CATALOG = re.compile(r"^catalogs/([0-9a-f]{64})\.cat$")
 _RETIRED = re.compile(r"^retired/([0-9]{10}-[0-9a-f]{16})\.json$")
+_PRUNED = re.compile(r"^pruned/([0-9]{10}-[0-9a-f]{16})\.json$")
+MAX_PRUNED_RECORD = 64 << 20  # a pruned/ record: ~70 bytes a commit id
 
 
 def upload_progress(progress, files):
@@ -110,6 +112,7 @@ class RemoteState:
     catalogs: list[str] = field(default_factory=list)  # format 2: one a segment (remotes/catalog.py)
     retired: list[str] = field(default_factory=list)  # retired/ records: files compaction replaced
     files: frozenset = frozenset()  # every path listed (what a pinned reader may read)
+    pruned: list[str] = field(default_factory=list)  # pruned/ records: commits whose weights `prune --remote` dropped
 
 
 def listing_state(refs, version, paths, base, tokens=None) -> RemoteState:
@@ -117,12 +120,13 @@ def listing_state(refs, version, paths, base, tokens=None) -> RemoteState:
     paths = frozenset(paths)
     catalogs = sorted(m.group(1) for p in paths if (m := _CATALOG.match(p)))
     retired = sorted(m.group(1) for p in paths if (m := _RETIRED.match(p)))
-    return RemoteState(refs, version, pack_names(paths), base, tokens or {}, catalogs, retired, paths)
+    pruned = sorted(m.group(1) for p in paths if (m := _PRUNED.match(p)))
+    return RemoteState(refs, version, pack_names(paths), base, tokens or {}, catalogs, retired, paths, pruned)
 
 
 # What a wvc remote holds at its top level; on the Hub also the files every repository
 # starts with. Anything else is someone else's content.
-WVC_TOP = ("wvc.json", BASE_RECORD, "refs/", "packs/", "catalogs/", "retired/", "objects/")
+WVC_TOP = ("wvc.json", BASE_RECORD, "refs/", "packs/", "catalogs/", "retired/", "pruned/", "objects/")
 HUB_STARTERS = (".gitattributes", "README.md")
 
 

@@ -27,7 +27,7 @@ from ..store.chains import close_over_bases
 from ..store.packs import MAX_INDEX_BYTES, PackEntry, parse_index
 from . import compaction
 from .catalog import MAX_CATALOG_BYTES, Catalog, catalog_name, catalog_path, parse_catalog, segment_size
-from .interface import BASE_RECORD, MAX_SMALL_OBJECT, Remote, RemoteState, commit_path, pack_path, tree_path
+from .interface import BASE_RECORD, MAX_PRUNED_RECORD, MAX_SMALL_OBJECT, Remote, RemoteState, commit_path, pack_path, tree_path
 
 MAX_RETIRED_RECORD = 16 << 20
 PARSED_CACHE_BYTES = 256 << 20  # parsed catalogs a process keeps (their segment sizes, about)
@@ -108,6 +108,7 @@ class RemoteContents:
     commits: dict[str, bytes]  # canonical bytes, unverified: RemoteRepository.commit verifies
     trees: dict[str, bytes]
     retired_records: dict[str, list[str]] = field(default_factory=dict)  # record -> the files it retires
+    pruned: set[str] = field(default_factory=set)  # commits whose weights `prune --remote` dropped (pruned/ records)
 
     @property
     def retired(self) -> set[str]:
@@ -204,10 +205,19 @@ class RemoteRepository:
             raise RemoteError(f"{self.url} is missing tree {ids.short(tid)}")
         return verified(Tree.from_bytes, data, tid, "tree")
 
-    def reachable(self, tips=None) -> tuple[set[str], set[str], set[str]]:
+    @property
+    def pruned(self) -> set[str]:
+        """Commits whose weights `prune --remote` dropped, less any a ref points at: a ref
+        moved onto one (by a push racing the prune, whose record lands with its files) keeps
+        its weights, and the push that moved it sends them (ops/push.py)."""
+        return self.contents.pruned - set(self.refs.values())
+
+    def reachable(self, tips=None, pruned: set[str] | None = None) -> tuple[set[str], set[str], set[str]]:
         """(commits, trees, objects) ``tips`` (default: every ref) reach, objects closed over
-        delta bases; each commit and tree verified. A missing one is a RemoteError."""
-        commits, trees, objects = set(), set(), set()
+        delta bases; each commit and tree verified. A missing one is a RemoteError. A pruned
+        commit's tree is reached, its chunks are not (``pruned``: default, the remote's own)."""
+        pruned = self.pruned if pruned is None else pruned
+        commits, trees, weighted, objects = set(), set(), set(), set()
         stack = list(self.refs.values() if tips is None else tips)
         while stack:
             cid = stack.pop()
@@ -218,6 +228,8 @@ class RemoteRepository:
             stack.extend(commit.parents)
             if commit.tree not in trees:
                 trees.add(commit.tree)
+            if cid not in pruned and commit.tree not in weighted:
+                weighted.add(commit.tree)
                 objects |= self.tree(commit.tree).chunk_ids()
         return commits, trees, self.closure(objects)
 
@@ -251,7 +263,7 @@ class RemoteRepository:
                 index.setdefault(entry.id, (seg.pack, entry))
             commits.update(seg.commits)
             trees.update(seg.trees)
-        return RemoteContents(segments, index, commits, trees, self._retired_records())
+        return RemoteContents(segments, index, commits, trees, self._retired_records(), self._pruned_commits())
 
     def pack_index(self, name: str) -> list[PackEntry]:
         """A format-1 pack's ``.idx``, validated (cached: packs are immutable)."""
@@ -296,6 +308,23 @@ class RemoteRepository:
             out[record] = paths
         return out
 
+    def _pruned_commits(self) -> set[str]:
+        """The commits every pruned/ record lists (normally one record: each prune writes the
+        union and replaces the ones it read)."""
+        out: set[str] = set()
+        for record in self.state.pruned:
+            data = self.backend.read(f"pruned/{record}.json", MAX_PRUNED_RECORD)
+            if data is None:
+                continue  # replaced by a prune since the listing
+            try:
+                commits = json.loads(data)["commits"]
+                if not (isinstance(commits, list) and all(isinstance(c, str) and ids.is_object_id(c) for c in commits)):
+                    raise ValueError("commits is not a list of commit ids")
+            except (ValueError, KeyError, TypeError, RecursionError) as exc:
+                raise RemoteError(f"remote pruned record {record} is malformed") from exc
+            out.update(commits)
+        return out
+
     # -- writing -------------------------------------------------------------------------------
     def push_segment(self, pack_file: Path | None, catalog: Catalog, refs: dict[str, str | None], message: str,
                      work_dir: Path, *, base_record: bytes | None = None, progress=None) -> int:
@@ -328,13 +357,15 @@ class RemoteRepository:
         self.purge()
         return len(replaced)
 
-    def rewrite(self, dropped: list[Segment], kept: list[Segment], message: str, work_dir: Path, progress=None) -> None:
+    def rewrite(self, dropped: list[Segment], kept: list[Segment], message: str, work_dir: Path, progress=None, *,
+                extra: dict[str, bytes] | None = None, replaced=()) -> None:
         """Replace ``dropped`` segments by one holding ``kept`` (segments cut down to what
-        stays: Segment.only), refs unchanged, by compare-and-swap (``gc --remote``)."""
+        stays: Segment.only), refs unchanged, by compare-and-swap (``gc --remote``, ``prune
+        --remote``, which adds its pruned/ record in ``extra`` and replaces the old ones)."""
         from ..progress import NULL
 
         progress = progress or NULL
-        files: dict[str, Path | bytes] = {}
+        files: dict[str, Path | bytes] = dict(extra or {})
         if kept:
             progress.start(len(kept), "rewriting remote packs", unit="segments")
             pack_file, catalog = compaction.merge_segments(self.backend, kept, None, Catalog(None), work_dir)
@@ -343,7 +374,7 @@ class RemoteRepository:
                 files[pack_path(catalog.pack)] = pack_file
             data = catalog.to_bytes()
             files[catalog_path(catalog_name(data))] = data
-        self.publish(files, {}, message, replaced=[f for seg in dropped for f in seg.files()])
+        self.publish(files, {}, message, replaced=[f for seg in dropped for f in seg.files()] + list(replaced))
 
     def publish(self, files: dict[str, Path | bytes], refs: dict[str, str | None], message: str, *,
                 replaced=(), progress=None) -> None:
