@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from .. import settings
@@ -69,14 +70,31 @@ def to_merge(existing: list, new_size: int) -> list:
         size += sum(s.size for s in same)
 
 
+@dataclass
+class Recipe:
+    """How a merged pack is made of what the remote already holds: ``pieces`` are byte ranges
+    ``(remote path, offset, length)`` of its packs, or bytes only the client has (the magic,
+    this push's own payloads, the index and trailer); ``checksum`` and ``size`` what the
+    result must be. A backend that composes (Remote.compose) builds it without the ranges
+    being sent again."""
+    pieces: list
+    checksum: str
+    size: int
+
+    @property
+    def sent_bytes(self) -> int:
+        return sum(len(p) for p in self.pieces if isinstance(p, bytes))
+
+
 def merge_segments(remote: Remote, old: list, new_pack: Path | None, new: Catalog,
-                   work_dir: Path) -> tuple[Path | None, Catalog]:
+                   work_dir: Path) -> tuple[Path | None, Catalog, Recipe | None]:
     """One segment holding ``new`` (its pack at ``new_pack``) and every object, commit and tree
     of ``old``: their packs are downloaded, checked against their checksums, and their
-    payloads copied verbatim (each object is verified again by whoever decodes it)."""
-    sources: list[tuple[Path, list]] = []
+    payloads copied verbatim (each object is verified again by whoever decodes it). Also the
+    merged pack's Recipe in terms of the remote's packs."""
+    sources: list[tuple[Path, list, str | None]] = []  # (local file, entries, remote path or None)
     if new_pack is not None:
-        sources.append((new_pack, new.entries))
+        sources.append((new_pack, new.entries, None))
     for seg in old:
         if seg.pack is None:
             continue
@@ -85,7 +103,7 @@ def merge_segments(remote: Remote, old: list, new_pack: Path | None, new: Catalo
         checksum, _ = read_pack_index(dest)
         if checksum != seg.pack:
             raise CorruptObject(f"remote pack {seg.pack[:12]} does not match its name")
-        sources.append((dest, seg.entries))
+        sources.append((dest, seg.entries, pack_path(seg.pack)))
     merged = Catalog(None, [], dict(new.commits), dict(new.trees))
     for seg in old:
         for cid, data in seg.commits.items():
@@ -93,25 +111,51 @@ def merge_segments(remote: Remote, old: list, new_pack: Path | None, new: Catalo
         for tid, data in seg.trees.items():
             merged.trees.setdefault(tid, data)
     if not sources:
-        return None, merged
+        return None, merged, None
     writer = PackWriter(work_dir)
     seen = set()
+    ranges: list[tuple[Path, str | None, int, int]] = []  # where each payload of the merged pack comes from
 
-    def payloads(path: Path, entries):
+    def payloads(path: Path, entries, remote_path):
         with open(path, "rb") as fh:
             for e in entries:
                 if e.id in seen:
                     continue
                 seen.add(e.id)
+                ranges.append((path, remote_path, e.offset, e.length))
                 yield e, read_payload(fh.fileno(), e.offset, e.length, path.name)
 
     try:
-        entries = [e for path, source in sources for e in copy_payloads(writer, payloads(path, source))]
-        name, _ = writer.finish()
+        entries = [e for path, source, where in sources for e in copy_payloads(writer, payloads(path, source, where))]
+        name, size = writer.finish()
     except BaseException:
         writer.abort()
         raise
-    return work_dir / pack_filename(name), Catalog(name, entries, merged.commits, merged.trees)
+    merged_path = work_dir / pack_filename(name)
+    return merged_path, Catalog(name, entries, merged.commits, merged.trees), _recipe(merged_path, name, size, ranges)
+
+
+def _recipe(merged: Path, checksum: str, size: int, ranges) -> Recipe:
+    """The pieces of ``merged``: runs of payloads contiguous in one remote pack become one
+    range; the rest (magic, local payloads, index, trailer) are bytes read from ``merged``."""
+    from ..store.packs import MAGIC
+
+    pieces: list = []
+    position = len(MAGIC)  # where the next payload sits in the merged pack
+    with open(merged, "rb") as fh:
+        pieces.append(read_payload(fh.fileno(), 0, len(MAGIC), merged.name))
+        for local, remote_path, offset, length in ranges:
+            last = pieces[-1]
+            if remote_path is None:
+                data = read_payload(fh.fileno(), position, length, merged.name)
+                pieces[-1:] = [last + data] if isinstance(last, bytes) else [last, data]
+            elif not isinstance(last, bytes) and last[0] == remote_path and last[1] + last[2] == offset:
+                pieces[-1] = (remote_path, last[1], last[2] + length)
+            else:
+                pieces.append((remote_path, offset, length))
+            position += length
+        pieces.append(read_payload(fh.fileno(), position, size - position, merged.name))
+    return Recipe(pieces, checksum, size)
 
 
 def retired_record(paths: list[str]) -> tuple[str, bytes]:

@@ -244,3 +244,15 @@ class Remote:
     def delete(self, paths: list[str]) -> None:
         """Remove files (retired ones, after their grace period); absent ones are no error."""
         raise NotImplementedError
+
+    # Whether the backend can build a file from byte ranges of files it holds, without the
+    # client sending them (a directory: a copy on its file system). Compaction then sends
+    # only what the remote does not have (remotes/compaction.py, ``Recipe``).
+    composes = False
+
+    def compose(self, path: str, pieces: list, expected: tuple[str, int]) -> int:
+        """Write ``path`` (absent from the listing: an immutable, content-named file) as the
+        concatenation of ``pieces``: ``(source path, offset, length)`` ranges of files the
+        remote holds, or ``bytes`` the client sends; ``expected``: (blake3 PACK checksum of all
+        but the trailer, size), checked before it becomes visible. Returns the bytes sent."""
+        raise NotImplementedError

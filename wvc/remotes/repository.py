@@ -341,12 +341,16 @@ class RemoteRepository:
         nothing = pack_file is None and not catalog.commits
         merging = [] if nothing else compaction.to_merge(self.contents.live_segments, catalog.size)
         replaced: list[str] = []
+        composed = False
         if merging:
             progress.start(len(merging), "compacting the remote", unit="segments")
-            pack_file, catalog = compaction.merge_segments(self.backend, merging, pack_file, catalog, work_dir)
+            pack_file, catalog, recipe = compaction.merge_segments(self.backend, merging, pack_file, catalog, work_dir)
             replaced = [f for seg in merging for f in seg.files()]
+            if recipe is not None and self.backend.composes:  # the remote's own bytes are not sent again
+                self.backend.compose(pack_path(catalog.pack), recipe.pieces, (recipe.checksum, recipe.size))
+                composed = True
             progress.close()
-        if pack_file is not None:
+        if pack_file is not None and not composed:
             files[pack_path(catalog.pack)] = pack_file
         if not nothing:
             data = catalog.to_bytes()
@@ -368,7 +372,10 @@ class RemoteRepository:
         files: dict[str, Path | bytes] = dict(extra or {})
         if kept:
             progress.start(len(kept), "rewriting remote packs", unit="segments")
-            pack_file, catalog = compaction.merge_segments(self.backend, kept, None, Catalog(None), work_dir)
+            pack_file, catalog, recipe = compaction.merge_segments(self.backend, kept, None, Catalog(None), work_dir)
+            if recipe is not None and self.backend.composes:
+                self.backend.compose(pack_path(catalog.pack), recipe.pieces, (recipe.checksum, recipe.size))
+                pack_file = None
             progress.close()
             if pack_file is not None:
                 files[pack_path(catalog.pack)] = pack_file

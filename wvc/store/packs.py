@@ -150,6 +150,26 @@ class PackWriter:
                 pass
 
 
+def pack_checksum(fd: int, size: int) -> str:
+    """The checksum a pack of ``size`` bytes open at ``fd`` should carry (its name): the blake3
+    (PACK context) of every byte before the trailer, which must say the same."""
+    hasher = ids.hasher(ids.PACK)
+    end = size - _TRAILER.size
+    offset = 0
+    while offset < end:
+        data = os.pread(fd, min(8 << 20, end - offset), offset)
+        if not data:
+            break
+        hasher.update(data)
+        offset += len(data)
+    trailer = os.pread(fd, _TRAILER.size, end)
+    if offset != end or len(trailer) != _TRAILER.size:
+        return ""
+    _, _, recorded, magic = _TRAILER.unpack(trailer)
+    checksum = hasher.digest()
+    return checksum.hex() if magic == END and recorded == checksum else ""
+
+
 def read_payload(fd: int, offset: int, length: int, where: str) -> bytes:
     """Exactly ``length`` bytes of an open pack at ``offset``, else CorruptObject (a pack cut
     short): the one way a payload is read out of a pack file (PackReader for the store's own

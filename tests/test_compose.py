@@ -1,0 +1,91 @@
+"""Compaction on a directory remote builds merged packs from the remote's own packs
+(Remote.compose): a long run uploads about what it stores, not each byte once per tier."""
+
+import os
+
+import pytest
+import torch
+
+from wvc import Repo, clone
+from wvc.errors import RemoteError
+from wvc.remotes import compaction
+from wvc.remotes.path import PathRemote
+
+from .conftest import tree_digests
+from .test_long_history import TinyTrainer
+
+
+def stored(repo) -> int:
+    return sum(e.stored_bytes for e in repo.log())
+
+
+def push_run(root, url, steps=120):
+    """A 1 MB bf16 tensor, 2.5% of it moving a step, a commit and a push a step: returns
+    (repository, bytes uploaded, pushes that compacted)."""
+    repo = Repo.init(root)
+    repo.remote_add("origin", url)
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(512, 1024, generator=g).to(torch.bfloat16)
+    uploaded = compacting = 0
+    for i in range(steps):
+        idx = torch.randint(0, w.numel(), (w.numel() // 40,), generator=g)
+        w.view(-1)[idx] += torch.randn(idx.numel(), generator=g).to(torch.bfloat16) * 1e-2
+        repo.commit(f"step {i}", source={"w": w.clone()}, branch="main")
+        res = repo.push()
+        uploaded += res.uploaded_bytes
+        compacting += bool(res.files_replaced)
+    return repo, uploaded, compacting
+
+
+def test_a_directory_remote_receives_about_what_is_stored_over_many_compacting_pushes(tmp_path, monkeypatch):
+    remote = tmp_path / "remote"
+    repo, uploaded, compacting = push_run(tmp_path / "a", str(remote))
+    assert compacting >= 30  # compaction ran all along
+    assert uploaded <= 1.1 * stored(repo), (uploaded, stored(repo))  # catalogs, indexes and retired records included
+    copy = clone(str(remote), tmp_path / "copy")
+    assert tree_digests(copy.root) == tree_digests(repo.root) and copy.fsck().ok
+    assert len(copy.log()) == 120
+    for entry in repo.log()[::17]:  # every version reads back exactly
+        assert copy.tree_of(entry.id).id == repo.tree_of(entry.id).id
+        out = _checked_out(copy, entry.id, tmp_path / "out")
+        assert tree_digests(out) == tree_digests(_checked_out(repo, entry.id, tmp_path / "want"))
+
+    # the same run where the backend cannot compose: each byte is sent once per tier
+    monkeypatch.setattr(PathRemote, "composes", False)
+    _, plain, _ = push_run(tmp_path / "b", str(tmp_path / "remote2"))
+    assert plain > 3 * uploaded, (plain, uploaded)
+
+
+def _checked_out(repo, commit, out):
+    import shutil
+
+    shutil.rmtree(out, ignore_errors=True)
+    repo.checkout(commit, output=out)
+    return out
+
+
+def test_a_composed_pack_that_comes_out_wrong_is_never_made_visible(tmp_path, monkeypatch):
+    remote = tmp_path / "remote"
+    repo = Repo.init(tmp_path / "a")
+    repo.remote_add("origin", str(remote))
+    trainer = TinyTrainer(repo)
+    trainer.push_steps(f"step {i}" for i in range(3))
+    before = sorted(os.listdir(remote / "packs"))
+    real = compaction.merge_segments
+
+    def damaged(*args, **kwargs):  # a source range that does not hold what the client read
+        path, catalog, recipe = real(*args, **kwargs)
+        i = next(k for k, p in enumerate(recipe.pieces) if not isinstance(p, bytes))
+        source, offset, length = recipe.pieces[i]
+        recipe.pieces[i] = (source, offset + 1, length)
+        return path, catalog, recipe
+
+    monkeypatch.setattr(compaction, "merge_segments", damaged)
+    trainer.commit("step 3")  # this push compacts
+    with pytest.raises(RemoteError, match="did not come out as composed"):
+        repo.push()
+    assert sorted(os.listdir(remote / "packs")) == before  # no file, no temp file left
+    monkeypatch.setattr(compaction, "merge_segments", real)
+    repo.push()
+    copy = clone(str(remote), tmp_path / "copy")
+    assert tree_digests(copy.root) == tree_digests(repo.root) and copy.fsck().ok
