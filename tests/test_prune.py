@@ -155,7 +155,10 @@ def test_branches_and_refs_keep_what_they_reach(tmp_path):
     repo.create_branch("side", run[12])
     side = run_steps(repo, 5, branch="side", seed=1)
     res = repo.prune("main", keep={"last": 1})
-    assert run[12] in res.pruned_commits  # "side" moved on: its commits keep their weights, step 12 does not
+    assert run[12] not in res.pruned_commits  # where "side" leaves main: a merge needs it as its base
+    assert set(res.pruned_commits) == set(run[:-1]) - {run[12]}
+    merged = repo.merge("side", strategy="linear")  # the merge base's weights are there
+    assert merged.commit
     for c, d in side.items():
         assert version_digest(repo, c) == d
     assert version_digest(repo, run[-1]) == digests[run[-1]]

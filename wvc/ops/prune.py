@@ -42,7 +42,8 @@ from .maintenance import PRUNED_PACKS as RETIRED_PACKS, reflog_expire_seconds
 @dataclass(frozen=True)
 class KeepPolicy:
     """Which versions of a run keep their weights. A version is kept if any rule keeps it;
-    a branch's tip, every commit a ref or HEAD points at, and a base model's root always are."""
+    a branch's tip, every commit a ref or HEAD points at, where another branch leaves the
+    run (a merge's base) and a base model's root always are."""
 
     last: int = 0  # the newest ``last`` versions
     every: int = 0  # versions whose step (metadata "step", else position in the run from 0) is a multiple
@@ -165,7 +166,8 @@ def prune(repo, branch: str | None = None, keep=None, *, dry_run: bool = False, 
     run = first_parent_history(repo, tip)
     metadata = {c: repo.read_commit(c).metadata for c in run}
     already = repo.graph.pruned()
-    keep_set = policy.kept(run, metadata, set(repo.refs.list(TAGS).values())) | _always_kept(repo) | set(protect)
+    keep_set = (policy.kept(run, metadata, set(repo.refs.list(TAGS).values())) | _always_kept(repo) | set(protect)
+                | _fork_points(repo, run))
     to_prune = [c for c in run if c not in keep_set and c not in already]
     result = PruneResult(branch, dry_run, len(run), sum(1 for c in run if c not in already and c not in to_prune),
                          len(to_prune), len(already.intersection(run)), bytes_before=_pack_bytes(repo),
@@ -216,6 +218,18 @@ def _always_kept(repo) -> set[str]:
     if base := repo.db.get_config("base.commit"):
         tips.add(base)
     return tips
+
+
+def _fork_points(repo, run: list[str]) -> set[str]:
+    """Where other refs' histories leave the run: the newest commit of the run each other
+    ref reaches. A merge of that branch needs it as its merge base, so it keeps its weights."""
+    in_run = set(run)
+    out = set()
+    for tip in set(repo.refs.list("refs/").values()) - in_run:
+        reached = [c for c in repo.graph.ancestors(tip) if c in in_run]
+        if reached:
+            out.add(max(reached, key=run.index))
+    return out
 
 
 def _pack_bytes(repo) -> int:
