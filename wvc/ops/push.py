@@ -85,7 +85,7 @@ def push(repo, remote_name: str = "origin", branch: str | None = None, *, force:
     # first one (not walking the whole history every push). A format-1 remote lists none:
     # there, everything its refs reach.
     live = contents.live_segments  # what is in retired segments only is sent again
-    known = {c for seg in live for c in seg.commits} | set(state.refs.values())
+    known = set().union(*(seg.commits.keys() for seg in live)) | set(state.refs.values())
     if not contents.commits:
         known |= set(graph.ancestors([t for t in state.refs.values() if graph.has_commit(t)]))
     new_commits = graph.ancestors(list(updates.values()), stop=known)
@@ -94,7 +94,7 @@ def push(repo, remote_name: str = "origin", branch: str | None = None, *, force:
     if pruned:
         raise VersionPruned(f"{len(pruned)} of the {len(new_commits)} commits {remote_name} lacks were pruned here "
                             f"(wvc prune), e.g. {ids.short(next(iter(pruned)))}: their weights cannot be sent")
-    remote_objects = {e.id for seg in live for e in seg.entries}
+    remote_objects = set().union(*(seg.ids for seg in live))
     # a lazy clone pushing to another remote fetches what it lacks first, delta bases included
     chunks_of = {cid: repo.read_tree(repo.read_commit(cid).tree).chunk_ids() for cid in new_commits}
     # a ref moved onto a version the remote pruned: its weights go up again (the remote

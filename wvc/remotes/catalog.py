@@ -48,6 +48,14 @@ class Catalog:
                          *(self.commits[i] for i in sorted(self.commits)), *(self.trees[i] for i in sorted(self.trees))])
         return zstandard.ZstdCompressor(level=10).compress(body)
 
+    def lookups(self, build):
+        """(id -> (pack, entry), ids): built by ``build()`` once per parsed catalog and kept
+        with it (remotes/repository.py, Segment.located)."""
+        cached = self.__dict__.get("_lookups")
+        if cached is None:
+            cached = self.__dict__["_lookups"] = build()
+        return cached
+
     @property
     def size(self) -> int:
         """What rewriting the segment costs (compaction's tiers): payloads, commits and trees."""

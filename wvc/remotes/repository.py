@@ -15,6 +15,7 @@ store over its transport).
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,6 +66,9 @@ class _ParsedCatalogs:
 
 
 PARSED_CATALOGS = _ParsedCatalogs()
+# retired/ records read in this process, by (remote, record): a record is written once under
+# a fresh name (time and random), and a pusher or follower lists the same ones for an hour
+RETIRED_SEEN: dict[tuple[str, str], list[str]] = {}
 
 
 @dataclass
@@ -84,6 +88,16 @@ class Segment:
     def size(self) -> int:
         """What rewriting the segment costs: its payloads, commits and trees."""
         return segment_size(self.entries, self.commits, self.trees)
+
+    @functools.cached_property
+    def located(self) -> dict[str, tuple[str | None, PackEntry]]:
+        """id -> (pack, entry): this segment's part of RemoteContents.index. Segments are
+        built anew per listing, so a segment's catalog keeps it (``Catalog.located``)."""
+        return {e.id: (self.pack, e) for e in self.entries}
+
+    @functools.cached_property
+    def ids(self) -> frozenset:
+        return frozenset(self.located)
 
     def files(self) -> list[str]:
         out = [catalog_path(self.catalog)] if self.catalog else []
@@ -252,15 +266,20 @@ class RemoteRepository:
         for name in self.state.catalogs:
             cat = PARSED_CATALOGS.get(name, lambda n=name: self._immutable(
                 catalog_path(n), f"{n}.cat", MAX_CATALOG_BYTES, f"remote catalog {n[:12]}", lambda d: parse_catalog(d, n)))
-            segments.append(Segment(name, cat.pack, cat.entries, cat.commits, cat.trees))
+            seg = Segment(name, cat.pack, cat.entries, cat.commits, cat.trees)
+            # a catalog parsed once serves every listing of this process: so do its lookups
+            # (a push late in a long run spent most of its time rebuilding them entry by entry)
+            seg.__dict__["located"], seg.__dict__["ids"] = cat.lookups(lambda s=seg: (
+                Segment.located.func(s), frozenset(s.entries and (e.id for e in s.entries))))
+            segments.append(seg)
         for name in self.state.packs:
             segments.append(Segment(None, name, self.pack_index(name), {}, {}))
         index: dict[str, tuple[str, PackEntry]] = {}
         commits: dict[str, bytes] = {}
         trees: dict[str, bytes] = {}
+        for seg in reversed(segments):  # (the first segment listing an object names it: as setdefault would)
+            index.update(seg.located)
         for seg in segments:
-            for entry in seg.entries:
-                index.setdefault(entry.id, (seg.pack, entry))
             commits.update(seg.commits)
             trees.update(seg.trees)
         return RemoteContents(segments, index, commits, trees, self._retired_records(), self._pruned_commits())
@@ -296,6 +315,10 @@ class RemoteRepository:
         """What each retired/ record lists (remotes/compaction.py)."""
         out: dict[str, list[str]] = {}
         for record in self.state.retired:
+            known = RETIRED_SEEN.get((self.url, record))
+            if known is not None:
+                out[record] = known
+                continue
             data = self.backend.read(f"retired/{record}.json", MAX_RETIRED_RECORD)
             if data is None:
                 continue  # deleted by a purge since the listing
@@ -306,6 +329,9 @@ class RemoteRepository:
             except (ValueError, KeyError, TypeError, RecursionError) as exc:  # RecursionError: absurd nesting
                 raise RemoteError(f"remote retired record {record} is malformed") from exc
             out[record] = paths
+            if len(RETIRED_SEEN) >= 100_000:
+                RETIRED_SEEN.clear()
+            RETIRED_SEEN[(self.url, record)] = paths
         return out
 
     def _pruned_commits(self) -> set[str]:
