@@ -342,12 +342,24 @@ def plot(results: dict, out: Path) -> None:
         for j, (key, colour, label) in enumerate(series):
             pts = " ".join(xy(r["step"], r[key]) for r in rows[1:] if r.get(key))
             parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1" points="{pts}"/>')
-            parts.append(f'<text x="{w - pad - 260}" y="{y0 + 16 + 13 * j}" fill="{colour}">{label}</text>')
+            parts.append(f'<text x="{pad + 10}" y="{y0 + h - 58 + 13 * j}" fill="{colour}">{label}</text>')
         parts.append(f'<text x="{w - pad - 30}" y="{y0 + h - 8}">step {n}</text>')
     parts.append("</svg>")
     import cairosvg
 
     cairosvg.svg2png(bytestring="".join(parts).encode(), write_to=str(out))
+
+
+def write_results(out: Path, summaries, results, calibration) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"summaries": summaries, "runs": results}, indent=1))
+    md = markdown(summaries)
+    out.with_suffix(".md").write_text(
+        "# Long runs (`python -m benchmarks.long_run`)\n\n" + md + "\n\nCalibration of the synthetic run: "
+        + json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in calibration.items()
+                      if k != "ulp_distribution"}) + "\n")
+    plot(results, out.with_suffix(".png"))
+    print(md)
 
 
 def main(argv=None) -> None:
@@ -356,9 +368,22 @@ def main(argv=None) -> None:
     ap.add_argument("--synthetic-steps", type=int, default=5000)
     ap.add_argument("--synthetic-mb", type=float, default=8.0)
     ap.add_argument("--checkout-every", type=int, default=100)
+    ap.add_argument("--calibrate-steps", type=int, default=0,
+                    help="with --real-steps 0: measure this many steps of the real run (uncommitted) to calibrate")
     ap.add_argument("--hub", action="store_true", help="also push to and follow the local Hub server")
     ap.add_argument("--out", type=Path, default=RESULTS / "long_run.json")
+    ap.add_argument("--merge", type=Path, nargs="+", default=None, metavar="JSON",
+                    help="only combine results of earlier invocations (e.g. the runs made in parallel) into --out")
     args = ap.parse_args(argv)
+    if args.merge:
+        summaries, results, calibration = [], {}, {}
+        for path in args.merge:
+            data = json.loads(path.read_text())
+            summaries += data["summaries"]
+            results.update(data["runs"])
+            calibration = next((r["calibration"] for r in data["runs"].values() if "calibration" in r), calibration)
+        write_results(args.out, summaries, results, calibration)
+        return
     work = Path(tempfile.mkdtemp(prefix="wvc-long-run-"))
     server = None
     try:
@@ -380,6 +405,13 @@ def main(argv=None) -> None:
                               checkout_every=args.checkout_every, calibrate=cal, server=server)
             results["real"] = {"rows": rows, "prune": prune, "calibration": cal.to_json()}
             summaries.append(summarize("real", rows, prune, remotes))
+        if args.calibrate_steps and not cal.fractions:  # the real run's steps, measured without committing them
+            prev = prev_delta = None
+            for step, state in real_steps(args.calibrate_steps):
+                cur = torch.cat([state[k].detach().reshape(-1).view(torch.int16) for k in sorted(state)]).clone()
+                if prev is not None:
+                    prev_delta = cal.add(prev, cur, prev_delta)
+                prev = cur
         calibration = cal.to_json() if cal.fractions else {
             "changed_start": 0.061, "changed_end": 0.024, "p_again": 0.5, "p_same_sign": 0.8,
             "ulp_distribution": [0.0, 0.6, 0.25, 0.1] + [0.05 / 13] * 13}
@@ -389,15 +421,7 @@ def main(argv=None) -> None:
                               checkout_every=args.checkout_every * 5, calibrate=None, server=server)
             results["synthetic"] = {"rows": rows, "prune": prune, "calibration": calibration}
             summaries.append(summarize("synthetic", rows, prune, remotes))
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"summaries": summaries, "runs": results}, indent=1))
-        md = markdown(summaries)
-        args.out.with_suffix(".md").write_text(
-            "# Long runs (`python -m benchmarks.long_run`)\n\n" + md + "\n\nCalibration of the synthetic run: "
-            + json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in calibration.items()
-                          if k != "ulp_distribution"}) + "\n")
-        plot(results, args.out.with_suffix(".png"))
-        print(md)
+        write_results(args.out, summaries, results, calibration)
     finally:
         if server is not None:
             server.shutdown()
