@@ -360,3 +360,24 @@ def test_publisher_prune_remote_applies_the_policy_there_too(tmp_path):
     for e in clone.log("run/b"):
         if not e.pruned:
             assert float(open_version(clone.root, e.id).tensor("w").sum()) == 0.5 * 256 * (e.metadata["step"] + 1)
+
+
+def test_prune_on_a_base_model_keeps_the_base_and_the_kept_fine_tunes_exact(tmp_path):
+    from .test_base_model import fine_tune, make_base
+
+    base_folder = tmp_path / "base"
+    make_base(base_folder)
+    repo = Repo.init(tmp_path / "ft", base=str(base_folder))
+    digests = {}
+    for seed in range(1, 9):
+        fine_tune(base_folder, repo.root, seed=seed)
+        c = repo.commit(f"ft {seed}").commit
+        digests[c] = version_digest(repo, c)
+    run = list(digests)
+    res = repo.prune(keep={"last": 2})
+    assert set(res.pruned_commits) == set(run[:-2])
+    for c in run[-2:]:
+        assert version_digest(repo, c) == digests[c]
+    base_root = repo.log()[-1]
+    assert base_root.id not in repo.graph.pruned() and open_version(repo.root, base_root.id).files  # the base's own version
+    assert repo.fsck().errors == []
