@@ -195,7 +195,7 @@ def wire_bytes(server) -> int:
 
 
 def run(name: str, steps_iter, work: Path, *, hub_url: str | None, checkout_every: int, calibrate: Calibration | None,
-        server=None):
+        server=None, deadline: float | None = None):
     from wvc import Repo
     import wvc
 
@@ -248,6 +248,9 @@ def run(name: str, steps_iter, work: Path, *, hub_url: str | None, checkout_ever
         if step % 50 == 0:
             print(json.dumps({"run": name, **row}), flush=True)
         prev = cur
+        if deadline is not None and time.monotonic() > deadline:
+            print(json.dumps({"run": name, "stopped_at_step": step, "why": "--max-minutes"}), flush=True)
+            break
     # retention: what --keep-every 100 --keep-last 10 frees
     t = time.perf_counter()
     pruned = repo.prune("main", keep={"every": 100, "last": 10})
@@ -368,6 +371,8 @@ def main(argv=None) -> None:
     ap.add_argument("--synthetic-steps", type=int, default=5000)
     ap.add_argument("--synthetic-mb", type=float, default=8.0)
     ap.add_argument("--checkout-every", type=int, default=100)
+    ap.add_argument("--max-minutes", type=float, default=None,
+                    help="stop the synthetic run after this long (the steps done are measured and reported)")
     ap.add_argument("--calibrate-steps", type=int, default=0,
                     help="with --real-steps 0: measure this many steps of the real run (uncommitted) to calibrate")
     ap.add_argument("--hub", action="store_true", help="also push to and follow the local Hub server")
@@ -418,7 +423,8 @@ def main(argv=None) -> None:
         if args.synthetic_steps:
             rows, prune = run("synthetic", synthetic_steps(args.synthetic_steps, args.synthetic_mb, calibration), work,
                               hub_url="hf://bench/long-synthetic" if args.hub else None,
-                              checkout_every=args.checkout_every * 5, calibrate=None, server=server)
+                              checkout_every=args.checkout_every * 5, calibrate=None, server=server,
+                              deadline=time.monotonic() + 60 * args.max_minutes if args.max_minutes else None)
             results["synthetic"] = {"rows": rows, "prune": prune, "calibration": calibration}
             summaries.append(summarize("synthetic", rows, prune, remotes))
         write_results(args.out, summaries, results, calibration)
