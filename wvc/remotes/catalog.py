@@ -48,6 +48,14 @@ class Catalog:
                          *(self.commits[i] for i in sorted(self.commits)), *(self.trees[i] for i in sorted(self.trees))])
         return zstandard.ZstdCompressor(level=10).compress(body)
 
+    @property
+    def held_bytes(self) -> int:
+        """About what the parsed catalog takes in memory (its commits and trees, ~300 bytes an
+        entry with its lookups): what the parsed-catalog cache budgets. Not ``size``, which
+        counts the pack's payloads: a segment holding a 30 MB keyframe took 30 MB of the
+        budget, and a long run's catalogs were evicted and parsed again at every push."""
+        return 300 * len(self.entries) + sum(map(len, self.commits.values())) + sum(map(len, self.trees.values()))
+
     def lookups(self, build):
         """(id -> (pack, entry), ids): built by ``build()`` once per parsed catalog and kept
         with it (remotes/repository.py, Segment.located)."""

@@ -31,7 +31,7 @@ from .catalog import MAX_CATALOG_BYTES, Catalog, catalog_name, catalog_path, par
 from .interface import BASE_RECORD, MAX_PRUNED_RECORD, MAX_SMALL_OBJECT, Remote, RemoteState, commit_path, pack_path, tree_path
 
 MAX_RETIRED_RECORD = 16 << 20
-PARSED_CACHE_BYTES = 256 << 20  # parsed catalogs a process keeps (their segment sizes, about)
+PARSED_CACHE_BYTES = 256 << 20  # parsed catalogs a process keeps (what they hold in memory, about)
 
 
 class _ParsedCatalogs:
@@ -57,9 +57,10 @@ class _ParsedCatalogs:
         catalog = load()
         with self.lock:
             self.parsed += 1
-            if name not in self.items and catalog.size <= self.max_bytes:
-                self.items[name] = (catalog, catalog.size)
-                self.size += catalog.size
+            held = catalog.held_bytes
+            if name not in self.items and held <= self.max_bytes:
+                self.items[name] = (catalog, held)
+                self.size += held
                 while self.size > self.max_bytes:
                     self.size -= self.items.popitem(last=False)[1][1]
         return catalog
