@@ -36,7 +36,7 @@ from ..store.packs import PackWriter, copy_payloads, pack_filename
 from ..store.refs import HEADS, TAGS
 from ..store.rows import ObjectRow
 from .changes import ensure_changes, first_parent_history
-from .maintenance import PRUNED_PACKS as RETIRED_PACKS, reflog_expire_seconds
+from .maintenance import PRUNED_PACKS as RETIRED_PACKS, _pack_bytes, _ref_tips, reflog_expire_seconds
 
 
 @dataclass(frozen=True)
@@ -212,12 +212,9 @@ def prune(repo, branch: str | None = None, keep=None, *, dry_run: bool = False, 
 
 
 def _always_kept(repo) -> set[str]:
-    tips = set(repo.refs.list("refs/").values())
-    if head := repo.refs.head_commit():
-        tips.add(head)
-    if base := repo.db.get_config("base.commit"):
-        tips.add(base)
-    return tips
+    """What every ref and HEAD point at, and a base model's root."""
+    base = repo.db.get_config("base.commit")
+    return _ref_tips(repo) | ({base} if base else set())
 
 
 def _fork_points(repo, run: list[str]) -> set[str]:
@@ -230,10 +227,6 @@ def _fork_points(repo, run: list[str]) -> set[str]:
         if reached:
             out.add(max(reached, key=run.index))
     return out
-
-
-def _pack_bytes(repo) -> int:
-    return sum(p.stat().st_size for p in repo.store.packs_dir.glob("pack-*.pack"))
 
 
 def _finish_retired(repo) -> None:

@@ -270,8 +270,8 @@ class RemoteRepository:
             seg = Segment(name, cat.pack, cat.entries, cat.commits, cat.trees)
             # a catalog parsed once serves every listing of this process: so do its lookups
             # (a push late in a long run spent most of its time rebuilding them entry by entry)
-            seg.__dict__["located"], seg.__dict__["ids"] = cat.lookups(lambda s=seg: (
-                Segment.located.func(s), frozenset(s.entries and (e.id for e in s.entries))))
+            seg.__dict__["located"], seg.__dict__["ids"] = cat.lookups(lambda c=cat: (
+                {e.id: (c.pack, e) for e in c.entries}, frozenset(e.id for e in c.entries)))
             segments.append(seg)
         for name in self.state.packs:
             segments.append(Segment(None, name, self.pack_index(name), {}, {}))
