@@ -93,9 +93,10 @@ def merge_segments(remote: Remote, old: list, new_pack: Path | None, new: Catalo
     payloads copied verbatim (each object is verified again by whoever decodes it). Also the
     merged pack's Recipe in terms of the remote's packs."""
     sources: list[tuple[Path, list, str | None]] = []  # (local file, entries, remote path or None)
-    if new_pack is not None:
-        sources.append((new_pack, new.entries, None))
-    for seg in old:
+    # The remote's packs first, largest first, the push's own payloads last: the merged pack
+    # then opens with one long range of a pack the remote holds (magic included), which a
+    # backend that copies only large ranges (S3: parts of at least 5 MiB) can copy too.
+    for seg in sorted(old, key=lambda s: -sum(e.length for e in s.entries)):
         if seg.pack is None:
             continue
         dest = work_dir / pack_filename(seg.pack)
@@ -104,6 +105,8 @@ def merge_segments(remote: Remote, old: list, new_pack: Path | None, new: Catalo
         if checksum != seg.pack:
             raise CorruptObject(f"remote pack {seg.pack[:12]} does not match its name")
         sources.append((dest, seg.entries, pack_path(seg.pack)))
+    if new_pack is not None:
+        sources.append((new_pack, new.entries, None))
     merged = Catalog(None, [], dict(new.commits), dict(new.trees))
     for seg in old:
         for cid, data in seg.commits.items():
@@ -155,6 +158,9 @@ def _recipe(merged: Path, checksum: str, size: int, ranges) -> Recipe:
                 pieces.append((remote_path, offset, length))
             position += length
         pieces.append(read_payload(fh.fileno(), position, size - position, merged.name))
+    if len(pieces) > 1 and pieces[0] == MAGIC and not isinstance(pieces[1], bytes) and pieces[1][1] == len(MAGIC):
+        source, _, length = pieces[1]  # every pack opens with the magic: copy it with the payloads after it
+        pieces[:2] = [(source, 0, len(MAGIC) + length)]
     return Recipe(pieces, checksum, size)
 
 

@@ -250,9 +250,12 @@ class Remote:
     # only what the remote does not have (remotes/compaction.py, ``Recipe``).
     composes = False
 
-    def compose(self, path: str, pieces: list, expected: tuple[str, int]) -> int:
+    def compose(self, path: str, pieces: list, expected: tuple[str, int], local: Path) -> int | None:
         """Write ``path`` (absent from the listing: an immutable, content-named file) as the
         concatenation of ``pieces``: ``(source path, offset, length)`` ranges of files the
         remote holds, or ``bytes`` the client sends; ``expected``: (blake3 PACK checksum of all
-        but the trailer, size), checked before it becomes visible. Returns the bytes sent."""
+        but the trailer, size), checked before it becomes visible; ``local``: the same file as
+        the client built it, for ranges the backend cannot copy (too small to be a part of
+        their own). Returns the bytes sent, or None when composing would save nothing here
+        (the caller then uploads ``local`` as usual)."""
         raise NotImplementedError

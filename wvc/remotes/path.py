@@ -146,7 +146,7 @@ class PathRemote(Remote):
 
     composes = True  # compaction copies ranges of the remote's own packs here instead of uploading them
 
-    def compose(self, path: str, pieces: list, expected: tuple[str, int]) -> int:
+    def compose(self, path: str, pieces: list, expected: tuple[str, int], local: Path | None = None) -> int:
         """See Remote.compose: ranges copied on the remote's file system (``copy_file_range``:
         server-side on NFS 4.2, reflinked where the file system can), checked against the
         pack's checksum, fsynced, then renamed into place."""

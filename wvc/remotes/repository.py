@@ -374,8 +374,8 @@ class RemoteRepository:
             pack_file, catalog, recipe = compaction.merge_segments(self.backend, merging, pack_file, catalog, work_dir)
             replaced = [f for seg in merging for f in seg.files()]
             if recipe is not None and self.backend.composes:  # the remote's own bytes are not sent again
-                self.backend.compose(pack_path(catalog.pack), recipe.pieces, (recipe.checksum, recipe.size))
-                composed = True
+                composed = self.backend.compose(pack_path(catalog.pack), recipe.pieces, (recipe.checksum, recipe.size),
+                                                pack_file) is not None
             progress.close()
         if pack_file is not None and not composed:
             files[pack_path(catalog.pack)] = pack_file
@@ -400,8 +400,8 @@ class RemoteRepository:
         if kept:
             progress.start(len(kept), "rewriting remote packs", unit="segments")
             pack_file, catalog, recipe = compaction.merge_segments(self.backend, kept, None, Catalog(None), work_dir)
-            if recipe is not None and self.backend.composes:
-                self.backend.compose(pack_path(catalog.pack), recipe.pieces, (recipe.checksum, recipe.size))
+            if recipe is not None and self.backend.composes and self.backend.compose(
+                    pack_path(catalog.pack), recipe.pieces, (recipe.checksum, recipe.size), pack_file) is not None:
                 pack_file = None
             progress.close()
             if pack_file is not None:

@@ -38,6 +38,8 @@ from .interface import (BASE_RECORD, FORMAT, MAX_BASE_RECORD, MAX_REF_BYTES, Rem
 MULTIPART_THRESHOLD = 64 << 20
 PART_BYTES = 16 << 20  # S3 wants parts of at least 5 MiB (but the last) and at most 10,000 of them
 PART_WORKERS = 4
+MIN_PART = 5 << 20  # S3's smallest part but the last
+MAX_COPY_PART = 5 << 30  # S3's largest part
 MAX_ATTEMPTS = 8  # per request, with boto3's exponential back-off between them
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _CONDITIONAL_UNSUPPORTED = {"NotImplemented", "InvalidArgument", "InvalidRequest"}
@@ -125,12 +127,68 @@ def _client_error(what: str, exc) -> RemoteError:
     return S3RequestError(message, code, status)
 
 
+class _CopyMismatch(Exception):
+    """A server-side copy did not hold the client's bytes (see S3Remote.compose)."""
+
+
+def _md5_of(fh, length: int) -> str:
+    digest = hashlib.md5(usedforsecurity=False)
+    while length > 0:
+        block = fh.read(min(length, 1 << 20))
+        if not block:
+            break
+        digest.update(block)
+        length -= len(block)
+    return digest.hexdigest()
+
+
+def compose_parts(pieces: list, size: int, etags: dict[str, str]) -> list[tuple]:
+    """A multipart upload of a file made of ``pieces`` (Remote.compose): ``("copy", source,
+    offset, length, position, etag)`` for a range of a source whose ETag is known (it was
+    downloaded and checked) long enough to be a part, ``("send", start, end)`` for bytes sent
+    from the client's copy. Every part but the last is at least MIN_PART bytes: a range sent
+    between two copies borrows the head of the next copy to reach it (or absorbs the copy)."""
+    parts: list[tuple] = []
+    pending = position = 0  # [pending, position) is to be sent
+
+    def flush(end: int, last: bool = False) -> None:
+        nonlocal pending
+        while end - pending > (0 if last else MIN_PART - 1):
+            step = end - pending if end - pending < PART_BYTES + MIN_PART else PART_BYTES
+            parts.append(("send", pending, pending + step))
+            pending += step
+
+    for piece in pieces:
+        if isinstance(piece, bytes):
+            position += len(piece)
+            continue
+        source, offset, length = piece
+        owed = position - pending
+        borrow = MIN_PART - owed if 0 < owed < MIN_PART else 0
+        if source in etags and length - borrow >= MIN_PART:
+            flush(position + borrow)
+            copied, at = length - borrow, position + borrow
+            count = -(-copied // MAX_COPY_PART)
+            for k in range(count):  # even parts, each between MIN_PART and MAX_COPY_PART
+                lo, hi = copied * k // count, copied * (k + 1) // count
+                parts.append(("copy", source, offset + borrow + lo, hi - lo, at + lo, etags[source]))
+            position += length
+            pending = position
+        else:
+            position += length
+    if position != size:
+        raise RemoteError("a compaction recipe does not add up to its pack's size")
+    flush(position, last=True)
+    return parts
+
+
 class S3Remote(Remote):
     def __init__(self, location: S3Location, url: str):
         self.location = location
         self.url = url
         self.client = _client()
         self._count_lock = threading.Lock()  # parts are sent from several threads
+        self._downloaded: dict[str, str] = {}  # path -> ETag of each file download() fetched whole
 
     @classmethod
     def from_url(cls, url: str) -> "S3Remote":
@@ -225,6 +283,8 @@ class S3Remote(Remote):
         if total != resp.get("ContentLength", total):
             raise TransientError(f"{self._what(path)}: the body was cut short ({total} of {resp['ContentLength']} bytes)")
         self.bytes_downloaded += total
+        if resp.get("ETag"):
+            self._downloaded[path] = resp["ETag"]
 
     @retries_reads
     def read_range(self, path: str, offset: int, length: int) -> bytes:
@@ -338,6 +398,81 @@ class S3Remote(Remote):
                 parts = list(pool.map(send, range(1, count + 1)))
             self.client.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id,
                                                   MultipartUpload={"Parts": parts})
+
+    # -- composing (compaction's merged packs, remotes/compaction.py) ---------------------------
+    composes = True  # UploadPartCopy: ranges of the remote's own packs become parts without being sent
+
+    def compose(self, path: str, pieces: list, expected: tuple[str, int], local: Path) -> int | None:
+        """See Remote.compose: a multipart upload whose parts are server-side copies
+        (UploadPartCopy) of the ranges long enough to be a part (S3: at least 5 MiB but the
+        last), the rest sent from ``local``. A copied part must come back with the ETag of
+        the bytes the client has at that place (S3 and its clones give a copied part the MD5
+        of its bytes); otherwise (a source changed, or an endpoint whose ETags are not MD5s:
+        SSE-KMS) the upload is aborted and None returned, so the verified local file is sent
+        whole. Copies are also made only if the source still has the ETag it was downloaded
+        with (``CopySourceIfMatch``)."""
+        size = expected[1]
+        parts = compose_parts(pieces, size, {p: e for p, e in self._downloaded.items()})
+        if not any(kind == "copy" for kind, *_ in parts) or len(parts) > 10_000:
+            return None
+        if self._exists(path, size):
+            return 0
+        key, bucket = self._key(path), self.location.bucket
+        with s3_errors(self._what(path)):
+            upload_id = self.client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+        sent = 0
+
+        def send(numbered) -> dict:
+            nonlocal sent
+            number, (kind, *where) = numbered
+            if kind == "send":
+                start, end = where
+                with open(local, "rb") as fh:
+                    fh.seek(start)
+                    data = fh.read(end - start)
+                with s3_errors(self._what(path)):
+                    etag = self.client.upload_part(Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number,
+                                                   Body=data)["ETag"]
+                with self._count_lock:
+                    sent += len(data)
+                return {"PartNumber": number, "ETag": etag}
+            source, offset, length, at, source_etag = where
+            with open(local, "rb") as fh:  # what the copy must hold: the client's own bytes there
+                fh.seek(at)
+                want = _md5_of(fh, length)
+            try:
+                with s3_errors(self._what(source)):
+                    result = self.client.upload_part_copy(
+                        Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number,
+                        CopySource={"Bucket": bucket, "Key": self._key(source)},
+                        CopySourceRange=f"bytes={offset}-{offset + length - 1}", CopySourceIfMatch=source_etag)
+            except RemoteChanged as exc:  # 412: the source is no longer what was downloaded
+                raise _CopyMismatch(source) from exc
+            etag = result["CopyPartResult"]["ETag"]
+            if etag.strip('"') != want:
+                raise _CopyMismatch(source)
+            return {"PartNumber": number, "ETag": etag}
+
+        try:
+            with ThreadPoolExecutor(PART_WORKERS, thread_name_prefix="wvc-s3-part") as pool:
+                done = list(pool.map(send, enumerate(parts, 1)))
+            with s3_errors(self._what(path)):
+                self.client.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id,
+                                                      MultipartUpload={"Parts": done})
+        except _CopyMismatch:
+            self._abort(key, upload_id)
+            return None
+        except BaseException:
+            self._abort(key, upload_id)
+            raise
+        if not self._exists(path, size):
+            raise RemoteError(f"remote pack {path} did not come out as composed (its size differs)")
+        self.bytes_uploaded += sent
+        return sent
+
+    def _abort(self, key: str, upload_id: str) -> None:
+        with contextlib.suppress(Exception):  # best effort: an unfinished upload is invisible and expires
+            self.client.abort_multipart_upload(Bucket=self.location.bucket, Key=key, UploadId=upload_id)
 
     def _resumable_upload(self, key: str) -> tuple[str | None, dict[int, str]]:
         uploads = self.client.list_multipart_uploads(Bucket=self.location.bucket, Prefix=key).get("Uploads", [])
