@@ -25,10 +25,12 @@ from pathlib import Path
 
 from . import ids
 from .codec.devices import resolve_device
-from .errors import CorruptObject, InvalidArgument, RemoteNotFound, RevisionNotFound
+from .errors import CorruptObject, InvalidArgument, MissingObject, RemoteNotFound, RevisionNotFound, WvcError
 from .formats.dtypes import DTYPES
 from .layout import tensor_spans
 from .cache import cache_root
+from .remotes import open_remote, steps
+from .remotes.interface import pack_path
 from .view import VersionView, open_remote_version, open_version
 
 POLL_SECONDS = (0.5, 5.0)  # first and longest wait between polls of update(timeout=...)
@@ -128,6 +130,48 @@ class _Held:
         begin, end = tensor_spans(entry, self.follower._chunk_bytes)[i]
         flat = self.follower.state_dict[name].detach().reshape(-1).view(_uint8())
         return flat[begin:end].cpu().numpy().tobytes()
+
+
+class _RecordChunks:
+    """The chunks a step record gives (remotes/steps.py): each decoded against the chunk the
+    follower holds at its place (and the step context it kept), from the record's own bytes
+    or a range of a pack, and checked against its id. Anything else is missing: the caller
+    then falls back to the ordinary read."""
+
+    def __init__(self, record, remote, held: _Held):
+        self.record, self.remote, self.held = record, remote, held
+        self.chunks = {c.id: c for c in record.chunks}
+        self.payloads: dict[str, bytes] = {}
+
+    def prefetch(self, object_ids) -> None:
+        from .remotes.transfer import read_payloads
+        from .store.packs import PackEntry
+
+        wanted = {}
+        for oid in object_ids:
+            c = self.chunks.get(oid)
+            if c is not None and c.pack is not None:
+                wanted[oid] = (c.pack, PackEntry(c.id, c.offset, c.length, c.raw_size, 0, c.base))
+        for entry, payload in read_payloads(self.remote, wanted):
+            self.payloads[entry.id] = payload
+
+    def __call__(self, oid: str) -> bytes:
+        from .store.chains import decode_verified
+
+        c = self.chunks.get(oid)
+        if c is None:
+            if oid in self.held:
+                return self.held[oid]
+            raise MissingObject(f"step record of {ids.short(self.record.commit)} lacks chunk {ids.short(oid)}")
+        if c.base not in self.held or (c.context is not None and c.context not in self.held):
+            raise MissingObject(f"the follower does not hold the base of chunk {ids.short(oid)}")
+        if c.pack is None:
+            payload = self.record.payload(c)
+        else:
+            payload = self.payloads.pop(oid, None) or self.remote.read_range(pack_path(c.pack), c.offset, c.length)
+        context = None if c.context is None else (lambda: self.held[c.context])
+        return decode_verified(oid, payload, c.raw_size, self.held[c.base], f"step record of "
+                               f"{ids.short(self.record.commit)}", context=context)
 
 
 def _write_chunk(region, new) -> None:
@@ -232,6 +276,7 @@ class Follower:
         self.state_dict = {} if state_dict is None else state_dict
         self.commit: str | None = None
         self._entries: dict = {}  # tensor name -> the TensorEntry its values are
+        self._tree = None  # the version's tree: a step record's tree diff applies to it
         # chunk id -> host bytes (a uint8 tensor) of each chunk the last update replaced: the
         # version before, which a ULP_STEP payload of the next step is coded in the context of
         # (the old bytes were copied for the undo anyway; kept until the next update)
@@ -253,10 +298,46 @@ class Follower:
         return open_remote_version(self.source, "main" if rev == "HEAD" else rev, self._catalogs,
                                    held=_Held(self), keep_keyframe=self._keyframes.put)
 
-    def _tip(self) -> str | None:
-        from .remotes import open_remote
+    def _by_records(self, backend, tip: str, t0: float) -> Update | None:
+        """Move to ``tip`` by the remote's step records (remotes/steps.py): one small read a
+        step, then the changed chunks' payloads, each a delta against a chunk held; no
+        listing, no catalog. None when there is no usable record chain back to the version
+        held (the caller then reads the version the ordinary way, from where this left off)."""
+        if self._tree is None:
+            return None
+        records, commit = [], tip
+        try:
+            while commit != self.commit:
+                data = backend.read(steps.record_path(commit), steps.MAX_RECORD) if len(records) < steps.KEEP else None
+                if data is None:
+                    return None
+                records.append(steps.parse(data, commit))
+                commit = records[-1].parent
+        except WvcError:
+            return None
+        first, changed = self.commit, set()
+        for record in reversed(records):
+            try:
+                tree = self._tree_of(record)
+                moved = self._move(VersionView(record.commit, tree, _RecordChunks(record, backend, _Held(self))), t0)
+            except WvcError:
+                return None
+            changed.update(moved.changed)
+        return Update(tip, first, sorted(changed), backend.bytes_downloaded, time.perf_counter() - t0)
 
-        return open_remote(self.source).read_ref("refs/heads/" + self.branch)
+    def _tree_of(self, record):
+        from .versions import Commit, Tree
+
+        commit = Commit.from_bytes(record.commit_bytes, record.commit)  # (parse checked it; the tree id from it)
+        if record.tree_bytes is not None:
+            return Tree.from_bytes(record.tree_bytes, commit.tree)
+        try:
+            tree = steps.apply_diff(self._tree, record.tree_diff)
+        except ValueError as exc:
+            raise CorruptObject(f"step record of {ids.short(record.commit)}: {exc}") from exc
+        if tree.id != commit.tree:
+            raise CorruptObject(f"step record of {ids.short(record.commit)} does not give its commit's tree")
+        return tree
 
     def update(self, rev: str | None = None, timeout: float | None = None) -> Update | None:
         """Move to the branch tip (or ``rev``); None when already there (after waiting up to
@@ -266,9 +347,15 @@ class Follower:
         while True:
             t0 = time.perf_counter()
             try:
-                if rev is None and not self._local and self.commit is not None \
-                        and self._tip() == self.commit:  # one small read when nothing is new
-                    view = None
+                view = None
+                if rev is None and not self._local and self.commit is not None:
+                    backend = open_remote(self.source)
+                    tip = backend.read_ref("refs/heads/" + self.branch)  # one small read when nothing is new
+                    if tip != self.commit:
+                        moved = self._by_records(backend, tip, t0) if tip is not None else None
+                        if moved is not None:
+                            return moved
+                        view = self._open(self.branch)
                 else:
                     view = self._open(rev or self.branch)
             except (RemoteNotFound, RevisionNotFound):
@@ -310,7 +397,7 @@ class Follower:
         self._previous = self._apply(entries, staged, view.tree.chunk_bytes)
         self._keyframes.prune(KEYFRAME_BUDGET * sum(e.nbytes for e in entries.values()))
         parent, self.commit = self.commit, view.commit
-        self._entries, self._chunk_bytes = entries, view.tree.chunk_bytes
+        self._entries, self._chunk_bytes, self._tree = entries, view.tree.chunk_bytes, view.tree
         return Update(view.commit, parent, sorted(staged), remote.bytes_downloaded if remote is not None else 0,
                       time.perf_counter() - t0)
 

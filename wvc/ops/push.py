@@ -9,13 +9,15 @@ from pathlib import Path
 
 from .. import ids
 from ..basemodel.record import base_json
-from ..errors import DetachedHead, NonFastForward, RevisionNotFound, VersionPruned
+from ..errors import DetachedHead, NonFastForward, RevisionNotFound, VersionPruned, WvcError
 from ..fsutil import sweep_work_dirs, work_dir
 from ..progress import NULL, Progress
+from ..remotes import steps
 from ..remotes.catalog import Catalog
 from ..store.chains import resolve_chain
 from ..store.packs import PackWriter, copy_payloads, pack_filename
 from ..store.refs import HEADS, TAGS
+from . import step_records
 from .remote_config import REMOTES, open_remote_repository
 from ..basemodel.remote import check_same_base, remote_base
 
@@ -107,9 +109,23 @@ def push(repo, remote_name: str = "origin", branch: str | None = None, *, force:
     sweep_work_dirs(repo.wvc_dir)  # a killed push's pack
     with work_dir(repo.wvc_dir, "push") as tmp:
         pack_file, catalog = _new_segment(repo, wanted, new_commits, Path(tmp), progress)
+        tip = updates.get(primary) if primary is not None and primary.startswith(HEADS) else None
+
+        def records(locate):  # followers' step records (remotes/steps.py) for the newest steps
+            built = {}
+            for cid in step_records.records_for(repo, tip, new_commits):
+                try:
+                    data = step_records.build_record(repo, cid, locate)
+                except WvcError:  # (a version whose chunks a prune dropped): followers read it the usual way
+                    data = None
+                if data is not None:
+                    built[steps.record_path(cid)] = data
+            return built, step_records.dropped_records(repo, tip, len(new_commits))
+
         replaced = remote.push_segment(
             pack_file, catalog, dict(updates), f"wvc push {name} {ids.short(local or next(iter(updates.values())))}",
-            Path(tmp), base_record=base_json(ours) if ours is not None else None, progress=progress)
+            Path(tmp), base_record=base_json(ours) if ours is not None else None, progress=progress,
+            step_records=records if tip is not None else None)
     with repo.db.write():
         for ref, target in updates.items():
             if ref.startswith(HEADS):

@@ -126,7 +126,7 @@ def listing_state(refs, version, paths, base, tokens=None) -> RemoteState:
 
 # What a wvc remote holds at its top level; on the Hub also the files every repository
 # starts with. Anything else is someone else's content.
-WVC_TOP = ("wvc.json", BASE_RECORD, "refs/", "packs/", "catalogs/", "retired/", "pruned/", "objects/")
+WVC_TOP = ("wvc.json", BASE_RECORD, "refs/", "packs/", "catalogs/", "retired/", "pruned/", "steps/", "objects/")
 HUB_STARTERS = (".gitattributes", "README.md")
 
 

@@ -101,7 +101,7 @@ class PathRemote(Remote):
     def state(self, create: bool = False) -> RemoteState:
         self._ensure(create)
         refs = self._refs()
-        paths = [f"{d}/{p.name}" for d in ("packs", "catalogs", "retired", "pruned") if (self.root / d).is_dir()
+        paths = [f"{d}/{p.name}" for d in ("packs", "catalogs", "retired", "pruned", "steps") if (self.root / d).is_dir()
                  for p in (self.root / d).iterdir() if not p.name.startswith(TEMP_PREFIX)]
         version = hashlib.sha256(json.dumps(refs, sort_keys=True).encode()).hexdigest()
         return listing_state(refs, version, paths, self.read(BASE_RECORD, MAX_BASE_RECORD))

@@ -26,7 +26,7 @@ from ..fsutil import atomic_write
 from ..versions import Commit, Tree
 from ..store.chains import close_over_bases
 from ..store.packs import MAX_INDEX_BYTES, PackEntry, parse_index
-from . import compaction
+from . import compaction, steps
 from .catalog import MAX_CATALOG_BYTES, Catalog, catalog_name, catalog_path, parse_catalog, segment_size
 from .interface import BASE_RECORD, MAX_PRUNED_RECORD, MAX_SMALL_OBJECT, Remote, RemoteState, commit_path, pack_path, tree_path
 
@@ -354,12 +354,14 @@ class RemoteRepository:
 
     # -- writing -------------------------------------------------------------------------------
     def push_segment(self, pack_file: Path | None, catalog: Catalog, refs: dict[str, str | None], message: str,
-                     work_dir: Path, *, base_record: bytes | None = None, progress=None) -> int:
+                     work_dir: Path, *, base_record: bytes | None = None, progress=None, step_records=None) -> int:
         """Publish one new segment (``pack_file``, None when every chunk is on the remote,
         and its ``catalog``) and move ``refs``, in one compare-and-swap against the pinned
         state. Compaction may merge the segment with others of its tier first (the file
         count stays bounded); files retired long enough ago are purged after. Returns the
-        number of files the segment replaced."""
+        number of files the segment replaced. ``step_records(locate)``: the followers' step
+        records (remotes/steps.py) to publish with it, given where each chunk will be
+        (``locate(id)`` -> (pack, entry) or None), and the commits whose records it replaces."""
         from ..progress import NULL
 
         progress = progress or NULL
@@ -384,9 +386,34 @@ class RemoteRepository:
             files[catalog_path(catalog_name(data))] = data
         if base_record is not None and self.state.base is None:
             files[BASE_RECORD] = base_record
-        self.publish(files, refs, message, replaced=replaced, progress=progress)
+        dropped: list[str] = []
+        if step_records is not None:
+            records, old = step_records(self._locator(catalog))
+            files.update(records)
+            dropped = [p for p in map(steps.record_path, old) if p in self.state.files]
+        # A step record is only ever a shortcut (a follower that misses one reads the version
+        # the usual way), so an old one is deleted at once, not retired for the grace period.
+        atomic = self.backend.deletes_atomically
+        self.publish(files, refs, message, replaced=replaced + (dropped if atomic else []), progress=progress)
+        if dropped and not atomic:
+            try:
+                self.backend.delete(dropped)
+            except RemoteError:
+                pass  # (left behind: harmless, listed until `gc --remote`)
         self.purge()
         return len(replaced)
+
+    def _locator(self, catalog: Catalog):
+        """Where each chunk is once ``catalog``'s segment is published: in it, else in a live
+        segment (a retired one may be deleted while a follower reads)."""
+        mine = {e.id: (catalog.pack, e) for e in catalog.entries}
+        live = {seg.pack for seg in self.contents.live_segments if seg.pack is not None}
+        index = self.index
+
+        def locate(oid: str):
+            found = mine.get(oid) or index.get(oid)
+            return found if found is not None and (found[0] == catalog.pack or found[0] in live) else None
+        return locate
 
     def rewrite(self, dropped: list[Segment], kept: list[Segment], message: str, work_dir: Path, progress=None, *,
                 extra: dict[str, bytes] | None = None, replaced=()) -> None:

@@ -191,7 +191,7 @@ def _wanted(object_ids, lookup, index: dict[str, tuple[str, PackEntry]], have) -
     return wanted
 
 
-def _read_payloads(remote: Remote, wanted: dict[str, tuple[str, PackEntry]]):
+def read_payloads(remote: Remote, wanted: dict[str, tuple[str, PackEntry]]):
     """(entry, payload) of each wanted object, read with one range request per span of
     neighbouring entries in a pack (one commit's objects lie side by side in its pack)."""
     by_pack: dict[str, list[PackEntry]] = {}
@@ -226,7 +226,7 @@ def fetch_objects(store: ObjectStore, remote: Remote, index: dict[str, tuple[str
     try:
         writer = PackWriter(tmp)
         progress.start(sum(e.length for _, e in wanted.values()), "fetching objects")
-        copy_payloads(writer, _read_payloads(remote, wanted), progress)
+        copy_payloads(writer, read_payloads(remote, wanted), progress)
         progress.close()
         name, size = writer.finish()
         staged = tmp / pack_filename(name)
@@ -268,7 +268,7 @@ class RemoteChunks:
         commit's new objects lie side by side in one pack, so a follower's update is one
         request or a few instead of one per chunk. Decoding and verification still happen
         on use (``__call__``)."""
-        for e, payload in _read_payloads(self.remote, _wanted(object_ids, self._lookup, self.index, self._have)):
+        for e, payload in read_payloads(self.remote, _wanted(object_ids, self._lookup, self.index, self._have)):
             self.payloads[e.id] = payload
 
     def _holds(self, oid: str) -> bool:

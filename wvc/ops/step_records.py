@@ -1,0 +1,103 @@
+"""The step records a push publishes for followers (format: remotes/steps.py).
+
+For each of the newest ``steps.KEEP`` first-parent steps of the pushed branch that the push
+carries, a record of what changed against the parent: each changed chunk's stored payload
+when it is a delta against the parent's chunk at that place (and its step context, if it
+has one, is the chunk the grandparent held there: what a follower kept), else a step
+payload coded here against the parent's chunk (with the grandparent's as its context). A
+re-anchored chunk is the usual case for the latter: its stored payload is coded against
+its chain's anchor, and carries the drift since then.
+"""
+
+from __future__ import annotations
+
+from ..codec import Method, encode
+from ..formats.dtypes import DTYPES
+from ..remotes import steps
+
+BYTES = DTYPES["U8"]
+
+
+def records_for(repo, tip: str, new_commits) -> list[str]:
+    """The commits of ``new_commits`` a push writes records for: the newest ``KEEP`` steps
+    along ``tip``'s first parents (a merge's record is against its first parent)."""
+    chosen, commit = [], tip
+    new = set(new_commits)
+    while commit in new and len(chosen) < steps.KEEP:
+        parents = repo.read_commit(commit).parents
+        if not parents:
+            break
+        chosen.append(commit)
+        commit = parents[0]
+    return chosen
+
+
+def dropped_records(repo, tip: str, pushed: int) -> list[str]:
+    """The commits whose records a push of ``pushed`` commits to ``tip`` replaces: those that
+    fall out of the newest ``KEEP`` first-parent steps now (older ones were replaced by the
+    pushes before; `gc --remote` drops records of commits no ref reaches)."""
+    out, commit, k = [], tip, 0
+    while commit is not None and k < pushed + 2 * steps.KEEP:
+        if k >= steps.KEEP:
+            out.append(commit)
+        parents = repo.read_commit(commit).parents
+        commit = parents[0] if parents else None
+        k += 1
+    return out
+
+
+def build_record(repo, commit_id: str, locate) -> bytes | None:
+    """The record moving ``commit_id``'s first parent to it, or None when none helps (a base
+    model's chunk changed, or the tree changed beyond chunk ids and is large).
+    ``locate(id)``: (pack, PackEntry) where the remote holds that chunk after this push."""
+    commit = repo.read_commit(commit_id)
+    parent = commit.parents[0]
+    new_tree = repo.read_tree(commit.tree)
+    old_tree = repo.read_tree(repo.read_commit(parent).tree)
+    before = repo.read_commit(parent).parents
+    older = steps.places(repo.read_tree(repo.read_commit(before[0]).tree)) if before else {}
+    diff = steps.diff_trees(old_tree, new_tree)
+    if diff is None:
+        return None
+    old, dtypes = steps.places(old_tree), _dtypes(new_tree)
+    held = set(old.values())  # what a follower of the parent holds: its chunks need nothing
+    chunks, done = [], set()
+    for path, tensor, index, cid in diff:
+        if cid in held or cid in done:
+            continue
+        done.add(cid)
+        place = (path, tensor, index)
+        base, context = old[place], older.get(place)
+        if context == base:
+            context = None
+        row = repo.store.row(cid)
+        if row is None or row.external:
+            return None
+        found = locate(cid)
+        stored_context = None
+        if row.base == base and Method(row.method).uses_context:
+            stored_context = repo.store.row(base).base
+        if found is not None and row.base == base and (stored_context is None or stored_context == context
+                                                      or stored_context in held):
+            pack, entry = found
+            chunks.append((cid, base, stored_context, row.raw_size, pack, entry.offset, entry.length, None))
+            continue
+        raw, base_raw = _raw(repo, cid), _raw(repo, base)
+        context_raw = _raw(repo, context) if context is not None else None
+        coded = encode(raw, dtypes.get((path, tensor), BYTES), base_raw, context=context_raw)
+        chunks.append((cid, base, context if coded.method.uses_context else None, len(raw), None, 0, 0,
+                       coded.payload))
+    return steps.build(commit_id, parent, commit.to_bytes(), None, diff, chunks)
+
+
+def _dtypes(tree) -> dict:
+    return {(f.path, t.name): DTYPES[t.dtype] for f in tree.files for t in f.tensors}
+
+
+def _raw(repo, oid: str) -> bytes:
+    """A chunk's bytes: a Publisher keeps its last two commits' raw chunks (no chain decoded)."""
+    store = repo.store
+    for kept in (store.recent_chunks, getattr(store, "older_chunks", {})):
+        if oid in kept:
+            return kept[oid]
+    return store.get(oid)

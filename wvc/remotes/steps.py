@@ -1,0 +1,246 @@
+"""Step records: what a follower needs to move from a commit to its child, in one small read.
+
+A follower holding commit B moves to its child C by reading ``steps/<C>.step`` (the name
+comes from the ref it polls: no listing, no catalog). The record carries C's commit bytes,
+C's tree as a diff of B's (the chunk ids that changed, at their places; or the whole tree
+when more than chunk ids changed) and, for every chunk that changed, where its payload is
+as a delta against the chunk B held at that place: a range of a pack, when the stored
+payload already is that delta (its step context, if it has one, being the chunk the
+version before B held there), else a **step payload** carried in the record itself: the
+chunk coded against B's chunk, with an explicit context. So a follower's bytes a step are
+that step's change, whatever the anchor policy stored (a re-anchored chunk's stored payload
+carries the drift since its anchor), and its cost does not grow with the history (no
+catalog is read). Records are an optimisation: a push keeps the newest ``KEEP`` of a
+branch (older ones are replaced like compacted files), and a follower that finds none, or
+one it cannot use, reads the version the ordinary way. Every byte of a record is checked
+before use: the commit against its id, the tree against the commit, each chunk against
+its id.
+
+File: ``b"WVCSTEP\\x01\\n"``, u64 length of the header, the header (a zstd frame of
+canonical JSON, below), then the data area: the commit's bytes, the tree's bytes (when not
+a diff) and the step payloads, back to back::
+
+    {"commit": id, "parent": id, "commit_bytes": [offset, length], "tree_bytes": [offset, length] | null,
+     "tree_diff": [[path, tensor name | null, chunk index, chunk id], ...] | null,
+     "chunks": [[id, base, context | null, raw size, pack | null, offset, length], ...]}
+
+A chunk's ``pack`` names the remote pack holding the payload at ``offset``; null means the
+data area.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+
+from .. import ids
+from ..errors import CorruptObject, FormatError
+from ..versions import MAX_PAYLOAD, MAX_RAW_CHUNK, MAX_TREE_BYTES, FileEntry, Tree, TensorEntry, canonical_json
+
+MAGIC = b"WVCSTEP\x01\n"
+PREFIX = "steps/"
+KEEP = 8  # records a push keeps of its branch: the newest first-parent steps
+MAX_HEADER = 64 << 20  # decompressed
+MAX_RECORD = 4 << 30  # a step of a very large model carries its re-anchored chunks' step payloads
+MAX_CHUNKS = 1 << 20
+
+
+def record_path(commit_id: str) -> str:
+    return f"{PREFIX}{commit_id}.step"
+
+
+def commit_of_path(path: str) -> str | None:
+    """The commit a listed ``steps/`` file is the record of (None: not a record's name)."""
+    if path.startswith(PREFIX) and path.endswith(".step") and ids.is_object_id(path[len(PREFIX):-5]):
+        return path[len(PREFIX):-5]
+    return None
+
+
+@dataclass(frozen=True)
+class StepChunk:
+    id: str
+    base: str
+    context: str | None
+    raw_size: int
+    pack: str | None  # None: the payload is in the record
+    offset: int
+    length: int
+
+    def to_json(self):
+        return [self.id, self.base, self.context, self.raw_size, self.pack, self.offset, self.length]
+
+
+@dataclass
+class StepRecord:
+    commit: str
+    parent: str
+    commit_bytes: bytes
+    tree_bytes: bytes | None  # the whole tree, or None with ``tree_diff``
+    tree_diff: list | None  # [path, tensor name | None, index, chunk id]
+    chunks: list[StepChunk]
+    data: bytes | memoryview = b""  # the data area (step payloads)
+
+    def payload(self, chunk: StepChunk) -> bytes:
+        return bytes(self.data[chunk.offset : chunk.offset + chunk.length])
+
+
+def build(commit: str, parent: str, commit_bytes: bytes, tree_bytes: bytes | None, tree_diff: list | None,
+          chunks: list[tuple[str, str, str | None, int, str | None, int, int, bytes | None]]) -> bytes:
+    """A record's bytes. ``chunks``: (id, base, context, raw size, pack, offset, length,
+    payload): a payload (pack None) goes into the data area and its offset is set here."""
+    import zstandard
+
+    area = [commit_bytes]
+    at = len(commit_bytes)
+    tree_at = None
+    if tree_bytes is not None:
+        tree_at = [at, len(tree_bytes)]
+        area.append(tree_bytes)
+        at += len(tree_bytes)
+    listed = []
+    for cid, base, context, raw_size, pack, offset, length, payload in chunks:
+        if pack is None:
+            offset, length = at, len(payload)
+            area.append(payload)
+            at += length
+        listed.append([cid, base, context, raw_size, pack, offset, length])
+    header = canonical_json({"commit": commit, "parent": parent, "commit_bytes": [0, len(commit_bytes)],
+                             "tree_bytes": tree_at, "tree_diff": tree_diff, "chunks": listed})
+    head = zstandard.ZstdCompressor(level=3).compress(header)
+    return b"".join([MAGIC, struct.pack("<Q", len(head)), head, *area])
+
+
+def parse(data: bytes, commit_id: str) -> StepRecord:
+    """A record read from a remote (untrusted): every field bounded and typed; the commit
+    bytes checked against ``commit_id``. Raises CorruptObject."""
+    from ..versions import Commit
+
+    import zstandard
+
+    try:
+        return _parse(data, commit_id, Commit)
+    except (FormatError, ValueError, TypeError, KeyError, IndexError, RecursionError, struct.error,
+            zstandard.ZstdError) as exc:
+        raise CorruptObject(f"step record of {ids.short(commit_id)} is malformed: {exc}") from exc
+
+
+def _parse(data: bytes, commit_id: str, Commit) -> StepRecord:
+    import zstandard
+
+    if len(data) < len(MAGIC) + 8 or data[: len(MAGIC)] != MAGIC:
+        raise ValueError("not a step record")
+    (head_len,) = struct.unpack_from("<Q", data, len(MAGIC))
+    start = len(MAGIC) + 8
+    if head_len > len(data) - start:
+        raise ValueError("header runs past the end")
+    frame = bytes(data[start : start + head_len])
+    declared = zstandard.frame_content_size(frame)
+    if not 0 <= declared <= MAX_HEADER:  # the writer declares it; a bomb is refused unread
+        raise ValueError("header size undeclared or too large")
+    header = zstandard.ZstdDecompressor().decompress(frame, max_output_size=declared)
+    raw = json.loads(header)
+    if not isinstance(raw, dict) or set(raw) != {"commit", "parent", "commit_bytes", "tree_bytes", "tree_diff", "chunks"}:
+        raise ValueError("unexpected header fields")
+    area = memoryview(data)[start + head_len :]
+    if raw["commit"] != commit_id or not ids.is_object_id(raw["parent"]):
+        raise ValueError("names another commit")
+
+    def span(value, limit: int) -> tuple[int, int]:
+        offset, length = value
+        if type(offset) is not int or type(length) is not int or offset < 0 or not 0 <= length <= limit \
+                or offset + length > len(area):
+            raise ValueError("a range out of bounds")
+        return offset, length
+
+    o, n = span(raw["commit_bytes"], 1 << 24)
+    commit_bytes = bytes(area[o : o + n])
+    commit = Commit.from_bytes(commit_bytes, commit_id)
+    if not commit.parents or commit.parents[0] != raw["parent"]:
+        raise ValueError("its parent is not the commit's first parent")
+    tree_bytes = tree_diff = None
+    if raw["tree_bytes"] is not None:
+        o, n = span(raw["tree_bytes"], MAX_TREE_BYTES)
+        tree_bytes = bytes(area[o : o + n])
+    else:
+        tree_diff = raw["tree_diff"]
+        if not isinstance(tree_diff, list) or len(tree_diff) > MAX_CHUNKS:
+            raise ValueError("bad tree diff")
+        for path, tensor, index, chunk in tree_diff:
+            if not isinstance(path, str) or not (tensor is None or isinstance(tensor, str)) \
+                    or type(index) is not int or index < 0 or not ids.is_object_id(chunk):
+                raise ValueError("bad tree diff entry")
+    chunks = []
+    if not isinstance(raw["chunks"], list) or len(raw["chunks"]) > MAX_CHUNKS:
+        raise ValueError("bad chunk list")
+    for cid, base, context, raw_size, pack, offset, length in raw["chunks"]:
+        if not (ids.is_object_id(cid) and ids.is_object_id(base) and (context is None or ids.is_object_id(context))):
+            raise ValueError("bad chunk id")
+        if type(raw_size) is not int or not 0 <= raw_size <= MAX_RAW_CHUNK:
+            raise ValueError("bad raw size")
+        if pack is None:
+            offset, length = span([offset, length], MAX_PAYLOAD)
+        elif not ids.is_object_id(pack) or type(offset) is not int or type(length) is not int \
+                or offset < 0 or not 0 < length <= MAX_PAYLOAD:
+            raise ValueError("bad pack range")
+        chunks.append(StepChunk(cid, base, context, raw_size, pack, offset, length))
+    return StepRecord(commit_id, raw["parent"], commit_bytes, tree_bytes, tree_diff, chunks, area)
+
+
+# -- tree diffs ---------------------------------------------------------------------------------
+def places(tree: Tree) -> dict[tuple[str, str | None, int], str]:
+    """Each chunk's place in a tree: (path, tensor name or None for a blob, index) -> id."""
+    out = {}
+    for f in tree.files:
+        if f.kind == "blob":
+            out.update(((f.path, None, i), c) for i, c in enumerate(f.chunks))
+        for t in f.tensors:
+            out.update(((f.path, t.name, i), c) for i, c in enumerate(t.chunks))
+    return out
+
+
+def diff_trees(old: Tree, new: Tree) -> list | None:
+    """``new`` as chunk-id changes of ``old``, or None when more than chunk ids changed
+    (files, shapes, dtypes, headers, sizes): then a record carries the whole tree."""
+    if len(old.files) != len(new.files):
+        return None
+    changes = []
+    for a, b in zip(old.files, new.files):
+        if (a.path, a.kind, a.size, a.header, a.executable, len(a.chunks), len(a.tensors)) != \
+                (b.path, b.kind, b.size, b.header, b.executable, len(b.chunks), len(b.tensors)):
+            return None
+        changes += [[a.path, None, i, y] for i, (x, y) in enumerate(zip(a.chunks, b.chunks)) if x != y]
+        for s, t in zip(a.tensors, b.tensors):
+            if (s.name, s.dtype, s.shape, len(s.chunks)) != (t.name, t.dtype, t.shape, len(t.chunks)):
+                return None
+            changes += [[a.path, s.name, i, y] for i, (x, y) in enumerate(zip(s.chunks, t.chunks)) if x != y]
+    if apply_diff(old, changes).id != new.id:  # (the format, chunk size...) not a chunk-id change after all
+        return None
+    return changes
+
+
+def apply_diff(old: Tree, changes: list) -> Tree:
+    """``old`` with the chunk ids of ``changes`` replaced (the caller checks the result's id)."""
+    by_file: dict[str, list] = {}
+    for path, tensor, index, chunk in changes:
+        by_file.setdefault(path, []).append((tensor, index, chunk))
+    files = list(old.files)
+    where = {f.path: k for k, f in enumerate(files)}
+    for path, edits in by_file.items():
+        if path not in where:
+            raise ValueError(f"the diff names a file the tree lacks: {path!r}")
+        f = files[where[path]]
+        blob = list(f.chunks)
+        tensors = {t.name: list(t.chunks) for t in f.tensors}
+        for tensor, index, chunk in edits:
+            target = blob if tensor is None else tensors.get(tensor)
+            if target is None or index >= len(target):
+                raise ValueError("the diff names a chunk the tree lacks")
+            target[index] = chunk
+        listing = {"chunks": tuple(blob)} if f.kind == "blob" else {
+            "header": f.header, "tensors": tuple(TensorEntry(t.name, t.dtype, t.shape, tuple(tensors[t.name]))
+                                                 for t in f.tensors)}
+        # (a format-1 tree's file hashes are digests of the bytes: the result's id then differs,
+        # and diff_trees gives the whole tree instead)
+        files[where[path]] = FileEntry.of(f.path, f.kind, f.size, executable=f.executable, **listing)
+    return Tree(tuple(files), old.chunk_bytes, old.format)
