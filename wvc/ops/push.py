@@ -120,7 +120,8 @@ def push(repo, remote_name: str = "origin", branch: str | None = None, *, force:
                     data = None
                 if data is not None:
                     built[steps.record_path(cid)] = data
-            return built, step_records.dropped_records(repo, tip, len(new_commits))
+            others = [t for r, t in state.refs.items() if r.startswith(HEADS) and r != primary]
+            return built, step_records.dropped_records(repo, tip, len(new_commits), others)
 
         replaced = remote.push_segment(
             pack_file, catalog, dict(updates), f"wvc push {name} {ids.short(local or next(iter(updates.values())))}",

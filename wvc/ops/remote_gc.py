@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ..errors import RemoteError
 from ..progress import NULL, Progress
+from ..remotes import steps
 from .remote_config import open_remote_repository
 
 
@@ -46,11 +47,23 @@ def remote_gc(repo, remote_name: str, *, dry_run: bool = False, progress: Progre
     cut = Cut.of(contents.live_segments, live_commits, live_trees, live_objects)
     result = RemoteGcResult(remote_name, dry_run, len(contents.live_segments), len(cut.dead), len(cut.partial),
                             cut.objects_removed, cut.commits_removed, cut.bytes_freed)
-    if dry_run or not (cut.dead or cut.partial):
+    rewriting = bool(cut.dead or cut.partial)
+    # followers' step records (remotes/steps.py) of commits no ref reaches, or naming packs
+    # this rewrite replaces: shortcuts that no longer lead anywhere, deleted (not retired)
+    stale = [p for p in remote.state.files if (c := steps.commit_of_path(p)) is not None
+             and (rewriting or c not in live_commits)]
+    if dry_run:
         return result
-    with tempfile.TemporaryDirectory(prefix="wvc-remote-gc-", dir=repo.wvc_dir) as tmp:
-        remote.rewrite(cut.dead + cut.partial, cut.kept(live_objects, live_commits, live_trees),
-                       f"wvc gc: {cut.objects_removed} objects, {cut.commits_removed} commits removed", Path(tmp), progress)
+    atomic = remote.backend.deletes_atomically  # (the Hub: in the rewrite's commit; elsewhere at once)
+    if rewriting:
+        with tempfile.TemporaryDirectory(prefix="wvc-remote-gc-", dir=repo.wvc_dir) as tmp:
+            remote.rewrite(cut.dead + cut.partial, cut.kept(live_objects, live_commits, live_trees),
+                           f"wvc gc: {cut.objects_removed} objects, {cut.commits_removed} commits removed", Path(tmp),
+                           progress, replaced=stale if atomic else ())
+    elif stale and atomic:
+        remote.publish({}, {}, f"wvc gc: {len(stale)} step records of unreachable commits", replaced=stale)
+    if stale and not atomic:
+        remote.backend.delete(stale)
     return result
 
 

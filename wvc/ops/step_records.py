@@ -32,17 +32,25 @@ def records_for(repo, tip: str, new_commits) -> list[str]:
     return chosen
 
 
-def dropped_records(repo, tip: str, pushed: int) -> list[str]:
+def dropped_records(repo, tip: str, pushed: int, others=()) -> list[str]:
     """The commits whose records a push of ``pushed`` commits to ``tip`` replaces: those that
     fall out of the newest ``KEEP`` first-parent steps now (older ones were replaced by the
-    pushes before; `gc --remote` drops records of commits no ref reaches)."""
-    out, commit, k = [], tip, 0
-    while commit is not None and k < pushed + 2 * steps.KEEP:
-        if k >= steps.KEEP:
-            out.append(commit)
+    pushes before), unless among the newest ``KEEP`` of another branch (``others``: their
+    tips on the remote)."""
+    walked = _first_parents(repo, tip, pushed + 2 * steps.KEEP)
+    keep = set(walked[: steps.KEEP])
+    for other in others:
+        if repo.graph.has_commit(other):
+            keep.update(_first_parents(repo, other, steps.KEEP))
+    return [c for c in walked[steps.KEEP :] if c not in keep]
+
+
+def _first_parents(repo, commit: str, n: int) -> list[str]:
+    out = []
+    while commit is not None and len(out) < n:
+        out.append(commit)
         parents = repo.read_commit(commit).parents
         commit = parents[0] if parents else None
-        k += 1
     return out
 
 

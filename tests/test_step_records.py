@@ -1,0 +1,190 @@
+"""Step records (remotes/steps.py): a follower's bytes a step are that step's change, also on
+the steps where the publisher re-anchors a chain (whose stored payload carries the drift
+since its anchor), and an update reads no listing and no catalog."""
+
+import os
+import statistics
+
+import pytest
+import torch
+
+import wvc
+from wvc import Repo
+from wvc.remotes import open_remote, steps
+
+from .test_follow import same
+
+
+class Run:
+    """A 1 MiB bf16 tensor where 2.5% of the elements move a step (an optimizer's drift), a
+    commit and a push a step; the default anchor policy (re-anchor every 8th step)."""
+
+    def __init__(self, root, url, n=1 << 19):
+        self.repo = Repo.init(root)
+        self.repo.remote_add("origin", url)
+        self.g = torch.Generator().manual_seed(0)
+        self.w = torch.randn(n, generator=self.g).to(torch.bfloat16)
+        self.url = url
+
+    def step(self, i: int) -> str:
+        if i:
+            idx = torch.randint(0, self.w.numel(), (self.w.numel() // 40,), generator=self.g)
+            self.w[idx] += torch.randn(idx.numel(), generator=self.g).to(torch.bfloat16) * 1e-2
+        commit = self.repo.commit(f"step {i}", source={"w": self.w.clone()}, branch="main").commit
+        self.repo.push()
+        return commit
+
+    def reanchored(self, commit: str) -> bool:
+        """Whether the commit's chunk is stored against something other than its parent's."""
+        parent = self.repo.read_commit(commit).parents[0]
+        new, old = (self.repo.tree_of(c).files[0].tensors[0].chunks for c in (commit, parent))
+        return any(self.repo.store.row(x).base != p for x, p in zip(new, old) if x != p)
+
+
+pytestmark = pytest.mark.usefixtures("hub_env")
+
+
+def record_names(url: str) -> list[str]:
+    return sorted(p for p in open_remote(url).state().files if steps.commit_of_path(p))
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("WVC_CACHE", str(tmp_path / "cache"))
+
+
+def test_a_followers_step_costs_the_same_on_re_anchored_steps(tmp_path, remote_url, monkeypatch):
+    run = Run(tmp_path / "run", remote_url)
+    run.step(0)
+    follower = wvc.follow(remote_url)
+    follower.update()
+    import wvc.follower as module
+
+    def no_ordinary_read(*args, **kwargs):
+        raise AssertionError("the follower listed the remote and read catalogs")
+
+    monkeypatch.setattr(module, "open_remote_version", no_ordinary_read)
+    got, anchors = {}, []
+    for i in range(1, 19):
+        commit = run.step(i)
+        update = follower.update()
+        assert update.commit == commit and same(follower.state_dict, run.repo.load_state_dict(commit))
+        got[i] = update.downloaded_bytes
+        if run.reanchored(commit):
+            anchors.append(i)
+    assert anchors, "the run never re-anchored: the test shows nothing"
+    median = statistics.median(got.values())
+    assert max(got.values()) <= 2 * median, (got, anchors)
+    stored = {i: e.stored_bytes for i, e in zip(range(18, 0, -1), run.repo.log())}
+    assert any(stored[i] > 3 * median for i in anchors), (stored, anchors)  # what it would have downloaded
+    assert len(record_names(remote_url)) <= steps.KEEP
+
+
+def test_a_follower_that_fell_behind_catches_up_by_records(tmp_path, monkeypatch):
+    url = str(tmp_path / "remote")
+    run = Run(tmp_path / "run", url)
+    run.step(0)
+    follower = wvc.follow(url)
+    follower.update()
+    commits = [run.step(i) for i in range(1, 5)]
+    import wvc.follower as module
+
+    monkeypatch.setattr(module, "open_remote_version", lambda *a, **k: pytest.fail("read the ordinary way"))
+    update = follower.update()
+    assert update.commit == commits[-1] and update.changed == ["w"]
+    assert same(follower.state_dict, run.repo.load_state_dict(commits[-1]))
+    stored = sum(e.stored_bytes for e in run.repo.log()[:4])
+    assert update.downloaded_bytes <= 1.2 * stored + 16 * 1024
+
+
+@pytest.mark.parametrize("damage", ["missing", "garbage", "payload", "truncated"])
+def test_a_missing_or_damaged_record_falls_back_to_the_ordinary_read(tmp_path, damage):
+    url = str(tmp_path / "remote")
+    run = Run(tmp_path / "run", url)
+    run.step(0)
+    follower = wvc.follow(url)
+    follower.update()
+    for i in range(1, 20):  # up to a step that re-anchors: its record carries a step payload
+        commit = run.step(i)
+        if run.reanchored(commit):
+            break
+        follower.update()
+    assert run.reanchored(commit)
+    path = tmp_path / "remote" / steps.record_path(commit)
+    data = path.read_bytes()
+    record = steps.parse(data, commit)
+    carried = [c for c in record.chunks if c.pack is None]
+    assert carried  # a step payload rides in the record
+    if damage == "missing":
+        path.unlink()
+    elif damage == "garbage":
+        path.write_bytes(os.urandom(len(data)))
+    elif damage == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    else:  # a flipped bit in the step payload: it decodes to other bytes, or not at all
+        start = len(data) - len(record.data) + carried[0].offset + carried[0].length // 2
+        path.write_bytes(data[:start] + bytes([data[start] ^ 1]) + data[start + 1 :])
+    update = follower.update()
+    assert update.commit == commit and same(follower.state_dict, run.repo.load_state_dict(commit))
+    nxt = run.step(i + 1)  # and the next step is by record again
+    assert follower.update().commit == nxt and same(follower.state_dict, run.repo.load_state_dict(nxt))
+
+
+def test_step_records_are_refused_when_malformed(tmp_path):
+    from wvc.errors import CorruptObject
+
+    url = str(tmp_path / "remote")
+    run = Run(tmp_path / "run", url, n=1 << 12)
+    run.step(0)
+    commit = run.step(1)
+    data = (tmp_path / "remote" / steps.record_path(commit)).read_bytes()
+    assert steps.parse(data, commit).commit == commit
+    with pytest.raises(CorruptObject):
+        steps.parse(data, run.repo.resolve("main~1"))  # read for another commit
+    import struct
+
+    import zstandard
+
+    bomb = zstandard.ZstdCompressor().compress(b"{" * (steps.MAX_HEADER + 1))
+    for bad in (b"", steps.MAGIC, steps.MAGIC + struct.pack("<Q", 1 << 40),
+                steps.MAGIC + struct.pack("<Q", len(bomb)) + bomb,  # a header past its bound
+                data[:-1]):  # the data area one byte short of what the header says
+        with pytest.raises(CorruptObject):
+            steps.parse(bad, commit)
+
+
+def test_pushing_another_branch_keeps_mains_records(tmp_path):
+    url = str(tmp_path / "remote")
+    run = Run(tmp_path / "run", url, n=1 << 12)
+    for i in range(4):
+        run.step(i)
+    before = record_names(url)
+    assert len(before) == 3  # the root has no parent to step from
+    run.repo.create_branch("exp")
+    for i in range(steps.KEEP + 2):
+        run.repo.commit(f"exp {i}", source={"w": run.w + (i + 1)}, branch="exp")
+    run.repo.push(branch="exp")
+    after = record_names(url)
+    assert set(before) <= set(after) and len(after) == len(before) + steps.KEEP
+
+
+def test_gc_remote_drops_records_of_unreachable_commits(tmp_path, remote_url):
+    url = remote_url
+    run = Run(tmp_path / "run", url, n=1 << 12)
+    for i in range(3):
+        run.step(i)
+    run.repo.create_branch("exp")
+    run.repo.commit("exp 1", source={"w": run.w + 1}, branch="exp")
+    run.repo.commit("exp 2", source={"w": run.w + 2}, branch="exp")
+    run.repo.push(branch="exp")
+    exp_records = set(record_names(url)) - {steps.record_path(c) for c in
+                                            [run.repo.resolve("main"), run.repo.resolve("main~1")]}
+    assert len(exp_records) == 2
+    run.repo.delete_remote_branch("origin", "exp")
+    run.repo.remote_gc("origin")
+    left = set(record_names(url))
+    assert not left & exp_records
+    follower = wvc.follow(url)  # main still follows, by records
+    follower.update()
+    commit = run.step(3)
+    assert follower.update().commit == commit and same(follower.state_dict, run.repo.load_state_dict(commit))
