@@ -84,7 +84,8 @@ def build_record(repo, commit_id: str, locate) -> bytes | None:
         found = locate(cid)
         stored_context = None
         if row.base == base and Method(row.method).uses_context:
-            stored_context = repo.store.row(base).base
+            base_row = repo.store.row(base)
+            stored_context = base_row.base if base_row is not None else None
         if found is not None and row.base == base and (stored_context is None or stored_context == context
                                                       or stored_context in held):
             pack, entry = found
