@@ -81,13 +81,14 @@ def build_record(repo, commit_id: str, locate) -> bytes | None:
         row = repo.store.row(cid)
         if row is None or row.external:
             return None
-        found = locate(cid)
+        found = locate(cid) if row.base == base else None
         stored_context = None
-        if row.base == base and Method(row.method).uses_context:
-            base_row = repo.store.row(base)
+        if found is not None and Method(row.method).uses_context:
+            base_row = repo.store.row(base)  # the stored payload's step context: its base's base
             stored_context = base_row.base if base_row is not None else None
-        if found is not None and row.base == base and (stored_context is None or stored_context == context
-                                                      or stored_context in held):
+            if stored_context is None or not (stored_context == context or stored_context in held):
+                found = None  # a follower would not hold it: send a step payload instead
+        if found is not None:
             pack, entry = found
             chunks.append((cid, base, stored_context, row.raw_size, pack, entry.offset, entry.length, None))
             continue
