@@ -80,6 +80,47 @@ def test_a_followers_step_costs_the_same_on_re_anchored_steps(tmp_path, remote_u
     assert len(record_names(remote_url)) <= steps.KEEP
 
 
+def test_step_context_survives_a_re_anchor_for_followers(tmp_path):
+    """Correlated steps (the same elements move again, by one unit: what ULP_STEP codes given
+    the step before): a re-anchored chunk's stored payload has lost that context, its step
+    payload in the record keeps it, so the re-anchored step and the one after cost a step."""
+    from wvc.codec import Method
+
+    url = str(tmp_path / "remote")
+    run = Run(tmp_path / "run", url)
+    run.w = (run.w * 0.02).to(torch.bfloat16)
+    hot = torch.randint(0, run.w.numel(), (run.w.numel() // 20,), generator=run.g)
+
+    def step(i):
+        if i:
+            bits = run.w.view(torch.int16)
+            bits[hot[torch.rand(hot.numel(), generator=run.g) < 0.5]] += 1
+        commit = run.repo.commit(f"step {i}", source={"w": run.w.clone()}, branch="main").commit
+        run.repo.push()
+        return commit
+
+    step(0)
+    follower = wvc.follow(url)
+    follower.update()
+    got, anchors, contexts = {}, [], 0
+    for i in range(1, 20):
+        commit = step(i)
+        update = follower.update()
+        assert same(follower.state_dict, run.repo.load_state_dict(commit))
+        got[i] = update.downloaded_bytes
+        record = steps.parse((tmp_path / "remote" / steps.record_path(commit)).read_bytes(), commit)
+        contexts += sum(c.context is not None and c.pack is None for c in record.chunks)
+        if run.reanchored(commit):
+            anchors.append(i)
+    assert anchors and contexts  # step payloads coded with their context rode in records
+    median = statistics.median(got.values())
+    for i in anchors:
+        assert got[i] <= 1.3 * median and got.get(i + 1, median) <= 1.3 * median, (got, anchors)
+    methods = {Method(run.repo.store.row(run.repo.tree_of(e.id).files[0].tensors[0].chunks[0]).method)
+               for e in run.repo.log()}
+    assert Method.ULP_STEP in methods  # the case this is about
+
+
 def test_a_follower_that_fell_behind_catches_up_by_records(tmp_path, monkeypatch):
     url = str(tmp_path / "remote")
     run = Run(tmp_path / "run", url)
