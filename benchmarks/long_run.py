@@ -375,6 +375,8 @@ def main(argv=None) -> None:
                     help="stop the synthetic run after this long (the steps done are measured and reported)")
     ap.add_argument("--calibrate-steps", type=int, default=0,
                     help="with --real-steps 0: measure this many steps of the real run (uncommitted) to calibrate")
+    ap.add_argument("--calibration", type=Path, default=None, metavar="JSON",
+                    help="the synthetic run's calibration from an earlier invocation's results (its real run's)")
     ap.add_argument("--hub", action="store_true", help="also push to and follow the local Hub server")
     ap.add_argument("--out", type=Path, default=RESULTS / "long_run.json")
     ap.add_argument("--merge", type=Path, nargs="+", default=None, metavar="JSON",
@@ -417,9 +419,15 @@ def main(argv=None) -> None:
                 if prev is not None:
                     prev_delta = cal.add(prev, cur, prev_delta)
                 prev = cur
-        calibration = cal.to_json() if cal.fractions else {
-            "changed_start": 0.061, "changed_end": 0.024, "p_again": 0.5, "p_same_sign": 0.8,
-            "ulp_distribution": [0.0, 0.6, 0.25, 0.1] + [0.05 / 13] * 13}
+        if args.calibration is not None and not cal.fractions:
+            earlier = json.loads(args.calibration.read_text())["runs"]
+            calibration = next(r["calibration"] for r in earlier.values() if "calibration" in r)
+        elif cal.fractions:
+            calibration = cal.to_json()
+        else:
+            calibration = {
+                "changed_start": 0.061, "changed_end": 0.024, "p_again": 0.5, "p_same_sign": 0.8,
+                "ulp_distribution": [0.0, 0.6, 0.25, 0.1] + [0.05 / 13] * 13}
         if args.synthetic_steps:
             rows, prune = run("synthetic", synthetic_steps(args.synthetic_steps, args.synthetic_mb, calibration), work,
                               hub_url="hf://bench/long-synthetic" if args.hub else None,

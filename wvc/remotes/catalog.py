@@ -57,8 +57,8 @@ class Catalog:
         return 300 * len(self.entries) + sum(map(len, self.commits.values())) + sum(map(len, self.trees.values()))
 
     def lookups(self, build):
-        """(id -> (pack, entry), ids): built by ``build()`` once per parsed catalog and kept
-        with it (remotes/repository.py, Segment.located)."""
+        """(id -> (pack, entry), ids, size): built by ``build()`` once per parsed catalog and
+        kept with it (remotes/repository.py, Segment.located)."""
         cached = self.__dict__.get("_lookups")
         if cached is None:
             cached = self.__dict__["_lookups"] = build()

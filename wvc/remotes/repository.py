@@ -85,7 +85,7 @@ class Segment:
     def pack_bytes(self) -> int:
         return sum(e.length for e in self.entries)
 
-    @property
+    @functools.cached_property  # (compaction asks for every segment's size at every push)
     def size(self) -> int:
         """What rewriting the segment costs: its payloads, commits and trees."""
         return segment_size(self.entries, self.commits, self.trees)
@@ -270,8 +270,8 @@ class RemoteRepository:
             seg = Segment(name, cat.pack, cat.entries, cat.commits, cat.trees)
             # a catalog parsed once serves every listing of this process: so do its lookups
             # (a push late in a long run spent most of its time rebuilding them entry by entry)
-            seg.__dict__["located"], seg.__dict__["ids"] = cat.lookups(lambda c=cat: (
-                {e.id: (c.pack, e) for e in c.entries}, frozenset(e.id for e in c.entries)))
+            seg.__dict__["located"], seg.__dict__["ids"], seg.__dict__["size"] = cat.lookups(lambda c=cat: (
+                {e.id: (c.pack, e) for e in c.entries}, frozenset(e.id for e in c.entries), c.size))
             segments.append(seg)
         for name in self.state.packs:
             segments.append(Segment(None, name, self.pack_index(name), {}, {}))
