@@ -64,16 +64,12 @@ def _checked_out(repo, commit, out):
     return out
 
 
-def test_a_composed_pack_that_comes_out_wrong_is_never_made_visible(tmp_path, monkeypatch):
-    remote = tmp_path / "remote"
-    repo = Repo.init(tmp_path / "a")
-    repo.remote_add("origin", str(remote))
-    trainer = TinyTrainer(repo)
-    trainer.push_steps(f"step {i}" for i in range(3))
-    before = sorted(os.listdir(remote / "packs"))
+def damage_recipes(monkeypatch):
+    """Make compaction's recipes name a source range one byte off what the client read (a
+    source that changed meanwhile); returns the real merge_segments."""
     real = compaction.merge_segments
 
-    def damaged(*args, **kwargs):  # a source range that does not hold what the client read
+    def damaged(*args, **kwargs):
         path, catalog, recipe = real(*args, **kwargs)
         i = next(k for k, p in enumerate(recipe.pieces) if not isinstance(p, bytes))
         source, offset, length = recipe.pieces[i]
@@ -81,6 +77,17 @@ def test_a_composed_pack_that_comes_out_wrong_is_never_made_visible(tmp_path, mo
         return path, catalog, recipe
 
     monkeypatch.setattr(compaction, "merge_segments", damaged)
+    return real
+
+
+def test_a_composed_pack_that_comes_out_wrong_is_never_made_visible(tmp_path, monkeypatch):
+    remote = tmp_path / "remote"
+    repo = Repo.init(tmp_path / "a")
+    repo.remote_add("origin", str(remote))
+    trainer = TinyTrainer(repo)
+    trainer.push_steps(f"step {i}" for i in range(3))
+    before = sorted(os.listdir(remote / "packs"))
+    real = damage_recipes(monkeypatch)
     trainer.commit("step 3")  # this push compacts
     with pytest.raises(RemoteError, match="did not come out as composed"):
         repo.push()
@@ -134,16 +141,7 @@ def test_an_s3_copy_that_does_not_hold_the_clients_bytes_is_sent_instead(tmp_pat
     monkeypatch.setenv("WVC_COMPACT_FANOUT", "2")
     url = f"s3://{new_bucket()}/run"
     repo, _ = big_run(tmp_path / "a", url, steps=1)
-    real = compaction.merge_segments
-
-    def damaged(*args, **kwargs):
-        path, catalog, recipe = real(*args, **kwargs)
-        i = next(k for k, p in enumerate(recipe.pieces) if not isinstance(p, bytes))
-        source, offset, length = recipe.pieces[i]
-        recipe.pieces[i] = (source, offset + 1, length)
-        return path, catalog, recipe
-
-    monkeypatch.setattr(compaction, "merge_segments", damaged)
+    damage_recipes(monkeypatch)
     g = torch.Generator().manual_seed(7)
     repo.commit("step 1", source={"w": torch.randn(6 << 20, generator=g).to(torch.bfloat16)}, branch="main")
     result = repo.push()
