@@ -163,14 +163,15 @@ class _RecordChunks:
             if oid in self.held:
                 return self.held[oid]
             raise MissingObject(f"step record of {ids.short(self.record.commit)} lacks chunk {ids.short(oid)}")
-        if c.base not in self.held or (c.context is not None and c.context not in self.held):
+        if (c.base is not None and c.base not in self.held) or (c.context is not None and c.context not in self.held):
             raise MissingObject(f"the follower does not hold the base of chunk {ids.short(oid)}")
         if c.pack is None:
             payload = self.record.payload(c)
         else:
             payload = self.payloads.pop(oid, None) or self.remote.read_range(pack_path(c.pack), c.offset, c.length)
         context = None if c.context is None else (lambda: self.held[c.context])
-        return decode_verified(oid, payload, c.raw_size, self.held[c.base], f"step record of "
+        base = None if c.base is None else self.held[c.base]
+        return decode_verified(oid, payload, c.raw_size, base, f"step record of "
                                f"{ids.short(self.record.commit)}", context=context)
 
 

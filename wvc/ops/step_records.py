@@ -81,6 +81,10 @@ def build_record(repo, commit_id: str, locate) -> bytes | None:
         row = repo.store.row(cid)
         if row is None or row.external:
             return None
+        if row.base is None and (found := locate(cid)) is not None:  # a keyframe: anyone decodes it, and the
+            pack, entry = found  # policy wrote it only because it beat every delta
+            chunks.append((cid, None, None, row.raw_size, pack, entry.offset, entry.length, None))
+            continue
         found = locate(cid) if row.base == base else None
         stored_context = None
         if found is not None and Method(row.method).uses_context:

@@ -22,10 +22,11 @@ a diff) and the step payloads, back to back::
 
     {"commit": id, "parent": id, "commit_bytes": [offset, length], "tree_bytes": [offset, length] | null,
      "tree_diff": [[path, tensor name | null, chunk index, chunk id], ...] | null,
-     "chunks": [[id, base, context | null, raw size, pack | null, offset, length], ...]}
+     "chunks": [[id, base | null, context | null, raw size, pack | null, offset, length], ...]}
 
 A chunk's ``pack`` names the remote pack holding the payload at ``offset``; null means the
-data area.
+data area. A null ``base``: the stored payload is a keyframe (the anchor policy writes one only
+when it beats every delta), which decodes alone.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def commit_of_path(path: str) -> str | None:
 @dataclass(frozen=True)
 class StepChunk:
     id: str
-    base: str
+    base: str | None  # None: a keyframe
     context: str | None
     raw_size: int
     pack: str | None  # None: the payload is in the record
@@ -174,7 +175,8 @@ def _parse(data: bytes, commit_id: str, Commit) -> StepRecord:
     if not isinstance(raw["chunks"], list) or len(raw["chunks"]) > MAX_CHUNKS:
         raise ValueError("bad chunk list")
     for cid, base, context, raw_size, pack, offset, length in raw["chunks"]:
-        if not (ids.is_object_id(cid) and ids.is_object_id(base) and (context is None or ids.is_object_id(context))):
+        if not (ids.is_object_id(cid) and (base is None or ids.is_object_id(base))
+                and (context is None or (base is not None and ids.is_object_id(context)))):
             raise ValueError("bad chunk id")
         if type(raw_size) is not int or not 0 <= raw_size <= MAX_RAW_CHUNK:
             raise ValueError("bad raw size")
