@@ -18,9 +18,19 @@ from .database import Database
 UNKNOWN = None  # stored bytes of a commit whose objects arrived without that figure
 
 
+TREE_CACHE = 8  # parsed trees kept: a push, its step records and a commit read the last few again
+
+
 class CommitGraph:
     def __init__(self, db: Database):
+        import collections
+        import threading
+
         self.db = db
+        # parsed trees by id (immutable values; a tree of 250,000 chunks takes a second to
+        # parse, and a push with its followers' step records reads the last three versions')
+        self._trees: "collections.OrderedDict[str, Tree]" = collections.OrderedDict()
+        self._trees_lock = threading.Lock()
 
     # -- reading -----------------------------------------------------------------------------
     def has_commit(self, commit_id: str) -> bool:
@@ -36,10 +46,21 @@ class CommitGraph:
         return Commit.from_bytes(data)
 
     def read_tree(self, tree_id: str) -> Tree:
+        with self._trees_lock:
+            cached = self._trees.get(tree_id)
+            if cached is not None:
+                self._trees.move_to_end(tree_id)
+        if cached is not None and self.has_tree(tree_id):  # (gc may have dropped it since)
+            return cached
         data = self.db.one("SELECT data FROM trees WHERE id = ?", (tree_id,))
         if data is None:
             raise RevisionNotFound(f"tree {ids.short(tree_id)} is not in this repository")
-        return Tree.from_bytes(data)
+        tree = Tree.from_bytes(data)
+        with self._trees_lock:
+            self._trees[tree_id] = tree
+            while len(self._trees) > TREE_CACHE:
+                self._trees.popitem(last=False)
+        return tree
 
     def tree_bytes(self, tree_id: str) -> bytes | None:
         return self.db.one("SELECT data FROM trees WHERE id = ?", (tree_id,))
