@@ -55,8 +55,10 @@ def _first_parents(repo, commit: str, n: int) -> list[str]:
 
 
 def build_record(repo, commit_id: str, locate) -> bytes | None:
-    """The record moving ``commit_id``'s first parent to it, or None when none helps (a base
-    model's chunk changed, or the tree changed beyond chunk ids and is large).
+    """The record moving ``commit_id``'s first parent to it, or None when this writer makes
+    none: a base model's chunk changed, or the tree changed beyond chunk ids (files, shapes,
+    headers: rare steps, which a follower reads the usual way; the format could carry the
+    whole tree, this writer does not).
     ``locate(id)``: (pack, PackEntry) where the remote holds that chunk after this push."""
     commit = repo.read_commit(commit_id)
     parent = commit.parents[0]

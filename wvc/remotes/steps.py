@@ -2,8 +2,8 @@
 
 A follower holding commit B moves to its child C by reading ``steps/<C>.step`` (the name
 comes from the ref it polls: no listing, no catalog). The record carries C's commit bytes,
-C's tree as a diff of B's (the chunk ids that changed, at their places; or the whole tree
-when more than chunk ids changed) and, for every chunk that changed, where its payload is
+C's tree as a diff of B's (the chunk ids that changed, at their places; the format also
+allows the whole tree) and, for every chunk that changed, where its payload is
 as a delta against the chunk B held at that place: a range of a pack, when the stored
 payload already is that delta (its step context, if it has one, being the chunk the
 version before B held there), else a **step payload** carried in the record itself: the
