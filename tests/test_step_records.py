@@ -229,3 +229,32 @@ def test_gc_remote_drops_records_of_unreachable_commits(tmp_path, remote_url):
     follower.update()
     commit = run.step(3)
     assert follower.update().commit == commit and same(follower.state_dict, run.repo.load_state_dict(commit))
+
+
+def test_blob_changes_go_by_record_and_a_new_file_by_the_ordinary_read(tmp_path):
+    from safetensors.torch import save_file
+
+    url = str(tmp_path / "remote")
+    repo = Repo.init(tmp_path / "run")
+    repo.remote_add("origin", url)
+    w = torch.randn(1 << 14).to(torch.bfloat16)
+    save_file({"w": w}, str(repo.root / "model.safetensors"))
+    (repo.root / "config.json").write_text('{"lr": 0.001}')
+    repo.commit("0")
+    repo.push()
+    follower = wvc.follow(url)
+    follower.update()
+    (repo.root / "config.json").write_text('{"lr": 0.002}')  # same size: a chunk-id change
+    w[:100] += 1
+    save_file({"w": w}, str(repo.root / "model.safetensors"))
+    one = repo.commit("1").commit
+    repo.push()
+    assert (tmp_path / "remote" / steps.record_path(one)).exists()
+    assert follower.update().commit == one and same(follower.state_dict, repo.load_state_dict(one))
+    (repo.root / "tokenizer.json").write_text("{}")  # a new file: no record, the usual read
+    w[:100] += 1
+    save_file({"w": w}, str(repo.root / "model.safetensors"))
+    two = repo.commit("2").commit
+    repo.push()
+    assert not (tmp_path / "remote" / steps.record_path(two)).exists()
+    assert follower.update().commit == two and same(follower.state_dict, repo.load_state_dict(two))
