@@ -16,6 +16,7 @@ from ..formats.dtypes import DTYPES
 from ..remotes import steps
 
 BYTES = DTYPES["U8"]
+STEP_GAIN = 0.8  # a step payload replaces a stored delta only if it is at most this share of it
 
 
 def records_for(repo, tip: str, new_commits) -> list[str]:
@@ -94,16 +95,34 @@ def build_record(repo, commit_id: str, locate) -> bytes | None:
             stored_context = base_row.base if base_row is not None else None
             if stored_context is None or not (stored_context == context or stored_context in held):
                 found = None  # a follower would not hold it: send a step payload instead
-        if found is not None:
+        coded = None
+        if found is not None and stored_context is None and context is not None and _context_lost(repo, base, context):
+            # The step after a re-anchor: its stored payload was coded without the step before
+            # (its base's base is the anchor), ~3x a step; coded with it, it is a step again.
+            coded = _step_payload(repo, cid, base, context, dtypes.get((path, tensor), BYTES))
+            if len(coded.payload) >= STEP_GAIN * found[1].length:
+                coded = None
+        if found is not None and coded is None:
             pack, entry = found
             chunks.append((cid, base, stored_context, row.raw_size, pack, entry.offset, entry.length, None))
             continue
-        raw, base_raw = _raw(repo, cid), _raw(repo, base)
-        context_raw = _raw(repo, context) if context is not None else None
-        coded = encode(raw, dtypes.get((path, tensor), BYTES), base_raw, context=context_raw)
-        chunks.append((cid, base, context if coded.method.uses_context else None, len(raw), None, 0, 0,
+        coded = coded or _step_payload(repo, cid, base, context, dtypes.get((path, tensor), BYTES))
+        chunks.append((cid, base, context if coded.method.uses_context else None, row.raw_size, None, 0, 0,
                        coded.payload))
     return steps.build(commit_id, parent, commit.to_bytes(), None, diff, chunks)
+
+
+def _context_lost(repo, base: str, context: str) -> bool:
+    """Whether ``base`` is stored against something other than ``context`` (the chunk the
+    step before it held): then a payload on ``base`` had no step context to be coded in."""
+    row = repo.store.row(base)
+    return row is not None and row.base != context
+
+
+def _step_payload(repo, cid: str, base: str, context: str | None, dtype):
+    """``cid`` coded against ``base``, in the context of ``context`` where the codec can use it."""
+    context_raw = _raw(repo, context) if context is not None else None
+    return encode(_raw(repo, cid), dtype, _raw(repo, base), context=context_raw)
 
 
 def _dtypes(tree) -> dict:
