@@ -34,6 +34,7 @@ from .remotes.interface import pack_path
 from .view import VersionView, open_remote_version, open_version
 
 POLL_SECONDS = (0.5, 5.0)  # first and longest wait between polls of update(timeout=...)
+RECORD_GAP = 4 << 10  # bytes a step record's range reads read through rather than open another request
 KEYFRAME_BUDGET = 2  # kept keyframes on disk: at most this many times the weights' bytes
 
 
@@ -152,7 +153,9 @@ class _RecordChunks:
             c = self.chunks.get(oid)
             if c is not None and c.pack is not None:
                 wanted[oid] = (c.pack, PackEntry(c.id, c.offset, c.length, c.raw_size, 0, c.base))
-        for entry, payload in read_payloads(self.remote, wanted):
+        # a record names a few scattered payloads of a pack (the rest it carries): read through
+        # small gaps only (the default 256 KB gap read 4x the step at a re-anchor)
+        for entry, payload in read_payloads(self.remote, wanted, gap=RECORD_GAP):
             self.payloads[entry.id] = payload
 
     def __call__(self, oid: str) -> bytes:

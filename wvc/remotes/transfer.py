@@ -166,11 +166,11 @@ def verify_packs(store: ObjectStore, packs: list[tuple[str, Path]],
 
 
 # -- range fetches (lazy clones) -----------------------------------------------------------------
-def _spans(entries):
+def _spans(entries, gap: int = COALESCE_GAP):
     """Group pack entries sorted by offset into ranges worth one request each."""
     span = []
     for e in entries:
-        if span and (e.offset - (span[-1].offset + span[-1].length) > COALESCE_GAP
+        if span and (e.offset - (span[-1].offset + span[-1].length) > gap
                      or e.offset + e.length - span[0].offset > MAX_REQUEST):
             yield span
             span = []
@@ -191,14 +191,14 @@ def _wanted(object_ids, lookup, index: dict[str, tuple[str, PackEntry]], have) -
     return wanted
 
 
-def read_payloads(remote: Remote, wanted: dict[str, tuple[str, PackEntry]]):
+def read_payloads(remote: Remote, wanted: dict[str, tuple[str, PackEntry]], gap: int = COALESCE_GAP):
     """(entry, payload) of each wanted object, read with one range request per span of
     neighbouring entries in a pack (one commit's objects lie side by side in its pack)."""
     by_pack: dict[str, list[PackEntry]] = {}
     for name, entry in wanted.values():
         by_pack.setdefault(name, []).append(entry)
     for name, entries in sorted(by_pack.items()):
-        for span in _spans(sorted(entries, key=lambda e: e.offset)):
+        for span in _spans(sorted(entries, key=lambda e: e.offset), gap):
             start = span[0].offset
             data = remote.read_range(pack_path(name), start, span[-1].offset + span[-1].length - start)
             for e in span:
