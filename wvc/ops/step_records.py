@@ -64,8 +64,9 @@ def build_record(repo, commit_id: str, locate) -> bytes | None:
     commit = repo.read_commit(commit_id)
     parent = commit.parents[0]
     new_tree = repo.read_tree(commit.tree)
-    old_tree = repo.read_tree(repo.read_commit(parent).tree)
-    before = repo.read_commit(parent).parents
+    parent_commit = repo.read_commit(parent)
+    old_tree = repo.read_tree(parent_commit.tree)
+    before = parent_commit.parents
     older = steps.places(repo.read_tree(repo.read_commit(before[0]).tree)) if before else {}
     diff = steps.diff_trees(old_tree, new_tree)
     if diff is None:
@@ -132,7 +133,7 @@ def _dtypes(tree) -> dict:
 def _raw(repo, oid: str) -> bytes:
     """A chunk's bytes: a Publisher keeps its last two commits' raw chunks (no chain decoded)."""
     store = repo.store
-    for kept in (store.recent_chunks, getattr(store, "older_chunks", {})):
+    for kept in (store.recent_chunks, store.older_chunks):
         if oid in kept:
             return kept[oid]
     return store.get(oid)
