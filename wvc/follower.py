@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from itertools import zip_longest
 from pathlib import Path
 
-from . import ids
+from . import ids, tree_diff
 from .codec.devices import resolve_device
 from .errors import CorruptObject, InvalidArgument, MissingObject, RemoteNotFound, RevisionNotFound, WvcError
 from .formats.dtypes import DTYPES
@@ -336,7 +336,7 @@ class Follower:
         if record.tree_bytes is not None:
             return Tree.from_bytes(record.tree_bytes, commit.tree)
         try:
-            tree = steps.apply_diff(self._tree, record.tree_diff)
+            tree = tree_diff.apply_diff(self._tree, record.tree_diff)
         except ValueError as exc:
             raise CorruptObject(f"step record of {ids.short(record.commit)}: {exc}") from exc
         if tree.id != commit.tree:

@@ -143,6 +143,13 @@ class Tree:
     def id(self) -> str:
         return ids.digest(ids.TREE, self.to_bytes())
 
+    def forget_bytes(self) -> "Tree":
+        """Drop the cached canonical bytes, keeping the id: a cache of many trees of a
+        250,000-chunk model holds 2 MB a tree (ids shared between versions), not 17."""
+        self.id  # noqa: B018 - (computed first: it needs the bytes)
+        self.__dict__.pop("_canonical", None)
+        return self
+
     def by_path(self) -> dict[str, FileEntry]:
         return {f.path: f for f in self.files}
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import ids
+from .. import ids, tree_diff
 from ..basemodel.record import base_json
 from ..errors import DetachedHead, NonFastForward, RevisionNotFound, VersionPruned, WvcError
 from ..fsutil import sweep_work_dirs, work_dir
@@ -108,7 +108,7 @@ def push(repo, remote_name: str = "origin", branch: str | None = None, *, force:
     wanted = _objects_to_send(repo, chunks_of, remote_objects)
     sweep_work_dirs(repo.wvc_dir)  # a killed push's pack
     with work_dir(repo.wvc_dir, "push") as tmp:
-        pack_file, catalog = _new_segment(repo, wanted, new_commits, Path(tmp), progress)
+        pack_file, catalog = _new_segment(repo, remote, wanted, new_commits, Path(tmp), progress)
         tip = updates.get(primary) if primary is not None and primary.startswith(HEADS) else None
 
         def records(locate):  # followers' step records (remotes/steps.py) for the newest steps
@@ -158,14 +158,45 @@ def delete_remote_ref(repo, remote_name: str, name: str) -> dict:
     return {"remote": remote_name, "deleted": ref, "was": old}
 
 
-def _new_segment(repo, wanted: list[str], new_commits: list[str], tmp: Path, progress: Progress):
+def _stored_trees(repo, remote, new_commits: list[str]) -> dict[str, bytes]:
+    """The new commits' trees as the catalog stores them: a tree delta of the first parent's
+    tree (tree_diff.py) where the remote or this push holds that tree, only chunk ids
+    changed, the chain stays within MAX_DELTA_DEPTH and its deltas together stay smaller
+    than the whole tree; else the whole tree. A step of a 250,000-chunk model that changes
+    1% of its chunks then sends 2,500 ids, not 250,000 (docs/design.md, "Tree deltas")."""
+    out: dict[str, bytes] = {}
+    held = remote.contents.trees
+
+    def stored(tid: str) -> bytes | None:
+        return out.get(tid) or held.get(tid)
+
+    graph = repo.graph
+    for cid in graph.in_insertion_order(new_commits):  # (a parent before its children)
+        commit = repo.read_commit(cid)
+        if commit.tree in out:
+            continue
+        whole = out[commit.tree] = graph.tree_bytes(commit.tree)
+        parent = commit.parents[0] if commit.parents and graph.has_commit(commit.parents[0]) else None
+        base = repo.read_commit(parent).tree if parent is not None else None
+        if base is None or base == commit.tree or stored(base) is None or not graph.has_tree(base):
+            continue
+        depth, size = tree_diff.chain(base, stored)
+        if depth >= tree_diff.MAX_DELTA_DEPTH:
+            continue
+        changes = tree_diff.diff_trees(repo.read_tree(base), repo.read_tree(commit.tree))
+        if changes is not None:
+            delta = tree_diff.encode_delta(base, changes)
+            if size + len(delta) < len(whole):
+                out[commit.tree] = delta
+    return out
+
+
+def _new_segment(repo, remote, wanted: list[str], new_commits: list[str], tmp: Path, progress: Progress):
     """This push's pack (None when every chunk is on the remote already) and its catalog:
     the pack's index and the new commits and trees."""
-    catalog = Catalog(None)
+    catalog = Catalog(None, trees=_stored_trees(repo, remote, new_commits))
     for cid in new_commits:
-        commit = repo.read_commit(cid)
-        catalog.commits[cid] = commit.to_bytes()
-        catalog.trees[commit.tree] = repo.graph.tree_bytes(commit.tree)
+        catalog.commits[cid] = repo.read_commit(cid).to_bytes()
     if not wanted:
         return None, catalog
     writer = PackWriter(tmp)

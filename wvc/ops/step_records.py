@@ -11,6 +11,7 @@ its chain's anchor, and carries the drift since then.
 
 from __future__ import annotations
 
+from .. import tree_diff
 from ..codec import Method, encode
 from ..formats.dtypes import DTYPES
 from ..remotes import steps
@@ -67,11 +68,11 @@ def build_record(repo, commit_id: str, locate) -> bytes | None:
     parent_commit = repo.read_commit(parent)
     old_tree = repo.read_tree(parent_commit.tree)
     before = parent_commit.parents
-    older = steps.places(repo.read_tree(repo.read_commit(before[0]).tree)) if before else {}
-    diff = steps.diff_trees(old_tree, new_tree)
+    older = tree_diff.places(repo.read_tree(repo.read_commit(before[0]).tree)) if before else {}
+    diff = tree_diff.diff_trees(old_tree, new_tree)
     if diff is None:
         return None
-    old, dtypes = steps.places(old_tree), _dtypes(new_tree)
+    old, dtypes = tree_diff.places(old_tree), _dtypes(new_tree)
     held = set(old.values())  # what a follower of the parent holds: its chunks need nothing
     chunks, done = [], set()
     for path, tensor, index, cid in diff:

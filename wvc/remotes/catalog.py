@@ -9,7 +9,9 @@ merges segments, so the count of files stays bounded however many pushes there w
 
 File: zstd frame of ``b"WVCCAT\\x01\\n"``, u32 JSON length, canonical JSON
 ``{"pack": name or null, "entries": [...], "objects": [[kind, id, length], ...]}``,
-then the objects' bytes back to back in that order. Named by the blake3 (PACK context) of
+then the objects' bytes back to back in that order. A kind is ``commit``, ``tree`` (its
+canonical bytes) or ``tree-delta`` (the tree stored as a diff of another: tree_diff.py);
+``trees`` holds both stored forms, told apart by the delta's magic. Named by the blake3 (PACK context) of
 the whole file, like a pack. Untrusted when read: the decompressed size is bounded, every
 field checked (entries as a pack index is, store/packs.parse_index), and every commit and
 tree is verified against its id by the caller before use.
@@ -25,10 +27,11 @@ from .. import ids
 from ..errors import CorruptObject
 from ..versions import canonical_json
 from ..store.packs import MAX_INDEX_BYTES, PackEntry, parse_index
+from ..tree_diff import is_delta
 
 MAGIC = b"WVCCAT\x01\n"
 MAX_CATALOG_BYTES = 1 << 30  # decompressed; a catalog holds trees, which grow with the model
-KINDS = ("commit", "tree")
+KINDS = ("commit", "tree", "tree-delta")  # a tree delta: a tree stored as a diff of another (tree_diff.py)
 
 
 @dataclass
@@ -42,7 +45,7 @@ class Catalog:
         import zstandard
 
         objects = [["commit", i, len(d)] for i, d in sorted(self.commits.items())]
-        objects += [["tree", i, len(d)] for i, d in sorted(self.trees.items())]
+        objects += [["tree-delta" if is_delta(d) else "tree", i, len(d)] for i, d in sorted(self.trees.items())]
         meta = canonical_json({"pack": self.pack, "entries": [e.to_json() for e in self.entries], "objects": objects})
         body = b"".join([MAGIC, struct.pack("<I", len(meta)), meta,
                          *(self.commits[i] for i in sorted(self.commits)), *(self.trees[i] for i in sorted(self.trees))])
@@ -116,7 +119,10 @@ def parse_catalog(data: bytes, name: str) -> Catalog:
                 and type(item[2]) is int and 0 <= item[2] <= len(body) - cursor):
             raise CorruptObject(f"{where} lists an invalid object")
         kind, oid, length = item
-        (catalog.commits if kind == "commit" else catalog.trees)[oid] = body[cursor : cursor + length]
+        data = body[cursor : cursor + length]
+        if kind != "commit" and is_delta(data) != (kind == "tree-delta"):
+            raise CorruptObject(f"{where} lists a {kind} that is not one")
+        (catalog.commits if kind == "commit" else catalog.trees)[oid] = data
         cursor += length
     if cursor != len(body):
         raise CorruptObject(f"{where} has trailing bytes")

@@ -101,10 +101,9 @@ class PathRemote(Remote):
     def state(self, create: bool = False) -> RemoteState:
         self._ensure(create)
         refs = self._refs()
-        paths = [f"{d}/{p.name}" for d in ("packs", "catalogs", "retired", "pruned", "steps") if (self.root / d).is_dir()
-                 for p in (self.root / d).iterdir() if not p.name.startswith(TEMP_PREFIX)]
-        version = hashlib.sha256(json.dumps(refs, sort_keys=True).encode()).hexdigest()
-        return listing_state(refs, version, paths, self.read(BASE_RECORD, MAX_BASE_RECORD))
+        paths = [f"{d}/{name}" for d in ("packs", "catalogs", "retired", "pruned", "steps")
+                 for name in _names(self.root / d) if not name.startswith(TEMP_PREFIX)]
+        return listing_state(refs, _refs_version(refs), paths, self.read(BASE_RECORD, MAX_BASE_RECORD))
 
     def read(self, path: str, limit: int) -> bytes | None:
         fh = _open_regular(self._file(path), path)
@@ -207,7 +206,8 @@ class PathRemote(Remote):
             self.bytes_uploaded += target.stat().st_size
         progress.close()
         with self._lock():  # then the refs, compare-and-swap under the lock
-            if self.state().version != expected.version:
+            # (the refs alone: a long run's directory lists thousands of files in the grace hour)
+            if _refs_version(self._refs()) != expected.version:
                 raise RemoteChanged("the remote's refs changed while pushing; fetch and try again")
             for ref, target_id in refs.items():
                 p = self._file(ref)
@@ -234,3 +234,16 @@ class PathRemote(Remote):
             yield
         finally:
             lock.unlink(missing_ok=True)
+
+
+def _refs_version(refs: dict) -> str:
+    """What a compare-and-swap compares: the refs, all of them."""
+    return hashlib.sha256(json.dumps(refs, sort_keys=True).encode()).hexdigest()
+
+
+def _names(folder: Path) -> list[str]:
+    """The names in ``folder`` (none if it is missing): plain strings, no Path per file."""
+    try:
+        return os.listdir(folder)
+    except (FileNotFoundError, NotADirectoryError):
+        return []

@@ -15,12 +15,13 @@ store over its transport).
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import ids
+from .. import ids, tree_diff
 from ..errors import CorruptObject, RemoteError, WvcError
 from ..fsutil import atomic_write
 from ..versions import Commit, Tree
@@ -31,6 +32,7 @@ from .catalog import MAX_CATALOG_BYTES, Catalog, catalog_name, catalog_path, par
 from .interface import BASE_RECORD, MAX_PRUNED_RECORD, MAX_SMALL_OBJECT, Remote, RemoteState, commit_path, pack_path, tree_path
 
 MAX_RETIRED_RECORD = 16 << 20
+PARSED_TREES = tree_diff.MAX_DELTA_DEPTH + 8  # verified trees an operation keeps: a chain's worth
 PARSED_CACHE_BYTES = 256 << 20  # parsed catalogs a process keeps (what they hold in memory, about)
 
 
@@ -234,6 +236,9 @@ class RemoteRepository:
         self.cache_dir = cache_dir
         self._contents: RemoteContents | None = None
         self._commits: dict[str, tuple[Commit, bytes]] = {}  # verified, with the bytes they came as
+        # verified trees, newest last: reading a history in order resolves each tree delta
+        # (tree_diff.py) from the tree before it, not from the chain's whole tree
+        self._trees: "collections.OrderedDict[str, Tree]" = collections.OrderedDict()
 
     @classmethod
     def open(cls, backend: Remote, cache_dir: Path | None = None, *, create: bool = False) -> "RemoteRepository":
@@ -290,11 +295,34 @@ class RemoteRepository:
         return found
 
     def tree(self, tid: str) -> Tree:
-        """Tree ``tid``, verified against its id; RemoteError when absent."""
-        data = self.contents.trees.get(tid) or self.backend.read(tree_path(tid), MAX_SMALL_OBJECT)
-        if data is None:
+        """Tree ``tid``, verified against its id (a tree delta: every tree of its chain);
+        RemoteError when absent."""
+        if tid not in self._trees and self.stored_tree(tid) is None:
             raise RemoteError(f"{self.url} is missing tree {ids.short(tid)}")
-        return verified(Tree.from_bytes, data, tid, "tree")
+        tree, built = tree_diff.resolve(tid, self.stored_tree, self._trees.get, f"remote {self.url}")
+        for key, value in built:
+            self._trees[key] = value.forget_bytes()
+        self._trees.move_to_end(tid)
+        while len(self._trees) > PARSED_TREES:
+            self._trees.popitem(last=False)
+        return tree
+
+    def stored_tree(self, tid: str) -> bytes | None:
+        """A tree as the remote stores it (whole, or a delta), unverified; None when absent."""
+        return self.contents.trees.get(tid) or self.backend.read(tree_path(tid), MAX_SMALL_OBJECT)
+
+    def tree_bases(self, trees: set[str]) -> set[str]:
+        """``trees`` with the trees their deltas are read from (what gc must keep with them)."""
+        out, stack = set(), list(trees)
+        while stack:
+            tid = stack.pop()
+            if tid in out:
+                continue
+            out.add(tid)
+            data = self.contents.trees.get(tid)
+            if data is not None and tree_diff.is_delta(data):
+                stack.append(tree_diff.parse_delta(data, f"remote {self.url} tree {ids.short(tid)}")[0])
+        return out
 
     @property
     def pruned(self) -> set[str]:
@@ -322,7 +350,7 @@ class RemoteRepository:
             if cid not in pruned and commit.tree not in weighted:
                 weighted.add(commit.tree)
                 objects |= self.tree(commit.tree).chunk_ids()
-        return commits, trees, self.closure(objects)
+        return commits, self.tree_bases(trees), self.closure(objects)
 
     def closure(self, objects: set[str]) -> set[str]:
         """``objects`` with the delta bases they need that the remote's packs hold."""

@@ -37,7 +37,8 @@ from dataclasses import dataclass
 
 from .. import ids
 from ..errors import CorruptObject, FormatError
-from ..versions import MAX_PAYLOAD, MAX_RAW_CHUNK, MAX_TREE_BYTES, FileEntry, Tree, TensorEntry, canonical_json
+from ..tree_diff import apply_diff, check_changes, diff_trees, places  # noqa: F401 - (the record's tree diff)
+from ..versions import MAX_PAYLOAD, MAX_RAW_CHUNK, MAX_TREE_BYTES, canonical_json
 
 MAGIC = b"WVCSTEP\x01\n"
 PREFIX = "steps/"
@@ -164,13 +165,7 @@ def _parse(data: bytes, commit_id: str, Commit) -> StepRecord:
         o, n = span(raw["tree_bytes"], MAX_TREE_BYTES)
         tree_bytes = bytes(area[o : o + n])
     else:
-        tree_diff = raw["tree_diff"]
-        if not isinstance(tree_diff, list) or len(tree_diff) > MAX_CHUNKS:
-            raise ValueError("bad tree diff")
-        for path, tensor, index, chunk in tree_diff:
-            if not isinstance(path, str) or not (tensor is None or isinstance(tensor, str)) \
-                    or type(index) is not int or index < 0 or not ids.is_object_id(chunk):
-                raise ValueError("bad tree diff entry")
+        tree_diff = check_changes(raw["tree_diff"], MAX_CHUNKS)
     chunks = []
     if not isinstance(raw["chunks"], list) or len(raw["chunks"]) > MAX_CHUNKS:
         raise ValueError("bad chunk list")
@@ -187,62 +182,3 @@ def _parse(data: bytes, commit_id: str, Commit) -> StepRecord:
             raise ValueError("bad pack range")
         chunks.append(StepChunk(cid, base, context, raw_size, pack, offset, length))
     return StepRecord(commit_id, raw["parent"], commit_bytes, tree_bytes, tree_diff, chunks, area)
-
-
-# -- tree diffs ---------------------------------------------------------------------------------
-def places(tree: Tree) -> dict[tuple[str, str | None, int], str]:
-    """Each chunk's place in a tree: (path, tensor name or None for a blob, index) -> id."""
-    out = {}
-    for f in tree.files:
-        if f.kind == "blob":
-            out.update(((f.path, None, i), c) for i, c in enumerate(f.chunks))
-        for t in f.tensors:
-            out.update(((f.path, t.name, i), c) for i, c in enumerate(t.chunks))
-    return out
-
-
-def diff_trees(old: Tree, new: Tree) -> list | None:
-    """``new`` as chunk-id changes of ``old``, or None when more than chunk ids changed
-    (files, shapes, dtypes, headers, sizes): then a record carries the whole tree."""
-    if len(old.files) != len(new.files):
-        return None
-    changes = []
-    for a, b in zip(old.files, new.files):
-        if (a.path, a.kind, a.size, a.header, a.executable, len(a.chunks), len(a.tensors)) != \
-                (b.path, b.kind, b.size, b.header, b.executable, len(b.chunks), len(b.tensors)):
-            return None
-        changes += [[a.path, None, i, y] for i, (x, y) in enumerate(zip(a.chunks, b.chunks)) if x != y]
-        for s, t in zip(a.tensors, b.tensors):
-            if (s.name, s.dtype, s.shape, len(s.chunks)) != (t.name, t.dtype, t.shape, len(t.chunks)):
-                return None
-            changes += [[a.path, s.name, i, y] for i, (x, y) in enumerate(zip(s.chunks, t.chunks)) if x != y]
-    if apply_diff(old, changes).id != new.id:  # (the format, chunk size...) not a chunk-id change after all
-        return None
-    return changes
-
-
-def apply_diff(old: Tree, changes: list) -> Tree:
-    """``old`` with the chunk ids of ``changes`` replaced (the caller checks the result's id)."""
-    by_file: dict[str, list] = {}
-    for path, tensor, index, chunk in changes:
-        by_file.setdefault(path, []).append((tensor, index, chunk))
-    files = list(old.files)
-    where = {f.path: k for k, f in enumerate(files)}
-    for path, edits in by_file.items():
-        if path not in where:
-            raise ValueError(f"the diff names a file the tree lacks: {path!r}")
-        f = files[where[path]]
-        blob = list(f.chunks)
-        tensors = {t.name: list(t.chunks) for t in f.tensors}
-        for tensor, index, chunk in edits:
-            target = blob if tensor is None else tensors.get(tensor)
-            if target is None or index >= len(target):
-                raise ValueError("the diff names a chunk the tree lacks")
-            target[index] = chunk
-        listing = {"chunks": tuple(blob)} if f.kind == "blob" else {
-            "header": f.header, "tensors": tuple(TensorEntry(t.name, t.dtype, t.shape, tuple(tensors[t.name]))
-                                                 for t in f.tensors)}
-        # (a format-1 tree's file hashes are digests of the bytes: the result's id then differs,
-        # and diff_trees gives the whole tree instead)
-        files[where[path]] = FileEntry.of(f.path, f.kind, f.size, executable=f.executable, **listing)
-    return Tree(tuple(files), old.chunk_bytes, old.format)
