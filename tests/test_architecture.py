@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "wvc"
 LAYERS = [
     ["wvc.errors", "wvc.ids", "wvc.progress", "wvc.allocator", "wvc.settings"],
     ["wvc.fsutil", "wvc.formats", "wvc.testing"],
-    ["wvc.versions", "wvc.layout", "wvc.codec", "wvc.device_copy", "wvc.merge_methods"],
+    ["wvc.versions", "wvc.tree_diff", "wvc.layout", "wvc.codec", "wvc.device_copy", "wvc.merge_methods"],
     ["wvc.store", "wvc.worktree", "wvc.cache"],
     ["wvc.snapshot", "wvc.materialize", "wvc.tensors", "wvc.device_choice", "wvc.revparse", "wvc.remotes"],
     ["wvc.basemodel"],

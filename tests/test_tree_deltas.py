@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import wvc
-from wvc import Repo, tree_diff
+from wvc import Repo, ids, tree_diff
 from wvc.remotes import open_remote
 from wvc.remotes.catalog import Catalog, catalog_name, catalog_path, parse_catalog
 from wvc.remotes.repository import RemoteRepository
@@ -60,6 +60,7 @@ def test_a_step_sends_the_chunk_ids_it_changed_and_a_clone_gets_every_version_ex
         assert len(changes) == 40
         assert len(data) < whole / 20  # 40 of 4,096 chunk ids, not all of them
     clone = wvc.clone(url, tmp_path / "b")
+    assert tree_diff.is_delta(clone.graph._stored(repo.read_commit(commits[1]).tree))  # (fetched into a delta)
     for cid in commits:
         repo.checkout(cid, force=True)
         clone.checkout(cid, force=True)
@@ -73,7 +74,8 @@ def test_a_chain_of_tree_deltas_is_bounded_and_every_version_reads_back(tmp_path
     stored = {}
     for cat in catalogs(url):  # (compaction merged some segments: deltas travel as they are)
         stored.update(cat.trees)
-    depths = [tree_diff.chain(repo.read_commit(c).tree, stored.get)[0] for c in commits]
+    depths = [tree_diff.chain(repo.read_commit(c).tree, lambda t: (len(stored[t]), stored[t]) if t in stored else None)[0]
+              for c in commits]
     assert depths == [0, 1, 2, 3, 0, 1, 2, 3, 0, 1]
     remote = RemoteRepository.open(open_remote(url))
     for cid in reversed(commits):  # newest first, as a fetch walks
@@ -133,3 +135,31 @@ def test_remote_gc_keeps_the_trees_kept_deltas_are_read_from(tmp_path):
     clone = wvc.clone(url, tmp_path / "b")
     for cid in commits:
         assert clone.graph.tree_bytes(clone.read_commit(cid).tree) == repo.graph.tree_bytes(repo.read_commit(cid).tree)
+
+
+def test_the_local_database_keeps_a_step_tree_as_a_delta_and_reads_every_version_back(tmp_path):
+    repo, _, commits = stepping_repo(tmp_path, 4)
+    whole = len(repo.graph.tree_bytes(repo.read_commit(commits[0]).tree))
+    trees = [repo.read_commit(c).tree for c in commits]
+    stored = [repo.graph._stored(t) for t in trees]
+    assert not tree_diff.is_delta(stored[0])
+    assert all(tree_diff.is_delta(d) and len(d) < whole / 20 for d in stored[1:])
+    fresh = Repo.open(tmp_path / "a")  # nothing cached: every delta resolved from the database
+    for tid in reversed(trees):
+        assert fresh.read_tree(tid).id == tid
+        assert ids.digest(ids.TREE, fresh.graph.tree_bytes(tid)) == tid
+    assert fresh.fsck().errors == []
+
+
+def test_a_kept_delta_keeps_the_tree_it_is_read_from(tmp_path):
+    repo, _, commits = stepping_repo(tmp_path, 2)
+    graph = repo.graph
+    first, second = (repo.read_commit(c).tree for c in commits)
+    with repo.db.write():
+        graph.delete_commits([commits[0], commits[1]])
+        graph.delete_unreferenced_trees(keep=[second])  # the first tree: no commit, but the second's base
+    assert graph.has_tree(first)
+    assert Repo.open(tmp_path / "a").read_tree(second).id == second
+    with repo.db.write():
+        graph.delete_unreferenced_trees()
+    assert not graph.has_tree(first) and not graph.has_tree(second)

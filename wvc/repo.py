@@ -240,7 +240,7 @@ class Repository:
                 raise MissingObject(f"{len(missing)} objects vanished while this version was being written "
                                     "(a concurrent gc?); nothing was recorded: retry")
             for commit, tree, stored in versions:
-                self.graph.add_tree(tree)
+                self.graph.add_tree(tree, self.graph.tree_of(commit.parents[0]) if commit.parents else None)
                 self.graph.add_commit(commit, stored)
             if ref is not None:
                 self.refs.set(ref, versions[-1][0].id, expected, reason)

@@ -121,25 +121,31 @@ def parse_delta(data: bytes, where: str) -> tuple[str, list]:
         raise CorruptObject(f"{where} is a malformed tree delta ({str(exc)[:120]})") from exc
 
 
-def chain(tree_id: str, stored) -> tuple[int, int]:
-    """(deltas, their bytes) between stored tree ``tree_id`` and the whole tree it is read from,
-    walking ``stored(id)`` (bytes or None); a tree stored nowhere counts as whole. What a
-    writer weighs before storing another delta on top (it never reads a deeper chain)."""
+HEAD_BYTES = 200  # what tells a stored tree's form and a delta's base: the magic and ``{"base":"<id>"``
+
+
+def chain(tree_id: str, head, limit: int = MAX_DELTA_DEPTH) -> tuple[int, int]:
+    """(deltas, their bytes) between stored tree ``tree_id`` and the whole tree it is read from;
+    ``head(id)``: (stored size, at least the first HEAD_BYTES of it) or None where no tree is
+    stored (counted as whole). What a writer weighs before storing another delta on top: it
+    stops past ``limit`` (and never parses a delta's changes)."""
     depth = size = 0
-    data = stored(tree_id)
-    while data is not None and is_delta(data) and depth <= MAX_DELTA_DEPTH:
-        depth, size = depth + 1, size + len(data)
-        data = stored(_base_of(data, tree_id))
+    found = head(tree_id)
+    while found is not None and is_delta(found[1]) and depth <= limit:
+        depth, size = depth + 1, size + found[0]
+        found = head(base_of(found[1], tree_id))
     return depth, size
 
 
 _BASE_AT = len(DELTA_MAGIC) + len(b'{"base":"')
 
 
-def _base_of(data: bytes, tree_id: str) -> str:
-    """A delta's base without parsing its changes: canonical JSON puts ``base`` first."""
+def base_of(data: bytes, tree_id: str) -> str:
+    """A delta's base from its first HEAD_BYTES, its changes unparsed: canonical JSON puts
+    ``base`` first (anything else is parsed whole, and refused if it is not a delta)."""
     base = data[_BASE_AT : _BASE_AT + 64].decode("ascii", "replace")
-    if data[len(DELTA_MAGIC) : _BASE_AT] == b'{"base":"' and ids.is_object_id(base) and data[_BASE_AT + 64 : _BASE_AT + 65] == b'"':
+    if data[len(DELTA_MAGIC) : _BASE_AT] == b'{"base":"' and ids.is_object_id(base) \
+            and data[_BASE_AT + 64 : _BASE_AT + 66] == b'",':
         return base
     return parse_delta(data, f"tree {ids.short(tree_id)}")[0]
 

@@ -92,8 +92,12 @@ def fetch(repo, remote_name: str = "origin", *, progress: Progress = NULL, remot
         with repo.db.write():
             for name, dest, rows in staged:
                 repo.store.insert_rows((name, (repo.store.packs_dir / pack_filename(name)).stat().st_size), rows)
-            for tid, tree in trees.items():
-                repo.graph.add_tree(tree)
+            for cid in reversed(commits):  # (oldest first: a parent's tree is there for its child's delta)
+                commit = commits[cid]
+                if commit.tree in trees:
+                    first = commit.parents[0] if commit.parents else None
+                    base = commits[first].tree if first in commits else repo.graph.tree_of(first) if first else None
+                    repo.graph.add_tree(trees[commit.tree], base)
             for cid, commit in commits.items():
                 repo.graph.add_commit(commit, _introduced_bytes(repo, commit, commits, trees, lengths),
                                       raw_commits[cid])

@@ -259,9 +259,9 @@ def stats(repo) -> dict:
     commits = repo.graph.count()
     logical_total = 0
     base = repo.base()
-    for cid, data in repo.graph.trees_of_commits():
+    for cid, tree in repo.graph.trees_of_commits():
         if base is None or cid != base.commit:  # the base costs nothing: it is not in the ratio
-            logical_total += Tree.from_bytes(data).logical_bytes
+            logical_total += tree.logical_bytes
     stored = _pack_bytes(repo)
     head = repo.refs.head_commit()
     by_method = repo.store.bytes_by_method()

@@ -170,6 +170,10 @@ def _stored_trees(repo, remote, new_commits: list[str]) -> dict[str, bytes]:
     def stored(tid: str) -> bytes | None:
         return out.get(tid) or held.get(tid)
 
+    def head(tid: str):
+        data = stored(tid)
+        return None if data is None else (len(data), data[: tree_diff.HEAD_BYTES])
+
     graph = repo.graph
     for cid in graph.in_insertion_order(new_commits):  # (a parent before its children)
         commit = repo.read_commit(cid)
@@ -180,7 +184,7 @@ def _stored_trees(repo, remote, new_commits: list[str]) -> dict[str, bytes]:
         base = repo.read_commit(parent).tree if parent is not None else None
         if base is None or base == commit.tree or stored(base) is None or not graph.has_tree(base):
             continue
-        depth, size = tree_diff.chain(base, stored)
+        depth, size = tree_diff.chain(base, head)
         if depth >= tree_diff.MAX_DELTA_DEPTH:
             continue
         changes = tree_diff.diff_trees(repo.read_tree(base), repo.read_tree(commit.tree))

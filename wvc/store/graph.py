@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import heapq
 
-from .. import ids
+from .. import ids, tree_diff
 from ..errors import RevisionNotFound
 from ..versions import Commit, Tree
 from .database import Database
@@ -18,7 +18,11 @@ from .database import Database
 UNKNOWN = None  # stored bytes of a commit whose objects arrived without that figure
 
 
-TREE_CACHE = 8  # parsed trees kept: a push, its step records and a commit read the last few again
+# A tree is stored whole or as a tree delta of its first parent's tree (tree_diff.py): at most
+# LOCAL_DELTA_DEPTH deltas from a whole one, so reading a tree out of order applies at most that
+# many; read in order (fsck, a push, a follower), each applies one, from the parsed trees kept.
+LOCAL_DELTA_DEPTH = 16
+TREE_CACHE = LOCAL_DELTA_DEPTH + 8  # parsed trees kept (ids and chunk lists, no canonical bytes)
 
 
 class CommitGraph:
@@ -52,18 +56,39 @@ class CommitGraph:
                 self._trees.move_to_end(tree_id)
         if cached is not None and self.has_tree(tree_id):  # (gc may have dropped it since)
             return cached
-        data = self.db.one("SELECT data FROM trees WHERE id = ?", (tree_id,))
-        if data is None:
+        if not self.has_tree(tree_id):
             raise RevisionNotFound(f"tree {ids.short(tree_id)} is not in this repository")
-        tree = Tree.from_bytes(data)
+        tree, built = tree_diff.resolve(tree_id, self._stored, self._cached, "this repository")
         with self._trees_lock:
-            self._trees[tree_id] = tree
+            for tid, value in built:
+                self._trees[tid] = value.forget_bytes()
+                self._trees.move_to_end(tid)
             while len(self._trees) > TREE_CACHE:
                 self._trees.popitem(last=False)
         return tree
 
-    def tree_bytes(self, tree_id: str) -> bytes | None:
+    def _cached(self, tree_id: str) -> Tree | None:
+        with self._trees_lock:
+            return self._trees.get(tree_id)
+
+    def _stored(self, tree_id: str) -> bytes | None:
+        """A tree as stored: its canonical bytes, or a tree delta."""
         return self.db.one("SELECT data FROM trees WHERE id = ?", (tree_id,))
+
+    def _head(self, tree_id: str):
+        row = self.db.conn.execute("SELECT length(data), substr(data, 1, ?) FROM trees WHERE id = ?",
+                                   (tree_diff.HEAD_BYTES, tree_id)).fetchone()
+        return None if row is None else (row[0], bytes(row[1]))
+
+    def tree_bytes(self, tree_id: str) -> bytes | None:
+        """A tree's canonical bytes (what its id hashes), however it is stored; None if absent."""
+        data = self._stored(tree_id)
+        if data is None or not tree_diff.is_delta(data):
+            return data
+        return self.read_tree(tree_id).to_bytes()
+
+    def tree_of(self, commit_id: str) -> str | None:
+        return self.db.one("SELECT tree FROM commits WHERE id = ?", (commit_id,))
 
     def stored_bytes(self, commit_id: str) -> int | None:
         return self.db.one("SELECT stored_bytes FROM commits WHERE id = ?", (commit_id,))
@@ -88,8 +113,11 @@ class CommitGraph:
         return self.db.query("SELECT id, data FROM commits")
 
     def trees_of_commits(self):
-        """(commit id, tree bytes) of every commit whose tree is present."""
-        return self.db.query("SELECT c.id, t.data FROM commits c JOIN trees t ON t.id = c.tree")
+        """(commit id, tree) of every commit whose tree is present, in the order they were added
+        (so each tree delta is applied once, from the tree before it)."""
+        rows = self.db.query("SELECT c.id, c.tree FROM commits c JOIN trees t ON t.id = c.tree ORDER BY c.rowid")
+        for cid, tid in rows:
+            yield cid, self.read_tree(tid)
 
     def children(self, commit_id: str) -> list[str]:
         """Commits that name ``commit_id`` as their first parent."""
@@ -122,8 +150,28 @@ class CommitGraph:
         return walk(lambda c: self.parents(c)[:1]), walk(self.children)
 
     # -- adding (inside the caller's transaction) --------------------------------------------
-    def add_tree(self, tree: Tree, data: bytes | None = None) -> None:
-        self.db.conn.execute("INSERT OR IGNORE INTO trees VALUES (?, ?)", (tree.id, data or tree.to_bytes()))
+    def add_tree(self, tree: Tree, base: str | None = None) -> None:
+        """Record ``tree``: as a tree delta of ``base`` (its commit's first parent's tree) when
+        only chunk ids changed, the chain stays within LOCAL_DELTA_DEPTH and its deltas together
+        stay smaller than the whole tree (a step of a 250,000-chunk model: its 2,500 changed ids,
+        not 17 MB); else whole."""
+        if self.has_tree(tree.id):
+            return
+        whole = tree.to_bytes()
+        stored = self._as_delta(tree, base, len(whole)) if base is not None and base != tree.id else None
+        self.db.conn.execute("INSERT OR IGNORE INTO trees VALUES (?, ?)", (tree.id, stored or whole))
+
+    def _as_delta(self, tree: Tree, base: str, whole: int) -> bytes | None:
+        if not self.has_tree(base):
+            return None
+        depth, size = tree_diff.chain(base, self._head, LOCAL_DELTA_DEPTH)
+        if depth >= LOCAL_DELTA_DEPTH:
+            return None
+        changes = tree_diff.diff_trees(self.read_tree(base), tree)
+        if changes is None:
+            return None
+        delta = tree_diff.encode_delta(base, changes)
+        return delta if size + len(delta) < whole else None
 
     def add_commit(self, commit: Commit, stored_bytes: int | None, data: bytes | None = None) -> str:
         """Record ``commit`` (its tree already added). ``stored_bytes``: what its new objects
@@ -147,9 +195,20 @@ class CommitGraph:
         self.db.conn.executemany("DELETE FROM changes_done WHERE commit_id = ?", rows)
 
     def delete_unreferenced_trees(self, keep=()) -> None:
-        """Trees no commit points to, except ``keep`` (the base's tree, say)."""
-        self.db.conn.execute("DELETE FROM trees WHERE id NOT IN (SELECT tree FROM commits)"
-                             + (f" AND id NOT IN ({','.join('?' * len(keep))})" if keep else ""), tuple(keep))
+        """Trees no commit points to, except ``keep`` (the base's tree, say) and the trees a kept
+        tree delta is read from."""
+        bases = {tid: tree_diff.base_of(bytes(head), tid) for tid, head in self.db.query(
+            "SELECT id, substr(data, 1, ?) FROM trees WHERE substr(data, 1, ?) = ?",
+            (tree_diff.HEAD_BYTES, len(tree_diff.DELTA_MAGIC), tree_diff.DELTA_MAGIC))}
+        needed, stack = set(), [r[0] for r in self.db.query("SELECT tree FROM commits")] + list(keep)
+        while stack:
+            tid = stack.pop()
+            if tid not in needed:
+                needed.add(tid)
+                if tid in bases:
+                    stack.append(bases[tid])
+        doomed = [(tid,) for (tid,) in self.db.query("SELECT id FROM trees") if tid not in needed]
+        self.db.conn.executemany("DELETE FROM trees WHERE id = ?", doomed)
 
     # -- walks -------------------------------------------------------------------------------
     def parents(self, commit_id: str) -> list[str]:
