@@ -165,7 +165,9 @@ def _stored_trees(repo, remote, new_commits: list[str]) -> dict[str, bytes]:
     than the whole tree; else the whole tree. A step of a 250,000-chunk model that changes
     1% of its chunks then sends 2,500 ids, not 250,000 (docs/design.md, "Tree deltas")."""
     out: dict[str, bytes] = {}
-    held = remote.contents.trees
+    held: dict[str, bytes] = {}  # (a tree only a retired segment holds goes when the segment does)
+    for seg in remote.contents.live_segments:
+        held.update(seg.trees)
 
     def stored(tid: str) -> bytes | None:
         return out.get(tid) or held.get(tid)
