@@ -118,10 +118,15 @@ class RemoteState:
 def listing_state(refs, version, paths, base, tokens=None) -> RemoteState:
     """A RemoteState from a backend's listing of every path."""
     paths = frozenset(paths)
-    catalogs = sorted(m.group(1) for p in paths if (m := _CATALOG.match(p)))
-    retired = sorted(m.group(1) for p in paths if (m := _RETIRED.match(p)))
-    pruned = sorted(m.group(1) for p in paths if (m := _PRUNED.match(p)))
-    return RemoteState(refs, version, pack_names(paths), base, tokens or {}, catalogs, retired, paths, pruned)
+    # (one pass, by folder: a long run's directory lists thousands of files in the grace hour)
+    by_folder: dict[str, list[str]] = {}
+    for p in paths:
+        by_folder.setdefault(p.partition("/")[0], []).append(p)
+    catalogs = sorted(m.group(1) for p in by_folder.get("catalogs", ()) if (m := _CATALOG.match(p)))
+    retired = sorted(m.group(1) for p in by_folder.get("retired", ()) if (m := _RETIRED.match(p)))
+    pruned = sorted(m.group(1) for p in by_folder.get("pruned", ()) if (m := _PRUNED.match(p)))
+    return RemoteState(refs, version, pack_names(by_folder.get("packs", ())), base, tokens or {}, catalogs, retired,
+                       paths, pruned)
 
 
 # What a wvc remote holds at its top level; on the Hub also the files every repository

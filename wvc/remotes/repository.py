@@ -203,12 +203,12 @@ class RemoteContents:
     retired_records: dict[str, list[str]] = field(default_factory=dict)  # record -> the files it retires
     pruned: set[str] = field(default_factory=set)  # commits whose weights `prune --remote` dropped (pruned/ records)
 
-    @property
+    @functools.cached_property  # (contents are one listing's: a push asks several times)
     def retired(self) -> set[str]:
         """Every file a retired record lists (compaction.py)."""
         return {p for paths in self.retired_records.values() for p in paths}
 
-    @property
+    @functools.cached_property
     def live_segments(self) -> list[Segment]:
         """Segments no retired record lists: what a push may rely on and compaction may merge
         (a retired one is still read until it is deleted, but nothing new builds on it)."""
