@@ -159,3 +159,29 @@ def test_an_s3_copy_that_does_not_hold_the_clients_bytes_is_sent_instead(tmp_pat
     copy = clone(url, tmp_path / "copy")
     assert copy.fsck().ok
     assert tree_digests(copy.root) == tree_digests(repo.root)
+
+
+def test_the_hub_deduplicates_a_merged_pack_down_to_its_new_payloads(tmp_path, hub_env):
+    """The Hub cannot compose; Xet deduplicates by content-defined chunks. A pack's payloads
+    end in XET_BOUNDARY, where the chunker cuts, and a merge copies each pack up to it as a
+    block: the merged pack's chunks are the packs' own, so what Xet receives (xorbs) stays
+    near what is stored. Before: a small pack was one chunk running on into its index, and
+    every merge sent it again (xorbs ~1.9x what was stored over these pushes)."""
+    hub = hub_env
+    repo = Repo.init(tmp_path / "a")
+    repo.remote_add("hub", f"hf://team/dedup-{tmp_path.name}")
+    g = torch.Generator().manual_seed(0)
+    w = (torch.randn(1 << 19, generator=g) * 0.02).to(torch.bfloat16)  # 1 MB
+    stored = sent = compacted = 0
+    for i in range(40):
+        if i:
+            w.view(torch.int16)[torch.randint(0, w.numel(), (w.numel() // 50,), generator=g)] += 1
+        res = repo.commit(f"step {i}", source={"w": w.clone()}, branch="main")
+        before = hub.received_bytes.get("xet-xorbs", 0)
+        pushed = repo.push("hub", "main")
+        if i:
+            stored += res.stored_bytes
+            sent += hub.received_bytes.get("xet-xorbs", 0) - before
+            compacted += bool(pushed.files_replaced)
+    assert compacted >= 8  # (merges happened: tier 0 into tier 1, and on)
+    assert sent <= 1.15 * stored, (sent, stored)

@@ -18,6 +18,7 @@ a retired one; then nothing is deleted yet).
 
 from __future__ import annotations
 
+import os
 import secrets
 import time
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from pathlib import Path
 from .. import settings
 from ..errors import CorruptObject, WvcError
 from ..versions import canonical_json
-from ..store.packs import PackWriter, copy_payloads, pack_filename, read_pack_index, read_payload
+from ..store.packs import MAGIC, PackWriter, copy_payloads, marked_payload_end, pack_filename, read_pack_index, read_payload
 from .catalog import Catalog
 from .interface import MAX_PACK_BYTES, MAX_SMALL_OBJECT, Remote, commit_path, pack_path, tree_path
 
@@ -116,20 +117,10 @@ def merge_segments(remote: Remote, old: list, new_pack: Path | None, new: Catalo
     if not sources:
         return None, merged, None
     writer = PackWriter(work_dir)
-    seen = set()
-    ranges: list[tuple[Path, str | None, int, int]] = []  # where each payload of the merged pack comes from
-
-    def payloads(path: Path, entries, remote_path):
-        with open(path, "rb") as fh:
-            for e in entries:
-                if e.id in seen:
-                    continue
-                seen.add(e.id)
-                ranges.append((path, remote_path, e.offset, e.length))
-                yield e, read_payload(fh.fileno(), e.offset, e.length, path.name)
-
+    seen: set[str] = set()
+    ranges: list[tuple[Path, str | None, int, int]] = []  # where each byte run of the merged pack comes from
     try:
-        entries = [e for path, source, where in sources for e in copy_payloads(writer, payloads(path, source, where))]
+        entries = [e for path, source, where in sources for e in _copy_source(writer, path, source, where, seen, ranges)]
         name, size = writer.finish()
     except BaseException:
         writer.abort()
@@ -138,11 +129,37 @@ def merge_segments(remote: Remote, old: list, new_pack: Path | None, new: Catalo
     return merged_path, Catalog(name, entries, merged.commits, merged.trees), _recipe(merged_path, name, size, ranges)
 
 
+DEAD_BYTES_A_PAYLOAD = 80  # what a block copy may carry besides payloads: a magic and an XET_BOUNDARY a region
+
+
+def _copy_source(writer: PackWriter, path: Path, entries: list, remote_path: str | None, seen: set, ranges: list):
+    """Copy one merged segment's payloads into ``writer``. A pack the remote holds whose
+    payloads end in XET_BOUNDARY (store/packs.py), and none of which was copied already,
+    goes as one block: its bytes from its start (its magic; the first one's is the merged
+    pack's own) to that boundary, so Xet's chunker cuts the same chunks in it as in the pack
+    and deduplicates them all. Otherwise payload by payload."""
+    with open(path, "rb") as fh:
+        fd = fh.fileno()
+        end = marked_payload_end(fd, os.fstat(fd).st_size) if remote_path is not None and entries else None
+        if end is not None and not any(e.id in seen for e in entries) \
+                and end - len(MAGIC) - sum(e.length for e in entries) <= DEAD_BYTES_A_PAYLOAD * len(entries) + 64:
+            start = len(MAGIC) if writer.offset == len(MAGIC) else 0
+            seen.update(e.id for e in entries)
+            ranges.append((path, remote_path, start, end - start))
+            return writer.add_block(fd, start, end - start, entries, path.name)
+        out = []
+        for e in entries:
+            if e.id in seen:
+                continue
+            seen.add(e.id)
+            ranges.append((path, remote_path, e.offset, e.length))
+            out += copy_payloads(writer, [(e, read_payload(fd, e.offset, e.length, path.name))])
+        return out
+
+
 def _recipe(merged: Path, checksum: str, size: int, ranges) -> Recipe:
     """The pieces of ``merged``: runs of payloads contiguous in one remote pack become one
     range; the rest (magic, local payloads, index, trailer) are bytes read from ``merged``."""
-    from ..store.packs import MAGIC
-
     pieces: list = []
     position = len(MAGIC)  # where the next payload sits in the merged pack
     with open(merged, "rb") as fh:

@@ -33,6 +33,16 @@ from ..versions import MAX_PAYLOAD, MAX_RAW_CHUNK, canonical_json
 MAGIC = b"WVCPACK\x01"
 END = b"WVCPEND\x01"
 _TRAILER = struct.Struct("<QQ32s8s")
+# Written between a pack's payloads and its index (dead bytes no entry points into): 64 bytes
+# whose gear hash, as Xet's content-defined chunker computes it over its 64-byte window
+# (xet-core's Chunker: gearhash's default table, a 64 KiB target, so the top 16 bits), is 0.
+# The chunker therefore ends a chunk right after them (whenever the chunk is at least its
+# 8 KiB minimum), and a merged pack that copies a pack's bytes up to here (compaction.py)
+# cuts the same chunks at the same places as the pack did: Xet deduplicates all of them,
+# where before a small pack's one chunk (which ran on into its index) was sent again whole.
+# Found by trying counters after the text; nothing reads it, so it costs 64 bytes a pack.
+XET_BOUNDARY = b"wvc xet boundary: payloads end here, the index follows.  #0130ba"
+assert len(XET_BOUNDARY) == 64
 # A pack's index (embedded, or a remote's .idx copy): about 250 bytes an object, so this
 # admits ~250k objects, far more than one pack of at most 64 GiB of chunks holds.
 MAX_INDEX_BYTES = 64 << 20
@@ -116,12 +126,27 @@ class PackWriter:
         self.entries.append(entry)
         return entry
 
+    def add_block(self, fd: int, start: int, length: int, entries: list[PackEntry], where: str) -> list[PackEntry]:
+        """Append bytes ``[start, start + length)`` of the open pack ``fd`` verbatim, and its
+        ``entries`` (all inside that range) at their new offsets: payloads and whatever lies
+        between them (a pack's magic and XET_BOUNDARY, which nothing reads)."""
+        shift = self.offset - start
+        copied = 0
+        while copied < length:
+            data = read_payload(fd, start + copied, min(8 << 20, length - copied), where)
+            self._write(data)
+            copied += len(data)
+        moved = [PackEntry(e.id, e.offset + shift, e.length, e.raw_size, e.method, e.base) for e in entries]
+        self.entries.extend(moved)
+        return moved
+
     def finish(self) -> tuple[str, int] | None:
         """Seal, fsync and rename; returns (pack name, size) or None when empty."""
         if not self.entries:
             self.abort()
             return None
         index = canonical_json([e.to_json() for e in self.entries])
+        self._write(XET_BOUNDARY)
         index_offset = self.offset
         self._write(index)
         checksum = self.hasher.digest()
@@ -191,6 +216,14 @@ def copy_payloads(writer: "PackWriter", items, progress=None) -> list[PackEntry]
         if progress is not None:
             progress.advance(len(payload))
     return out
+
+
+def marked_payload_end(fd: int, size: int) -> int | None:
+    """Where a pack's payloads end if XET_BOUNDARY follows them (the index offset), else None
+    (a pack an older wvc wrote). ``size``: the pack's size; the trailer was checked before."""
+    index_offset = _TRAILER.unpack(os.pread(fd, _TRAILER.size, size - _TRAILER.size))[0]
+    mark = index_offset - len(XET_BOUNDARY)
+    return index_offset if mark >= len(MAGIC) and os.pread(fd, len(XET_BOUNDARY), mark) == XET_BOUNDARY else None
 
 
 def read_pack_index(path: Path, verify: bool = True) -> tuple[str, list[PackEntry]]:
