@@ -297,9 +297,11 @@ class RemoteRepository:
     def tree(self, tid: str) -> Tree:
         """Tree ``tid``, verified against its id (a tree delta: every tree of its chain);
         RemoteError when absent."""
-        if tid not in self._trees and self.stored_tree(tid) is None:
+        first = None if tid in self._trees else self.stored_tree(tid)  # (a format-1 tree: one request)
+        if tid not in self._trees and first is None:
             raise RemoteError(f"{self.url} is missing tree {ids.short(tid)}")
-        tree, built = tree_diff.resolve(tid, self.stored_tree, self._trees.get, f"remote {self.url}")
+        tree, built = tree_diff.resolve(tid, lambda t: first if t == tid else self.stored_tree(t), self._trees.get,
+                                        f"remote {self.url}")
         for key, value in built:
             self._trees[key] = value.forget_bytes()
         self._trees.move_to_end(tid)
