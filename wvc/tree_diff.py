@@ -185,3 +185,13 @@ def resolve(tree_id: str, stored, known, where: str = "remote") -> tuple[Tree, l
             raise CorruptObject(f"{where} tree delta {ids.short(tid)} does not give its id")
         built.append((tid, tree))
     return tree, built
+
+
+def remember(cache, built: list[tuple[str, Tree]], limit: int) -> None:
+    """Keep the trees :func:`resolve` built in ``cache`` (an OrderedDict, newest last) of at
+    most ``limit``, their canonical bytes dropped (a chain's trees share their chunk ids)."""
+    for tid, tree in built:
+        cache[tid] = tree.forget_bytes()
+        cache.move_to_end(tid)
+    while len(cache) > limit:
+        cache.popitem(last=False)

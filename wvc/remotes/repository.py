@@ -302,11 +302,9 @@ class RemoteRepository:
             raise RemoteError(f"{self.url} is missing tree {ids.short(tid)}")
         tree, built = tree_diff.resolve(tid, lambda t: first if t == tid else self.stored_tree(t), self._trees.get,
                                         f"remote {self.url}")
-        for key, value in built:
-            self._trees[key] = value.forget_bytes()
-        self._trees.move_to_end(tid)
-        while len(self._trees) > PARSED_TREES:
-            self._trees.popitem(last=False)
+        if tid in self._trees:  # (found there: the newest again)
+            self._trees.move_to_end(tid)
+        tree_diff.remember(self._trees, built, PARSED_TREES)
         return tree
 
     def stored_tree(self, tid: str) -> bytes | None:

@@ -60,11 +60,7 @@ class CommitGraph:
             raise RevisionNotFound(f"tree {ids.short(tree_id)} is not in this repository")
         tree, built = tree_diff.resolve(tree_id, self._stored, self._cached, "this repository")
         with self._trees_lock:
-            for tid, value in built:
-                self._trees[tid] = value.forget_bytes()
-                self._trees.move_to_end(tid)
-            while len(self._trees) > TREE_CACHE:
-                self._trees.popitem(last=False)
+            tree_diff.remember(self._trees, built, TREE_CACHE)
         return tree
 
     def _cached(self, tree_id: str) -> Tree | None:
