@@ -60,7 +60,7 @@ def test_a_step_sends_the_chunk_ids_it_changed_and_a_clone_gets_every_version_ex
         assert len(changes) == 40
         assert len(data) < whole / 20  # 40 of 4,096 chunk ids, not all of them
     clone = wvc.clone(url, tmp_path / "b")
-    assert tree_diff.is_delta(clone.graph._stored(repo.read_commit(commits[1]).tree))  # (fetched into a delta)
+    assert tree_diff.is_delta(clone.graph.stored_tree(repo.read_commit(commits[1]).tree))  # (fetched into a delta)
     for cid in commits:
         repo.checkout(cid, force=True)
         clone.checkout(cid, force=True)
@@ -141,7 +141,7 @@ def test_the_local_database_keeps_a_step_tree_as_a_delta_and_reads_every_version
     repo, _, commits = stepping_repo(tmp_path, 4)
     whole = len(repo.graph.tree_bytes(repo.read_commit(commits[0]).tree))
     trees = [repo.read_commit(c).tree for c in commits]
-    stored = [repo.graph._stored(t) for t in trees]
+    stored = [repo.graph.stored_tree(t) for t in trees]
     assert not tree_diff.is_delta(stored[0])
     assert all(tree_diff.is_delta(d) and len(d) < whole / 20 for d in stored[1:])
     fresh = Repo.open(tmp_path / "a")  # nothing cached: every delta resolved from the database

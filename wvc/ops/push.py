@@ -189,11 +189,12 @@ def _stored_trees(repo, remote, new_commits: list[str]) -> dict[str, bytes]:
         depth, size = tree_diff.chain(base, head)
         if depth >= tree_diff.MAX_DELTA_DEPTH:
             continue
-        changes = tree_diff.diff_trees(repo.read_tree(base), repo.read_tree(commit.tree))
-        if changes is not None:
-            delta = tree_diff.encode_delta(base, changes)
-            if size + len(delta) < len(whole):
-                out[commit.tree] = delta
+        delta = graph.stored_tree(commit.tree)  # (the commit stored this delta already, unless its chain was full)
+        if not (tree_diff.is_delta(delta) and tree_diff.base_of(delta, commit.tree) == base):
+            changes = tree_diff.diff_trees(repo.read_tree(base), repo.read_tree(commit.tree))
+            delta = None if changes is None else tree_diff.encode_delta(base, changes)
+        if delta is not None and size + len(delta) < len(whole):
+            out[commit.tree] = delta
     return out
 
 

@@ -27,7 +27,8 @@ from pathlib import Path
 from .. import settings
 from ..errors import CorruptObject, WvcError
 from ..versions import canonical_json
-from ..store.packs import MAGIC, PackWriter, copy_payloads, marked_payload_end, pack_filename, read_pack_index, read_payload
+from ..store.packs import (MAGIC, XET_BOUNDARY, PackWriter, copy_payloads, marked_payload_end, pack_filename,
+                           read_pack_index, read_payload)
 from .catalog import Catalog
 from .interface import MAX_PACK_BYTES, MAX_SMALL_OBJECT, Remote, commit_path, pack_path, tree_path
 
@@ -141,20 +142,15 @@ def _copy_source(writer: PackWriter, path: Path, entries: list, remote_path: str
     with open(path, "rb") as fh:
         fd = fh.fileno()
         end = marked_payload_end(fd, os.fstat(fd).st_size) if remote_path is not None and entries else None
-        if end is not None and not any(e.id in seen for e in entries) \
-                and end - len(MAGIC) - sum(e.length for e in entries) <= DEAD_BYTES_A_PAYLOAD * len(entries) + 64:
+        fresh = [e for e in entries if e.id not in seen]
+        seen.update(e.id for e in fresh)
+        if end is not None and len(fresh) == len(entries) \
+                and end - len(MAGIC) - sum(e.length for e in entries) <= DEAD_BYTES_A_PAYLOAD * len(entries) + len(XET_BOUNDARY):
             start = len(MAGIC) if writer.offset == len(MAGIC) else 0
-            seen.update(e.id for e in entries)
             ranges.append((path, remote_path, start, end - start))
             return writer.add_block(fd, start, end - start, entries, path.name)
-        out = []
-        for e in entries:
-            if e.id in seen:
-                continue
-            seen.add(e.id)
-            ranges.append((path, remote_path, e.offset, e.length))
-            out += copy_payloads(writer, [(e, read_payload(fd, e.offset, e.length, path.name))])
-        return out
+        ranges.extend((path, remote_path, e.offset, e.length) for e in fresh)
+        return copy_payloads(writer, ((e, read_payload(fd, e.offset, e.length, path.name)) for e in fresh))
 
 
 def _recipe(merged: Path, checksum: str, size: int, ranges) -> Recipe:

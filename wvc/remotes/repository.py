@@ -321,7 +321,7 @@ class RemoteRepository:
             out.add(tid)
             data = self.contents.trees.get(tid)
             if data is not None and tree_diff.is_delta(data):
-                stack.append(tree_diff.parse_delta(data, f"remote {self.url} tree {ids.short(tid)}")[0])
+                stack.append(tree_diff.base_of(data, tid))
         return out
 
     @property

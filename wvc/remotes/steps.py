@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 from .. import ids
 from ..errors import CorruptObject, FormatError
-from ..tree_diff import apply_diff, check_changes, diff_trees, places  # noqa: F401 - (the record's tree diff)
+from ..tree_diff import check_changes
 from ..versions import MAX_PAYLOAD, MAX_RAW_CHUNK, MAX_TREE_BYTES, canonical_json
 
 MAGIC = b"WVCSTEP\x01\n"

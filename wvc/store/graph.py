@@ -58,7 +58,7 @@ class CommitGraph:
             return cached
         if not self.has_tree(tree_id):
             raise RevisionNotFound(f"tree {ids.short(tree_id)} is not in this repository")
-        tree, built = tree_diff.resolve(tree_id, self._stored, self._cached, "this repository")
+        tree, built = tree_diff.resolve(tree_id, self.stored_tree, self._cached, "this repository")
         with self._trees_lock:
             tree_diff.remember(self._trees, built, TREE_CACHE)
         return tree
@@ -67,8 +67,8 @@ class CommitGraph:
         with self._trees_lock:
             return self._trees.get(tree_id)
 
-    def _stored(self, tree_id: str) -> bytes | None:
-        """A tree as stored: its canonical bytes, or a tree delta."""
+    def stored_tree(self, tree_id: str) -> bytes | None:
+        """A tree as stored: its canonical bytes, or a tree delta (tree_diff.py)."""
         return self.db.one("SELECT data FROM trees WHERE id = ?", (tree_id,))
 
     def _head(self, tree_id: str):
@@ -78,7 +78,7 @@ class CommitGraph:
 
     def tree_bytes(self, tree_id: str) -> bytes | None:
         """A tree's canonical bytes (what its id hashes), however it is stored; None if absent."""
-        data = self._stored(tree_id)
+        data = self.stored_tree(tree_id)
         if data is None or not tree_diff.is_delta(data):
             return data
         return self.read_tree(tree_id).to_bytes()
