@@ -132,9 +132,7 @@ def _dtypes(tree) -> dict:
 
 
 def _raw(repo, oid: str) -> bytes:
-    """A chunk's bytes: a Publisher keeps its last two commits' raw chunks (no chain decoded)."""
-    store = repo.store
-    for kept in (store.recent_chunks, store.older_chunks):
-        if oid in kept:
-            return kept[oid]
-    return store.get(oid)
+    """A chunk's bytes: a Publisher keeps its last two commits' raw chunks and its chains'
+    anchors (no chain decoded)."""
+    kept = repo.store.kept_chunk(oid)
+    return kept if kept is not None else repo.store.get(oid)

@@ -4,9 +4,9 @@ base on the codec pool (store/pool.py), on the host or, for a batch of device te
 the device. It inserts no rows: the caller records them with the tree and commit in one
 transaction once the pack is durable (Repository.record).
 
-Delta chains are bounded: when the base's chain is already ``max_chain`` deep, or its
-deltas' payloads outweigh its keyframe's, the chunk is encoded against the chain's
-keyframe instead (re-anchoring; docs/design.md, "Anchor policy").
+Which stored version a new chunk is encoded against is the anchor policy's
+(store/anchors.py: a hierarchy of anchors on the parent chunk's chain, bounded by
+``max_chain``; docs/design.md, "Anchor policy").
 """
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ import collections
 from dataclasses import dataclass
 
 from .. import ids
+from . import anchors
 from . import pool as codec_pool
 from .packs import PackWriter
 from .rows import ObjectRow
 
-DEFAULT_MAX_CHAIN = 8  # with the payload rule of ChunkWriter._base_chain; measured in benchmarks/sync.py (docs/measurements.md)
+DEFAULT_MAX_CHAIN = 8  # with the payload rule of store/anchors.py; measured in benchmarks/sync.py (docs/measurements.md)
 # A commit sends the chunks it is offered to the pool in groups of at most this many, or
 # this many bytes: one query for the group finds those the store holds (ChunkWriter.put).
 OFFERED_CHUNKS = 32
@@ -73,6 +74,9 @@ class ChunkWriter:
         self.kept: dict[str, bytes] = {}  # this commit's raw chunks, for store.recent_chunks
         self.kept_bytes = 0
         self.base_rows: dict[str, ObjectRow] = {}  # see expect_bases
+        self.base_positions: dict[str, int] = {}  # their anchor positions (store/anchors.py)
+        self.positions: dict[str, int] = {}  # each new chunk's, once its base is chosen
+        self.chain_moves: dict[str, tuple[list[str], int]] = {}  # id: (parent's chain ids, base index): finish
         self.offered: list[tuple] = []  # (id, raw, dtype, base id) not yet sent (put)
         self.offered_ids: set[str] = set()
         self.offered_bytes = 0
@@ -90,7 +94,9 @@ class ChunkWriter:
     def expect_bases(self, base_ids) -> None:
         """Look up the chains of chunks about to be offered as delta bases (a parent file's)
         in a few queries now, instead of a query per link at each :meth:`put`."""
-        self.base_rows.update(self.store.chain_rows(b for b in base_ids if b not in self.base_rows))
+        found = self.store.chain_rows(b for b in base_ids if b not in self.base_rows)
+        self.base_rows.update(found)
+        self.base_positions.update(self.store.anchor_positions(list(found)))
 
     def known(self, object_id: str) -> bool:
         return self._holds(object_id) or self.store.has(object_id)
@@ -100,20 +106,23 @@ class ChunkWriter:
         return object_id in self.pending or object_id in self.in_flight_ids or object_id in self.offered_ids
 
     def _base_chain(self, base_id: str | None, object_id: str, size: int) -> list[ObjectRow] | None:
-        """The chain to decode for the delta base: the parent chunk's own, so the payload is
-        one step's change (what a follower holding the parent downloads), re-anchored to the
-        keyframe (depth 0) when the chain is full: ``max_chain`` links deep, or its deltas'
-        payloads together larger than the keyframe's (decoding the chain would then cost
-        more than decoding a second keyframe). See docs/design.md, "Anchor policy"."""
+        """The chain to decode for the delta base, chosen on the parent chunk's (``base_id``)
+        chain by the anchor policy (store/anchors.py): mostly the parent itself, so the
+        payload is one step's change; every FANOUT-th version an anchor further down; the
+        keyframe when the chain is full. Records the new chunk's anchor position."""
+        self.positions[object_id] = 0
         if base_id is None or base_id == object_id:
             return None
         row = self.base_rows.get(base_id) or self.store._row_or_supplied(base_id)  # (a lazy clone's parent may not be fetched yet)
         if row is None or row.raw_size == 0:
             return None
         chain = self.store.chain(base_id, row, self.base_rows)
-        if row.depth >= self.max_chain or sum(r.length for r in chain[:-1]) > chain[-1].length:
-            chain = chain[-1:]  # the keyframe: depth 0
-        return chain
+        ids_ = [r.id for r in chain]
+        if any(i not in self.base_rows for i in ids_):
+            self.base_positions.update(self.store.anchor_positions(ids_))
+        base, self.positions[object_id] = anchors.choose_base(chain, self.base_positions, self.max_chain)
+        self.chain_moves[object_id] = (ids_, len(chain) - len(base))
+        return base
 
     def put(self, raw, dtype, base_id: str | None = None) -> str:
         """Offer a chunk; returns its id. New chunks are encoded in the background."""
@@ -143,7 +152,7 @@ class ChunkWriter:
             if object_id in stored:
                 continue
             base_chain = self._base_chain(base_id, object_id, len(raw))
-            base_raw = self.store.recent_chunks.get(base_chain[0].id) if base_chain else None
+            base_raw = self.store.kept_chunk(base_chain[0].id) if base_chain else None
             args = (raw, dtype, base_chain, base_raw)
             if len(raw) < codec_pool.SMALL_CHUNK:
                 small.add((object_id, len(raw)), args)
@@ -193,7 +202,7 @@ class ChunkWriter:
         staging = copies.staging(upload_bytes) if upload_bytes else None
         slots = staging.numpy() if staging is not None else None
         for o in offered:
-            base_raw = self.store.recent_chunks.get(o.chain[0].id) if o.chain else None
+            base_raw = self.store.kept_chunk(o.chain[0].id) if o.chain else None
             target = slots[o.slot : o.slot + len(o.raw)] if o.slot is not None else None
             o.prepared = codec_pool.pool().submit(self._prepare, o.raw, o.dtype, o.chain, base_raw, target)
         on_device, deferred = [], []
@@ -252,7 +261,9 @@ class ChunkWriter:
         if base_raw is None and base_chain:
             base_raw, context = self.store.decode_chain_and_base(base_chain)
         elif base_chain and len(base_chain) > 1:
-            context = self.store.older_chunks.get(base_chain[1].id)
+            context = self.store.kept_chunk(base_chain[1].id)
+            if context is None:  # (not kept: a budget too small for the chains' anchors)
+                context = self.store.decode_chain(base_chain[1:])
         if context is not None and (not len(context) == len(base_raw) == len(raw) or base_chain[0].id in self.rebased):
             context = None
         return base_raw, context
@@ -275,9 +286,13 @@ class ChunkWriter:
         self.pending[object_id] = ObjectRow(
             object_id, "", entry.offset, entry.length, raw_size, int(encoded.method),
             base.id if base else None, base.depth + 1 if base else 0,
+            position=self.positions.get(object_id, 0) if base else 0,  # (a keyframe is a root)
         )
         self.in_flight_ids.discard(object_id)
         self.stored_bytes += len(encoded.payload)
+        if base is None and object_id in self.chain_moves:  # a keyframe after all: on no chain of the parent's
+            ids_ = self.chain_moves[object_id][0]
+            self.chain_moves[object_id] = (ids_, len(ids_))
 
     def finish(self) -> tuple[tuple[str, int] | None, list[ObjectRow]]:
         """Make the pack durable; returns what :meth:`ObjectStore.insert_rows` records."""
@@ -288,6 +303,7 @@ class ChunkWriter:
         rows = list(self.pending.values())
         if self.store.keep_recent_bytes:
             # the next commit's delta bases, and their bases: ULP_STEP's contexts
+            self.store.keep_anchors(self.chain_moves.values())
             self.store.older_chunks, self.store.recent_chunks = self.store.recent_chunks, self.kept
         self.kept = {}
         return (self.finished if self.finished[0] else None), rows

@@ -72,10 +72,40 @@ class ObjectStore:
         self.keep_recent_bytes = 0
         self.recent_chunks: dict[str, bytes] = {}
         self.older_chunks: dict[str, bytes] = {}  # the commit before's (ChunkWriter.finish)
+        # the inner links of the last commit's chunks' chains, up to as many bytes again: the
+        # anchors that later versions are encoded against (store/anchors.py)
+        self.anchor_chunks: dict[str, bytes] = {}
+        self.anchor_bytes = 0
 
     def keep_recent(self, nbytes: int) -> None:
         """Keep each commit's raw chunks, up to ``nbytes``, for the next one (see above)."""
         self.keep_recent_bytes = nbytes
+
+    def kept_chunk(self, object_id: str) -> bytes | None:
+        """A chunk's bytes if a long-lived writer kept them (see above), else None."""
+        for kept in (self.recent_chunks, self.older_chunks, self.anchor_chunks):
+            raw = kept.get(object_id)
+            if raw is not None:
+                return raw
+        return None
+
+    def keep_anchors(self, moves) -> None:
+        """Follow the chains a commit extended: ``moves``, (the parent chunk's chain ids, top
+        first; how many links above the new chunk's base), one per new delta. The links
+        above its base leave the new chunk's chain; a parent that is the base becomes an
+        inner link, kept while the budget allows (the chunks of the last commit, the bases
+        of most versions, are ``recent_chunks``)."""
+        for chain_ids, above in moves:
+            for oid in chain_ids[:above]:
+                raw = self.anchor_chunks.pop(oid, None)
+                if raw is not None:
+                    self.anchor_bytes -= len(raw)
+            parent = chain_ids[0]
+            if above == 0 and parent not in self.anchor_chunks:
+                raw = self.recent_chunks.get(parent)
+                if raw is not None and self.anchor_bytes + len(raw) <= self.keep_recent_bytes:
+                    self.anchor_chunks[parent] = raw
+                    self.anchor_bytes += len(raw)
 
     def row(self, object_id: str) -> ObjectRow | None:
         r = self.db.conn.execute(
@@ -113,6 +143,14 @@ class ObjectStore:
             level = [r.base for r in rows.values() if r.base is not None and r.base not in found]
             if not level:
                 break
+        return found
+
+    def anchor_positions(self, object_ids) -> dict[str, int]:
+        """The anchor positions (store/anchors.py) of those of ``object_ids`` that have one."""
+        found: dict[str, int] = {}
+        for batch in _batches(object_ids):
+            found.update(self.db.conn.execute(
+                f"SELECT id, position FROM anchor_positions WHERE id IN ({','.join('?' * len(batch))})", batch))
         return found
 
     def present(self, object_ids) -> set[str]:
@@ -260,9 +298,12 @@ class ObjectStore:
         return ChunkWriter(self, device=device, max_chain=max_chain, level=level)
 
     def insert_rows(self, pack: tuple[str, int] | None, rows: list[ObjectRow]) -> None:
-        """Record a finished pack and its objects; call inside the caller's transaction."""
+        """Record a finished pack and its objects, and the anchor positions a writer gave
+        them (store/anchors.py); call inside the caller's transaction."""
         if pack is None:
             return
+        self.db.conn.executemany("INSERT OR IGNORE INTO anchor_positions VALUES (?, ?)",
+                                 [(r.id, r.position) for r in rows if r.position])
         name, size = pack
         self.db.conn.execute(
             "INSERT OR IGNORE INTO packs VALUES (?, ?, ?, ?)", (name, size, len(rows), int(time.time()))
@@ -325,6 +366,8 @@ class ObjectStore:
             "UPDATE objects SET pack = ?, offset = ?, length = ?, method = ?, base = ?, depth = ? WHERE id = ?",
             [(r.pack, r.offset, r.length, r.method, r.base, r.depth, r.id) for r in rows])
         self.db.conn.executemany("INSERT OR IGNORE INTO reencoded_objects VALUES (?)", [(o,) for o in rebased])
+        # a re-encoded chunk's chain is no longer the line its position counted: a root now
+        self.db.conn.executemany("DELETE FROM anchor_positions WHERE id = ?", [(r.id,) for r in rows])
 
     def rebased_ids(self) -> set[str]:
         """Chunks a prune re-encoded on a new base: never a ULP_STEP payload's base (their
@@ -340,6 +383,7 @@ class ObjectStore:
         object_ids = list(object_ids)
         self.db.conn.executemany("DELETE FROM objects WHERE id = ?", [(o,) for o in object_ids])
         self.db.conn.executemany("DELETE FROM reencoded_objects WHERE id = ?", [(o,) for o in object_ids])
+        self.db.conn.executemany("DELETE FROM anchor_positions WHERE id = ?", [(o,) for o in object_ids])
         self.db.conn.executemany("DELETE FROM packs WHERE name = ?", [(p,) for p in packs])
 
     def count_objects(self) -> int:

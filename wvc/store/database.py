@@ -97,6 +97,12 @@ def _m0006_pruned_commits(db: "sqlite_utils.Database") -> None:
     db.execute("CREATE TABLE reencoded_objects (id TEXT PRIMARY KEY)")
 
 
+def _m0007_anchor_positions(db: "sqlite_utils.Database") -> None:
+    # a chunk's position on its line since its root: the anchor policy's bookkeeping
+    # (store/anchors.py); no row: a root (a keyframe, a fetched or a re-encoded chunk)
+    db.execute("CREATE TABLE anchor_positions (id TEXT PRIMARY KEY, position INTEGER NOT NULL)")
+
+
 MIGRATIONS = [
     ("0001_initial", _m0001_initial),
     ("0002_external_objects", _m0002_external_objects),
@@ -104,6 +110,7 @@ MIGRATIONS = [
     ("0004_stat_cache_executable_bit", _m0004_stat_cache_executable_bit),
     ("0005_tensor_changes", _m0005_tensor_changes),
     ("0006_pruned_commits", _m0006_pruned_commits),
+    ("0007_anchor_positions", _m0007_anchor_positions),
 ]
 
 

@@ -17,6 +17,9 @@ class ObjectRow:
     base: str | None
     depth: int
     file: str | None = None  # set for an external object: its path in the base directory
+    # a new row's anchor position (store/anchors.py), which insert_rows records; rows read
+    # back leave it unset (ObjectStore.anchor_positions has it)
+    position: int = 0
 
     @property
     def external(self) -> bool:

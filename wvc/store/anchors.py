@@ -1,0 +1,61 @@
+"""The anchor policy: which stored chunk a new version of a chunk is encoded against.
+
+A chunk's versions along a run form a line: its keyframe (or any chunk whose position is not
+known: a root) at position 0, then one version a step. The version at position ``s`` is
+encoded against the version at ``s - FANOUT**L``, where ``FANOUT**L`` is the largest power of
+the fanout dividing ``s`` (``L`` = 0: the previous version, a step delta). So three steps in
+four are step deltas; every fourth is a delta against the version four back, every
+sixteenth against the one sixteen back, and so on: a hierarchy of anchors, each a delta
+against the anchor before it on its own level, like video codecs' reference frames.
+
+Why: re-anchoring every ``max_chain`` steps to the keyframe stored the whole drift since the
+keyframe, which grows with the run until it nears a keyframe's size (a 5,000-step run stored
+20.5x its median step). Here the chain of ``s`` visits ``s`` with one digit (base FANOUT)
+decremented at a time, so the base is always on the parent's chain, the depth is the digit
+sum, and each anchor stores the drift over its own span, which stops growing with the run.
+ULP_STEP's context (the base's own base) is then the previous anchor on the same level: the
+drift over the span before, as correlated as a step with the step before.
+
+The depth bound and the payload rule still hold: when the chosen base is already
+``max_chain`` deep, or its chain's deltas outweigh its keyframe, the version is encoded
+against the keyframe and becomes a root (position 0), as before. Positions are local
+bookkeeping (the ``anchor_positions`` table), not part of any format: readers follow bases
+whatever policy wrote them, and a fetched or re-encoded chunk has no position (a root).
+Measured in docs/measurements.md ("Anchor hierarchy").
+"""
+
+from __future__ import annotations
+
+from .rows import ObjectRow
+
+FANOUT = 4
+
+
+def span(position: int) -> int:
+    """How many positions back the version at ``position`` (>= 1) is encoded against."""
+    step = 1
+    while position % (step * FANOUT) == 0:
+        step *= FANOUT
+    return step
+
+
+def choose_base(chain: list[ObjectRow], positions: dict[str, int], max_chain: int) -> tuple[list[ObjectRow], int]:
+    """The base's chain (a suffix of ``chain``) for a new version of the chunk whose chain
+    is ``chain`` (the parent version first, its keyframe last), and the new version's
+    position. ``positions``: the known positions of ``chain``'s links (a link without one
+    is a root: position 0, and the search ends there)."""
+    position = positions.get(chain[0].id, 0) + 1
+    target = position - span(position)
+    base = None
+    for k, link in enumerate(chain):
+        at = positions.get(link.id, 0)
+        if at == target:
+            base = k
+            break
+        if at < target or link.id not in positions:
+            break
+    if base is not None:
+        suffix = chain[base:]
+        if suffix[0].depth < max_chain and sum(r.length for r in suffix[:-1]) <= suffix[-1].length:
+            return suffix, position
+    return chain[-1:], 0  # the keyframe: the new version is a root
