@@ -17,7 +17,8 @@ from .test_follow import same
 
 class Run:
     """A 1 MiB bf16 tensor where 2.5% of the elements move a step (an optimizer's drift), a
-    commit and a push a step; the default anchor policy (re-anchor every 8th step)."""
+    commit and a push a step; the default anchor policy (store/anchors.py: every 4th step a
+    delta against an anchor further back)."""
 
     def __init__(self, root, url, n=1 << 19):
         self.repo = Repo.init(root)
@@ -119,6 +120,34 @@ def test_step_context_survives_a_re_anchor_for_followers(tmp_path):
     methods = {Method(run.repo.store.row(run.repo.tree_of(e.id).files[0].tensors[0].chunks[0]).method)
                for e in run.repo.log()}
     assert Method.ULP_STEP in methods  # the case this is about
+
+
+def test_a_keyframe_written_at_a_full_chain_reaches_a_follower_as_its_step(tmp_path):
+    """At a full chain a chunk is encoded against its keyframe, or stored whole when that is
+    smaller: after two steps that replaced every element, the next small step is stored as a
+    keyframe. A follower holding the parent gets that step's own change, not the keyframe."""
+    url = str(tmp_path / "remote")
+    repo = Repo.init(tmp_path / "run", max_chain=2)
+    repo.remote_add("origin", url)
+    g = torch.Generator().manual_seed(1)
+    n = 1 << 17
+    w = torch.randn(n, generator=g).to(torch.bfloat16)
+    follower = None
+    for i, part in enumerate([None, slice(0, n // 2), slice(n // 2, n), slice(0, n, 64)]):
+        if part == slice(0, n, 64):
+            w[part] += 1e-2  # a small step; the chain (depth 2) is full: step 0's drift or a keyframe
+        elif part is not None:
+            w[part] = torch.randn(n // 2, generator=g).to(torch.bfloat16)  # half the elements replaced
+        commit = repo.commit(f"step {i}", source={"w": w.clone()}).commit
+        repo.push()
+        follower = follower or wvc.follow(url)
+        update = follower.update()
+        assert update.commit == commit and same(follower.state_dict, repo.load_state_dict(commit))
+    chunk = repo.tree_of(commit).files[0].tensors[0].chunks[0]
+    assert repo.store.row(chunk).base is None  # stored whole: the case this is about
+    record = steps.parse((tmp_path / "remote" / steps.record_path(commit)).read_bytes(), commit)
+    assert [c.pack for c in record.chunks] == [None]  # a step payload, in the record
+    assert update.downloaded_bytes < 0.25 * repo.store.row(chunk).length
 
 
 def test_a_follower_that_fell_behind_catches_up_by_records(tmp_path, monkeypatch):

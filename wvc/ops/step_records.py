@@ -6,7 +6,8 @@ when it is a delta against the parent's chunk at that place (and its step contex
 has one, is the chunk the grandparent held there: what a follower kept), else a step
 payload coded here against the parent's chunk (with the grandparent's as its context). A
 re-anchored chunk is the usual case for the latter: its stored payload is coded against
-its chain's anchor, and carries the drift since then.
+its chain's anchor, and carries the drift since then; so is a keyframe, unless the step
+payload is not much smaller.
 """
 
 from __future__ import annotations
@@ -86,9 +87,17 @@ def build_record(repo, commit_id: str, locate) -> bytes | None:
         row = repo.store.row(cid)
         if row is None or row.external:
             return None
-        if row.base is None and (found := locate(cid)) is not None:  # a keyframe: anyone decodes it, and the
-            pack, entry = found  # policy wrote it only because it beat every delta
-            chunks.append((cid, None, None, row.raw_size, pack, entry.offset, entry.length, None))
+        if row.base is None and (found := locate(cid)) is not None:
+            # A keyframe: anyone decodes it. The anchor policy writes one when it beats every
+            # delta against the chunk's anchor (store/anchors.py), or when the chain is full:
+            # the step's own change is then mostly far smaller, and a follower gets that.
+            coded = _step_payload(repo, cid, base, context, dtypes.get((path, tensor), BYTES))
+            if len(coded.payload) >= STEP_GAIN * found[1].length:
+                pack, entry = found
+                chunks.append((cid, None, None, row.raw_size, pack, entry.offset, entry.length, None))
+            else:
+                chunks.append((cid, base, context if coded.method.uses_context else None, row.raw_size, None, 0, 0,
+                               coded.payload))
             continue
         found = locate(cid) if row.base == base else None
         stored_context = None
