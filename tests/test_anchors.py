@@ -51,12 +51,19 @@ def test_a_root_without_a_position_starts_a_line():
     assert position == 4 and base[0].id == "fetched"  # the root is position 0
 
 
-def test_a_full_chain_or_heavy_deltas_fall_back_to_the_keyframe_as_a_root():
+def test_a_full_chain_reaches_further_down_and_heavy_deltas_fall_back_to_the_keyframe():
     chain, pos = line([6, 5, 4, 0])
     base, position = anchors.choose_base(chain, pos, max_chain=3)  # 6 is 3 deep already
-    assert position == 0 and [r.id for r in base] == ["v0"]
-    heavy = [ObjectRow(r.id, "p", 0, 50 if r.depth else 100, 100, 7, None, r.depth) for r in chain]
-    base, position = anchors.choose_base(heavy, pos, max_chain=8)  # 150 of deltas over a 100 keyframe
+    assert position == 7 and [r.id for r in base] == ["v5", "v4", "v0"]  # two steps on 5
+    chain, pos = line([11, 10, 9, 8, 4, 0])  # 12's target, 8, is 2 deep: too deep for 2
+    base, position = anchors.choose_base(chain, pos, max_chain=2)
+    assert position == 12 and [r.id for r in base] == ["v4", "v0"]
+    fetched = [ObjectRow("f", "p", 0, 10, 1000, 7, None, 5), row("k", 0)]  # a root 5 deep: full
+    base, position = anchors.choose_base(fetched, {}, max_chain=3)
+    assert position == 0 and [r.id for r in base] == ["k"]
+    chain, pos = line([6, 5, 4, 0])
+    heavy = [ObjectRow(r.id, "p", 0, 400 if r.depth else 1000, 1000, 7, None, r.depth) for r in chain]
+    base, position = anchors.choose_base(heavy, pos, max_chain=8)  # 1200 of deltas over a 1000 keyframe
     assert position == 0 and [r.id for r in base] == ["v0"]
 
 

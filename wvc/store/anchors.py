@@ -16,9 +16,10 @@ sum, and each anchor stores the drift over its own span, which stops growing wit
 ULP_STEP's context (the base's own base) is then the previous anchor on the same level: the
 drift over the span before, as correlated as a step with the step before.
 
-The depth bound and the payload rule still hold: when the chosen base is already
-``max_chain`` deep, or its chain's deltas outweigh its keyframe, the version is encoded
-against the keyframe and becomes a root (position 0), as before. Positions are local
+The depth bound and the payload rule still hold. When the version at the target is already
+``max_chain`` deep, the base is the first link below it on the chain that is not (a few
+steps' more drift). When the base's chain's deltas outweigh its keyframe, the version is
+encoded against the keyframe and becomes a root (position 0), as before. Positions are local
 bookkeeping (the ``anchor_positions`` table), not part of any format: readers follow bases
 whatever policy wrote them, and a fetched or re-encoded chunk has no position (a root).
 Measured in docs/measurements.md ("Anchor hierarchy").
@@ -43,19 +44,23 @@ def choose_base(chain: list[ObjectRow], positions: dict[str, int], max_chain: in
     """The base's chain (a suffix of ``chain``) for a new version of the chunk whose chain
     is ``chain`` (the parent version first, its keyframe last), and the new version's
     position. ``positions``: the known positions of ``chain``'s links (a link without one
-    is a root: position 0, and the search ends there)."""
+    is a root: position 0, and the search ends there).
+
+    The base is the first link at or below the target position that is less than
+    ``max_chain`` deep: the target itself, unless the chain is full there; then a link
+    further down (an older version on the same line: a few steps more of drift, not the
+    whole drift since the keyframe). The position still counts the steps, so the versions
+    after it find their targets on its chain (its base's own chain holds every position
+    at or below it that a later span reaches back to, or the search goes further down)."""
     position = positions.get(chain[0].id, 0) + 1
     target = position - span(position)
-    base = None
     for k, link in enumerate(chain):
         at = positions.get(link.id, 0)
-        if at == target:
-            base = k
+        if at <= target and link.depth < max_chain:
+            suffix = chain[k:]
+            if sum(r.length for r in suffix[:-1]) <= suffix[-1].length:
+                return suffix, position
             break
-        if at < target or link.id not in positions:
-            break
-    if base is not None:
-        suffix = chain[base:]
-        if suffix[0].depth < max_chain and sum(r.length for r in suffix[:-1]) <= suffix[-1].length:
-            return suffix, position
+        if link.id not in positions:
+            break  # the root, and it is full
     return chain[-1:], 0  # the keyframe: the new version is a root
