@@ -1,12 +1,12 @@
 """Anchor policies on one chunk over a long run: bytes stored a step and the cost of decoding
 the tip, with the real codec and the real policy (store/anchors.py), without a repository.
 
-    python -m benchmarks.anchor_policy [--steps 1000] [--max-chain 8] [--fanout 4]
+    python -m benchmarks.anchor_policy [--steps 1000] [--max-chain 8] [--policy hierarchy|flat]
 
 One 1 MB bf16 tensor of the calibrated synthetic run (benchmarks/long_run.py) moves a step at
-a time. Each version is encoded against the base the policy picks (``--fanout 1073741824``:
-every version against its parent, re-anchored to the keyframe at the depth bound, the policy
-before the hierarchy), and each payload's decode is timed (best of 3). Prints one JSON line:
+a time. Each version is encoded against the base the policy picks (``flat``: every version
+against its parent, re-anchored to the keyframe at the depth bound, the policy before the
+hierarchy), and each payload's decode is timed (best of 3). Prints one JSON line:
 stored bytes a step over the median step delta (what a follower gets), over the whole run and
 its second half; chain depth; and the decode time of each version's whole chain over the
 keyframe's, averaged over the second half.
@@ -41,41 +41,38 @@ def _decode_seconds(payload: bytes, raw_size: int, base, context) -> float:
     return best
 
 
-def simulate(steps: int, max_chain: int, fanout: int) -> dict:
+def simulate(steps: int, max_chain: int, policy: str) -> dict:
     data = json.loads(CALIBRATION.read_text())
     cal = next(r["calibration"] for r in data["runs"].values() if "calibration" in r)
     versions = [state["layer.0.mlp.weight"].contiguous().view(torch.uint8).reshape(-1).numpy().tobytes()
                 for _, state in synthetic_steps(steps, 1, cal)]
-    anchors.FANOUT, saved = fanout, anchors.FANOUT
-    try:
-        rows: dict[int, ObjectRow] = {}
-        positions: dict[str, int] = {}
-        seconds: dict[int, float] = {}
-        step_bytes = []
-        for t, x in enumerate(versions):
-            base_t = None
-            if t:
-                chain, k = [], t - 1
-                while k is not None:
-                    chain.append(rows[k])
-                    k = int(rows[k].base) if rows[k].base is not None else None
-                suffix, position = anchors.choose_base(chain, positions, max_chain)
-                base_t = int(suffix[0].id)
-                step = versions[t - 2] if t >= 2 else None
-                step_bytes.append(len(codec.encode(x, BF16, versions[t - 1], context=step).payload))
-            context_t = int(rows[base_t].base) if base_t is not None and rows[base_t].base is not None else None
-            base = versions[base_t] if base_t is not None else None
-            context = versions[context_t] if context_t is not None else None
-            enc = codec.encode(x, BF16, base, context=context)
-            if not enc.uses_base:
-                base_t, base, context, position = None, None, None, 0
-            rows[t] = ObjectRow(str(t), "", 0, len(enc.payload), len(x), int(enc.method),
-                                None if base_t is None else str(base_t), 0 if base_t is None else rows[base_t].depth + 1)
-            if t and position:
-                positions[str(t)] = position
-            seconds[t] = _decode_seconds(enc.payload, len(x), base, context)
-    finally:
-        anchors.FANOUT = saved
+    choose = anchors.choose_base if policy == "hierarchy" else anchors.choose_base_flat
+    rows: dict[int, ObjectRow] = {}
+    positions: dict[str, int] = {}
+    seconds: dict[int, float] = {}
+    step_bytes = []
+    for t, x in enumerate(versions):
+        base_t = None
+        if t:
+            chain, k = [], t - 1
+            while k is not None:
+                chain.append(rows[k])
+                k = int(rows[k].base) if rows[k].base is not None else None
+            suffix, position = choose(chain, positions, max_chain)
+            base_t = int(suffix[0].id)
+            step = versions[t - 2] if t >= 2 else None
+            step_bytes.append(len(codec.encode(x, BF16, versions[t - 1], context=step).payload))
+        context_t = int(rows[base_t].base) if base_t is not None and rows[base_t].base is not None else None
+        base = versions[base_t] if base_t is not None else None
+        context = versions[context_t] if context_t is not None else None
+        enc = codec.encode(x, BF16, base, context=context)
+        if not enc.uses_base:
+            base_t, base, context, position = None, None, None, 0
+        rows[t] = ObjectRow(str(t), "", 0, len(enc.payload), len(x), int(enc.method),
+                            None if base_t is None else str(base_t), 0 if base_t is None else rows[base_t].depth + 1)
+        if t and position:
+            positions[str(t)] = position
+        seconds[t] = _decode_seconds(enc.payload, len(x), base, context)
 
     def chain_seconds(t):
         total = 0.0
@@ -88,7 +85,7 @@ def simulate(steps: int, max_chain: int, fanout: int) -> dict:
     half = range(steps // 2, steps + 1)
     stored = [rows[t].length for t in range(1, steps + 1)]
     costs = [chain_seconds(t) / seconds[0] for t in half]
-    return {"steps": steps, "max_chain": max_chain, "fanout": fanout, "keyframe_bytes": rows[0].length,
+    return {"steps": steps, "max_chain": max_chain, "policy": policy, "fanout": anchors.FANOUT, "keyframe_bytes": rows[0].length,
             "step_median_bytes": median,
             "stored_mean_over_median": round(sum(stored) / len(stored) / median, 2),
             "stored_second_half_over_median": round(sum(rows[t].length for t in half) / len(half) / median, 2),
@@ -102,9 +99,9 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--max-chain", type=int, default=8)
-    ap.add_argument("--fanout", type=int, default=anchors.FANOUT)
+    ap.add_argument("--policy", choices=("hierarchy", "flat"), default="hierarchy")
     args = ap.parse_args(argv)
-    print(json.dumps(simulate(args.steps, args.max_chain, args.fanout)), flush=True)
+    print(json.dumps(simulate(args.steps, args.max_chain, args.policy)), flush=True)
 
 
 if __name__ == "__main__":

@@ -105,7 +105,7 @@ def test_a_long_run_stores_less_than_re_anchoring_to_the_keyframe(tmp_path, monk
         return total, depth
 
     hierarchy, depth = stored(tmp_path / "hierarchy")
-    monkeypatch.setattr(anchors, "FANOUT", 1 << 30)  # every version a step: re-anchored at the bound
+    monkeypatch.setattr(anchors, "choose_base", anchors.choose_base_flat)  # re-anchored at the bound
     flat, flat_depth = stored(tmp_path / "flat")
     assert depth <= 8 and flat_depth == 8
     # (0.73, 0.69 and 0.66 of it over 80, 160 and 320 steps here: these steps move the same

@@ -64,3 +64,12 @@ def choose_base(chain: list[ObjectRow], positions: dict[str, int], max_chain: in
         if link.id not in positions:
             break  # the root, and it is full
     return chain[-1:], 0  # the keyframe: the new version is a root
+
+
+def choose_base_flat(chain: list[ObjectRow], positions: dict[str, int], max_chain: int) -> tuple[list[ObjectRow], int]:
+    """The policy before the hierarchy, for comparisons (benchmarks/anchor_policy.py, the
+    tests): every version against its parent, re-anchored to the keyframe at ``max_chain``
+    links or when the chain's deltas outweigh its keyframe."""
+    if chain[0].depth >= max_chain or sum(r.length for r in chain[:-1]) > chain[-1].length:
+        return chain[-1:], 0
+    return chain, 0
