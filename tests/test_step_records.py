@@ -122,22 +122,23 @@ def test_step_context_survives_a_re_anchor_for_followers(tmp_path):
     assert Method.ULP_STEP in methods  # the case this is about
 
 
-def test_a_keyframe_written_at_a_full_chain_reaches_a_follower_as_its_step(tmp_path):
-    """At a full chain a chunk is encoded against its keyframe, or stored whole when that is
-    smaller: after two steps that replaced every element, the next small step is stored as a
-    keyframe. A follower holding the parent gets that step's own change, not the keyframe."""
+def test_a_keyframe_written_when_a_chain_outweighs_it_reaches_a_follower_as_its_step(tmp_path):
+    """When the deltas of the base's chain outweigh its keyframe, a chunk is encoded against
+    the keyframe, or stored whole when that is smaller: after two steps that each replaced
+    70% of the elements, the next small step is stored as a keyframe. A follower holding the
+    parent gets that step's own change, not the keyframe."""
     url = str(tmp_path / "remote")
-    repo = Repo.init(tmp_path / "run", max_chain=2)
+    repo = Repo.init(tmp_path / "run")
     repo.remote_add("origin", url)
     g = torch.Generator().manual_seed(1)
     n = 1 << 17
     w = torch.randn(n, generator=g).to(torch.bfloat16)
     follower = None
-    for i, part in enumerate([None, slice(0, n // 2), slice(n // 2, n), slice(0, n, 64)]):
+    for i, part in enumerate([None, slice(0, 7 * n // 10), slice(3 * n // 10, n), slice(0, n, 64)]):
         if part == slice(0, n, 64):
-            w[part] += 1e-2  # a small step; the chain (depth 2) is full: step 0's drift or a keyframe
+            w[part] += 1e-2  # a small step; the chain's deltas (2 x 70%) outweigh the keyframe
         elif part is not None:
-            w[part] = torch.randn(n // 2, generator=g).to(torch.bfloat16)  # half the elements replaced
+            w[part] = torch.randn(w[part].numel(), generator=g).to(torch.bfloat16)  # 70% replaced
         commit = repo.commit(f"step {i}", source={"w": w.clone()}).commit
         repo.push()
         follower = follower or wvc.follow(url)
