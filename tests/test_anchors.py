@@ -84,6 +84,11 @@ def test_a_run_stores_the_hierarchy_and_every_version_checks_out_exactly(tmp_pat
     # depth is the sum of the position's base-4 digits: 21 = 111 -> 3, 16 = 100 -> 1, 15 = 33 -> 6
     assert [repo.store.row(chunks[s]).depth for s in (21, 16, 15)] == [3, 1, 6]
     assert set(repo.store.anchor_positions(chunks)) == set(chunks[1:])
+    # a push's step records read a chunk, its parent's and the grandparent's: one chain decoded
+    known: dict = {}
+    for s in (19, 18, 20):
+        assert repo.store.get_from(chunks[s], known) == repo.store.get(chunks[s])
+    assert {chunks[s] for s in (20, 19, 18, 17, 16, 0)} <= set(known)  # 19 -> 18 -> 17 -> 16 -> 0; 20 on 16
     reopened = Repo.open(tmp_path / "r")
     for commit, v in zip(commits, versions):
         got = reopened.load_state_dict(commit)["w"]

@@ -80,6 +80,7 @@ def build_record(repo, commit_id: str, locate) -> bytes | None:
         if cid in held or cid in done:
             continue
         done.add(cid)
+        decoded: dict[str, bytes] = {}  # this place's versions decoded so far: they share chains
         place = (path, tensor, index)
         base, context = old[place], older.get(place)
         if context == base:
@@ -91,7 +92,7 @@ def build_record(repo, commit_id: str, locate) -> bytes | None:
             # A keyframe: anyone decodes it. The anchor policy writes one when it beats every
             # delta against the chunk's anchor (store/anchors.py), or when the chain is full:
             # the step's own change is then mostly far smaller, and a follower gets that.
-            coded = _step_payload(repo, cid, base, context, dtypes.get((path, tensor), BYTES))
+            coded = _step_payload(repo, cid, base, context, dtypes.get((path, tensor), BYTES), decoded)
             if len(coded.payload) >= STEP_GAIN * found[1].length:
                 pack, entry = found
                 chunks.append((cid, None, None, row.raw_size, pack, entry.offset, entry.length, None))
@@ -110,14 +111,14 @@ def build_record(repo, commit_id: str, locate) -> bytes | None:
         if found is not None and stored_context is None and context is not None and _context_lost(repo, base, context):
             # The step after a re-anchor: its stored payload was coded without the step before
             # (its base's base is the anchor), ~3x a step; coded with it, it is a step again.
-            coded = _step_payload(repo, cid, base, context, dtypes.get((path, tensor), BYTES))
+            coded = _step_payload(repo, cid, base, context, dtypes.get((path, tensor), BYTES), decoded)
             if len(coded.payload) >= STEP_GAIN * found[1].length:
                 coded = None
         if found is not None and coded is None:
             pack, entry = found
             chunks.append((cid, base, stored_context, row.raw_size, pack, entry.offset, entry.length, None))
             continue
-        coded = coded or _step_payload(repo, cid, base, context, dtypes.get((path, tensor), BYTES))
+        coded = coded or _step_payload(repo, cid, base, context, dtypes.get((path, tensor), BYTES), decoded)
         chunks.append((cid, base, context if coded.method.uses_context else None, row.raw_size, None, 0, 0,
                        coded.payload))
     return steps.build(commit_id, parent, commit.to_bytes(), None, diff, chunks)
@@ -130,18 +131,22 @@ def _context_lost(repo, base: str, context: str) -> bool:
     return row is not None and row.base != context
 
 
-def _step_payload(repo, cid: str, base: str, context: str | None, dtype):
-    """``cid`` coded against ``base``, in the context of ``context`` where the codec can use it."""
-    context_raw = _raw(repo, context) if context is not None else None
-    return encode(_raw(repo, cid), dtype, _raw(repo, base), context=context_raw)
+def _step_payload(repo, cid: str, base: str, context: str | None, dtype, decoded: dict[str, bytes]):
+    """``cid`` coded against ``base``, in the context of ``context`` where the codec can use it.
+    ``decoded``: this place's chunks decoded so far (the parent's chain holds most of the
+    grandparent's and often the chunk's base: decoding each chain whole, three times over,
+    was most of a push's time once one step in two carried a step payload)."""
+    base_raw = _raw(repo, base, decoded)
+    context_raw = _raw(repo, context, decoded) if context is not None else None
+    return encode(_raw(repo, cid, decoded), dtype, base_raw, context=context_raw)
 
 
 def _dtypes(tree) -> dict:
     return {(f.path, t.name): DTYPES[t.dtype] for f in tree.files for t in f.tensors}
 
 
-def _raw(repo, oid: str) -> bytes:
+def _raw(repo, oid: str, decoded: dict[str, bytes]) -> bytes:
     """A chunk's bytes: a Publisher keeps its last two commits' raw chunks and its chains'
-    anchors (no chain decoded)."""
+    anchors (no chain decoded); else decoded from the highest link in hand."""
     kept = repo.store.kept_chunk(oid)
-    return kept if kept is not None else repo.store.get(oid)
+    return kept if kept is not None else repo.store.get_from(oid, decoded)

@@ -263,6 +263,36 @@ class ObjectStore:
         """The raw bytes of a chunk, decoded through its delta chain and hash-verified."""
         return self.decode_chain(self.chain(object_id))
 
+    def get_from(self, object_id: str, known: dict[str, bytes]) -> bytes:
+        """:meth:`get`, starting from the highest link of the chain whose bytes (and, for a
+        ULP_STEP link above it, its base's) are in ``known``; adds every link it decodes to
+        ``known``. For a caller that reads neighbouring versions of a chunk (a push's step
+        records: a chunk, its parent's and the grandparent's, which share most of a chain)."""
+        if object_id in known:
+            return known[object_id]
+        chain = self.chain(object_id)
+        for k in range(1, len(chain)):
+            link = chain[k]
+            if link.id in known and (link.base is None or link.base in known
+                                     or chain[k - 1].method != _ULP_STEP):
+                links, below = chain[:k], known[link.id]
+                context = known.get(link.base) if link.base is not None else None
+                break
+        else:
+            links, below, context = chain, None, None
+
+        def payload_of(row: ObjectRow):
+            return self.reader.view(row.pack, row.offset, row.length)
+
+        if any(r.external for r in links):
+            raw = self.get(object_id)
+        else:
+            raw, _ = decode_links(links, payload_of, below=below, context=context,
+                                  where=lambda r: f"pack {r.pack[:12]}", verify=lambda k: k == 0,
+                                  on_decoded=lambda row, data: known.__setitem__(row.id, data))
+        known[object_id] = raw
+        return raw
+
     def get_many(self, object_ids):
         """Yield each chunk's bytes in order, decoding ahead on the pool (see codec_pool.IN_FLIGHT_BYTES).
 
