@@ -384,3 +384,32 @@ def test_prune_on_a_base_model_keeps_the_base_and_the_kept_fine_tunes_exact(tmp_
     base_root = repo.log()[-1]
     assert base_root.id not in repo.graph.pruned() and open_version(repo.root, base_root.id).files  # the base's own version
     assert repo.fsck().errors == []
+
+
+def test_a_kept_version_is_re_encoded_against_the_kept_version_before(tmp_path):
+    """The anchor policy's anchors go with the steps between kept versions: a kept version's
+    chain then reaches nothing that stays short of step 0. It is re-encoded against the same
+    place in the kept version before (its drift over the kept interval, not since step 0),
+    while that keeps the chain within max_chain."""
+    repo = Repo.init(tmp_path / "r")
+    digests = run_steps(repo, 60)
+    run = list(digests)
+    res = repo.prune("main", keep={"every": 10, "last": 3})
+    kept = [c for c in run if not repo.graph.is_pruned(c)]
+    assert kept == run[::10] + run[-3:]
+
+    def chunk(commit):
+        return next(t for t in repo.tree_of(commit).files[0].tensors if t.name == "w").chunks[0]
+
+    rebased = 0
+    for older, newer in zip(kept, kept[1:]):
+        row = repo.store.row(chunk(newer))
+        if row.base == chunk(older):
+            rebased += 1
+        assert row.depth <= repo.max_chain
+    # every kept version on the one before (9 of them: the last is 8 deep, within max_chain);
+    # without the preferred base, 4 of the 8 were (re-encoded against step 0 instead)
+    assert rebased == len(kept) - 1, rebased
+    for c in kept:
+        assert version_digest(repo, c) == digests[c]
+    assert repo.fsck().errors == [] and res.bytes_after < res.bytes_before

@@ -26,7 +26,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from .. import ids
+from .. import ids, tree_diff
 from ..codec.container import Method
 from ..errors import InvalidArgument, WvcError
 from ..formats.dtypes import BYTES, DTYPES
@@ -172,7 +172,7 @@ def prune(repo, branch: str | None = None, keep=None, *, dry_run: bool = False, 
     result = PruneResult(branch, dry_run, len(run), sum(1 for c in run if c not in already and c not in to_prune),
                          len(to_prune), len(already.intersection(run)), bytes_before=_pack_bytes(repo),
                          pruned_commits=to_prune)
-    plan = _plan(repo, already | set(to_prune))
+    plan = _plan(repo, already | set(to_prune), run)
     result.chunks_freed, result.chunks_reencoded = len(plan.freed), len(plan.reencode)
     result.bytes_freed = sum(plan.rows[o].length for o in plan.freed)
     if dry_run or not (to_prune or plan.freed or plan.reencode):
@@ -253,10 +253,33 @@ def _kept_trees(repo, pruned: set[str]) -> list:
     return [repo.read_tree(t) for t in {repo.read_commit(c).tree for c in commits}]
 
 
-def _plan(repo, pruned: set[str]) -> _Plan:
+def _preferred_bases(repo, pruned: set[str], run) -> tuple[dict[str, str], dict[str, int]]:
+    """For each chunk of the run's kept versions (``run``: the branch's first parents, oldest
+    first): the chunk the kept version before held at the same place, and the index of the
+    first kept version holding it. Kept versions of a run are its every-Nth and last steps:
+    the one before is the nearest version that stays, where the chunk's own chain may reach
+    nothing that stays short of its keyframe (the anchor policy's anchors go with the steps
+    between; several versions near a full chain share one link further down)."""
+    preferred: dict[str, str] = {}
+    order: dict[str, int] = {}
+    before: dict = {}
+    for k, commit in enumerate(c for c in run if c not in pruned and repo.graph.has_commit(c)):
+        places = tree_diff.places(repo.read_tree(repo.read_commit(commit).tree))
+        for place, chunk in places.items():
+            order.setdefault(chunk, k)
+            older = before.get(place)
+            if older is not None and older != chunk:
+                preferred.setdefault(chunk, older)
+        before = places
+    return preferred, order
+
+
+def _plan(repo, pruned: set[str], run=()) -> _Plan:
     """Which chunks stay, which go, and which of those staying must be re-encoded (their
-    chain runs through one that goes), each against the nearest link of its chain that
-    stays. Chains are followed through the plan's own re-encodings, bases first."""
+    chain runs through one that goes): each against the same place's chunk in the run's kept
+    version before (:func:`_preferred_bases`) when that keeps the chain within ``max_chain``,
+    else against the nearest link of its chain that stays. Chains are followed through the
+    plan's own re-encodings, bases first (the run's kept versions oldest first)."""
     dtypes: dict[str, str] = {}
     for tree in _kept_trees(repo, pruned):
         for f in tree.files:
@@ -279,13 +302,30 @@ def _plan(repo, pruned: set[str]) -> _Plan:
         row = rows.get(oid)
         return row.base if row is not None else None
 
+    preferred, order = _preferred_bases(repo, pruned, run)
+    max_chain = repo.max_chain
+
+    def depth_over(oid: str, avoid: str) -> int | None:
+        """The depth of ``oid``'s chain as the plan stands, or None if it passes ``avoid``."""
+        depth, cursor = 0, base_of(oid)
+        while cursor is not None:
+            if cursor == avoid or depth > max_chain:
+                return None
+            depth, cursor = depth + 1, base_of(cursor)
+        return depth
+
     reencode = []
-    for oid in sorted((o for o in kept if o in rows), key=lambda o: rows[o].depth):
+    for oid in sorted((o for o in kept if o in rows), key=lambda o: (order.get(o, math.inf), rows[o].depth)):
         link, needs = base_of(oid), False
         while link is not None and link not in kept:
             needs, link = True, base_of(link)
         if needs:
-            new_base[oid] = link  # the nearest link that stays (its own chain already fixed), or None
+            near = preferred.get(oid)
+            if near is not None and near in kept and near in rows and near != link:
+                depth = depth_over(near, oid)
+                if depth is not None and depth + 1 <= max_chain:
+                    link = near
+            new_base[oid] = link  # the base that stays (its own chain already fixed), or None
             reencode.append((oid, link))
     live = set()
     for oid in kept:
