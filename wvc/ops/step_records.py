@@ -88,37 +88,34 @@ def build_record(repo, commit_id: str, locate) -> bytes | None:
         row = repo.store.row(cid)
         if row is None or row.external:
             return None
+        dtype = dtypes.get((path, tensor), BYTES)
         if row.base is None and (found := locate(cid)) is not None:
             # A keyframe: anyone decodes it. The anchor policy writes one when it beats every
             # delta against the chunk's anchor (store/anchors.py), or when the chain is full:
             # the step's own change is then mostly far smaller, and a follower gets that.
-            coded = _step_payload(repo, cid, base, context, dtypes.get((path, tensor), BYTES), decoded)
-            if len(coded.payload) >= STEP_GAIN * found[1].length:
-                pack, entry = found
-                chunks.append((cid, None, None, row.raw_size, pack, entry.offset, entry.length, None))
-            else:
-                chunks.append((cid, base, context if coded.method.uses_context else None, row.raw_size, None, 0, 0,
-                               coded.payload))
-            continue
-        found = locate(cid) if row.base == base else None
-        stored_context = None
-        if found is not None and Method(row.method).uses_context:
-            base_row = repo.store.row(base)  # the stored payload's step context: its base's base
-            stored_context = base_row.base if base_row is not None else None
-            if stored_context is None or not (stored_context == context or stored_context in held):
-                found = None  # a follower would not hold it: send a step payload instead
+            stored_base, stored_context, try_step = None, None, True
+        else:
+            found = locate(cid) if row.base == base else None
+            stored_base, stored_context = base, None
+            if found is not None and Method(row.method).uses_context:
+                base_row = repo.store.row(base)  # the stored payload's step context: its base's base
+                stored_context = base_row.base if base_row is not None else None
+                if stored_context is None or not (stored_context == context or stored_context in held):
+                    found = None  # a follower would not hold it: send a step payload instead
+            # The step after an anchor: its stored payload was coded without the step before
+            # (its base's base is an older anchor), ~3x a step; coded with it, it is a step again.
+            try_step = (found is not None and stored_context is None and context is not None
+                        and _context_lost(repo, base, context))
         coded = None
-        if found is not None and stored_context is None and context is not None and _context_lost(repo, base, context):
-            # The step after a re-anchor: its stored payload was coded without the step before
-            # (its base's base is the anchor), ~3x a step; coded with it, it is a step again.
-            coded = _step_payload(repo, cid, base, context, dtypes.get((path, tensor), BYTES), decoded)
+        if try_step:
+            coded = _step_payload(repo, cid, base, context, dtype, decoded)
             if len(coded.payload) >= STEP_GAIN * found[1].length:
                 coded = None
         if found is not None and coded is None:
             pack, entry = found
-            chunks.append((cid, base, stored_context, row.raw_size, pack, entry.offset, entry.length, None))
+            chunks.append((cid, stored_base, stored_context, row.raw_size, pack, entry.offset, entry.length, None))
             continue
-        coded = coded or _step_payload(repo, cid, base, context, dtypes.get((path, tensor), BYTES), decoded)
+        coded = coded or _step_payload(repo, cid, base, context, dtype, decoded)
         chunks.append((cid, base, context if coded.method.uses_context else None, row.raw_size, None, 0, 0,
                        coded.payload))
     return steps.build(commit_id, parent, commit.to_bytes(), None, diff, chunks)
