@@ -45,7 +45,7 @@ def push_run(root, url, steps=120):
 def test_a_directory_remote_receives_about_what_is_stored_over_many_compacting_pushes(tmp_path, monkeypatch):
     remote = tmp_path / "remote"
     repo, uploaded, compacting, recorded = push_run(tmp_path / "a", str(remote))
-    assert compacting >= 30  # compaction ran all along
+    assert compacting >= 20  # compaction ran all along (a merge every 3-4 pushes in tier 0)
     # catalogs, indexes and retired records included; followers' step records apart (an
     # anchor's record, 1 step in 4, carries its delta against the step before, and so may the
     # step after it, whose stored payload lost the step before as its context: 0.12 here)
@@ -59,10 +59,14 @@ def test_a_directory_remote_receives_about_what_is_stored_over_many_compacting_p
         out = _checked_out(copy, entry.id, tmp_path / "out")
         assert tree_digests(out) == tree_digests(_checked_out(repo, entry.id, tmp_path / "want"))
 
-    # the same run where the backend cannot compose: each byte is sent once per tier
+    # the same run where the backend cannot compose: each byte is sent once per tier (2.5x
+    # what is stored here, against 1.05x composed; 6.3x when tier 0 ran to 1 MiB)
     monkeypatch.setattr(PathRemote, "composes", False)
-    _, plain, _, _ = push_run(tmp_path / "b", str(tmp_path / "remote2"))
-    assert plain > 3 * uploaded, (plain, uploaded)
+    repo2, plain, _, _ = push_run(tmp_path / "b", str(tmp_path / "remote2"))
+    assert plain > 2 * uploaded, (plain, uploaded)
+    # ... once per tier, not once per merge: tier 0 is the one tier a merge can stay in,
+    # so a large tier 0 rewrote its biggest segment every 3 pushes
+    assert plain <= 3 * stored(repo2), (plain, stored(repo2))
 
 
 def _checked_out(repo, commit, out):
