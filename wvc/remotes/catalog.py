@@ -60,8 +60,8 @@ class Catalog:
         return 300 * len(self.entries) + sum(map(len, self.commits.values())) + sum(map(len, self.trees.values()))
 
     def lookups(self, build):
-        """(id -> (pack, entry), ids, size): built by ``build()`` once per parsed catalog and
-        kept with it (remotes/repository.py, Segment.located)."""
+        """What ``build()`` makes of this parsed catalog (its Segment, with the lookups:
+        remotes/repository.py), built once and kept with it."""
         cached = self.__dict__.get("_lookups")
         if cached is None:
             cached = self.__dict__["_lookups"] = build()

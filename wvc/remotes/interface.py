@@ -115,18 +115,40 @@ class RemoteState:
     pruned: list[str] = field(default_factory=list)  # pruned/ records: commits whose weights `prune --remote` dropped
 
 
+_LISTED: dict[str, tuple[str, str | None]] = {}  # path -> (what it is, its name): listing_state's parse, memoised
+_LISTED_MAX = 1 << 20
+
+
+def _listed(path: str) -> tuple[str, str | None]:
+    """(kind, name) of a listed path: ``catalog``, ``retired``, ``pruned`` or ``idx`` (a
+    format-1 pack index) with the name in it, else (folder, None). Memoised: a long run's
+    remote lists the same thousands of files, most of them waiting out the grace hour, at
+    every push and every poll."""
+    found = _LISTED.get(path)
+    if found is None:
+        folder = path.partition("/")[0]
+        found = (folder, None)
+        for kind, pattern in (("catalog", _CATALOG), ("retired", _RETIRED), ("pruned", _PRUNED)):
+            if (m := pattern.match(path)) is not None:
+                found = (kind, m.group(1))
+        if folder == "packs" and (m := _PACK.match(path.rpartition("/")[2])) is not None and m.group(2) == "idx":
+            found = ("idx", m.group(1))
+        if len(_LISTED) >= _LISTED_MAX:
+            _LISTED.clear()
+        _LISTED[path] = found
+    return found
+
+
 def listing_state(refs, version, paths, base, tokens=None) -> RemoteState:
     """A RemoteState from a backend's listing of every path."""
     paths = frozenset(paths)
-    # (one pass, by folder: a long run's directory lists thousands of files in the grace hour)
-    by_folder: dict[str, list[str]] = {}
+    named: dict[str, list[str]] = {"catalog": [], "retired": [], "pruned": [], "idx": []}
     for p in paths:
-        by_folder.setdefault(p.partition("/")[0], []).append(p)
-    catalogs = sorted(m.group(1) for p in by_folder.get("catalogs", ()) if (m := _CATALOG.match(p)))
-    retired = sorted(m.group(1) for p in by_folder.get("retired", ()) if (m := _RETIRED.match(p)))
-    pruned = sorted(m.group(1) for p in by_folder.get("pruned", ()) if (m := _PRUNED.match(p)))
-    return RemoteState(refs, version, pack_names(by_folder.get("packs", ())), base, tokens or {}, catalogs, retired,
-                       paths, pruned)
+        kind, name = _listed(p)
+        if name is not None:
+            named[kind].append(name)
+    return RemoteState(refs, version, sorted(set(named["idx"])), base, tokens or {}, sorted(named["catalog"]),
+                       sorted(named["retired"]), paths, sorted(named["pruned"]))
 
 
 # What a wvc remote holds at its top level; on the Hub also the files every repository
@@ -190,15 +212,6 @@ def parse_refs(files: dict[str, bytes]) -> dict[str, str]:
             raise RemoteError(f"remote ref {path} does not hold a commit id")
         refs[path] = value
     return refs
-
-
-def pack_names(paths) -> list[str]:
-    names = set()
-    for p in paths:
-        m = _PACK.match(p.rpartition("/")[2]) if p.startswith("packs/") else None
-        if m and m.group(2) == "idx":
-            names.add(m.group(1))
-    return sorted(names)
 
 
 class Remote:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import functools
 import json
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,11 +52,13 @@ class _ParsedCatalogs:
         self.parsed = 0  # catalogs parsed from bytes (tests count them)
 
     def get(self, name: str, load) -> Catalog:
-        with self.lock:
-            hit = self.items.get(name)
-            if hit is not None:
+        hit = self.items.get(name)  # (the common case, a push's every listed catalog: no lock)
+        if hit is not None:
+            try:
                 self.items.move_to_end(name)
-                return hit[0]
+            except KeyError:  # dropped by another thread meanwhile: it is still the parsed catalog
+                pass
+            return hit[0]
         catalog = load()
         with self.lock:
             self.parsed += 1
@@ -145,6 +148,9 @@ class _MergedIndexes:
 
 
 MERGED_INDEXES = _MergedIndexes()
+# catalog name -> its Segment, while PARSED_CATALOGS keeps the catalog (which holds it): one
+# lookup a listed catalog instead of the parsed-catalog cache's
+LISTED_SEGMENTS: "weakref.WeakValueDictionary[str, Segment]" = weakref.WeakValueDictionary()
 # retired/ records read in this process, by (remote, record): a record is written once under
 # a fresh name (time and random), and a pusher or follower lists the same ones for an hour
 RETIRED_SEEN: dict[tuple[str, str], list[str]] = {}
@@ -179,12 +185,16 @@ class Segment:
         return frozenset(self.located)
 
     def files(self) -> list[str]:
+        return list(self.file_tuple)
+
+    @functools.cached_property
+    def file_tuple(self) -> tuple[str, ...]:
         out = [catalog_path(self.catalog)] if self.catalog else []
         if self.pack:
             out.append(pack_path(self.pack))
             if self.catalog is None:
                 out.append(pack_path(self.pack, "idx"))
-        return out
+        return tuple(out)
 
     def only(self, objects: set[str], commits: set[str], trees: set[str]) -> "Segment":
         """The segment with only the given objects, commits and trees (what gc keeps)."""
@@ -213,7 +223,14 @@ class RemoteContents:
         """Segments no retired record lists: what a push may rely on and compaction may merge
         (a retired one is still read until it is deleted, but nothing new builds on it)."""
         retired = self.retired
-        return [s for s in self.segments if not set(s.files()) & retired]
+        return [s for s in self.segments if retired.isdisjoint(s.file_tuple)]
+
+
+def _segment_of(name: str, cat: Catalog) -> Segment:
+    seg = Segment(name, cat.pack, cat.entries, cat.commits, cat.trees)
+    seg.__dict__["located"] = {e.id: (cat.pack, e) for e in cat.entries}
+    seg.__dict__["ids"], seg.__dict__["size"] = frozenset(seg.located), cat.size
+    return seg
 
 
 def verified(parse, data: bytes, expected: str, what: str):
@@ -369,13 +386,16 @@ class RemoteRepository:
     def _read_contents(self) -> RemoteContents:
         segments = []
         for name in self.state.catalogs:
-            cat = PARSED_CATALOGS.get(name, lambda n=name: self._immutable(
-                catalog_path(n), f"{n}.cat", MAX_CATALOG_BYTES, f"remote catalog {n[:12]}", lambda d: parse_catalog(d, n)))
-            seg = Segment(name, cat.pack, cat.entries, cat.commits, cat.trees)
-            # a catalog parsed once serves every listing of this process: so do its lookups
-            # (a push late in a long run spent most of its time rebuilding them entry by entry)
-            seg.__dict__["located"], seg.__dict__["ids"], seg.__dict__["size"] = cat.lookups(lambda c=cat: (
-                {e.id: (c.pack, e) for e in c.entries}, frozenset(e.id for e in c.entries), c.size))
+            # a catalog parsed once serves every listing of this process: so does its segment,
+            # lookups included (a push late in a long run spent most of its time rebuilding
+            # them, then a segment per catalog, most of them retired and waiting out the grace
+            # hour); nothing changes a listed segment (gc and prune build new ones: ``only``)
+            seg = LISTED_SEGMENTS.get(name)
+            if seg is None:
+                cat = PARSED_CATALOGS.get(name, lambda n=name: self._immutable(
+                    catalog_path(n), f"{n}.cat", MAX_CATALOG_BYTES, f"remote catalog {n[:12]}",
+                    lambda d: parse_catalog(d, n)))
+                seg = LISTED_SEGMENTS[name] = cat.lookups(lambda c=cat, n=name: _segment_of(n, c))
             segments.append(seg)
         for name in self.state.packs:
             segments.append(Segment(None, name, self.pack_index(name), {}, {}))
