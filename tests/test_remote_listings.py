@@ -118,3 +118,20 @@ def test_a_process_parses_each_remote_catalog_once(tmp_path):
     catalogs = len(list((tmp_path / "remote" / "catalogs").iterdir()))
     made = 6 + 1  # one a push, and the compaction that merged four of them
     assert PARSED_CATALOGS.parsed - before <= made, (PARSED_CATALOGS.parsed - before, catalogs)
+
+
+def test_a_listing_sorts_each_path_by_what_its_name_says_and_ignores_the_rest():
+    """listing_state parses each listed path once (memoised across listings): what a path
+    is must come from its whole name, the same on every listing."""
+    from wvc.remotes.interface import listing_state
+
+    h = "ab" * 32
+    paths = [f"catalogs/{h}.cat", f"catalogs/{h}.cat.tmp", "catalogs/xyz.cat", f"packs/pack-{h}.pack",
+             f"packs/pack-{'cd' * 32}.idx", f"packs/pack-{'cd' * 32}.pack", f"retired/0000000001-{'e' * 16}.json",
+             "retired/1-2.json", f"pruned/0000000002-{'f' * 16}.json", f"steps/{h}.step", f"other/{h}.cat"]
+    for _ in range(2):  # the second listing is served by the memo
+        state = listing_state({}, None, paths, None)
+        assert state.catalogs == [h]
+        assert state.packs == ["cd" * 32]  # a format-1 pack: its .idx is listed
+        assert state.retired == [f"0000000001-{'e' * 16}"] and state.pruned == [f"0000000002-{'f' * 16}"]
+        assert state.files == frozenset(paths)
