@@ -326,3 +326,44 @@ def test_a_record_reads_only_its_own_bytes_and_the_payloads_it_names(tmp_path):
         ref = len((tmp_path / "remote" / "refs" / "heads" / "main").read_bytes())
         assert update.downloaded_bytes <= ref + path.stat().st_size + named + 1024 * len(record.chunks), i
     assert mixed  # records that carried step payloads and named stored ones
+
+
+def test_a_push_after_a_plain_commit_decodes_what_the_push_before_decoded_once(tmp_path, monkeypatch):
+    """Step payloads need the chunk, its parent's and the grandparent's bytes. Without a
+    Publisher keeping raw chunks, each push decoded those chains again; the chunks recent
+    pushes decoded are kept (bounded), so a long run's pushes decode a link or so a chunk."""
+    import wvc.store.chunks as chunks_module
+    from wvc.ops import step_records
+
+    def links_decoded(root, recent_bytes: int) -> int:
+        monkeypatch.setattr(step_records, "RECENT_BYTES", recent_bytes)
+        run = Run(root, str(root.parent / f"{root.name}-remote"))
+        counted, pushing = [0], [False]
+        real = chunks_module.decode_links
+
+        def counting(links, *args, **kwargs):
+            counted[0] += len(links) if pushing[0] else 0
+            return real(links, *args, **kwargs)
+
+        monkeypatch.setattr(chunks_module, "decode_links", counting)
+        real_push = run.repo.push
+
+        def push(*args, **kwargs):
+            pushing[0] = True
+            try:
+                return real_push(*args, **kwargs)
+            finally:
+                pushing[0] = False
+
+        run.repo.push = push
+        for i in range(24):
+            if i == 8:  # chains are deep by now
+                counted[0] = 0
+            run.step(i)
+        monkeypatch.setattr(chunks_module, "decode_links", real)
+        return counted[0]
+
+    default = step_records.RECENT_BYTES
+    without = links_decoded(tmp_path / "a", 0)
+    kept = links_decoded(tmp_path / "b", default)
+    assert without > 0 and kept <= without / 2, (kept, without)

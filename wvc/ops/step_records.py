@@ -12,10 +12,13 @@ payload is not much smaller.
 
 from __future__ import annotations
 
+import weakref
+
 from .. import tree_diff
 from ..codec import Method, encode
 from ..formats.dtypes import DTYPES
 from ..remotes import steps
+from ..remotes.transfer import DecodedCache
 
 BYTES = DTYPES["U8"]
 STEP_GAIN = 0.8  # a step payload replaces a stored delta only if it is at most this share of it
@@ -80,7 +83,7 @@ def build_record(repo, commit_id: str, locate) -> bytes | None:
         if cid in held or cid in done:
             continue
         done.add(cid)
-        decoded: dict[str, bytes] = {}  # this place's versions decoded so far: they share chains
+        decoded = _Decoded(_recent(repo.store))  # this place's versions decoded so far: they share chains
         place = (path, tensor, index)
         base, context = old[place], older.get(place)
         if context == base:
@@ -128,7 +131,7 @@ def _context_lost(repo, base: str, context: str) -> bool:
     return row is not None and row.base != context
 
 
-def _step_payload(repo, cid: str, base: str, context: str | None, dtype, decoded: dict[str, bytes]):
+def _step_payload(repo, cid: str, base: str, context: str | None, dtype, decoded):
     """``cid`` coded against ``base``, in the context of ``context`` where the codec can use it.
     ``decoded``: this place's chunks decoded so far (the parent's chain holds most of the
     grandparent's and often the chunk's base: decoding each chain whole, three times over,
@@ -142,7 +145,49 @@ def _dtypes(tree) -> dict:
     return {(f.path, t.name): DTYPES[t.dtype] for f in tree.files for t in f.tensors}
 
 
-def _raw(repo, oid: str, decoded: dict[str, bytes]) -> bytes:
+RECENT_BYTES = 64 << 20  # chunks the step records of a repository's pushes keep decoded for the next push's
+_RECENT: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # ObjectStore -> DecodedCache
+
+
+def _recent(store) -> DecodedCache:
+    """The chunks recent pushes' records decoded, for this store (ids name the bytes, so
+    nothing goes stale): this push's chunk is the next step's base, then its context, and an
+    anchor is the base of the steps after it. Without them a push that a plain commit came
+    before (no Publisher keeping raw chunks) decoded the parent's and grandparent's whole
+    chains again: two thirds of a push's time in `benchmarks/long_run.py`."""
+    cache = _RECENT.get(store)
+    if cache is None:
+        cache = _RECENT[store] = DecodedCache(RECENT_BYTES)
+    return cache
+
+
+class _Decoded:
+    """One place's decoded versions (``ObjectStore.get_from``'s ``known``), backed by the
+    store's recent ones."""
+
+    def __init__(self, recent: DecodedCache):
+        self.mine: dict[str, bytes] = {}
+        self.recent = recent
+
+    def __contains__(self, oid) -> bool:
+        return oid in self.mine or oid in self.recent
+
+    def get(self, oid, default=None):
+        raw = self.mine.get(oid)
+        return raw if raw is not None else (self.recent.get(oid) if oid in self.recent else default)
+
+    def __getitem__(self, oid) -> bytes:
+        raw = self.get(oid)
+        if raw is None:
+            raise KeyError(oid)
+        return raw
+
+    def __setitem__(self, oid, raw: bytes) -> None:
+        self.mine[oid] = raw
+        self.recent.put(oid, raw)
+
+
+def _raw(repo, oid: str, decoded: _Decoded) -> bytes:
     """A chunk's bytes: a Publisher keeps its last two commits' raw chunks and its chains'
     anchors (no chain decoded); else decoded from the highest link in hand."""
     kept = repo.store.kept_chunk(oid)
