@@ -174,7 +174,9 @@ class _Decoded:
 
     def get(self, oid, default=None):
         raw = self.mine.get(oid)
-        return raw if raw is not None else (self.recent.get(oid) if oid in self.recent else default)
+        if raw is None:
+            raw = self.recent.get(oid)
+        return default if raw is None else raw
 
     def __getitem__(self, oid) -> bytes:
         raw = self.get(oid)

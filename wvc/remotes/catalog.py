@@ -59,12 +59,12 @@ class Catalog:
         budget, and a long run's catalogs were evicted and parsed again at every push."""
         return 300 * len(self.entries) + sum(map(len, self.commits.values())) + sum(map(len, self.trees.values()))
 
-    def lookups(self, build):
+    def derived(self, build):
         """What ``build()`` makes of this parsed catalog (its Segment, with the lookups:
         remotes/repository.py), built once and kept with it."""
-        cached = self.__dict__.get("_lookups")
+        cached = self.__dict__.get("_derived")
         if cached is None:
-            cached = self.__dict__["_lookups"] = build()
+            cached = self.__dict__["_derived"] = build()
         return cached
 
     @property

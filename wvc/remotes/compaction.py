@@ -199,7 +199,7 @@ def purge(repository) -> int:
     if not old:
         return 0
     doomed = {p for r in old for p in contents.retired_records[r] if p.startswith(("packs/", "catalogs/", "pruned/"))}
-    live = [s for s in contents.segments if not set(s.files()) & doomed]
+    live = [s for s in contents.segments if doomed.isdisjoint(s.files)]
     if not _refs_covered(repository, live):
         return 0  # a push that raced the retirement relies on a retired segment: keep it all
     targets = sorted(doomed & state.files) + [f"retired/{r}.json" for r in old]

@@ -115,27 +115,26 @@ class RemoteState:
     pruned: list[str] = field(default_factory=list)  # pruned/ records: commits whose weights `prune --remote` dropped
 
 
-_LISTED: dict[str, tuple[str, str | None]] = {}  # path -> (what it is, its name): listing_state's parse, memoised
+_LISTED: dict[str, tuple[str, str] | None] = {}  # path -> (kind, name) or None: listing_state's parse, memoised
 _LISTED_MAX = 1 << 20
+_NAMED = (("catalog", _CATALOG), ("retired", _RETIRED), ("pruned", _PRUNED))
 
 
-def _listed(path: str) -> tuple[str, str | None]:
-    """(kind, name) of a listed path: ``catalog``, ``retired``, ``pruned`` or ``idx`` (a
-    format-1 pack index) with the name in it, else (folder, None). Memoised: a long run's
-    remote lists the same thousands of files, most of them waiting out the grace hour, at
-    every push and every poll."""
-    found = _LISTED.get(path)
-    if found is None:
-        folder = path.partition("/")[0]
-        found = (folder, None)
-        for kind, pattern in (("catalog", _CATALOG), ("retired", _RETIRED), ("pruned", _PRUNED)):
-            if (m := pattern.match(path)) is not None:
-                found = (kind, m.group(1))
-        if folder == "packs" and (m := _PACK.match(path.rpartition("/")[2])) is not None and m.group(2) == "idx":
-            found = ("idx", m.group(1))
-        if len(_LISTED) >= _LISTED_MAX:
-            _LISTED.clear()
-        _LISTED[path] = found
+def _listed(path: str) -> tuple[str, str] | None:
+    """(kind, name) of a listed path that names a ``catalog``, a ``retired`` or ``pruned``
+    record, or an ``idx`` (a format-1 pack's index); None for any other. Memoised: a long
+    run's remote lists the same thousands of files, most of them waiting out the grace hour,
+    at every push and every poll."""
+    try:
+        return _LISTED[path]
+    except KeyError:
+        pass
+    found = next(((kind, m.group(1)) for kind, pattern in _NAMED if (m := pattern.match(path))), None)
+    if found is None and path.startswith("packs/") and (m := _PACK.match(path.rpartition("/")[2])) and m.group(2) == "idx":
+        found = ("idx", m.group(1))
+    if len(_LISTED) >= _LISTED_MAX:
+        _LISTED.clear()
+    _LISTED[path] = found
     return found
 
 
@@ -144,9 +143,8 @@ def listing_state(refs, version, paths, base, tokens=None) -> RemoteState:
     paths = frozenset(paths)
     named: dict[str, list[str]] = {"catalog": [], "retired": [], "pruned": [], "idx": []}
     for p in paths:
-        kind, name = _listed(p)
-        if name is not None:
-            named[kind].append(name)
+        if (found := _listed(p)) is not None:
+            named[found[0]].append(found[1])
     return RemoteState(refs, version, sorted(set(named["idx"])), base, tokens or {}, sorted(named["catalog"]),
                        sorted(named["retired"]), paths, sorted(named["pruned"]))
 

@@ -52,13 +52,11 @@ class _ParsedCatalogs:
         self.parsed = 0  # catalogs parsed from bytes (tests count them)
 
     def get(self, name: str, load) -> Catalog:
-        hit = self.items.get(name)  # (the common case, a push's every listed catalog: no lock)
-        if hit is not None:
-            try:
+        with self.lock:
+            hit = self.items.get(name)
+            if hit is not None:
                 self.items.move_to_end(name)
-            except KeyError:  # dropped by another thread meanwhile: it is still the parsed catalog
-                pass
-            return hit[0]
+                return hit[0]
         catalog = load()
         with self.lock:
             self.parsed += 1
@@ -184,11 +182,8 @@ class Segment:
     def ids(self) -> frozenset:
         return frozenset(self.located)
 
-    def files(self) -> list[str]:
-        return list(self.file_tuple)
-
-    @functools.cached_property
-    def file_tuple(self) -> tuple[str, ...]:
+    @functools.cached_property  # (a push asks it of every listed segment)
+    def files(self) -> tuple[str, ...]:
         out = [catalog_path(self.catalog)] if self.catalog else []
         if self.pack:
             out.append(pack_path(self.pack))
@@ -223,7 +218,7 @@ class RemoteContents:
         """Segments no retired record lists: what a push may rely on and compaction may merge
         (a retired one is still read until it is deleted, but nothing new builds on it)."""
         retired = self.retired
-        return [s for s in self.segments if retired.isdisjoint(s.file_tuple)]
+        return [s for s in self.segments if retired.isdisjoint(s.files)]
 
 
 def _segment_of(name: str, cat: Catalog) -> Segment:
@@ -395,7 +390,7 @@ class RemoteRepository:
                 cat = PARSED_CATALOGS.get(name, lambda n=name: self._immutable(
                     catalog_path(n), f"{n}.cat", MAX_CATALOG_BYTES, f"remote catalog {n[:12]}",
                     lambda d: parse_catalog(d, n)))
-                seg = LISTED_SEGMENTS[name] = cat.lookups(lambda c=cat, n=name: _segment_of(n, c))
+                seg = LISTED_SEGMENTS[name] = cat.derived(lambda c=cat, n=name: _segment_of(n, c))
             segments.append(seg)
         for name in self.state.packs:
             segments.append(Segment(None, name, self.pack_index(name), {}, {}))
@@ -491,7 +486,7 @@ class RemoteRepository:
         if merging:
             progress.start(len(merging), "compacting the remote", unit="segments")
             pack_file, catalog, recipe = compaction.merge_segments(self.backend, merging, pack_file, catalog, work_dir)
-            replaced = [f for seg in merging for f in seg.files()]
+            replaced = [f for seg in merging for f in seg.files]
             if recipe is not None and self.backend.composes:  # the remote's own bytes are not sent again
                 composed = self.backend.compose(pack_path(catalog.pack), recipe.pieces, (recipe.checksum, recipe.size),
                                                 pack_file) is not None
@@ -552,7 +547,7 @@ class RemoteRepository:
                 files[pack_path(catalog.pack)] = pack_file
             data = catalog.to_bytes()
             files[catalog_path(catalog_name(data))] = data
-        self.publish(files, {}, message, replaced=[f for seg in dropped for f in seg.files()] + list(replaced))
+        self.publish(files, {}, message, replaced=[f for seg in dropped for f in seg.files] + list(replaced))
 
     def publish(self, files: dict[str, Path | bytes], refs: dict[str, str | None], message: str, *,
                 replaced=(), progress=None) -> None:
