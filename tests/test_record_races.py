@@ -34,6 +34,7 @@ def test_a_merge_refuses_a_chunk_gc_removed_between_its_plan_and_its_record(tmp_
     ours = repo.resolve("main")
     first = repo.merge("other", strategy="linear")  # its merged chunks are stored now
     merged_chunks = repo.tree_of(first.commit).chunk_ids()
+    first_commit = repo.read_commit(first.commit)  # read now: the gc below removes it (unreachable)
     repo.reset(ours, mode="hard")  # the merge abandoned: its computed chunks are unreachable
     _age_packs(tmp_path / "r", 7200)  # past gc's grace period, as if written two hours ago
 
@@ -58,7 +59,8 @@ def test_a_merge_refuses_a_chunk_gc_removed_between_its_plan_and_its_record(tmp_
     monkeypatch.setattr(merge_op, "MergeResult", real)  # retried, the merge writes them again
     again = repo.merge("other", strategy="linear")
     # the same version (a commit id also holds the wall-clock second the merge ran in: the
-    # retry's may be the next one, which made this comparison of ids fail now and then)
-    assert repo.read_commit(again.commit).tree == repo.read_commit(first.commit).tree
-    assert repo.read_commit(again.commit).parents == repo.read_commit(first.commit).parents
+    # retry's may be the next one, which made a comparison of ids fail now and then; and the
+    # first merge's commit is gone then, so it is compared as read before the gc)
+    assert repo.read_commit(again.commit).tree == first_commit.tree
+    assert repo.read_commit(again.commit).parents == first_commit.parents
     assert repo.fsck().ok
