@@ -35,6 +35,7 @@ from ..remotes import lazy_remote_name
 from ..store.packs import PackWriter, copy_payloads, pack_filename
 from ..store.refs import HEADS, TAGS
 from ..store.rows import ObjectRow
+from . import kept_layout
 from .changes import ensure_changes, first_parent_history
 from .maintenance import PRUNED_PACKS as RETIRED_PACKS, _pack_bytes, _ref_tips, reflog_expire_seconds
 
@@ -274,6 +275,54 @@ def _preferred_bases(repo, pruned: set[str], run) -> tuple[dict[str, str], dict[
     return preferred, order
 
 
+def _laid_out(repo, pruned: set[str], run, dtypes, rows, kept: set[str], base_of, max_chain: int,
+              preferred: dict[str, str]) -> set[str]:
+    """Bases for the chunks of the run's kept versions from :mod:`.kept_layout` (a tree of
+    kept versions by estimated cost, within ``max_chain``), written into ``preferred``; the
+    chunks to re-encode onto theirs even where their chain stays (the versions it lays out
+    afresh). Without a layout, ``preferred`` stays the kept version before."""
+    versions_of = [c for c in run if c not in pruned and repo.graph.has_commit(c)][-kept_layout.MAX_VERSIONS:]
+    versions = kept_layout.version_places(repo, versions_of)
+    if len(versions) < 2:
+        return set()
+
+    def staying(oid: str) -> str | None:  # the nearest link of the chain that stays
+        link = base_of(oid)
+        while link is not None and link not in kept:
+            link = base_of(link)
+        return link
+
+    def needs(oid: str) -> bool:
+        return base_of(oid) is not None and base_of(oid) not in kept
+
+    def depth_now(oid: str) -> int:
+        if not needs(oid):
+            return rows[oid].depth if oid in rows else 0
+        link = staying(oid)
+        return 0 if link is None else (rows[link].depth if link in rows else 0) + 1
+
+    root_depth = max((depth_now(c) for c in versions[0].values()), default=0)
+    layout = kept_layout.kept_parents(repo.store, versions, dtypes, rows, needs, max_chain, root_depth)
+    if layout is None:
+        return set()
+    parents, stays = layout
+    forced: set[str] = set()
+    first: dict[str, int] = {}
+    for k, places in enumerate(versions):
+        for chunk in places.values():
+            first.setdefault(chunk, k)
+    for k, parent in enumerate(parents):
+        if parent is None:
+            continue
+        for place, chunk in versions[k].items():
+            older = versions[parent].get(place)
+            if first[chunk] == k and older is not None and older != chunk:
+                preferred[chunk] = older
+                if k not in stays:
+                    forced.add(chunk)
+    return forced
+
+
 def _plan(repo, pruned: set[str], run=()) -> _Plan:
     """Which chunks stay, which go, and which of those staying must be re-encoded (their
     chain runs through one that goes): each against the same place's chunk in the run's kept
@@ -304,6 +353,7 @@ def _plan(repo, pruned: set[str], run=()) -> _Plan:
 
     preferred, order = _preferred_bases(repo, pruned, run)
     max_chain = repo.max_chain
+    forced = _laid_out(repo, pruned, run, dtypes, rows, kept, base_of, max_chain, preferred)
 
     def depth_over(oid: str, avoid: str) -> int | None:
         """The depth of ``oid``'s chain as the plan stands, or None if it passes ``avoid``."""
@@ -319,14 +369,19 @@ def _plan(repo, pruned: set[str], run=()) -> _Plan:
         link, needs = base_of(oid), False
         while link is not None and link not in kept:
             needs, link = True, base_of(link)
-        if needs:
-            near = preferred.get(oid)
-            if near is not None and near in kept and near in rows and near != link:
-                depth = depth_over(near, oid)
-                if depth is not None and depth + 1 <= max_chain:
-                    link = near
-            new_base[oid] = link  # the base that stays (its own chain already fixed), or None
-            reencode.append((oid, link))
+        near = preferred.get(oid)
+        if not needs and (oid not in forced or near == link):
+            continue  # it stays as stored
+        if near is not None and near in kept and near in rows and near != link:
+            depth = depth_over(near, oid)
+            if depth is not None and depth + 1 <= max_chain:
+                link = near
+            elif not needs:
+                continue
+        elif not needs:
+            continue
+        new_base[oid] = link  # the base that stays (its own chain already fixed), or None
+        reencode.append((oid, link))
     live = set()
     for oid in kept:
         cursor = oid
