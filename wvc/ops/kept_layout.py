@@ -27,16 +27,21 @@ keyframe (its chain outweighed it) can still move onto a kept neighbour.
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
 from functools import lru_cache
 
 import numpy as np
 
 from .. import tree_diff
 from ..formats.dtypes import DTYPES
+from .step_records import recent_decoded
 
 MAX_VERSIONS = 64  # the dynamic program's n (n^3 * max_chain steps: ~1 s at 64)
 SAMPLED_PLACES = 4  # places each pair of versions is compared at
 SAMPLED_ELEMENTS = 1 << 15  # elements a sampled chunk is thinned to
+SAMPLES_KEPT = 256  # sampled chunks remembered between prunes (ids name bytes: never stale), ~32 MiB
+ESTIMATES_KEPT = 1 << 16  # estimates remembered between prunes, by (base chunk, chunk)
 REENCODE_MARGIN = 0.25  # a version that can stay as stored moves only to save more than this
 
 
@@ -109,7 +114,33 @@ def _sample(raw: bytes, width: int, kind: str):
     if kind == "float":  # sign-magnitude bits -> value order (codec/transforms._ordered)
         bits = 8 * width
         x = x ^ ((x >> (bits - 1)) & ((1 << (bits - 1)) - 1))
-    return x
+    return x.astype(np.int32) if width <= 2 else x
+
+
+class _Recent:
+    """A bounded map, least recently used dropped first: what a prune applied as the run goes
+    (every few commits) sampled and estimated, so the next one does it only for what is new."""
+
+    def __init__(self, size: int):
+        self.size, self.items, self.lock = size, OrderedDict(), threading.Lock()
+
+    def get(self, key):
+        with self.lock:
+            value = self.items.get(key)
+            if value is not None:
+                self.items.move_to_end(key)
+            return value
+
+    def put(self, key, value) -> None:
+        with self.lock:
+            self.items[key] = value
+            self.items.move_to_end(key)
+            while len(self.items) > self.size:
+                self.items.popitem(last=False)
+
+
+_SAMPLES = _Recent(SAMPLES_KEPT)
+_ESTIMATES = _Recent(ESTIMATES_KEPT)
 
 
 def kept_parents(store, versions: list, dtypes: dict[str, str], rows, needs, max_depth: int,
@@ -147,25 +178,38 @@ def kept_parents(store, versions: list, dtypes: dict[str, str], rows, needs, max
     pool = floats or changing
     picked = [pool[round(i * (len(pool) - 1) / max(1, SAMPLED_PLACES - 1))] for i in range(min(SAMPLED_PLACES, len(pool)))]
     picked = list(dict.fromkeys(picked))
-    decoded: dict[str, object] = {}
 
-    def sample(k: int, place):
-        chunk = versions[k].get(place)
-        if chunk is None:
-            return None
-        if chunk not in decoded:
+    known = recent_decoded(store)  # the places' chains share links (and pushes decoded some)
+
+    def sample(chunk: str):
+        found = _SAMPLES.get(chunk)
+        if found is None:
             dtype = DTYPES.get(dtypes.get(chunk, ""))
             width, kind = (dtype.width, dtype.kind) if dtype is not None else (1, "bits")
-            decoded[chunk] = (_sample(store.decode_chain(store.chain(chunk, known=rows)), width, kind), kind)
-        return decoded[chunk]
+            found = (_sample(store.get_from(chunk, known), width, kind), kind)
+            _SAMPLES.put(chunk, found)
+        return found
+
+    for place in picked:  # oldest first: each version's chain starts from links decoded before
+        for places in versions:
+            if place in places:
+                sample(places[place])
+
+    def estimate(parent: int, child: int, place) -> float:
+        a, b = versions[parent].get(place), versions[child].get(place)
+        if a == b:
+            return 0.0
+        found = _ESTIMATES.get((a, b))
+        if found is None:
+            sa, sb = (sample(a) if a else None), (sample(b) if b else None)
+            found = estimated_bits(sa[0] if sa else None, sb[0] if sb else None, (sb or sa)[1])
+            _ESTIMATES.put((a, b), found)
+        return found
 
     def cost(parent: int, child: int) -> float:
         if child in fixed and fixed[child] is None:
             return 0.0  # it stays as stored, wherever it is placed
-        total = 0.0
-        for place in picked:
-            a, b = sample(parent, place), sample(child, place)
-            total += estimated_bits(a[0] if a else None, b[0] if b else None, (b or a or (None, "bits"))[1])
+        total = sum(estimate(parent, child, place) for place in picked)
         if child in fixed and parent not in fixed[child]:
             total *= 1 + REENCODE_MARGIN  # moved: re-encoded, only where that saves enough
         return total

@@ -83,7 +83,7 @@ def build_record(repo, commit_id: str, locate) -> bytes | None:
         if cid in held or cid in done:
             continue
         done.add(cid)
-        decoded = _Decoded(_recent(repo.store))  # this place's versions decoded so far: they share chains
+        decoded = _Decoded(recent_decoded(repo.store))  # this place's versions decoded so far: they share chains
         place = (path, tensor, index)
         base, context = old[place], older.get(place)
         if context == base:
@@ -149,10 +149,10 @@ RECENT_BYTES = 64 << 20  # chunks the step records of a repository's pushes keep
 _RECENT: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # ObjectStore -> DecodedCache
 
 
-def _recent(store) -> DecodedCache:
-    """The chunks recent pushes' records decoded, for this store (ids name the bytes, so
-    nothing goes stale): this push's chunk is the next step's base, then its context, and an
-    anchor is the base of the steps after it. Without them a push that a plain commit came
+def recent_decoded(store) -> DecodedCache:
+    """The chunks recent pushes' records (and prunes' layouts) decoded, for this store (ids
+    name the bytes, so nothing goes stale): this push's chunk is the next step's base, then
+    its context, and an anchor is the base of the steps after it. Without them a push that a plain commit came
     before (no Publisher keeping raw chunks) decoded the parent's and grandparent's whole
     chains again: two thirds of a push's time in `benchmarks/long_run.py`."""
     cache = _RECENT.get(store)

@@ -49,6 +49,15 @@ class DecodedCache:
             self.items.move_to_end(oid)
         return raw
 
+    def __getitem__(self, oid: str) -> bytes:  # (a mapping, for ObjectStore.get_from's known links)
+        raw = self.get(oid)
+        if raw is None:
+            raise KeyError(oid)
+        return raw
+
+    def __setitem__(self, oid: str, raw: bytes) -> None:
+        self.put(oid, raw)
+
     def put(self, oid: str, raw: bytes) -> None:
         if oid in self.items or len(raw) > self.max_bytes:
             return
