@@ -22,6 +22,9 @@ the server and its Xet service received), follower bytes and seconds, push secon
 deepest chain of the tip's chunks, TRL's sparse bytes (6 bytes a changed element) and the
 same with a full anchor every 20 steps; every ``--checkout-every`` steps the tip's checkout
 against step 0's. At the end: ``prune --keep-every 100 --keep-last 10`` and what it freed.
+With ``--publisher``, each step is committed and pushed by ``wvc.Publisher`` (what the Trainer
+callback runs: raw chunks of the last commits kept, the push on its own thread), onto a branch
+of its own, and flushed before the follower updates.
 Results: the JSON, a markdown summary and a PNG of per-step bytes over the run.
 """
 
@@ -195,8 +198,9 @@ def wire_bytes(server) -> int:
 
 
 def run(name: str, steps_iter, work: Path, *, hub_url: str | None, checkout_every: int, calibrate: Calibration | None,
-        server=None, deadline: float | None = None):
+        server=None, deadline: float | None = None, publisher: bool = False):
     from wvc import Repo
+    from wvc.publisher import Publisher
     import wvc
 
     repo = Repo.init(work / f"repo-{name}")
@@ -205,32 +209,50 @@ def run(name: str, steps_iter, work: Path, *, hub_url: str | None, checkout_ever
         remotes["hub"] = hub_url
     for r, url in remotes.items():
         repo.remote_add(r, url)
+    # --publisher: what the Trainer callback runs (a branch of its own, raw chunks kept, the
+    # push on the Publisher's thread); each step flushed, so that it is measured on its own
+    branch = "run/long" if publisher else "main"
+    pub = Publisher(repo.root, branch, push_to=remotes["dir"], remote="dir") if publisher else None
     followers, rows, prev, prev_delta = {}, [], None, None
     first_commit = None
     for step, state in steps_iter:
         cur = {k: v.detach().clone().contiguous() for k, v in state.items()}
         want = digest(cur)
-        t = time.perf_counter()
-        res = repo.commit(f"step {step}", source=cur, metadata={"step": step}, branch="main")
-        row = {"step": step, "commit_s": time.perf_counter() - t, "stored_bytes": res.stored_bytes}
-        first_commit = first_commit or res.commit
-        for r in remotes:
+        if pub is not None:
+            pub.publish(cur, message=f"step {step}", metadata={"step": step})
+            if not pub.flush(timeout=600) or pub.errors:
+                raise RuntimeError(f"the publisher failed at step {step}: {pub.errors}")
+            res, pushed = pub.commits[-1], pub.pushes[-1]
+            assert pushed["commit"] == res["commit"], "each step is pushed on its own"
+            row = {"step": step, "commit_s": res["seconds"], "stored_bytes": res["stored_bytes"]}
+            commit = res["commit"]
+        else:
             t = time.perf_counter()
-            sent = wire_bytes(server) if r == "hub" else 0
-            pushed = repo.push(r, "main")
-            row[f"push_{r}_s"] = time.perf_counter() - t
-            # the Hub: what reached the server (Xet: xorbs and shards; LFS: the files), not what wvc handed over
-            row[f"upload_{r}_bytes"] = wire_bytes(server) - sent if r == "hub" else pushed.uploaded_bytes
-            row[f"compacted_{r}"] = pushed.files_replaced
+            res = repo.commit(f"step {step}", source=cur, metadata={"step": step}, branch=branch)
+            row = {"step": step, "commit_s": time.perf_counter() - t, "stored_bytes": res.stored_bytes}
+            commit = res.commit
+        first_commit = first_commit or commit
+        for r in remotes:
+            if pub is not None:
+                row[f"push_{r}_s"], row[f"upload_{r}_bytes"] = pushed["seconds"], pushed["uploaded_bytes"]
+                row[f"compacted_{r}"] = pushed["files_replaced"]
+            else:
+                t = time.perf_counter()
+                sent = wire_bytes(server) if r == "hub" else 0
+                pushed = repo.push(r, branch)
+                row[f"push_{r}_s"] = time.perf_counter() - t
+                # the Hub: what reached the server (Xet: xorbs and shards; LFS: the files), not what wvc handed over
+                row[f"upload_{r}_bytes"] = wire_bytes(server) - sent if r == "hub" else pushed.uploaded_bytes
+                row[f"compacted_{r}"] = pushed.files_replaced
             if r not in followers:
-                followers[r] = wvc.follow(remotes[r], "main")
+                followers[r] = wvc.follow(remotes[r], branch)
             t = time.perf_counter()
             update = followers[r].update()
             row[f"follow_{r}_s"] = time.perf_counter() - t
             row[f"follow_{r}_bytes"] = update.downloaded_bytes if update else 0
-            row[f"exact_{r}"] = update is not None and update.commit == res.commit and \
+            row[f"exact_{r}"] = update is not None and update.commit == commit and \
                 digest(followers[r].state_dict) == want
-        row["tip_depth"] = tip_depth(repo, res.commit)
+        row["tip_depth"] = tip_depth(repo, commit)
         if prev is not None:
             n = changed_elements(prev, cur)
             row["changed_elements"] = n
@@ -242,7 +264,7 @@ def run(name: str, steps_iter, work: Path, *, hub_url: str | None, checkout_ever
                 cur_bits = torch.cat([cur[k].view(torch.int16).reshape(-1) for k in names])
                 prev_delta = calibrate.add(prev_bits, cur_bits, prev_delta)
         if step and step % checkout_every == 0:
-            row["checkout_tip_s"] = checkout_seconds(repo, res.commit, work / "co")
+            row["checkout_tip_s"] = checkout_seconds(repo, commit, work / "co")
             row["checkout_first_s"] = checkout_seconds(repo, first_commit, work / "co")
         rows.append(row)
         if step % 50 == 0:
@@ -251,9 +273,11 @@ def run(name: str, steps_iter, work: Path, *, hub_url: str | None, checkout_ever
         if deadline is not None and time.monotonic() > deadline:
             print(json.dumps({"run": name, "stopped_at_step": step, "why": "--max-minutes"}), flush=True)
             break
+    if pub is not None:
+        assert pub.close(timeout=600), pub.errors
     # retention: what --keep-every 100 --keep-last 10 frees
     t = time.perf_counter()
-    pruned = repo.prune("main", keep={"every": 100, "last": 10})
+    pruned = repo.prune(branch, keep={"every": 100, "last": 10})
     prune = {**pruned.to_json(), "seconds": time.perf_counter() - t}
     prune.pop("pruned_commits")
     repo.close()
@@ -378,10 +402,14 @@ def main(argv=None) -> None:
     ap.add_argument("--calibration", type=Path, default=None, metavar="JSON",
                     help="the synthetic run's calibration from an earlier invocation's results (its real run's)")
     ap.add_argument("--hub", action="store_true", help="also push to and follow the local Hub server")
+    ap.add_argument("--publisher", action="store_true",
+                    help="commit and push through wvc.Publisher (what the Trainer callback runs), directory remote only")
     ap.add_argument("--out", type=Path, default=RESULTS / "long_run.json")
     ap.add_argument("--merge", type=Path, nargs="+", default=None, metavar="JSON",
                     help="only combine results of earlier invocations (e.g. the runs made in parallel) into --out")
     args = ap.parse_args(argv)
+    if args.publisher and args.hub:
+        ap.error("--publisher pushes to the directory remote only (to the Hub it pushes once a minute, not a step)")
     if args.merge:
         summaries, results, calibration = [], {}, {}
         for path in args.merge:
@@ -409,7 +437,7 @@ def main(argv=None) -> None:
         cal = Calibration()
         if args.real_steps:
             rows, prune = run("real", real_steps(args.real_steps), work, hub_url="hf://bench/long-real" if args.hub else None,
-                              checkout_every=args.checkout_every, calibrate=cal, server=server)
+                              checkout_every=args.checkout_every, calibrate=cal, server=server, publisher=args.publisher)
             results["real"] = {"rows": rows, "prune": prune, "calibration": cal.to_json()}
             summaries.append(summarize("real", rows, prune, remotes))
         if args.calibrate_steps and not cal.fractions:  # the real run's steps, measured without committing them
@@ -432,7 +460,8 @@ def main(argv=None) -> None:
             rows, prune = run("synthetic", synthetic_steps(args.synthetic_steps, args.synthetic_mb, calibration), work,
                               hub_url="hf://bench/long-synthetic" if args.hub else None,
                               checkout_every=args.checkout_every * 5, calibrate=None, server=server,
-                              deadline=time.monotonic() + 60 * args.max_minutes if args.max_minutes else None)
+                              deadline=time.monotonic() + 60 * args.max_minutes if args.max_minutes else None,
+                              publisher=args.publisher)
             results["synthetic"] = {"rows": rows, "prune": prune, "calibration": calibration}
             summaries.append(summarize("synthetic", rows, prune, remotes))
         write_results(args.out, summaries, results, calibration)

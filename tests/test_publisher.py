@@ -99,6 +99,12 @@ def test_pushes_coalesce_to_the_push_interval_and_close_sends_the_rest(tmp_path,
     remote.remote_add("origin", str(tmp_path / "remote"))
     remote.fetch("origin")
     assert remote.resolve("origin/main") == pub.commits[-1]["commit"]
+    # each push that landed is reported: what it sent, of how many commits, and what it took
+    assert [p["commit"] for p in pub.pushes][-1] == pub.commits[-1]["commit"]
+    assert len(pub.pushes) == 2 and sum(p["commits"] for p in pub.pushes) == len(pub.commits)
+    sent = sum(f.stat().st_size for d in ("packs", "catalogs", "steps") for f in (tmp_path / "remote" / d).rglob("*"))
+    assert sum(p["uploaded_bytes"] for p in pub.pushes) >= sent > 0
+    assert all(p["seconds"] > 0 for p in pub.pushes)
 
 
 def test_a_committed_snapshots_buffers_take_the_next_snapshot(tmp_path):

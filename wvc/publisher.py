@@ -223,6 +223,7 @@ class Publisher:
         self.max_push_attempts = max_push_attempts
         self.retry_seconds = retry_seconds  # back-off base: retry_seconds * 2**(attempt-1), at most 60 s
         self.commits: list[dict] = []  # one per commit: commit, step, skipped_steps, seconds, bytes
+        self.pushes: list[dict] = []  # one per push that landed: commit, commits, seconds, uploaded bytes, files replaced
         self.errors: list[str] = []
         self.unpushed = False
         repo = Repo.open(self.repo_path) if (self.repo_path / ".wvc").is_dir() else Repo.init(self.repo_path)
@@ -450,8 +451,12 @@ class Publisher:
                     self._push_wanted, self._pushing = False, True
                 last_try = time.monotonic()
                 try:
+                    t = time.perf_counter()
                     with hub_bars_silenced(self.quiet_hub), self._store_lock:
-                        repo.push(self.remote, self.branch)
+                        pushed = repo.push(self.remote, self.branch)
+                    self.pushes.append({"commit": pushed.new, "commits": pushed.commits,
+                                        "seconds": time.perf_counter() - t, "uploaded_bytes": pushed.uploaded_bytes,
+                                        "files_replaced": pushed.files_replaced})
                     attempts = 0
                 except Exception as exc:  # noqa: BLE001 - retried with back-off, never raised into training
                     attempts += 1
