@@ -5,8 +5,9 @@ message, metadata, stored bytes and change statistics (computed before its weigh
 are kept, and it is marked in `pruned_commits`; reading its weights (checkout, export,
 diff, merge, open) raises VersionPruned naming the nearest kept versions. The chunks only
 pruned versions used are freed. A chunk a kept version needs whose delta chain runs through
-a freed chunk is re-encoded against the nearest link of its chain that stays (a kept
-version's chunk, usually the previous kept version's or the keyframe), or as a keyframe.
+a freed chunk is re-encoded against the same place in another kept version of the run, as
+the kept versions' layout by estimated cost has it (ops/kept_layout.py), else against the
+nearest link of its chain that stays, or as a keyframe.
 
 Order (docs/design.md, "prune"): 1. the change statistics of the commits to prune and of
 their children, each commit in its own transaction (a cache); 2. the re-encoded payloads,
