@@ -1,12 +1,13 @@
 """Anchor policies on one chunk over a long run: bytes stored a step and the cost of decoding
 the tip, with the real codec and the real policy (store/anchors.py), without a repository.
 
-    python -m benchmarks.anchor_policy [--steps 1000] [--max-chain 8] [--policy hierarchy|flat]
+    python -m benchmarks.anchor_policy [--steps 1000] [--max-chain 8] [--policy hierarchy|nearest|flat]
 
 One 1 MB bf16 tensor of the calibrated synthetic run (benchmarks/long_run.py) moves a step at
 a time. Each version is encoded against the base the policy picks (``flat``: every version
 against its parent, re-anchored to the keyframe at the depth bound, the policy before the
-hierarchy), and each payload's decode is timed (best of 3). Prints one JSON line:
+hierarchy; ``nearest``: the hierarchy before its positions jumped ahead at a full chain), and
+each payload's decode is timed (best of 3). Prints one JSON line:
 stored bytes a step over the median step delta (what a follower gets), over the whole run and
 its second half; chain depth; and the decode time of each version's whole chain over the
 keyframe's, averaged over the second half.
@@ -46,7 +47,8 @@ def simulate(steps: int, max_chain: int, policy: str) -> dict:
     cal = next(r["calibration"] for r in data["runs"].values() if "calibration" in r)
     versions = [state["layer.0.mlp.weight"].contiguous().view(torch.uint8).reshape(-1).numpy().tobytes()
                 for _, state in synthetic_steps(steps, 1, cal)]
-    choose = anchors.choose_base if policy == "hierarchy" else anchors.choose_base_flat
+    choose = {"hierarchy": anchors.choose_base, "nearest": anchors.choose_base_nearest,
+              "flat": anchors.choose_base_flat}[policy]
     rows: dict[int, ObjectRow] = {}
     positions: dict[str, int] = {}
     seconds: dict[int, float] = {}
@@ -99,7 +101,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--max-chain", type=int, default=8)
-    ap.add_argument("--policy", choices=("hierarchy", "flat"), default="hierarchy")
+    ap.add_argument("--policy", choices=("hierarchy", "nearest", "flat"), default="hierarchy")
     args = ap.parse_args(argv)
     print(json.dumps(simulate(args.steps, args.max_chain, args.policy)), flush=True)
 

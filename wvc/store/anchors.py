@@ -17,8 +17,8 @@ ULP_STEP's context (the base's own base) is then the previous anchor on the same
 drift over the span before, as correlated as a step with the step before.
 
 The depth bound and the payload rule still hold. When the version at the target is already
-``max_chain`` deep, the base is the first link below it on the chain that is not (a few
-steps' more drift). When the base's chain's deltas outweigh its keyframe, the version is
+``max_chain`` deep, the position jumps ahead to a multiple of a higher power of the fanout
+whose target has room (:func:`choose_base`). When the base's chain's deltas outweigh its keyframe, the version is
 encoded against the keyframe and becomes a root (position 0), as before. Positions are local
 bookkeeping (the ``anchor_positions`` table), not part of any format: readers follow bases
 whatever policy wrote them, and a fetched or re-encoded chunk has no position (a root).
@@ -44,14 +44,46 @@ def choose_base(chain: list[ObjectRow], positions: dict[str, int], max_chain: in
     """The base's chain (a suffix of ``chain``) for a new version of the chunk whose chain
     is ``chain`` (the parent version first, its keyframe last), and the new version's
     position. ``positions``: the known positions of ``chain``'s links (a link without one
-    is a root: position 0, and the search ends there).
+    is a root: position 0, and the chain ends there for the policy).
 
-    The base is the first link at or below the target position that is less than
-    ``max_chain`` deep: the target itself, unless the chain is full there; then a link
-    further down (an older version on the same line: a few steps more of drift, not the
-    whole drift since the keyframe). The position still counts the steps, so the versions
-    after it find their targets on its chain (its base's own chain holds every position
-    at or below it that a later span reaches back to, or the search goes further down)."""
+    The base is the link at the target position, one span back. When that link is already
+    ``max_chain`` deep (or the chain has no link there), the position jumps ahead: to the
+    next multiple of FANOUT, then of FANOUT**2, and so on, until its target is a link with
+    room. The new version is then an anchor of a higher level (one delta over a longer span),
+    and the versions after it count up from it with small digit sums: step deltas again.
+
+    Why the jump: the depth is the position's digit sum (base FANOUT), which passes
+    ``max_chain`` 8 for most positions past a few hundred steps. Taking the first link
+    below the target with room instead (the policy before, ``choose_base_nearest``) left the
+    positions counting on, so the next versions were full too: in 5,000 steps, 72% of the
+    versions were deltas over a span (17.6 steps on average) instead of a step, each stored
+    bigger and sent to followers again as a step payload (ops/step_records.py). With the
+    jump, 42% (6.5 steps on average); measured in docs/measurements.md ("Anchor jumps")."""
+    position = positions.get(chain[0].id, 0) + 1
+    at: dict[int, int] = {}  # position -> index in ``chain`` of the (topmost) link there
+    for k, link in enumerate(chain):
+        at.setdefault(positions.get(link.id, 0), k)
+        if link.id not in positions:
+            break  # the root
+    power = 1
+    while True:
+        jumped = -(-position // power) * power
+        target = jumped - span(jumped)
+        k = at.get(target)
+        if k is not None and chain[k].depth < max_chain:
+            suffix = chain[k:]
+            if sum(r.length for r in suffix[:-1]) <= suffix[-1].length:
+                return suffix, jumped
+            break
+        if target == 0:
+            break  # the root itself is full (a fetched root deeper than max_chain)
+        power *= FANOUT
+    return chain[-1:], 0  # the keyframe: the new version is a root
+
+
+def choose_base_nearest(chain: list[ObjectRow], positions: dict[str, int], max_chain: int) -> tuple[list[ObjectRow], int]:
+    """The hierarchy before the jump, for comparisons (benchmarks/anchor_policy.py): at a
+    full target, the first link further down with room, the positions counting on."""
     position = positions.get(chain[0].id, 0) + 1
     target = position - span(position)
     for k, link in enumerate(chain):
