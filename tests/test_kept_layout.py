@@ -60,3 +60,23 @@ def test_a_delta_over_more_steps_is_estimated_to_cost_more():
     assert spans == sorted(spans) and spans[0] > 0
     assert estimated_bits(x, x, "float") == 0
     assert estimated_bits(None, x, "float") == 8 * x.nbytes  # no base at that place: all of it
+
+
+def test_a_version_whose_tensors_changed_at_different_steps_stays_only_on_the_versions_holding_its_bases():
+    from wvc.ops.kept_layout import staying_parents
+    from wvc.store.rows import ObjectRow
+
+    def row(oid, base):
+        return ObjectRow(oid, "p", 0, 10, 100, 7, base, 1)
+
+    # versions 0..3 of two places: "w" changes every version, "v" only at version 1
+    versions = [{"w": "w0", "v": "v0"}, {"w": "w1", "v": "v1"}, {"w": "w2", "v": "v1"}, {"w": "w3", "v": "v3"}]
+    new = [[("w", "w0"), ("v", "v0")], [("w", "w1"), ("v", "v1")], [("w", "w2")], [("w", "w3"), ("v", "v3")]]
+    rows = {"w1": row("w1", "w0"), "v1": row("v1", "v0"), "w2": row("w2", "w1"), "w3": row("w3", "w2"),
+            "v3": row("v3", "v0")}  # v3 is a delta on v0, which only version 0 holds
+    fixed = staying_parents(versions, new, rows, needs=lambda c: False)
+    # version 3: w on version 2's, v on version 0's; (taken as "anywhere, at no cost" before)
+    assert fixed == {1: {0}, 2: {1}, 3: {0, 2}}
+    assert staying_parents(versions, new, rows, needs=lambda c: c == "w2") == {1: {0}, 3: {0, 2}}
+    other = {**rows, "w3": row("w3", "elsewhere"), "v3": row("v3", "elsewhere")}
+    assert staying_parents(versions, new, other, needs=lambda c: False)[3] is None  # no kept version holds them

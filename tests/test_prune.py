@@ -443,3 +443,29 @@ def test_more_kept_versions_than_max_chain_stay_within_it_and_off_the_keyframe(t
         assert c == kept[0] or all(r.base is not None for r in new.values())
         assert version_digest(repo, c) == digests[c]
     assert repo.fsck().errors == []
+
+
+def test_kept_versions_whose_tensors_change_at_different_steps_stay_within_max_chain(tmp_path):
+    """A kept version that stays as stored can have its tensors' bases in different kept
+    versions (one tensor changes every step, another every third). The layout took such a
+    version as placeable anywhere at no cost, and the versions chained on it went past
+    max_chain (11 links on a 1,000-step run); each chain must stay within it."""
+    repo = Repo.init(tmp_path / "r")
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(128, 256, generator=g).to(torch.bfloat16)
+    v = torch.randn(64, 256, generator=g).to(torch.bfloat16)
+    digests = {}
+    for s in range(150):
+        idx = torch.randint(0, w.numel(), (w.numel() // 50,), generator=g)
+        w.view(-1)[idx] *= 1.03
+        if s % 3 == 0:
+            v.view(-1)[idx[: v.numel() // 50] % v.numel()] *= 1.03
+        commit = repo.commit(f"step {s}", source={"w": w.clone(), "v": v.clone()}, metadata={"step": s}).commit
+        digests[commit] = version_digest(repo, commit)
+    repo.prune("main", keep={"every": 10, "last": 10})
+    kept = [c for c in digests if not repo.graph.is_pruned(c)]
+    for c in kept:
+        rows = repo.store.rows(repo.tree_of(c).chunk_ids())
+        assert max(r.depth for r in rows.values()) <= repo.max_chain, c
+        assert version_digest(repo, c) == digests[c]
+    assert repo.fsck().errors == []

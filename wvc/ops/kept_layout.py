@@ -160,16 +160,7 @@ def kept_parents(store, versions: list, dtypes: dict[str, str], rows, needs, max
         for chunk in places.values():
             seen.setdefault(chunk, k)
     new = [[(p, c) for p, c in places.items() if seen[c] == k] for k, places in enumerate(versions)]
-    fixed: dict[int, set[int] | None] = {}  # parents a version staying as stored may have (None: any)
-    for k in range(1, n):
-        if any(needs(c) for _, c in new[k]):
-            continue
-        allowed = None
-        for place, chunk in new[k]:
-            base = _base(rows, chunk)
-            holders = {j for j in range(k) if base is not None and versions[j].get(place) == base}
-            allowed = holders if allowed is None else allowed & holders
-        fixed[k] = allowed or None
+    fixed = staying_parents(versions, new, rows, needs)
     if len(fixed) == n - 1:
         return None  # nothing to re-encode: the layout stays as it is
     changing = [p for p, c in versions[0].items() if versions[-1].get(p) not in (None, c)]
@@ -226,6 +217,25 @@ def kept_parents(store, versions: list, dtypes: dict[str, str], rows, needs, max
     if parents is None:
         return None
     return parents, {k for k, allowed in fixed.items() if allowed is None or parents[k] in allowed}
+
+
+def staying_parents(versions: list, new: list, rows, needs) -> dict[int, set[int] | None]:
+    """For each version (by index) none of whose new chunks (``new[k]``: (place, chunk) pairs)
+    needs re-encoding: the kept versions holding its chunks' bases at the same places, its
+    parents if it stays as stored; None when no base is a kept version's (another branch's).
+    A version whose tensors changed at different steps has bases in several versions: all of
+    them count (it was taken as placeable anywhere at no cost, and the versions laid out on
+    it went past max_chain)."""
+    fixed: dict[int, set[int] | None] = {}
+    for k in range(1, len(versions)):
+        if any(needs(c) for _, c in new[k]):
+            continue
+        allowed: set[int] = set()
+        for place, chunk in new[k]:
+            base = _base(rows, chunk)
+            allowed |= {j for j in range(k) if base is not None and versions[j].get(place) == base}
+        fixed[k] = allowed or None
+    return fixed
 
 
 def _base(rows, chunk: str) -> str | None:

@@ -365,6 +365,17 @@ def _plan(repo, pruned: set[str], run=()) -> _Plan:
             depth, cursor = depth + 1, base_of(cursor)
         return depth
 
+    def with_room(start: str, avoid: str) -> str | None:
+        """The first link of ``start``'s chain (as the plan stands) that a chunk can be
+        encoded on within ``max_chain``: ``start`` itself unless it is already that deep."""
+        cursor = start
+        while cursor is not None:
+            depth = depth_over(cursor, avoid)
+            if depth is not None and depth + 1 <= max_chain:
+                return cursor
+            cursor = base_of(cursor)
+        return None
+
     reencode = []
     for oid in sorted((o for o in kept if o in rows), key=lambda o: (order.get(o, math.inf), rows[o].depth)):
         link, needs = base_of(oid), False
@@ -372,15 +383,19 @@ def _plan(repo, pruned: set[str], run=()) -> _Plan:
             needs, link = True, base_of(link)
         near = preferred.get(oid)
         if not needs and (oid not in forced or near == link):
-            continue  # it stays as stored
+            if link is None or (depth_over(link, oid) or 0) + 1 <= max_chain:
+                continue  # it stays as stored
+            needs = True  # its base's chain was re-encoded deeper: past max_chain if it stayed
         if near is not None and near in kept and near in rows and near != link:
-            depth = depth_over(near, oid)
-            if depth is not None and depth + 1 <= max_chain:
-                link = near
+            room = with_room(near, oid)
+            if room is not None:
+                link = room
             elif not needs:
                 continue
         elif not needs:
             continue
+        if link is not None and (depth_over(link, oid) or 0) + 1 > max_chain:
+            link = with_room(link, oid)
         new_base[oid] = link  # the base that stays (its own chain already fixed), or None
         reencode.append((oid, link))
     live = set()
