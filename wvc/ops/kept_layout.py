@@ -33,7 +33,6 @@ from functools import lru_cache
 
 import numpy as np
 
-from .. import tree_diff
 from ..formats.dtypes import DTYPES
 from .step_records import recent_decoded
 
@@ -241,7 +240,3 @@ def staying_parents(versions: list, new: list, rows, needs) -> dict[int, set[int
 def _base(rows, chunk: str) -> str | None:
     row = rows.get(chunk)
     return row.base if row is not None else None
-
-
-def version_places(repo, commits) -> list[dict]:
-    return [tree_diff.places(repo.read_tree(repo.read_commit(c).tree)) for c in commits]

@@ -255,9 +255,15 @@ def _kept_trees(repo, pruned: set[str]) -> list:
     return [repo.read_tree(t) for t in {repo.read_commit(c).tree for c in commits}]
 
 
-def _preferred_bases(repo, pruned: set[str], run) -> tuple[dict[str, str], dict[str, int]]:
-    """For each chunk of the run's kept versions (``run``: the branch's first parents, oldest
-    first): the chunk the kept version before held at the same place, and the index of the
+def _kept_places(repo, pruned: set[str], run) -> list[dict]:
+    """The places (``tree_diff.places``) of the run's kept versions, oldest first."""
+    return [tree_diff.places(repo.read_tree(repo.read_commit(c).tree))
+            for c in run if c not in pruned and repo.graph.has_commit(c)]
+
+
+def _preferred_bases(versions: list[dict]) -> tuple[dict[str, str], dict[str, int]]:
+    """For each chunk of the run's kept versions (``versions``: their places, oldest first):
+    the chunk the kept version before held at the same place, and the index of the
     first kept version holding it. Kept versions of a run are its every-Nth and last steps:
     the one before is the nearest version that stays, where the chunk's own chain may reach
     nothing that stays short of its keyframe (the anchor policy's anchors go with the steps
@@ -265,8 +271,7 @@ def _preferred_bases(repo, pruned: set[str], run) -> tuple[dict[str, str], dict[
     preferred: dict[str, str] = {}
     order: dict[str, int] = {}
     before: dict = {}
-    for k, commit in enumerate(c for c in run if c not in pruned and repo.graph.has_commit(c)):
-        places = tree_diff.places(repo.read_tree(repo.read_commit(commit).tree))
+    for k, places in enumerate(versions):
         for place, chunk in places.items():
             order.setdefault(chunk, k)
             older = before.get(place)
@@ -276,14 +281,14 @@ def _preferred_bases(repo, pruned: set[str], run) -> tuple[dict[str, str], dict[
     return preferred, order
 
 
-def _laid_out(repo, pruned: set[str], run, dtypes, rows, kept: set[str], base_of, max_chain: int,
+def _laid_out(repo, versions: list[dict], dtypes, rows, kept: set[str], base_of, max_chain: int,
               preferred: dict[str, str]) -> set[str]:
     """Bases for the chunks of the run's kept versions from :mod:`.kept_layout` (a tree of
     kept versions by estimated cost, within ``max_chain``), written into ``preferred``; the
     chunks to re-encode onto theirs even where their chain stays (the versions it lays out
-    afresh). Without a layout, ``preferred`` stays the kept version before."""
-    versions_of = [c for c in run if c not in pruned and repo.graph.has_commit(c)][-kept_layout.MAX_VERSIONS:]
-    versions = kept_layout.version_places(repo, versions_of)
+    afresh). Without a layout, ``preferred`` stays the kept version before. ``versions``: the
+    places of the run's kept versions, oldest first (the newest MAX_VERSIONS are laid out)."""
+    versions = versions[-kept_layout.MAX_VERSIONS:]
     if len(versions) < 2:
         return set()
 
@@ -352,9 +357,10 @@ def _plan(repo, pruned: set[str], run=()) -> _Plan:
         row = rows.get(oid)
         return row.base if row is not None else None
 
-    preferred, order = _preferred_bases(repo, pruned, run)
+    versions = _kept_places(repo, pruned, run)
+    preferred, order = _preferred_bases(versions)
     max_chain = repo.max_chain
-    forced = _laid_out(repo, pruned, run, dtypes, rows, kept, base_of, max_chain, preferred)
+    forced = _laid_out(repo, versions, dtypes, rows, kept, base_of, max_chain, preferred)
 
     def depth_over(oid: str, avoid: str) -> int | None:
         """The depth of ``oid``'s chain as the plan stands, or None if it passes ``avoid``."""
@@ -365,16 +371,18 @@ def _plan(repo, pruned: set[str], run=()) -> _Plan:
             depth, cursor = depth + 1, base_of(cursor)
         return depth
 
+    def fits(base: str, oid: str) -> bool:
+        """Whether ``oid`` on ``base`` stays within ``max_chain`` (as the plan stands)."""
+        depth = depth_over(base, oid)
+        return depth is not None and depth + 1 <= max_chain
+
     def with_room(start: str, avoid: str) -> str | None:
         """The first link of ``start``'s chain (as the plan stands) that a chunk can be
         encoded on within ``max_chain``: ``start`` itself unless it is already that deep."""
         cursor = start
-        while cursor is not None:
-            depth = depth_over(cursor, avoid)
-            if depth is not None and depth + 1 <= max_chain:
-                return cursor
+        while cursor is not None and not fits(cursor, avoid):
             cursor = base_of(cursor)
-        return None
+        return cursor
 
     reencode = []
     for oid in sorted((o for o in kept if o in rows), key=lambda o: (order.get(o, math.inf), rows[o].depth)):
@@ -383,7 +391,7 @@ def _plan(repo, pruned: set[str], run=()) -> _Plan:
             needs, link = True, base_of(link)
         near = preferred.get(oid)
         if not needs and (oid not in forced or near == link):
-            if link is None or (depth_over(link, oid) or 0) + 1 <= max_chain:
+            if link is None or fits(link, oid):
                 continue  # it stays as stored
             needs = True  # its base's chain was re-encoded deeper: past max_chain if it stayed
         if near is not None and near in kept and near in rows and near != link:
@@ -394,7 +402,7 @@ def _plan(repo, pruned: set[str], run=()) -> _Plan:
                 continue
         elif not needs:
             continue
-        if link is not None and (depth_over(link, oid) or 0) + 1 > max_chain:
+        if link is not None and not fits(link, oid):
             link = with_room(link, oid)
         new_base[oid] = link  # the base that stays (its own chain already fixed), or None
         reencode.append((oid, link))
