@@ -163,8 +163,7 @@ def kept_parents(store, versions: list, dtypes: dict[str, str], rows, needs, max
     if len(fixed) == n - 1:
         return None  # nothing to re-encode: the layout stays as it is
     changing = [p for p, c in versions[0].items() if versions[-1].get(p) not in (None, c)]
-    floats = [p for p in changing if DTYPES.get(dtypes.get(versions[0][p], ""), None) is not None
-              and DTYPES[dtypes[versions[0][p]]].kind == "float"]
+    floats = [p for p in changing if getattr(DTYPES.get(dtypes.get(versions[0][p], "")), "kind", None) == "float"]
     pool = floats or changing
     picked = [pool[round(i * (len(pool) - 1) / max(1, SAMPLED_PLACES - 1))] for i in range(min(SAMPLED_PLACES, len(pool)))]
     picked = list(dict.fromkeys(picked))
