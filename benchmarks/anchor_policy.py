@@ -42,6 +42,16 @@ def _decode_seconds(payload: bytes, raw_size: int, base, context) -> float:
     return best
 
 
+def chain_of(rows: dict[int, ObjectRow], version: int) -> list[ObjectRow]:
+    """The chain of a simulated version (rows by version number, ids their numbers): itself
+    first, its keyframe last, as the policy takes it."""
+    chain, k = [], version
+    while k is not None:
+        chain.append(rows[k])
+        k = int(rows[k].base) if rows[k].base is not None else None
+    return chain
+
+
 def simulate(steps: int, max_chain: int, policy: str) -> dict:
     data = json.loads(CALIBRATION.read_text())
     cal = next(r["calibration"] for r in data["runs"].values() if "calibration" in r)
@@ -56,11 +66,7 @@ def simulate(steps: int, max_chain: int, policy: str) -> dict:
     for t, x in enumerate(versions):
         base_t = None
         if t:
-            chain, k = [], t - 1
-            while k is not None:
-                chain.append(rows[k])
-                k = int(rows[k].base) if rows[k].base is not None else None
-            suffix, position = choose(chain, positions, max_chain)
+            suffix, position = choose(chain_of(rows, t - 1), positions, max_chain)
             base_t = int(suffix[0].id)
             step = versions[t - 2] if t >= 2 else None
             step_bytes.append(len(codec.encode(x, BF16, versions[t - 1], context=step).payload))

@@ -38,6 +38,7 @@ from wvc.formats.dtypes import DTYPES
 from wvc.store import anchors
 from wvc.store.rows import ObjectRow
 
+from .anchor_policy import chain_of
 from .long_run import synthetic_steps
 
 BF16 = DTYPES["BF16"]
@@ -126,11 +127,7 @@ def policy_cost(c: np.ndarray, keyframe: float, steps: int, max_chain: int,
     positions: dict[str, int] = {}
     total = 0.0
     for t in range(1, steps + 1):
-        chain, k = [], t - 1
-        while k is not None:
-            chain.append(rows[k])
-            k = int(rows[k].base) if rows[k].base is not None else None
-        suffix, position = choose(chain, positions, max_chain)
+        suffix, position = choose(chain_of(rows, t - 1), positions, max_chain)
         base = int(suffix[0].id)
         cost = min(float(c[t - base]) if t - base < len(c) else keyframe, keyframe)
         rows[t] = ObjectRow(str(t), "", 0, int(cost * scale), 1, 7, str(base), rows[base].depth + 1)
