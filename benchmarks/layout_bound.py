@@ -91,7 +91,7 @@ def cost_curve(costs: dict[int, int], window: int) -> np.ndarray:
     return np.concatenate([[0.0], c])
 
 
-def cheapest_trees(c: np.ndarray, window: int, depth: int) -> np.ndarray:
+def cheapest_trees(c: np.ndarray, window: int, depth: int, with_choices: bool = False):
     """best[r][L]: the least total cost of a nested tree over L consecutive versions, the
     first its root (not counted) and every other within r links of it, a link over S steps
     costing c[S]. Exact: the root's children are the versions starting the consecutive
@@ -99,23 +99,56 @@ def cheapest_trees(c: np.ndarray, window: int, depth: int) -> np.ndarray:
 
     For each r, H[L, x] is the least cost of the versions x..L-1 of a window of L, as the
     root's children's groups: H[L, x] = c[x] + min over the next group's start b in (x, L]
-    of best[r - 1][b - x] + H[L, b], with H[L, L] = 0. Every window length at once."""
+    of best[r - 1][b - x] + H[L, b], with H[L, L] = 0. Every window length at once.
+
+    ``with_choices``: also the b each minimum took, choice[r][L, x], from which
+    :func:`tree_of` rebuilds the trees (memory: depth x window^2 int32)."""
     inf = np.inf
     best = np.full((depth + 1, window + 1), inf)
     best[:, 1] = 0.0
     lengths = np.arange(window + 1)
+    choices = np.zeros((depth + 1, window + 1, window + 1), dtype=np.int32) if with_choices else None
     for r in range(1, depth + 1):
         below = best[r - 1]
         h = np.full((window + 1, window + 2), inf)
         h[lengths, lengths] = 0.0
         for x in range(window - 1, 0, -1):
             # candidates b = x+1 .. window for every L; those past L are inf in h
-            group = below[1: window - x + 1]
-            h[:, x] = c[x] + np.min(group[None, :] + h[:, x + 1: window + 1], axis=1)
+            totals = below[1: window - x + 1][None, :] + h[:, x + 1: window + 1]
+            if with_choices:
+                k = np.argmin(totals, axis=1)
+                choices[r, :, x] = x + 1 + k
+                h[:, x] = c[x] + totals[lengths, k]
+            else:
+                h[:, x] = c[x] + np.min(totals, axis=1)
             h[x, x] = 0.0  # (the window that ends at x: nothing left to cover)
         best[r] = h[:, 1]
         best[r, 1] = 0.0
-    return best
+    return (best, choices) if with_choices else best
+
+
+def tree_of(choices: np.ndarray, length: int, depth: int) -> list[int | None]:
+    """Parents (None for the root 0) of the cheapest tree over ``length`` versions within
+    ``depth``, from :func:`cheapest_trees`' choices."""
+    parents: list[int | None] = [None] * length
+    todo = [(0, length, depth)]  # (root, versions in its subtree, depth budget below it)
+    while todo:
+        root, size, budget = todo.pop()
+        x = 1
+        while x < size:
+            b = int(choices[budget, size, x])
+            parents[root + x] = root
+            todo.append((root + x, b - x, budget - 1))
+            x = b
+    return parents
+
+
+def mean_depth(parents: list[int | None]) -> float:
+    depth = [0] * len(parents)
+    for child, parent in enumerate(parents):
+        if parent is not None:
+            depth[child] = depth[parent] + 1
+    return sum(depth[1:]) / max(1, len(parents) - 1)
 
 
 def policy_cost(c: np.ndarray, keyframe: float, steps: int, max_chain: int,
@@ -160,9 +193,11 @@ def main(argv=None) -> None:
                # a chain's decode is its keyframe's and one of these a link: the depth at which
                # a tip decodes within 2x its keyframe's is 1 / this, rounded down
                "step_link_decode_over_keyframe": round(link_over_keyframe, 2)}
-    best = cheapest_trees(c, args.window + 1, max(depths))
+    best, choices = cheapest_trees(c, args.window + 1, max(depths), with_choices=True)
     out |= {
         "best_a_step_by_depth": {d: round(float(best[d][args.window + 1]) / args.window, 3) for d in depths},
+        # how deep the cheapest trees' chains are on average: what a reader pays for them
+        "best_mean_depth_by_depth": {d: round(mean_depth(tree_of(choices, args.window + 1, d)), 2) for d in depths},
         "policy_a_step": round(policy_cost(c, keyframe, args.window, args.max_chain), 3),
         "policy_max_chain": args.max_chain}
     out["policy_over_best"] = round(out["policy_a_step"] / out["best_a_step_by_depth"].get(args.max_chain, math.nan), 3)

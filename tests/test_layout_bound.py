@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchmarks.layout_bound import cheapest_trees, cost_curve, policy_cost
+from benchmarks.layout_bound import cheapest_trees, cost_curve, mean_depth, policy_cost, tree_of
 from wvc.ops.kept_layout import nested_tree
 
 # a delta over more steps costs no less (what the codec measures): increments of a span's cost
@@ -55,6 +55,19 @@ def test_no_tree_within_the_depth_bound_is_cheaper(increments, depth):
         if max(_depths(tree)) <= depth:
             least = min(least, _tree_cost(tree, c))
     assert math.isclose(cheapest_trees(c, n, depth)[depth][n], least, rel_tol=1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(growth, st.integers(min_value=1, max_value=4))
+def test_the_tree_rebuilt_from_the_choices_costs_the_least_and_stays_within_the_depth(increments, depth):
+    c = np.array([0.0] + _spans(increments))
+    best, choices = cheapest_trees(c, 9, depth, with_choices=True)
+    for n in range(2, 10):
+        parents = tree_of(choices, n, depth)
+        assert parents[0] is None and all(p is not None and p < child for child, p in enumerate(parents) if child)
+        assert max(_depths(parents)) <= depth
+        assert math.isclose(_tree_cost(parents, c), best[depth][n], rel_tol=1e-9)
+        assert mean_depth(parents) == sum(_depths(parents)) / (n - 1)
 
 
 def test_the_cost_curve_passes_through_the_measured_spans_and_grows_between_them():
