@@ -33,7 +33,16 @@ BF16 = DTYPES["BF16"]
 CALIBRATION = Path(__file__).parent / "results" / "long_run_fixed.json"
 
 
-def _decode_seconds(payload: bytes, raw_size: int, base, context) -> float:
+def calibrated_tensor(steps: int, seed: int = 0):
+    """(step, bytes) of the calibrated synthetic run's 1 MB bf16 tensor, steps 0..``steps``."""
+    data = json.loads(CALIBRATION.read_text())
+    cal = next(r["calibration"] for r in data["runs"].values() if "calibration" in r)
+    for t, state in synthetic_steps(steps, 1, cal, seed=seed):
+        yield t, state["layer.0.mlp.weight"].contiguous().view(torch.uint8).reshape(-1).numpy().tobytes()
+
+
+def decode_seconds(payload: bytes, raw_size: int, base, context) -> float:
+    """A payload's decode time, best of 3."""
     best = float("inf")
     for _ in range(3):
         t = time.perf_counter()
@@ -53,10 +62,7 @@ def chain_of(rows: dict[int, ObjectRow], version: int) -> list[ObjectRow]:
 
 
 def simulate(steps: int, max_chain: int, policy: str) -> dict:
-    data = json.loads(CALIBRATION.read_text())
-    cal = next(r["calibration"] for r in data["runs"].values() if "calibration" in r)
-    versions = [state["layer.0.mlp.weight"].contiguous().view(torch.uint8).reshape(-1).numpy().tobytes()
-                for _, state in synthetic_steps(steps, 1, cal)]
+    versions = [x for _, x in calibrated_tensor(steps)]
     choose = {"hierarchy": anchors.choose_base, "nearest": anchors.choose_base_nearest,
               "flat": anchors.choose_base_flat}[policy]
     rows: dict[int, ObjectRow] = {}
@@ -80,7 +86,7 @@ def simulate(steps: int, max_chain: int, policy: str) -> dict:
                             None if base_t is None else str(base_t), 0 if base_t is None else rows[base_t].depth + 1)
         if t and position:
             positions[str(t)] = position
-        seconds[t] = _decode_seconds(enc.payload, len(x), base, context)
+        seconds[t] = decode_seconds(enc.payload, len(x), base, context)
 
     def chain_seconds(t):
         total = 0.0

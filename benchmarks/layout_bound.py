@@ -27,51 +27,30 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from wvc import codec
-from wvc.formats.dtypes import DTYPES
 from wvc.store import anchors
 from wvc.store.rows import ObjectRow
 
-from .anchor_policy import chain_of
-from .long_run import synthetic_steps
-
-BF16 = DTYPES["BF16"]
-CALIBRATION = Path(__file__).parent / "results" / "long_run_fixed.json"
+from .anchor_policy import BF16, calibrated_tensor, chain_of, decode_seconds
 
 
 def span_costs(at: int, max_span: int, seed: int = 0) -> tuple[dict[int, int], int, float]:
     """{S: bytes of the version at ``at`` encoded over S steps} for S a power of two up to
     ``max_span``, the keyframe's bytes, and a step delta's decode time over the keyframe's
-    (best of 5 each), on the calibrated run's 1 MB tensor."""
-    data = json.loads(CALIBRATION.read_text())
-    cal = next(r["calibration"] for r in data["runs"].values() if "calibration" in r)
+    (best of 3 each), on the calibrated run's 1 MB tensor."""
     keep = {at} | {at - s for s in _powers(max_span)} | {at - 2 * s for s in _powers(max_span)}
-    versions = {}
-    for t, state in synthetic_steps(at, 1, cal, seed=seed):
-        if t in keep:
-            versions[t] = state["layer.0.mlp.weight"].contiguous().view(torch.uint8).reshape(-1).numpy().tobytes()
+    versions = {t: x for t, x in calibrated_tensor(at, seed=seed) if t in keep}
     x = versions[at]
     costs = {s: len(codec.encode(x, BF16, versions[at - s], context=versions.get(at - 2 * s)).payload)
              for s in _powers(max_span)}
     keyframe = codec.encode(x, BF16, None).payload
     step = codec.encode(x, BF16, versions[at - 1], context=versions[at - 2]).payload
-    link = _best_seconds(lambda: codec.decode(step, len(x), versions[at - 1], context=versions[at - 2]))
-    return costs, len(keyframe), link / _best_seconds(lambda: codec.decode(keyframe, len(x), None))
-
-
-def _best_seconds(fn, repeats: int = 5) -> float:
-    best = math.inf
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
+    link = decode_seconds(step, len(x), versions[at - 1], versions[at - 2])
+    return costs, len(keyframe), link / decode_seconds(keyframe, len(x), None, None)
 
 
 def _powers(limit: int) -> list[int]:
@@ -115,12 +94,10 @@ def cheapest_trees(c: np.ndarray, window: int, depth: int, with_choices: bool = 
         for x in range(window - 1, 0, -1):
             # candidates b = x+1 .. window for every L; those past L are inf in h
             totals = below[1: window - x + 1][None, :] + h[:, x + 1: window + 1]
-            if with_choices:
-                k = np.argmin(totals, axis=1)
+            k = np.argmin(totals, axis=1)
+            h[:, x] = c[x] + totals[lengths, k]
+            if choices is not None:
                 choices[r, :, x] = x + 1 + k
-                h[:, x] = c[x] + totals[lengths, k]
-            else:
-                h[:, x] = c[x] + np.min(totals, axis=1)
             h[x, x] = 0.0  # (the window that ends at x: nothing left to cover)
         best[r] = h[:, 1]
         best[r, 1] = 0.0
