@@ -1,0 +1,146 @@
+"""Prune, gc and commits from separate processes (issue 49, item 1): every version that
+was readable before stays byte-identical after, whatever lands in between.
+
+The first four tests place one operation of another process exactly in the window where
+the race did damage (tests/race_driver.py --hold: a barrier on a pipe, the processes real);
+the stress test runs them side by side with no barrier, in random orders."""
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from race_driver import steps, version_digest  # noqa: E402
+
+from wvc import Repo  # noqa: E402
+
+DRIVER = Path(__file__).parent / "race_driver.py"
+
+
+def _env(**extra) -> dict:
+    return {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent), **extra}
+
+
+def _run(*args, env=None, timeout=300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(DRIVER), *map(str, args)], capture_output=True, text=True,
+                          env=env or _env(), timeout=timeout)
+
+
+def _start(*args, env=None, stdin=subprocess.PIPE) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(DRIVER), *map(str, args)], stdin=stdin,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env or _env())
+
+
+def _wait_holding(proc: subprocess.Popen) -> None:
+    line = proc.stdout.readline()
+    assert line.strip() == "HOLDING", (line, proc.stderr.read()[-2000:] if proc.poll() is not None else "")
+
+
+def _release(proc: subprocess.Popen) -> tuple[int, str, str]:
+    out, err = proc.communicate("go\n", timeout=300)
+    return proc.returncode, out, err
+
+
+def _versions(out: str) -> dict[str, str]:
+    return {d["commit"]: d["sha256"] for d in map(json.loads, (l for l in out.splitlines() if l.startswith("{")))}
+
+
+def _run_of(tmp_path, n: int):
+    root, state = tmp_path / "r", tmp_path / "state.safetensors"
+    Repo.init(root).close()
+    r = _run("steps", root, state, n)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return root, state, _versions(r.stdout)
+
+
+def _check(root, digests: dict[str, str]) -> None:
+    """Every version of ``digests`` not pruned checks out byte-identical; fsck is clean."""
+    with Repo.open(root) as repo:
+        pruned = repo.graph.pruned()
+        for c, digest in digests.items():
+            if c not in pruned:
+                assert version_digest(repo, c) == digest, f"version {c[:12]} changed"
+        assert repo.fsck().errors == []
+
+
+def test_commits_landing_while_a_prune_writes_its_pack_stay_exact(tmp_path):
+    root, state, digests = _run_of(tmp_path, 30)
+    prune = _start("prune", root, "--keep", "every=10,last=1", "--hold")
+    _wait_holding(prune)  # planned, pack written, not yet recorded
+    r = _run("steps", root, state, 2)  # two more steps, on the tip's chunks the plan re-encodes
+    assert r.returncode == 0, r.stderr[-2000:]
+    new = _versions(r.stdout)
+    digests.update(new)
+    rc, out, err = _release(prune)
+    assert rc == 0, err[-2000:]
+    _check(root, digests)
+    with Repo.open(root) as repo:
+        assert not set(new) & repo.graph.pruned()
+        assert repo.graph.pruned()  # the prune did run (again, seeing the new steps)
+
+
+def test_a_commit_encoded_before_a_prune_and_recorded_after_it_stays_exact(tmp_path):
+    root, state, digests = _run_of(tmp_path, 30)
+    commit = _start("steps", root, state, 2, "--hold")
+    _wait_holding(commit)  # chunks encoded against the tip's chains as they were
+    r = _run("prune", root, "--keep", "every=10,last=1")
+    assert r.returncode == 0, r.stderr[-2000:]
+    rc, out, err = _release(commit)
+    assert rc == 0, err[-2000:]
+    digests.update(_versions(out))
+    assert len(_versions(out)) == 2
+    _check(root, digests)
+
+
+def test_two_prunes_with_different_policies_never_apply_a_stale_plan(tmp_path):
+    root, state, digests = _run_of(tmp_path, 40)
+    first = _start("prune", root, "--keep", "every=10,last=1", "--hold")
+    _wait_holding(first)
+    second = _run("prune", root, "--keep", "every=4,last=3", env=_env(WVC_LOCK_TIMEOUT="1"))
+    rc, out, err = _release(first)
+    assert rc == 0, err[-2000:]
+    # the second waited for the first and then gave up, saying who holds the repository
+    assert second.returncode == 3 and "wvc prune" in second.stderr, second.stderr[-2000:]
+    _check(root, digests)
+    again = _run("prune", root, "--keep", "every=4,last=3")
+    assert again.returncode == 0, again.stderr[-2000:]
+    _check(root, digests)
+
+
+def test_gc_with_no_grace_never_deletes_a_running_prunes_pack(tmp_path):
+    root, state, digests = _run_of(tmp_path, 30)
+    prune = _start("prune", root, "--keep", "every=10,last=1", "--hold")
+    _wait_holding(prune)
+    packs = set((root / ".wvc" / "packs").glob("pack-*.pack"))
+    gc = _run("gc", root, env=_env(WVC_LOCK_TIMEOUT="1"))
+    assert gc.returncode == 3 and "wvc prune" in gc.stderr, gc.stderr[-2000:]
+    assert set((root / ".wvc" / "packs").glob("pack-*.pack")) == packs  # nothing deleted
+    rc, out, err = _release(prune)
+    assert rc == 0, err[-2000:]
+    _check(root, digests)
+    assert _run("gc", root).returncode == 0
+    _check(root, digests)
+
+
+@pytest.mark.slow
+def test_prune_gc_and_commits_in_random_interleavings_lose_nothing(tmp_path):
+    root, state, digests = _run_of(tmp_path, 24)
+    rng = random.Random(49)
+    policies = ["every=10,last=1", "every=4,last=2", "every=3,last=1", "last=5"]
+    for round_ in range(6):
+        ops = [("steps", root, state, rng.randint(2, 4)), ("prune", root, "--keep", rng.choice(policies))]
+        if rng.random() < 0.7:
+            ops.append(("gc", root))
+        rng.shuffle(ops)
+        procs = [(op, _start(*op, stdin=subprocess.DEVNULL)) for op in ops]
+        for op, proc in procs:
+            out, err = proc.communicate(timeout=300)
+            assert proc.returncode == 0, (round_, op[0], err[-2000:])
+            if op[0] == "steps":
+                digests.update(_versions(out))
+        _check(root, digests)
