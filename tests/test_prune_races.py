@@ -132,7 +132,7 @@ def test_prune_gc_and_commits_in_random_interleavings_lose_nothing(tmp_path):
     root, state, digests = _run_of(tmp_path, 24)
     rng = random.Random(49)
     policies = ["every=10,last=1", "every=4,last=2", "every=3,last=1", "last=5"]
-    for round_ in range(6):
+    for round_ in range(8):
         ops = [("steps", root, state, rng.randint(2, 4)), ("prune", root, "--keep", rng.choice(policies))]
         if rng.random() < 0.7:
             ops.append(("gc", root))
@@ -140,7 +140,7 @@ def test_prune_gc_and_commits_in_random_interleavings_lose_nothing(tmp_path):
         procs = [(op, _start(*op, stdin=subprocess.DEVNULL)) for op in ops]
         for op, proc in procs:
             out, err = proc.communicate(timeout=300)
-            assert proc.returncode == 0, (round_, op[0], err[-2000:])
+            assert proc.returncode == 0, f"round {round_}, {op[0]}:\n{err[-3000:]}"
             if op[0] == "steps":
                 digests.update(_versions(out))
         _check(root, digests)

@@ -35,6 +35,11 @@ class CorruptObject(FormatError):
     """A stored object does not decode, or decodes to bytes whose hash is not its id."""
 
 
+class PackMissing(CorruptObject):
+    """A pack file a row points into is not there: damage, or rows read just before a gc or
+    prune moved them to another pack and unlinked this one (reading the rows again tells)."""
+
+
 class MissingObject(WvcError, LookupError):
     """An object referenced by a tree or a delta is not in the store."""
 
@@ -62,6 +67,12 @@ class UncommittedChanges(WvcError):
 class ConcurrentUpdate(WvcError):
     """Something changed under an operation: a ref moved between reading it and updating it
     (another writer won), or a file changed while it was being committed."""
+
+
+class StaleWrite(ConcurrentUpdate):
+    """What a writer prepared was changed under it before its record, by a prune or gc in
+    another process: a new chunk's delta base removed or re-encoded on another base, or its
+    new pack removed (gc --grace 0). Nothing was recorded; encoding again succeeds."""
 
 
 class UnsafePath(FormatError):

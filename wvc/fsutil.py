@@ -243,6 +243,40 @@ class DirectWriter:
                 buf.close()  # then it is unmapped when collected
 
 
+def claim_temp(fd: int) -> None:
+    """Mark a temp file as being written: a shared-nothing flock on its descriptor, which the
+    kernel drops when the file is closed or its process dies. gc leaves a claimed temp file
+    alone whatever its grace period (``temp_in_use``): with ``--grace 0`` it deleted a
+    commit's half-written pack or file under it."""
+    try:
+        import fcntl
+    except ImportError:  # (Windows: gc's grace period alone protects it)
+        return
+    with contextlib.suppress(OSError):
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def temp_in_use(path: Path) -> bool:
+    """Whether a live process is writing ``path`` (it holds the claim of ``claim_temp``)."""
+    try:
+        import fcntl
+    except ImportError:
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return False  # gone, a directory, or a link: not a claimed file
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def atomic_writer(target: os.PathLike | str, durable: bool = True, size_hint: int = 0, executable: bool = False):
     """Yield a binary file object; on clean exit it atomically replaces ``target``.
@@ -253,6 +287,7 @@ def atomic_writer(target: os.PathLike | str, durable: bool = True, size_hint: in
     target = Path(target)
     fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=target.parent)
     try:
+        claim_temp(fd)
         os.fchmod(fd, file_mode(executable))
         with os.fdopen(fd, "wb") as fh:
             direct = None
@@ -343,10 +378,10 @@ LOCK_WAIT_SECONDS = 60.0  # WVC_LOCK_TIMEOUT overrides
 
 
 @contextlib.contextmanager
-def file_lock(path: Path, holder: str, timeout: float | None = None):
+def file_lock(path: Path, holder: str, timeout: float | None = None, what: str = "the working tree"):
     """An exclusive advisory lock (flock) on ``path``, waited for up to WVC_LOCK_TIMEOUT
     seconds; ``holder`` (pid and verb) is written into the file for the next waiter's
-    message. The kernel drops the lock when its process dies: a killed holder never
+    message, which names ``what`` the lock guards. The kernel drops the lock when its process dies: a killed holder never
     leaves a stale lock behind."""
     import fcntl
     import time
@@ -364,7 +399,7 @@ def file_lock(path: Path, holder: str, timeout: float | None = None):
             except BlockingIOError as exc:
                 if time.monotonic() >= deadline:
                     other = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
-                    raise LockedError(f"the working tree is locked by {other}; wait for it to finish "
+                    raise LockedError(f"{what} is locked by {other}; wait for it to finish "
                                       f"(waited {limit:g} s)") from exc
                 time.sleep(0.05)
         os.ftruncate(fd, 0)

@@ -30,6 +30,10 @@ from .store.refs import HEADS, Refs, check_ref_name
 
 WVC_DIR = ".wvc"
 WORKTREE_LOCK = "worktree.lock"
+# Held by the verbs that rewrite stored objects' rows (prune, gc): each plans from the rows
+# it reads and applies the plan later, so two of them must never overlap (docs/design.md,
+# "prune"). Commits do not take it: they only add rows, and are checked at their record.
+MAINTENANCE_LOCK = "maintenance.lock"
 INIT_PREFIX = ".wvc-tmp-init-"  # an init under way (fsutil.TEMP_PREFIX: scans skip it)
 DEFAULT_CHUNK_BYTES = 4 << 20
 FORMAT_VERSION = "1"  # what init writes
@@ -133,6 +137,14 @@ class Repository:
         raise NotARepository(f"not a wvc repository (or any parent up to /): {start}")
 
     @contextlib.contextmanager
+    def maintenance_lock(self, verb: str, timeout: float | None = None):
+        """Held for the whole of a prune or a gc: a second one waits (WVC_LOCK_TIMEOUT), then
+        refuses naming the holder. The kernel drops it when its process dies."""
+        with file_lock(self.wvc_dir / MAINTENANCE_LOCK, f"wvc {verb} (pid {os.getpid()})", timeout,
+                       what="the repository's stored objects (prune, gc)"):
+            yield
+
+    @contextlib.contextmanager
     def worktree_lock(self, verb: str, timeout: float | None = None):
         """Held by every verb that reads or writes the working tree as a whole (commit,
         checkout, pull, merge, reset): a commit never records half of a checkout. Re-entrant
@@ -224,7 +236,9 @@ class Repository:
         model's chunk locations, store.add_external). Then every chunk the trees
         name must be present: a gc may have removed an unreachable chunk a writer
         deduplicated against between its plan and now, and a tree naming a missing chunk
-        would be a version that cannot be checked out (MissingObject; nothing recorded).
+        would be a version that cannot be checked out (MissingObject; nothing recorded); and
+        every new pack must still be there and every new delta's base as its writer read it
+        (StaleWrite: a gc or prune changed them meanwhile; nothing recorded).
         Then the trees and commits, and ``ref`` moved from ``expected`` to the last commit by
         compare-and-swap with a reflog entry ``reason`` (None: no ref moves here; a merge
         moves its branch after the working tree). ``during(db)``: more writes of the same
@@ -234,6 +248,9 @@ class Repository:
         with self.db.write():
             for pack, rows in packs:
                 self.store.insert_rows(pack, rows)
+            for pack, rows in packs:  # (after all: a batch's delta may be on another's chunk)
+                if pack is not None:
+                    self.store.check_new_pack(pack, rows)
             if externals is not None:
                 self.store.add_external(externals)
             chunks = set().union(*(tree.chunk_ids() for _, tree, _ in versions)) if versions else set()

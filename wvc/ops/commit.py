@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import settings
-from ..errors import ConcurrentUpdate, InvalidArgument, NothingToCommit
+from ..errors import ConcurrentUpdate, InvalidArgument, NothingToCommit, PackMissing, StaleWrite
 from ..device_choice import commit_device, data_location
 from ..versions import Commit, Tree, check_metadata
 from ..progress import NULL, Progress
@@ -24,6 +24,8 @@ from ..store.refs import HEADS, MERGE_HEAD, MERGE_RECIPE
 from ..worktree import StatCache, scan
 from ..snapshot import STATE_DICT_PATH, Snapshotter
 
+
+RECORD_ATTEMPTS = 3  # encodings of one commit, each refused only if a prune re-encoded its bases meanwhile
 
 
 @dataclass
@@ -96,13 +98,23 @@ def commit(
     metadata); the replaced one stays in the reflog. Committing the
     working tree holds its lock: a checkout in another process cannot change it meanwhile.
     """
+    def attempts():
+        # A prune in another process may re-encode the delta bases this commit's chunks were
+        # encoded against between the encoding and the record, which then refuses it
+        # (StaleWrite, nothing recorded): encoded again against the bases as they are now.
+        for attempt in range(1, RECORD_ATTEMPTS + 1):
+            try:
+                return _commit(repo, message, source, author=author, metadata=metadata, allow_empty=allow_empty,
+                               device=device, state_dict_path=state_dict_path, branch=branch, exclude=exclude,
+                               amend=amend, progress=progress)
+            except (StaleWrite, PackMissing):  # (a base read from rows a gc or prune just moved)
+                if attempt == RECORD_ATTEMPTS:
+                    raise
+
     if source is None or (isinstance(source, (str, os.PathLike)) and Path(source).resolve() == repo.root):
         with repo.worktree_lock("commit"):
-            return _commit(repo, message, source, author=author, metadata=metadata, allow_empty=allow_empty,
-                           device=device, state_dict_path=state_dict_path, branch=branch, exclude=exclude,
-                           amend=amend, progress=progress)
-    return _commit(repo, message, source, author=author, metadata=metadata, allow_empty=allow_empty, device=device,
-                   state_dict_path=state_dict_path, branch=branch, exclude=exclude, amend=amend, progress=progress)
+            return attempts()
+    return attempts()
 
 
 def _commit(repo, message, source, *, author, metadata, allow_empty, device, state_dict_path, branch, exclude,

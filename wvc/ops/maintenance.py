@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from .. import settings
 from .. import ids
 from ..errors import WvcError
-from ..fsutil import TEMP_PREFIX, stale_work_dirs
+from ..fsutil import TEMP_PREFIX, stale_work_dirs, temp_in_use
 from ..repo import INIT_PREFIX
 from ..versions import Commit, Tree
 from ..basemodel.attach import verify as verify_base
@@ -89,6 +89,13 @@ def _pack_bytes(repo) -> int:
 
 
 def gc(repo, *, grace_seconds: int = 3600) -> GcResult:
+    """Under the maintenance lock: never beside a prune, whose new pack is a file no row names
+    until its transaction, and whose plan reads the rows gc rewrites (docs/design.md, "gc")."""
+    with repo.maintenance_lock("gc"):
+        return _gc(repo, grace_seconds)
+
+
+def _gc(repo, grace_seconds: int) -> GcResult:
     result = GcResult(bytes_before=_pack_bytes(repo), grace_seconds=grace_seconds,
                       reflog_days=reflog_expire_seconds() / 86400)
     now = time.time()
@@ -129,7 +136,8 @@ def gc(repo, *, grace_seconds: int = 3600) -> GcResult:
     result.packs_rewritten = len(dead_packs - kept_packs)
     noted = repo.db.get_config(PRUNED_PACKS)  # a prune killed before unlinking them
     pruned_packs = set(json.loads(noted)) - set(repo.store.pack_names()) if noted else set()
-    result.files_removed = _remove_leftovers(repo, now, grace_seconds, (dead_packs - kept_packs) | pruned_packs)
+    with repo.db.write():  # no writer records a pack between the listing of known ones and the unlinks
+        result.files_removed = _remove_leftovers(repo, now, grace_seconds, (dead_packs - kept_packs) | pruned_packs)
     if noted:
         with repo.db.write():
             repo.db.delete_config(PRUNED_PACKS)
@@ -147,6 +155,8 @@ def _remove_leftovers(repo, now: float, grace_seconds: int, retired: set[str]) -
             old = now - path.stat().st_mtime >= grace_seconds
         except FileNotFoundError:  # renamed into place by a commit finishing right now
             continue
+        if path.name.startswith(TEMP_PREFIX) and temp_in_use(path):
+            continue  # a live writer's (fsutil.claim_temp), whatever the grace period
         if path.name in retired_files or old or path.parent == repo.wvc_dir:  # work dirs: owner gone
             if path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)

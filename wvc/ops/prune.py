@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from .. import ids, tree_diff
 from ..codec.container import Method
-from ..errors import InvalidArgument, WvcError
+from ..errors import ConcurrentUpdate, InvalidArgument, WvcError
 from ..formats.dtypes import BYTES, DTYPES
 from ..progress import NULL, Progress
 from ..remotes import lazy_remote_name
@@ -151,13 +151,38 @@ class _Plan:
     rebased: set[str]  # re-encoded on a new base (the rest of ``reencode`` keeps its base)
 
 
+PLAN_ATTEMPTS = 3  # plans made afresh when commits landing meanwhile made the last one stale
+
+
+class _StalePlan(Exception):
+    """Raised under the write lock when what landed since the plan makes it unsafe to apply."""
+
+
 def prune(repo, branch: str | None = None, keep=None, *, dry_run: bool = False, protect=frozenset(),
           progress: Progress = NULL) -> PruneResult:
     """Apply ``keep`` (see :class:`KeepPolicy`) to ``branch``'s run (default: HEAD's branch).
-    ``protect``: commits kept whatever the policy says (the Publisher's not yet pushed)."""
+    ``protect``: commits kept whatever the policy says (the Publisher's not yet pushed).
+
+    Under the maintenance lock (no gc or other prune beside it); commits from other
+    processes go on meanwhile, and a plan they made unsafe is made again (docs/design.md,
+    "prune": why each race is safe)."""
     policy = KeepPolicy.of(keep)
     if lazy_remote_name(repo.db) is not None:
         raise WvcError("this is a lazy clone: `wvc fetch --all` first, so that what kept versions need is here")
+    if dry_run:
+        return _prune(repo, branch, policy, True, protect, progress)
+    with repo.maintenance_lock("prune"):
+        for attempt in range(1, PLAN_ATTEMPTS + 1):
+            try:
+                return _prune(repo, branch, policy, False, protect, progress)
+            except _StalePlan as exc:
+                if attempt == PLAN_ATTEMPTS:
+                    raise ConcurrentUpdate(f"prune: {exc}, {PLAN_ATTEMPTS} plans in a row; nothing was changed: "
+                                           "run it again (or between commits)") from None
+    raise AssertionError("unreachable")
+
+
+def _prune(repo, branch: str | None, policy: KeepPolicy, dry_run: bool, protect, progress: Progress) -> PruneResult:
     _finish_retired(repo)
     branch = branch or repo.refs.head_branch()
     if branch is None:
@@ -188,22 +213,32 @@ def prune(repo, branch: str | None = None, keep=None, *, dry_run: bool = False, 
     new_rows, copied, pack = _write_pack(repo, plan, progress)
     # 3. one transaction
     now = int(time.time())
-    with repo.db.write():
-        # a ref moved onto a version meanwhile: it keeps its weights (its chunks revive below)
-        pruning -= _always_kept(repo)
-        to_prune = [c for c in to_prune if c in pruning]
-        live_now = _live(repo, already | pruning, {r.id: r for r in new_rows}, plan.rows)
-        resurrected = plan.freed & live_now  # a commit that landed meanwhile needs them
-        freed = plan.freed - resurrected
-        touched = {plan.rows[o].pack for o in plan.freed} | {plan.rows[o].pack for o, _ in plan.reencode}
-        emptied = touched - {plan.rows[o].pack for o in resurrected}
-        repo.graph.mark_pruned(to_prune, now)
-        if pack is not None:
-            repo.store.relocate(pack, copied + [(r.id, r.offset) for r in new_rows], now)
-            repo.store.reencoded(new_rows, plan.rebased)
-        repo.store.set_depths(_corrected_depths(repo, plan, {r.id: r for r in new_rows}))
-        repo.store.forget(freed, emptied)
-        repo.db.set_config(RETIRED_PACKS, json.dumps(sorted(emptied)))
+    try:
+        with repo.db.write():
+            if pack is not None and not repo.store.pack_file_intact(*pack):
+                raise _StalePlan(f"its new pack {pack[0][:12]} is gone or changed before its record")
+            # a ref moved onto a version meanwhile: it keeps its weights (its chunks revive below)
+            pruning -= _always_kept(repo)
+            to_prune = [c for c in to_prune if c in pruning]
+            new_by_id = {r.id: r for r in new_rows}
+            live_now, rows_now = _live(repo, already | pruning, new_by_id, plan.rows)
+            depths = _corrected_depths(live_now, new_by_id, rows_now)
+            _check_still_valid(plan, live_now, new_by_id, rows_now, depths, repo.max_chain)
+            resurrected = plan.freed & live_now  # a commit that landed meanwhile needs them
+            freed = plan.freed - resurrected
+            touched = {plan.rows[o].pack for o in plan.freed} | {plan.rows[o].pack for o, _ in plan.reencode}
+            emptied = touched - {plan.rows[o].pack for o in resurrected}
+            repo.graph.mark_pruned(to_prune, now)
+            if pack is not None:
+                repo.store.relocate(pack, copied + [(r.id, r.offset) for r in new_rows], now)
+                repo.store.reencoded(new_rows, plan.rebased)
+            repo.store.set_depths(depths)
+            repo.store.forget(freed, emptied)
+            repo.db.set_config(RETIRED_PACKS, json.dumps(sorted(emptied)))
+    except _StalePlan:
+        if pack is not None:  # recorded nowhere: nobody else can use it
+            (repo.store.packs_dir / pack_filename(pack[0])).unlink(missing_ok=True)
+        raise
     repo.store.reader.close()
     # 4. the emptied packs' files
     _finish_retired(repo)
@@ -211,6 +246,27 @@ def prune(repo, branch: str | None = None, keep=None, *, dry_run: bool = False, 
     result.bytes_after = _pack_bytes(repo)
     result.bytes_freed = max(0, result.bytes_before - result.bytes_after)
     return result
+
+
+def _check_still_valid(plan: _Plan, live: set[str], new_rows: dict[str, ObjectRow], rows: dict[str, ObjectRow],
+                       depths: dict[str, int], max_chain: int) -> None:
+    """Under the write lock, before anything is applied: the plan is still safe for what the
+    kept versions need now, including chunks that commits from other processes recorded since
+    it was made (their rows are not in ``plan.rows``). A live ULP_STEP payload the plan does
+    not re-encode is decoded in the context of its base's base: if the plan gives its base a
+    new base, that payload would decode to other bytes. And a chunk the plan never saw must
+    not end up deeper than ``max_chain`` because its base was re-encoded deeper. Either way
+    the plan is made again, seeing them (``_StalePlan``)."""
+    for oid in live:
+        row = rows.get(oid)
+        if oid in new_rows or row is None or row.base is None:
+            continue
+        moved = new_rows.get(row.base)
+        if row.method == Method.ULP_STEP and moved is not None and moved.base != rows[row.base].base:
+            raise _StalePlan(f"chunk {ids.short(oid)}, recorded since the plan, is a step on {ids.short(row.base)}, "
+                             "which the plan re-encodes on another base")
+        if oid not in plan.rows and depths.get(oid, row.depth) > max_chain:
+            raise _StalePlan(f"chunk {ids.short(oid)}, recorded since the plan, would pass max_chain")
 
 
 def _always_kept(repo) -> set[str]:
@@ -470,8 +526,10 @@ def _write_pack(repo, plan: _Plan, progress: Progress):
     return new_rows, [(e.id, e.offset) for e in entries], pack
 
 
-def _live(repo, pruned: set[str], new_rows: dict[str, ObjectRow], old_rows: dict[str, ObjectRow]) -> set[str]:
-    """Under the write lock: every chunk the kept versions need now, through the new rows."""
+def _live(repo, pruned: set[str], new_rows: dict[str, ObjectRow],
+          old_rows: dict[str, ObjectRow]) -> tuple[set[str], dict[str, ObjectRow]]:
+    """Under the write lock: every chunk the kept versions need now, through the new rows;
+    and the current rows of those (the plan's, and those recorded since)."""
     kept = set()
     for tree in _kept_trees(repo, pruned):
         kept |= tree.chunk_ids()
@@ -491,17 +549,19 @@ def _live(repo, pruned: set[str], new_rows: dict[str, ObjectRow], old_rows: dict
             rows.update(repo.store.rows([row.base]))
         if row.base is not None:
             frontier.append(row.base)
-    return live
+    return live, rows
 
 
-def _corrected_depths(repo, plan: _Plan, new_rows: dict[str, ObjectRow]) -> dict[str, int]:
-    """The depth each kept chunk's chain has after re-encoding, where it changed."""
+def _corrected_depths(live: set[str], new_rows: dict[str, ObjectRow], rows: dict[str, ObjectRow]) -> dict[str, int]:
+    """The depth each live chunk's chain has after re-encoding (through ``new_rows``, else its
+    current row), where it changed: those the plan re-encoded and those above them, recorded
+    before the plan or since."""
     depth: dict[str, int] = {}
 
     def of(oid: str) -> int:
         path, cursor = [], oid
         while cursor is not None and cursor not in depth:
-            row = new_rows.get(cursor) or plan.rows.get(cursor)
+            row = new_rows.get(cursor) or rows.get(cursor)
             if row is None:  # a base's file, or not in a pack
                 depth[cursor] = 0
                 break
@@ -512,8 +572,8 @@ def _corrected_depths(repo, plan: _Plan, new_rows: dict[str, ObjectRow]) -> dict
         return depth[oid]
 
     changed = {}
-    for oid in plan.kept_chunks:
-        row = new_rows.get(oid) or plan.rows.get(oid)
+    for oid in live:
+        row = new_rows.get(oid) or rows.get(oid)
         if row is not None and of(oid) != row.depth:
             changed[oid] = depth[oid]
     return changed

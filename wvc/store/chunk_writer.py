@@ -40,6 +40,15 @@ class _Offered:
     prepared: object = None  # the Future of ChunkWriter._prepare
 
 
+def _context_id(encoded, base_chain) -> str | None:
+    """The id of a ULP_STEP payload's step context (the base's base as this writer read it)."""
+    from ..codec.container import Method
+
+    if encoded.method != Method.ULP_STEP:
+        return None
+    return base_chain[1].id
+
+
 class _Deferred:
     """An in-flight entry of a device batch: the Future of its Encoded is known only once
     the batch is launched; ``result()`` gives what :meth:`ChunkWriter._encode` returns."""
@@ -49,7 +58,7 @@ class _Deferred:
 
     def result(self):
         encoded = self.future.result()
-        return encoded, self.raw_size, self.base if encoded.uses_base else None
+        return encoded, self.raw_size, self.base if encoded.uses_base else None, None  # (never ULP_STEP)
 
     def cancel(self) -> bool:
         return self.future.cancel() if self.future is not None else False
@@ -248,7 +257,7 @@ class ChunkWriter:
         from .. import codec
 
         encoded = codec.encode(raw, dtype, base_raw, context=context, device="cpu", level=self.level)
-        return encoded, len(raw), base_chain[0] if encoded.uses_base else None
+        return encoded, len(raw), base_chain[0] if encoded.uses_base else None, _context_id(encoded, base_chain)
 
     def _base_and_context(self, raw, base_chain, base_raw):
         """The base's bytes (decoded unless given) and ULP_STEP's context: the link below
@@ -276,17 +285,18 @@ class ChunkWriter:
         base_raw, context = self._base_and_context(raw, base_chain, base_raw)
         encoded = codec.encode(raw, dtype, base_raw, context=context, device=self.device, level=self.level)
         base = base_chain[0] if encoded.uses_base else None
-        return encoded, len(raw), base
+        return encoded, len(raw), base, _context_id(encoded, base_chain)
 
     def _drain_one(self) -> None:
         object_id, future, size = self.in_flight.popleft()
         self.in_flight_bytes -= size
-        encoded, raw_size, base = future.result()
+        encoded, raw_size, base, context = future.result()
         entry = self.pack.add(object_id, encoded.payload, raw_size, int(encoded.method), base.id if base else None)
         self.pending[object_id] = ObjectRow(
             object_id, "", entry.offset, entry.length, raw_size, int(encoded.method),
             base.id if base else None, base.depth + 1 if base else 0,
             position=self.positions.get(object_id, 0) if base else 0,  # (a keyframe is a root)
+            context=context,
         )
         self.in_flight_ids.discard(object_id)
         self.stored_bytes += len(encoded.payload)

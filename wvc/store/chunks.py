@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import Protocol
 
 from .. import ids
-from ..errors import CorruptObject, MissingObject
+from ..errors import CorruptObject, MissingObject, PackMissing
 from ..progress import NULL, Progress
 from . import pool as codec_pool
 from .chains import MAX_CHAIN_LINKS, decode_links, resolve_chain
 from .chunk_writer import DEFAULT_MAX_CHAIN, ChunkWriter
 from .database import Database
 from .external import BASE_PACK, EXTERNAL_METHOD, ExternalFiles
-from .packs import PackReader, PackWriter, copy_payloads
+from .packs import PackReader, PackWriter, copy_payloads, pack_filename
 from .rows import ObjectRow
 
 ROW_BATCH = 500  # ids per query (SQLite before 3.32 binds at most 999 parameters)
@@ -261,7 +261,14 @@ class ObjectStore:
 
     def get(self, object_id: str) -> bytes:
         """The raw bytes of a chunk, decoded through its delta chain and hash-verified."""
-        return self.decode_chain(self.chain(object_id))
+        chain = self.chain(object_id)
+        try:
+            return self.decode_chain(chain)
+        except PackMissing:
+            again = self.chain(object_id)  # a gc or prune in another process moved its rows meanwhile?
+            if again == chain:
+                raise
+            return self.decode_chain(again)
 
     def get_from(self, object_id: str, known: dict[str, bytes]) -> bytes:
         """:meth:`get`, starting from the highest link of the chain whose bytes (and, for a
@@ -398,6 +405,46 @@ class ObjectStore:
         self.db.conn.executemany("INSERT OR IGNORE INTO reencoded_objects VALUES (?)", [(o,) for o in rebased])
         # a re-encoded chunk's chain is no longer the line its position counted: a root now
         self.db.conn.executemany("DELETE FROM anchor_positions WHERE id = ?", [(r.id,) for r in rows])
+
+    def pack_file_intact(self, name: str, size: int) -> bool:
+        """Whether ``name``'s pack file is in place with the size its writer made: checked
+        before a row is pointed into a pack written earlier (prune), in case it was removed."""
+        try:
+            return (self.packs_dir / pack_filename(name)).stat().st_size == size
+        except FileNotFoundError:
+            return False
+
+    def check_new_pack(self, pack: tuple[str, int], rows: list[ObjectRow]) -> None:
+        """After :meth:`insert_rows` of ``rows`` (``pack``'s), inside the same transaction: the
+        pack file is still there (gc, which unlinks packs no row names under the same lock,
+        may have taken it for a leftover before this record), each new delta's base is still stored, at the depth its writer read, and each new ULP_STEP
+        payload's base still has the base that was its step context. A prune or gc that ran
+        between the writer's encoding and this record may have removed a base or re-encoded it
+        on another (a payload decoded against another context is wrong bytes): StaleWrite,
+        and the caller's transaction rolls back (docs/design.md, "prune")."""
+        from ..errors import StaleWrite
+
+        if not self.pack_file_intact(*pack):
+            raise StaleWrite(f"the new pack {pack[0][:12]} was removed before this version was recorded (a concurrent "
+                             "gc with no grace period?); nothing was recorded: retry")
+        pack = pack[0]
+        mine = [r for r in rows if r.base is not None]
+        if not mine:
+            return
+        current = self.rows({r.id for r in mine} | {r.base for r in mine})
+        external = self.present({r.base for r in mine if r.base not in current})
+        for r in mine:
+            if current.get(r.id) is None or current[r.id].pack != pack:
+                continue  # another writer recorded the same chunk first: its row stands, not this one
+            base = current.get(r.base)
+            if base is None and r.base not in external:
+                raise StaleWrite(f"the delta base {ids.short(r.base)} of new chunk {ids.short(r.id)} was removed "
+                                     "while this version was being written (a concurrent prune or gc); nothing was "
+                                     "recorded: retry")
+            if base is not None and (base.depth + 1 != r.depth or (r.context is not None and base.base != r.context)):
+                raise StaleWrite(f"the delta base {ids.short(r.base)} of new chunk {ids.short(r.id)} was re-encoded "
+                                     "while this version was being written (a concurrent prune); nothing was "
+                                     "recorded: retry")
 
     def rebased_ids(self) -> set[str]:
         """Chunks a prune re-encoded on a new base: never a ULP_STEP payload's base (their

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import ids
-from ..errors import CorruptObject
-from ..fsutil import PACK_WRITEBACK_BYTES, TEMP_PREFIX, EarlyWriteback, file_mode, fsync_dir
+from ..errors import CorruptObject, PackMissing
+from ..fsutil import PACK_WRITEBACK_BYTES, TEMP_PREFIX, EarlyWriteback, claim_temp, file_mode, fsync_dir
 from ..versions import MAX_PAYLOAD, MAX_RAW_CHUNK, canonical_json
 
 MAGIC = b"WVCPACK\x01"
@@ -100,6 +100,7 @@ class PackWriter:
     def __init__(self, directory: Path):
         self.directory = directory
         fd, self.tmp_path = tempfile.mkstemp(prefix=TEMP_PREFIX, suffix=".pack", dir=directory)
+        claim_temp(fd)  # gc leaves it alone while this writer lives
         os.fchmod(fd, file_mode())  # mkstemp's 0600 would keep a shared repository's packs private
         self.fh = EarlyWriteback(os.fdopen(fd, "wb"), PACK_WRITEBACK_BYTES)  # written out as it grows: a short final fsync
         self.hasher = ids.hasher(ids.PACK)
@@ -334,7 +335,7 @@ class PackReader:
             try:
                 fd = os.open(self.directory / pack_filename(pack), os.O_RDONLY)
             except FileNotFoundError as exc:
-                raise CorruptObject(f"pack {pack[:12]} is missing") from exc
+                raise PackMissing(f"pack {pack[:12]} is missing") from exc
             self._fds[pack] = fd
             self._sizes[pack] = os.fstat(fd).st_size
         return fd

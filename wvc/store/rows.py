@@ -20,6 +20,10 @@ class ObjectRow:
     # a new row's anchor position (store/anchors.py), which insert_rows records; rows read
     # back leave it unset (ObjectStore.anchor_positions has it)
     position: int = 0
+    # a new ULP_STEP row's step context as its writer read it (its base's base): the record
+    # checks that the base still has that base (a prune may have re-encoded it meanwhile);
+    # not stored, rows read back leave it unset
+    context: str | None = None
 
     @property
     def external(self) -> bool:
