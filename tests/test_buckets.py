@@ -79,6 +79,7 @@ def test_two_pushers_racing_on_one_bucket_ref_exactly_one_wins(tmp_path, hub):
     workers = [ctx.Process(target=_race_worker, args=(barrier, q, results)) for q in queues]
     for w in workers:
         w.start()
+    retractions = []
     try:
         for trial in range(20):
             url = f"hf://buckets/team/race-{tmp_path.name}/t{trial}"
@@ -95,9 +96,15 @@ def test_two_pushers_racing_on_one_bucket_ref_exactly_one_wins(tmp_path, hub):
                 repo.close()
             queues[0].put(str(a.root))
             queues[1].put(str(b.root))
+            ops_before = len(hub.bucket_ops)
             outcome = dict((path, (kind, msg)) for path, kind, msg in (results.get(timeout=180) for _ in range(2)))
             kinds = sorted(kind for kind, _ in outcome.values())
             assert kinds == ["NonFastForward", "won"], (trial, outcome)
+            # the protocol ran: the loser's proposal was withdrawn (two pushes one after the
+            # other fail the ordinary fast-forward check with the same error, proposing nothing)
+            retracted = [p for kind, p in hub.bucket_ops[ops_before:]
+                         if kind == "deleteFile" and f"/t{trial}/reflog/" in p and p.endswith(".json")]
+            retractions.append(len(retracted))
             winner = next(p for p, (kind, _) in outcome.items() if kind == "won")
             loser = next(p for p, (kind, _) in outcome.items() if kind != "won")
             from wvc.remotes import open_remote
@@ -109,6 +116,7 @@ def test_two_pushers_racing_on_one_bucket_ref_exactly_one_wins(tmp_path, hub):
             with Repo.open(loser) as repo:  # and the loser can pull and push on top
                 repo.pull(rebase=True)
                 repo.push()
+        assert sum(1 for n in retractions if n) >= 15, retractions  # they raced (nearly) every time
     finally:
         for q in queues:
             q.put(None)
@@ -160,3 +168,186 @@ def test_a_push_killed_at_any_request_leaves_the_bucket_readable_and_the_next_pu
         again = clone(url, tmp_path / f"after{k}")
         assert again.refs.head_commit() == new and tree_digests(again.root) == tree_digests(tmp_path / "m")
         head = new
+
+
+def _counting_confirmations(url: str) -> dict[int, list[str]]:
+    """seq -> the entries whose confirmation counts, as every reader computes them."""
+    from wvc.remotes import open_remote
+    from wvc.remotes.bucket import REFLOG, _seq
+
+    remote = open_remote(url)
+    _, confirmed = remote._log(remote._list(REFLOG))
+    out: dict[int, list[str]] = {}
+    for name in confirmed:
+        out.setdefault(_seq(name), []).append(name)
+    return out
+
+
+def _push_worker(barrier, tasks, results):
+    """Pushes each (repository, branch) it is given once every worker holds one."""
+    from wvc import Repo as R
+    from wvc.errors import WvcError
+
+    while (task := tasks.get()) is not None:
+        path, branch = task
+        repo = R.open(path)
+        barrier.wait()
+        try:
+            repo.push("origin", branch)
+            results.put((path, branch, "won", ""))
+        except WvcError as exc:
+            results.put((path, branch, type(exc).__name__, str(exc)))
+        finally:
+            repo.close()
+
+
+def _pushers(n):
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(n), ctx.Queue()
+    queues = [ctx.Queue() for _ in range(n)]
+    workers = [ctx.Process(target=_push_worker, args=(barrier, q, results)) for q in queues]
+    for w in workers:
+        w.start()
+    workers.append(barrier)  # (held while they run: a collected barrier's semaphore is gone before a child unpickles it)
+    return queues, results, workers
+
+
+def _stop(queues, workers):
+    for q in queues:
+        q.put(None)
+    for w in workers[:-1]:
+        w.join(timeout=60)
+
+
+def _repos_on(url, tmp_path, n, tag, *, branches):
+    """A bucket holding one base version, and ``n`` clones each with a new commit on its branch."""
+    a = Repo.init(tmp_path / f"{tag}-origin")
+    save_file({"w": torch.zeros(64, 64)}, str(a.root / "model.safetensors"))
+    a.commit("base")
+    a.remote_add("origin", url)
+    a.push()
+    a.close()
+    out = []
+    for k in range(n):
+        r = clone(url, tmp_path / f"{tag}-{k}")
+        save_file({"w": torch.full((64, 64), float(k + 1))}, str(r.root / f"p{k}.safetensors"))
+        out.append((str(r.root), branches[k], r.commit(f"pusher {k}", branch=branches[k]).commit))
+        r.close()
+    return out
+
+
+def test_a_rate_limited_confirm_is_not_resent_after_its_lease_and_one_push_wins(tmp_path, hub, monkeypatch):
+    """Issue 49, item 2: the first confirm answered 429 with a Retry-After longer than the
+    lease. It used to be resent after the wait, when the rival had passed over its proposal
+    and confirmed its own entry at the same seq: both pushes reported success."""
+    monkeypatch.setenv("WVC_BUCKET_STALE_SECONDS", "2")
+    url = f"hf://buckets/team/limited-{tmp_path.name}/m"
+    pushers = _repos_on(url, tmp_path, 2, "p", branches=["main", "main"])
+    queues, results, workers = _pushers(2)
+    try:
+        hub.bucket_faults.append({"op": "copyFile", "status": 429, "retry_after": 3})
+        for q, (path, branch, _) in zip(queues, pushers):
+            q.put((path, branch))
+        outcome = {path: kind for path, _, kind, _ in (results.get(timeout=180) for _ in range(2))}
+    finally:
+        _stop(queues, workers)
+    assert not hub.bucket_faults  # a confirm was refused
+    assert sorted(outcome.values()) == ["NonFastForward", "won"], outcome
+    winner = next(commit for path, _, commit in pushers if outcome[path] == "won")
+    assert clone(url, tmp_path / "reader").refs.head_commit() == winner
+    assert all(len(v) == 1 for v in _counting_confirmations(url).values())
+
+
+@pytest.mark.slow
+def test_pushers_under_throttled_and_late_confirms_land_or_fail_never_both(tmp_path, hub, monkeypatch):
+    """Two and three pushers at once (each its own branch, so that several may land), their
+    confirms refused with 429s or applied late (past the lease) in random order: every push
+    either lands (its commit is its branch on the bucket) or reports failure, and no seq ever
+    holds two confirmations that count."""
+    import random
+
+    monkeypatch.setenv("WVC_BUCKET_STALE_SECONDS", "2")
+    rng = random.Random(49)
+    for n in (2, 3):
+        queues, results, workers = _pushers(n)
+        try:
+            for trial in range(3):
+                url = f"hf://buckets/team/throttled-{tmp_path.name}/n{n}-t{trial}"
+                pushers = _repos_on(url, tmp_path, n, f"n{n}-t{trial}", branches=[f"b{k}" for k in range(n)])
+                hub.bucket_faults[:] = [rng.choice([{"op": "copyFile", "status": 429, "retry_after": rng.randint(1, 3)},
+                                                    {"op": "copyFile", "delay": rng.uniform(0.2, 2.5)},
+                                                    {"op": "copyFile", "status": 503}])
+                                        for _ in range(rng.randint(1, 3))]
+                for q, (path, branch, _) in zip(queues, pushers):
+                    q.put((path, branch))
+                outcome = {(p, b): (kind, msg) for p, b, kind, msg in (results.get(timeout=300) for _ in range(n))}
+                hub.bucket_faults[:] = []
+                refs = clone(url, tmp_path / f"reader-n{n}-t{trial}").refs.list("refs/remotes/origin/")
+                for path, branch, commit in pushers:
+                    kind, msg = outcome[(path, branch)]
+                    if kind == "won":
+                        assert refs.get(branch) == commit, (n, trial, branch, outcome)
+                    else:
+                        assert kind in ("RemoteChanged", "NonFastForward", "RemoteError"), (kind, msg)
+                assert any(kind == "won" for kind, _ in outcome.values()), outcome
+                assert all(len(v) == 1 for v in _counting_confirmations(url).values())
+        finally:
+            _stop(queues, workers)
+
+
+def _bucket_with_one_push(tmp_path, tag):
+    url = f"hf://buckets/team/{tag}-{tmp_path.name}/m"
+    repo = Repo.init(tmp_path / tag)
+    save_file({"w": torch.zeros(64, 64)}, str(repo.root / "model.safetensors"))
+    repo.commit("base")
+    repo.remote_add("origin", url)
+    repo.push()
+    return repo, url
+
+
+def _plant_entry(hub, url, name: str, body: bytes) -> None:
+    """A confirmed ref-log entry as anyone with write access to the bucket could add it."""
+    from huggingface_hub import HfApi
+
+    from .conftest import TOKEN
+
+    bucket, prefix = "/".join(url[len("hf://buckets/"):].split("/")[:2]), url.split("/", 5)[5]
+    HfApi(endpoint=hub.base_url, token=TOKEN).batch_bucket_files(
+        bucket, add=[(body, f"{prefix}/reflog/{name}.json"), (body, f"{prefix}/reflog/{name}.ok")])
+
+
+def test_a_deeply_nested_ref_log_entry_is_malformed_not_a_recursion_error(tmp_path, hub):
+    """Issue 49, item 6."""
+    from .test_everyday import run
+
+    repo, url = _bucket_with_one_push(tmp_path, "deep")
+    _plant_entry(hub, url, "000000000005-0123456789abcdef", b'{"format": 1, "seq": 5, "refs": ' + b"[" * 100_000
+                 + b"]" * 100_000 + b"}")
+    for args, cwd in ((("clone", url, "c"), tmp_path), (("fetch",), repo.root), (("push",), repo.root)):
+        r = run(cwd, *args, check=False)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 1 and lines and "ref log entry 000000000005-0123456789abcdef is malformed" in lines[-1], \
+            r.stderr[-2000:]
+        assert "RecursionError" not in r.stderr and "Traceback" not in r.stderr
+    with pytest.raises(wvc.errors.WvcError, match="malformed"):
+        wvc.follow(url).update(timeout=5)
+
+
+def test_a_ref_log_entry_at_the_largest_twelve_digit_seq_does_not_wedge_pushes(tmp_path, hub):
+    """Issue 49, item 8: the entry after 999999999999 has 13 digits."""
+    import json
+
+    repo, url = _bucket_with_one_push(tmp_path, "seq")
+    refs = {"refs/heads/main": repo.refs.head_commit()}
+    _plant_entry(hub, url, "999999999999-0123456789abcdef",
+                 json.dumps({"format": 1, "seq": 999999999999, "prev": None, "refs": refs}).encode())
+    for k in (1, 2):
+        save_file({"w": torch.full((64, 64), float(k))}, str(repo.root / "model.safetensors"))
+        repo.commit(f"after {k}")
+        repo.push()
+        assert clone(url, tmp_path / f"reader{k}").refs.head_commit() == repo.refs.head_commit()
+    from wvc.remotes import open_remote
+
+    remote = open_remote(url)
+    remote.state()
+    assert remote.head.startswith("1000000000001-")

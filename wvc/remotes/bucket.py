@@ -15,12 +15,20 @@ log, and confirms its proposal only if no other live proposal or confirmed entry
 looks again: if the winner moved a ref this push moves, the push is a non-fast-forward;
 otherwise it proposes again on top of the winner. Two pushers never both confirm: with a
 listing that sees every write completed before it (the Hub's, and the local server's), the
-one that listed second saw the other's proposal. The limits are in docs/design.md.
+one that listed second saw the other's proposal.
+
+A proposal is a lease of STALE_SECONDS on the bucket's clock: after it, others take it for a
+crashed pusher's. So a confirmation counts only if the bucket's upload time of the ``.ok`` is
+within half the lease of the ``.json``'s: a confirm that lands later (a request held in a
+queue, resent after a 429's Retry-After) is ignored by every reader, whatever it did on the
+way. The confirm is sent once, never resent by the back-off; the pusher then lists the log
+and has landed only if its entry is confirmed and counts. The argument is in docs/design.md.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import random
 import re
 import secrets
@@ -30,12 +38,13 @@ from datetime import datetime
 
 from .. import settings
 from ..errors import NonFastForward, RemoteNotFound
-from .hub import HubRemote, RemoteFileNotFound, backs_off, hub_errors
+from .hub import HubRemote, RateLimited, RemoteFileNotFound, _transport_errors, backs_off, hub_errors
 from .interface import (BASE_RECORD, MAX_BASE_RECORD, RemoteChanged, RemoteError, RemoteState, content_size,
                         is_wvc_layout, listing_state, not_a_wvc_remote, parse_refs, retries_reads, upload_progress)
 
 REFLOG = "reflog/"
-ENTRY = re.compile(r"(\d{12})-([0-9a-f]{16})")
+# seq: 12 digits or more (a remote may have written any number: the next one always matches)
+ENTRY = re.compile(r"(\d{12,})-([0-9a-f]{16})")
 # An unconfirmed proposal older than this (by the bucket's own upload times) is a crashed
 # pusher's: others pass over it. A pusher confirms only within half of it (see publish).
 STALE_SECONDS = 30.0  # WVC_BUCKET_STALE_SECONDS
@@ -43,9 +52,16 @@ KEEP_ENTRIES = 16  # confirmed log entries kept behind the head (older ones are 
 MAX_ENTRY_BYTES = 4 << 20
 MAX_LISTED = 1_000_000
 
+log = logging.getLogger(__name__)
+
 
 def _seq(name: str) -> int:
-    return int(name[:12])
+    return int(name.partition("-")[0])
+
+
+def _order(name: str) -> tuple[int, str]:
+    """Entries in log order (a name's digits may outgrow 12: not a string order)."""
+    return _seq(name), name
 
 
 def _time(value) -> float:
@@ -67,6 +83,8 @@ class BucketRemote(HubRemote):
         self.endpoint = settings.text("HF_ENDPOINT")
         self.api = HfApi(endpoint=self.endpoint)
         self.head: str | None = None
+        self._ok_listed = False  # whether the last confirm's .ok was listed after it (see _confirm)
+        self.stale = settings.number("WVC_BUCKET_STALE_SECONDS", STALE_SECONDS)
 
     @classmethod
     def from_url(cls, url: str) -> "BucketRemote":
@@ -116,15 +134,32 @@ class BucketRemote(HubRemote):
 
     @backs_off
     def _batch(self, **ops) -> None:
+        """Objects, proposals, retractions: repeating them is harmless, so huggingface_hub's
+        own retries and the back-off here may resend them."""
         ops = {k: [(c, self._key(p)) for c, p in v] if k == "add" else v for k, v in ops.items()}
         with hub_errors(self.url):
             self.api.batch_bucket_files(self.bucket_id, **ops)
 
+    def _send_once(self, operation: dict) -> None:
+        """One operation in one batch request, sent once: not through ``batch_bucket_files``,
+        whose HTTP layer resends a 429 or a 5xx after the wait the server names."""
+        from huggingface_hub import get_session
+        from huggingface_hub.utils import hf_raise_for_status
+
+        headers = {**self.api._build_hf_headers(), "Content-Type": "application/x-ndjson"}
+        with hub_errors(self.url):
+            response = get_session().post(f"{self.api.endpoint}/api/buckets/{self.bucket_id}/batch", headers=headers,
+                                          content=json.dumps(operation).encode() + b"\n")
+            if response.status_code in (200, 422) and response.json().get("failed"):
+                raise RemoteError(f"{self.url}: the bucket refused {operation['type']} of {operation['path']}")
+            hf_raise_for_status(response)
+
     # -- the ref log -----------------------------------------------------------------------------
-    @staticmethod
-    def _log(listing: dict) -> tuple[dict, set]:
-        """(proposals by entry name -> listed file, names confirmed) of a listing."""
-        entries, confirmed = {}, set()
+    def _log(self, listing: dict) -> tuple[dict, set]:
+        """(proposals by entry name -> listed file, the names whose confirmation counts) of a
+        listing. A ``.ok`` counts when its ``.json`` is listed and the bucket uploaded it within
+        half the lease of the ``.json`` (its own clock; see the module docstring)."""
+        entries, oks = {}, {}
         for path, item in listing.items():
             if not path.startswith(REFLOG):
                 continue
@@ -134,18 +169,27 @@ class BucketRemote(HubRemote):
             if ext == "json":
                 entries[name] = item
             elif ext == "ok":
-                confirmed.add(name)
-        return entries, confirmed & set(entries)
+                oks[name] = item
+        confirmed = {n for n, ok in oks.items() if n in entries
+                     and _time(ok.uploaded_at) - _time(entries[n].uploaded_at) < self.stale / 2}
+        return entries, confirmed
 
     def _head(self, listing: dict) -> str | None:
+        """The confirmed entry of the highest seq. Two at one seq never come of wvc's protocol
+        (docs/design.md); a bucket that holds them anyway is read the same way by everyone:
+        the one confirmed first by the bucket's clock, then by name, with a warning."""
         entries, confirmed = self._log(listing)
         if not confirmed:
             return None
-        top = max(confirmed)  # names sort by seq first
-        if sum(1 for n in confirmed if _seq(n) == _seq(top)) > 1:
-            raise RemoteError(f"{self.url}: two ref updates were both confirmed at entry {_seq(top)}; the bucket "
-                              "was written by something that does not follow wvc's protocol")
-        return top
+        top_seq = max(map(_seq, confirmed))
+        tied = [n for n in confirmed if _seq(n) == top_seq]
+        if len(tied) == 1:
+            return tied[0]
+        oks = {n: _time(listing[f"{REFLOG}{n}.ok"].uploaded_at) for n in tied}
+        chosen = min(tied, key=lambda n: (oks[n], n))
+        log.warning("%s: %d ref updates were confirmed at entry %d; reading %s, the first confirmed (the others "
+                    "are ignored, and the next push removes them)", self.url, len(tied), top_seq, chosen)
+        return chosen
 
     def _entry(self, name: str) -> dict[str, str]:
         """The refs a log entry holds, validated."""
@@ -157,7 +201,7 @@ class BucketRemote(HubRemote):
             entry = json.loads(data)
             refs = entry["refs"]
             ok = entry.get("format") == 1 and entry.get("seq") == _seq(name) and isinstance(refs, dict)
-        except (ValueError, KeyError, TypeError, AttributeError):
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):  # (deeply nested JSON)
             ok = False
         if not ok:
             raise RemoteError(f"{self.url}: ref log entry {name} is malformed")
@@ -205,7 +249,7 @@ class BucketRemote(HubRemote):
 
     def _move_refs(self, refs: dict, expected: RemoteState) -> None:
         head, current = expected.version or None, dict(expected.refs)
-        stale = settings.number("WVC_BUCKET_STALE_SECONDS", STALE_SECONDS)
+        stale = self.stale
         deadline = time.monotonic() + 2 * stale
         attempt = 0
         while True:
@@ -229,13 +273,23 @@ class BucketRemote(HubRemote):
                       and (n in confirmed or now - _time(entries[n].uploaded_at) < stale)]
             # confirm only well within the staleness bound: a pusher paused past it could be
             # passed over by others, who would take its proposal for a crashed one's
+            wait = 0.0
             if not rivals and time.monotonic() - proposed < stale / 2:
-                self._batch(copy=[("bucket", self.bucket_id, mine.xet_hash, self._key(f"{REFLOG}{name}.ok"))])
-                self.head = name
-                self._tidy(entries, confirmed | {name}, name, now, stale)
-                return
-            self._batch(delete=[self._key(f"{REFLOG}{name}.json")])  # retract
+                landed, wait = self._confirm(name, mine)
+                if landed is not None:
+                    self.head = name
+                    self._tidy(*landed, name, now, stale)
+                    return
+                retract = [f"{REFLOG}{name}.json"]  # did not count (landed late, or not at all): withdrawn
+                if self._ok_listed:
+                    retract.insert(0, f"{REFLOG}{name}.ok")
+            else:
+                retract = [f"{REFLOG}{name}.json"]
+            self._batch(delete=[self._key(p) for p in retract])
             attempt += 1
+            if wait:  # rate-limited: wait what the bucket asked, and allow for it
+                time.sleep(wait)
+                deadline += wait
             time.sleep(random.uniform(0.02, 0.1) * min(2 ** attempt, 16))
             listing = self._list(REFLOG)
             now_head = self._head(listing)
@@ -250,12 +304,37 @@ class BucketRemote(HubRemote):
                 raise RemoteChanged(f"{self.url}: another push to this bucket is in progress (or a pusher crashed "
                                     f"in the last {stale:.0f} s); try again")
 
+    def _confirm(self, name: str, mine) -> tuple[tuple[dict, set] | None, float]:
+        """Send the confirm of proposal ``name`` once, then list: ((entries, confirmed) of that
+        listing if it landed and counts, else None; the seconds a rate limit asked to wait).
+
+        Never resent: a resend after a 429's Retry-After (the generic back-off) landed after
+        the lease, when a rival had taken this proposal for a crashed pusher's and confirmed
+        its own entry at the same seq; both pushes reported success. Whatever the request's
+        fate (refused, failed, answered late), the listing after it says what counts."""
+        wait = 0.0
+        try:
+            self._send_once({"type": "copyFile", "path": self._key(f"{REFLOG}{name}.ok"), "xetHash": mine.xet_hash,
+                             "mtime": int(time.time() * 1000), "sourceRepoType": "bucket",
+                             "sourceRepoId": self.bucket_id})
+        except RateLimited as exc:
+            wait = exc.retry_after if exc.retry_after is not None else 1.0
+        except (RemoteError, *_transport_errors()):
+            pass  # (perhaps applied: the listing tells)
+        listing = self._list(REFLOG)
+        entries, confirmed = self._log(listing)
+        self._ok_listed = f"{REFLOG}{name}.ok" in listing
+        # (another counting entry at this seq or later cannot come of the protocol; if a
+        # bucket holds one anyway, this one is withdrawn rather than doubled)
+        alone = not any(n != name and _seq(n) >= _seq(name) for n in confirmed)
+        return ((entries, confirmed) if name in confirmed and alone else None), min(wait, 60.0)
+
     def _tidy(self, entries: dict, confirmed: set, head: str, now: float, stale: float) -> None:
         """Delete log entries no reader needs: confirmed ones far behind the head, and crashed
         pushers' stale proposals behind it. Best effort: a failure here loses nothing."""
-        behind = sorted(n for n in confirmed if n < head)
+        behind = sorted((n for n in confirmed if _order(n) < _order(head)), key=_order)
         drop = behind[:-KEEP_ENTRIES]
-        drop += [n for n in entries if n not in confirmed and n < head
+        drop += [n for n in entries if n not in confirmed and _order(n) < _order(head)
                  and now - _time(entries[n].uploaded_at) > stale]
         if not drop:
             return

@@ -202,6 +202,11 @@ class CountingServer(ThreadingHTTPServer):
     def __init__(self, address, handler):
         super().__init__(address, handler)
         self.fail: dict[str, int] = {}
+        # tests: faults for bucket batches, taken in order by the first batch holding an
+        # operation of that type: {"op": "copyFile", "status": 429, "retry_after": 3} refuses it,
+        # {"op": "copyFile", "delay": 2.5} applies it late
+        self.bucket_faults: list[dict] = []
+        self.bucket_ops: list[tuple[str, str]] = []  # (type, path) of every bucket operation applied
         self.requests: list[tuple[str, str]] = []
         self.served_bytes = 0
         self.received_bytes: dict[str, int] = {}  # request body bytes by kind (see received_kind)
@@ -250,6 +255,13 @@ class CountingServer(ThreadingHTTPServer):
     def add_served(self, n: int) -> None:
         with self._lock:
             self.served_bytes += n
+
+    def take_bucket_fault(self, op_types: set[str]) -> dict | None:
+        with self._lock:
+            for k, fault in enumerate(self.bucket_faults):
+                if fault.get("op") in op_types:
+                    return self.bucket_faults.pop(k)
+        return None
 
     def take_failure(self, what: str) -> bool:
         with self._lock:

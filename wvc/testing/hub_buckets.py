@@ -116,6 +116,13 @@ class BucketRoutes:
         lines = [json.loads(line) for line in self._body().splitlines() if line.strip()]
         if self.server.take_failure("commit"):
             raise HubError(403, "injected failure")
+        fault = self.server.take_bucket_fault({str(op.get("type")) for op in lines})
+        if fault is not None:
+            if fault.get("delay"):  # the request reaches the bucket late (a queue, a slow link)
+                time.sleep(fault["delay"])
+            if fault.get("status"):  # refused, nothing applied (a rate limit, an overloaded server)
+                raise HubError(fault["status"], "You have exceeded our API request rate limit"
+                               if fault["status"] == 429 else "injected failure", retry_after=fault.get("retry_after"))
         self.server.check_quota(self.server.commit_quota, "You have exceeded our hourly quotas for action: commit")
         store, failed = self.server.buckets, []
         for op in lines:  # one at a time, each saved: a batch is not a transaction
@@ -138,6 +145,7 @@ class BucketRoutes:
                     failed.append({"path": path, "error": f"unknown operation {op.get('type')!r}"})
                     continue
                 store.save(bucket, meta)
+                self.server.bucket_ops.append((op["type"], f"{bucket}/{path}"))
         self._json(200 if len(failed) < len(lines) or not lines else 422, {"failed": failed})
 
     def bucket_xet_token(self, ns, name, scope, params):
