@@ -150,6 +150,24 @@ def test_a_remote_is_viewed_through_a_lazy_copy(history, tmp_path, monkeypatch):
     assert commits == data.commits_of(history, "main")
     assert _cells(data.change_map(copy, commits, compute=False)) == _cells(data.change_map(history, commits))
     assert local_copy(str(tmp_path / "remote")).root == copy.root  # kept, and fetched again next time
+    # two more pushes: the next start shows them (issue 49, item 9: it showed the first start's tip)
+    for step in (5, 6):
+        history.commit(f"step {step}", _tensors(step), metadata={"step": step * 10, "loss": 1.0 / (step + 1)})
+    history.push("origin", "main")
+    again = local_copy(str(tmp_path / "remote"))
+    assert again.refs.head_commit() == history.resolve("main")
+    server.prepare(again)
+    commits = data.commits_of(again, "HEAD")
+    assert commits == data.commits_of(history, "main") and len(commits) == 7
+    assert _cells(data.change_map(again, commits, compute=False)) == _cells(data.change_map(history, commits))
+    srv = server.Server(again, 0).start()
+    try:
+        with urllib.request.urlopen(srv.url + "changes?rev=origin/main", timeout=30) as resp:
+            page = resp.read().decode()
+        assert "not computed" not in page and "step 6" in page
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 def test_bad_input_is_one_line_and_writes_nothing(history, tmp_path):
@@ -326,3 +344,98 @@ def test_the_c_change_statistics_equal_the_torch_reference(dtype, monkeypatch):
     assert native["changed"] == reference["changed"] and native["max_ulps"] == reference["max_ulps"]
     assert native["max_abs_delta"] == pytest.approx(reference["max_abs_delta"], rel=1e-6)
     assert native["rel_l2"] == pytest.approx(reference["rel_l2"], rel=1e-5)
+
+
+# -- only the user's own page loads (issue 49, item 3) ---------------------------------------
+def _get(srv, path: str, headers: dict) -> tuple[int, str]:
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", srv.server_address[1], timeout=30)
+    conn.putrequest("GET", path, skip_host=True)
+    for k, v in headers.items():
+        conn.putheader(k, v)
+    conn.endheaders()
+    resp = conn.getresponse()
+    body = resp.read().decode()
+    conn.close()
+    return resp.status, body
+
+
+def test_the_view_answers_only_its_own_host_and_origin(history):
+    server.prepare(history)
+    srv = server.Server(history, 0).start()
+    port = srv.server_address[1]
+    try:
+        own = {"Host": f"127.0.0.1:{port}"}
+        status, body = _get(srv, "/", own)
+        assert status == 200 and "step 4" in body  # the history, with its messages
+        assert _get(srv, "/", {"Host": f"localhost:{port}", "Sec-Fetch-Site": "none"})[0] == 200
+        assert _get(srv, "/", {**own, "Sec-Fetch-Site": "same-origin", "Origin": f"http://127.0.0.1:{port}"})[0] == 200
+        for headers in ({"Host": f"rebind.attacker.example:{port}"},  # DNS rebinding
+                        {"Host": "127.0.0.1:1"}, {"Host": "127.0.0.1"}, {},
+                        {**own, "Sec-Fetch-Site": "cross-site"},
+                        {**own, "Sec-Fetch-Site": "same-site"},  # another port of this machine
+                        {**own, "Origin": "http://evil.example"},
+                        {**own, "Origin": f"http://127.0.0.1:{port + 1}"}):
+            for view in ("/", "/changes", "/metrics", "/compare?a=main~2&b=main"):
+                status, body = _get(srv, view, headers)
+                assert status == 403 and "step 4" not in body and "loss" not in body, (headers, view, status)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_a_page_of_another_origin_in_chromium_reads_nothing_and_writes_nothing(history, tmp_path, browser,
+                                                                              monkeypatch):
+    """The attack as a browser runs it: a page served from another origin fetches the views of
+    a remote's ``wvc ui`` (``/compare`` downloaded chunks into the cache before)."""
+    import http.server
+    import threading
+
+    from wvc.ui.remote import local_copy
+
+    monkeypatch.setenv("WVC_CACHE", str(tmp_path / "cache"))
+    history.remote_add("origin", str(tmp_path / "remote"))
+    history.push("origin", "main")
+    copy = local_copy(str(tmp_path / "remote"))
+    server.prepare(copy)
+    statuses = []
+    real = server._Handler.send_response
+    monkeypatch.setattr(server._Handler, "send_response", lambda self, code, *a: (statuses.append(code),
+                                                                                   real(self, code, *a))[1])
+    srv = server.Server(copy, 0).start()
+    target = srv.url + "compare?a=main~4&b=main"
+    attack = ("<!doctype html><title>attacker</title><img src='%s'><script>"
+              "Promise.allSettled([fetch('%s', {mode: 'no-cors'}), fetch('%s')])"
+              ".then(r => { document.title = 'done:' + r.map(x => x.status).join(','); });</script>"
+              % (target, target, srv.url)).encode()
+
+    class Attacker(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            self.wfile.write(attack)
+
+        def log_message(self, *args):
+            pass
+
+    evil = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Attacker)
+    threading.Thread(target=evil.serve_forever, daemon=True).start()
+    packs = copy.root / ".wvc" / "packs"
+    before = sorted(p.name for p in packs.iterdir())
+    try:
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        browser.get(f"http://localhost:{evil.server_address[1]}/")
+        WebDriverWait(browser, 30).until(lambda b: b.title.startswith("done:"))
+        assert statuses and set(statuses) == {403}, statuses  # every request the page made was refused
+        assert sorted(p.name for p in packs.iterdir()) == before  # nothing downloaded, nothing written
+        statuses.clear()
+        browser.get(target)  # the user's own page load of the same view is answered
+        assert statuses == [200] and "Compare" in browser.title
+    finally:
+        evil.shutdown()
+        evil.server_close()
+        srv.shutdown()
+        srv.server_close()

@@ -4,7 +4,15 @@ The server binds to loopback only, answers GET (and HEAD) and nothing else, send
 that may run no script and load nothing from elsewhere (a Content-Security-Policy of
 ``default-src 'none'``), and never writes: the change numbers the views need are computed
 before it starts serving (ops/changes.py). Requests are answered one at a time (one
-repository handle)."""
+repository handle).
+
+Only the user's own page loads are answered: a ``Host`` that names the loopback address or
+``localhost`` on the serving port (any other is DNS rebinding: a page of another site whose
+name now resolves to 127.0.0.1 would read every view), and no request a browser marks as
+coming from another site or origin (``Sec-Fetch-Site`` other than ``same-origin`` or ``none``,
+an ``Origin`` other than ours): 403. A view of a remote (``wvc ui URL``) reads a lazy copy,
+whose chunks a view fetches into the user's cache as it needs them: the one write a request
+can cause, and only a request of the user's own pages."""
 
 from __future__ import annotations
 
@@ -71,7 +79,25 @@ class _Handler(BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(payload)
 
+    def _from_elsewhere(self) -> str | None:
+        """Why this request is not the user's own page load, or None."""
+        port = self.server.server_address[1]
+        ours = {f"127.0.0.1:{port}", f"localhost:{port}"}
+        host = (self.headers.get("Host") or "").strip().lower()
+        if host not in ours:
+            return "this view answers only requests for 127.0.0.1 or localhost on its own port"
+        site = (self.headers.get("Sec-Fetch-Site") or "").strip().lower()
+        if site and site not in ("same-origin", "none"):
+            return "this view answers no request from another site"
+        origin = self.headers.get("Origin")
+        if origin is not None and origin.strip().lower() not in {f"http://{h}" for h in ours}:
+            return "this view answers no request from another origin"
+        return None
+
     def do_GET(self):
+        refused = self._from_elsewhere()
+        if refused is not None:
+            return self._send(403, pages.page("Refused", f"<p>{pages._e(refused)}</p>", self.server.name))
         url = urlsplit(self.path)
         view = pages.ROUTES.get(url.path)
         if view is None:
