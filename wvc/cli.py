@@ -1070,10 +1070,12 @@ def stats(as_json):
 
 @main.command("ui")
 @click.argument("source", required=False, metavar="[REMOTE_URL]")
-@click.option("--port", default=8733, show_default=True, help="Port on 127.0.0.1 (0: any free one).")
+@click.option("--port", default=8733, show_default=True, type=click.IntRange(0, 65535),
+              help="Port on 127.0.0.1 (0: any free one).")
 @click.option("--no-browser", is_flag=True, help="Print the address; do not open a browser.")
 @click.option("--rev", "revs", multiple=True, metavar="REV", help="Histories to prepare (default: every branch).")
-@click.option("--limit", default=200, show_default=True, help="Commits of each history to show.")
+@click.option("--limit", default=200, show_default=True, type=click.IntRange(min=1),
+              help="Commits of each history to show.")
 def ui_command(source, port, no_browser, revs, limit):
     """A read-only web view of the history: change map, metrics, storage, compare.
 

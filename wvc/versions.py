@@ -241,6 +241,18 @@ class Commit:
         return cls(raw["tree"], tuple(parents), raw["author"], raw["timestamp"], raw["message"], raw["metadata"])
 
 
+def finite_number(value) -> float | None:
+    """A metadata value as a float if it is a finite number (not a bool), else None. An int
+    too large for a float (a 401-digit ``eval_loss``) is not one: float() of it overflows."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
 def check_metadata(metadata: dict) -> dict:
     """Commit metadata must be JSON (no NaN) and small; returns a normalised copy."""
     try:

@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 
 from .. import ids, tree_diff
+from ..versions import finite_number
 from ..codec.container import Method
 from ..errors import ConcurrentUpdate, InvalidArgument, WvcError
 from ..formats.dtypes import BYTES, DTYPES
@@ -117,9 +118,7 @@ def metric_value(metadata: dict, metric: str) -> float | None:
     value = metadata.get(metric)
     if value is None and isinstance(metadata.get("metrics"), dict):
         value = metadata["metrics"].get(metric)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
+    return finite_number(value)
 
 
 @dataclass

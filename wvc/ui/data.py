@@ -8,10 +8,11 @@ from __future__ import annotations
 import math
 import re
 
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, VersionPruned
 from ..ops.changes import changes_of, ensure_changes, first_parent_history, missing_changes
 from ..ops.diff import diff
 from ..store.refs import HEADS, TAGS
+from ..versions import finite_number
 
 REMOTES = "refs/remotes/"
 METRICS = {"rel_l2": "relative L2 change", "fraction": "fraction of elements changed", "ulps": "max |delta| in ULPs"}
@@ -27,7 +28,10 @@ def commits_of(repo, rev_range: str | None, limit: int = DEFAULT_LIMIT) -> list[
         chain = first_parent_history(repo, end or "HEAD")
         if stop not in chain:
             raise InvalidArgument(f"{start} is not on the first-parent history of {end or 'HEAD'}")
-        return chain[chain.index(stop) + 1:][-limit:]
+        commits = chain[chain.index(stop) + 1:][-limit:]
+        if not commits:
+            raise InvalidArgument(f"{rev_range} names no versions ({end or 'HEAD'} is {start or 'HEAD'} itself)")
+        return commits
     return first_parent_history(repo, rev_range or "HEAD", limit)
 
 
@@ -129,11 +133,10 @@ def metrics(repo, branches: list[str] | None = None, limit: int = 10_000) -> dic
         for i, c in enumerate(first_parent_history(repo, b, limit)):
             meta = repo.read_commit(c).metadata
             step = meta.get("step", i)
-            if not isinstance(step, (int, float)) or isinstance(step, bool):
+            if finite_number(step) is None:
                 step = i
             for key, value in meta.items():
-                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool) \
-                        and math.isfinite(value):
+                if key != "step" and finite_number(value) is not None:  # (NaN, inf, a 401-digit int: skipped)
                     series.setdefault(key, {}).setdefault(b, []).append([step, value, c])
     return {"branches": branches, "series": series}
 
@@ -184,7 +187,14 @@ def tensor_detail(repo, commit: str, file: str, tensor: str, bins: int = 40) -> 
     from ..formats.dtypes import DTYPES
     from ..ops.diff import _SAME_WIDTH_INT, ordered_bits
 
+    commit = repo.resolve(commit)
+    repo.require_weights(commit)  # pruned: say so, naming the nearest kept versions
     c = repo.read_commit(commit)
+    if c.parents:
+        try:
+            repo.require_weights(c.parents[0])
+        except VersionPruned as exc:
+            raise VersionPruned(f"its change cannot be shown: its parent's weights are gone ({exc})") from None
     new = next((t for f in repo.tree_of(commit, weights=False).files if f.path == file for t in f.tensors if t.name == tensor), None)
     old = None
     if c.parents:

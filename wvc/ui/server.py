@@ -24,6 +24,7 @@ from ..errors import InvalidArgument, WvcError
 from ..progress import NULL
 from . import data, pages
 
+MAX_FIELDS = 50  # query fields a request may have (no view takes more than a few)
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; form-action 'self'"
 
 
@@ -60,6 +61,16 @@ class Server(ThreadingHTTPServer):
     def start(self) -> "Server":
         threading.Thread(target=self.serve_forever, daemon=True).start()
         return self
+
+    def handle_error(self, request, client_address):
+        """A client that hangs up early is no error of ours: nothing on the terminal. Anything
+        else is one line, never a traceback (the page the client gets is its own business)."""
+        import sys
+
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ConnectionError, TimeoutError)):
+            return
+        print(f"wvc ui: a request from {client_address[0]} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -102,8 +113,8 @@ class _Handler(BaseHTTPRequestHandler):
         view = pages.ROUTES.get(url.path)
         if view is None:
             return self._send(404, pages.page("Not found", "<p>No such view.</p>", self.server.name))
-        query = parse_qs(url.query, max_num_fields=50)
         try:
+            query = parse_qs(url.query, max_num_fields=MAX_FIELDS)
             with self.server.lock:
                 title, body = view(self.server.repo, query)
             self._send(200, pages.page(title, body, self.server.name))
