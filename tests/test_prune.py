@@ -127,10 +127,25 @@ def test_policy_rules(tmp_path):
     assert {run2[5], run2[-1]} == set(run2) - other.graph.pruned()  # step 100, and the tip
 
 
+def _state(root) -> dict:
+    """Every file of the repository's .wvc (the database, its WAL, the packs), by content."""
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted((root / ".wvc").rglob("*")) if p.is_file() and not p.name.endswith(".lock")}
+
+
 @pytest.mark.parametrize("bad", ["", "last=x", "every=-1", "best=", "best=loss:up", "nonsense", {"lst": 3}])
 def test_a_bad_policy_is_refused_before_anything_changes(tmp_path, bad):
+    repo = Repo.init(tmp_path / "r")
+    digests = run_steps(repo, 12)
+    before = _state(repo.root)
     with pytest.raises(InvalidArgument):
         KeepPolicy.of(bad)
+    with pytest.raises(InvalidArgument):
+        repo.prune(keep=bad)
+    with pytest.raises(InvalidArgument):
+        Publisher(repo.root, "main", keep=bad)
+    assert _state(repo.root) == before and not repo.graph.pruned()
+    assert all(version_digest(repo, c) == d for c, d in digests.items())
 
 
 def test_cli_prune_json_and_refusals(tmp_path):

@@ -102,11 +102,37 @@ def test_plot_writes_the_same_numbers_as_diff_and_the_page(history, tmp_path):
     assert losses[("main", 40)] == 1.0 / 5 and losses[("exp", 40)] == 0.9 / 5
 
 
+def _png_pixels(data: bytes) -> tuple[int, int, bytes]:
+    """(width, height, the decompressed image data) of a PNG, read with struct and zlib."""
+    import struct
+    import zlib
+
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    at, width, height, idat = 8, None, None, b""
+    while at < len(data):
+        length, kind = struct.unpack(">I4s", data[at:at + 8])
+        body = data[at + 8:at + 8 + length]
+        if kind == b"IHDR":
+            width, height = struct.unpack(">II", body[:8])
+        elif kind == b"IDAT":
+            idat += body
+        at += 12 + length
+    return width, height, zlib.decompress(idat)
+
+
 def test_plot_writes_png_too(history, tmp_path):
+    """The PNG is the SVG's picture: its size, and drawn (not a blank canvas)."""
     pytest.importorskip("cairosvg", reason="PNG plots need cairosvg (the plot extra)")
     for kind in ("changes", "metrics", "storage"):
         run(history.root, "plot", kind, "-o", tmp_path / f"{kind}.png")
-        assert (tmp_path / f"{kind}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        run(history.root, "plot", kind, "-o", tmp_path / f"{kind}.svg")
+        svg = (tmp_path / f"{kind}.svg").read_text()
+        size = re.search(r'<svg[^>]* width="(\d+)" height="(\d+)"', svg)
+        width, height, pixels = _png_pixels((tmp_path / f"{kind}.png").read_bytes())
+        assert (width, height) == (int(size.group(1)), int(size.group(2))), kind
+        stride = len(pixels) // height
+        rows = {pixels[r * stride + 1:(r + 1) * stride] for r in range(height)}
+        assert len(rows) > height // 10, f"{kind}: {len(rows)} distinct rows of {height}: nearly blank"
 
 
 def test_the_server_is_read_only_and_on_loopback(history):

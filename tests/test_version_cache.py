@@ -66,3 +66,24 @@ def test_cache_list_and_prune(tmp_path, hub_model, monkeypatch):
     assert out["removed"] == [b.name] and a.is_dir() and not b.exists()
     out = json.loads(run(tmp_path, "cache", "prune", "--all", "--json").stdout)
     assert out["removed"] == [a.name] and not a.exists()
+
+
+def test_a_symlinked_entry_is_neither_counted_nor_reported_removed_and_nan_days_are_refused(tmp_path, monkeypatch):
+    """Issue 49, item 11."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("WVC_CACHE", str(cache))
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "big.bin").write_bytes(b"x" * 100_000)
+    real = cache / "trees" / ("a" * 64)
+    real.mkdir(parents=True)
+    (real / "model.safetensors").write_bytes(b"y" * 1000)
+    (real / "link-to-big").symlink_to(outside / "big.bin")  # a file link inside a real entry: not counted
+    (cache / "trees" / ("b" * 64)).symlink_to(outside, target_is_directory=True)
+    listed = json.loads(run(tmp_path, "cache", "list", "--json").stdout)
+    assert [v["tree"] for v in listed["versions"]] == ["a" * 64] and listed["bytes"] == 1000
+    out = json.loads(run(tmp_path, "cache", "prune", "--all", "--json").stdout)
+    assert out["removed"] == ["a" * 64] and out["freed_bytes"] == 1000
+    assert (outside / "big.bin").stat().st_size == 100_000 and (cache / "trees" / ("b" * 64)).is_symlink()
+    r = run(tmp_path, "cache", "prune", "--older-than", "nan", check=False)
+    assert r.returncode == 2 and "not a number" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

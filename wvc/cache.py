@@ -97,12 +97,31 @@ def entries(root: Path) -> list[dict]:
             continue
     out = []
     for d in sorted((root / "trees").iterdir()) if (root / "trees").is_dir() else ():
-        if not d.is_dir() or not re.fullmatch(r"[0-9a-f]{64}", d.name):
+        # wvc writes each version as a real directory; a link in its place is not one of
+        # them (prune would not remove it, and its target is not the cache's to count)
+        if d.is_symlink() or not d.is_dir() or not re.fullmatch(r"[0-9a-f]{64}", d.name):
             continue
-        size = sum(f.stat().st_size for f in d.rglob("*") if f.is_file() and not f.is_symlink())
+        size = _bytes_under(d)
         out.append({"tree": d.name, "bytes": size, "created": int(d.stat().st_mtime),
                     "names": sorted(names.get(d.name, []))})
     return out
+
+
+def _bytes_under(directory: Path) -> int:
+    """The bytes of the regular files under ``directory``, links not followed."""
+    import os
+    import stat
+
+    total = 0
+    for dirpath, _, filenames in os.walk(directory):  # (followlinks=False)
+        for name in filenames:
+            try:
+                st = os.lstat(os.path.join(dirpath, name))
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                total += st.st_size
+    return total
 
 
 def prune(root: Path, *, older_than_days: float | None = None, everything: bool = False,
@@ -114,10 +133,12 @@ def prune(root: Path, *, older_than_days: float | None = None, everything: bool 
     removed, freed = [], 0
     for e in entries(root):
         if everything or (older_than_days is not None and now - e["created"] > older_than_days * 86400):
-            removed.append(e["tree"])
-            freed += e["bytes"]
             if not dry_run:
                 shutil.rmtree(root / "trees" / e["tree"], ignore_errors=True)
+                if (root / "trees" / e["tree"]).exists():  # (not ours to remove after all): not reported
+                    continue
+            removed.append(e["tree"])
+            freed += e["bytes"]
     if everything and not dry_run:
         shutil.rmtree(root / "follow", ignore_errors=True)
     return {"root": str(root), "removed": removed, "freed_bytes": freed, "dry_run": dry_run}

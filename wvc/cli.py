@@ -1149,8 +1149,16 @@ def cache_list(as_json):
     click.echo(f"{plural(len(found), 'version')}, {human(sum(e['bytes'] for e in found))} in {cache_root()}")
 
 
+def _finite(value, option: str):
+    """A float option's value, refused if NaN (every comparison with it is false: a range accepts it)."""
+    if value is not None and value != value:
+        raise click.BadParameter(f"{value} is not a number of days", param_hint=option)
+    return value
+
+
 @cache.command("prune")
 @click.option("--older-than", "days", type=click.FloatRange(min=0), default=30, show_default=True,
+              callback=lambda ctx, param, v: _finite(v, "--older-than"),
               help="Remove versions made more than this many days ago.")
 @click.option("--all", "everything", is_flag=True, help="Remove every cached version.")
 @click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
