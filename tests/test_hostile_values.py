@@ -5,6 +5,7 @@ import json
 import urllib.error
 import urllib.request
 
+import pytest
 import torch
 
 import wvc
@@ -104,3 +105,46 @@ def test_the_tensor_view_of_a_pruned_version_says_pruned_and_names_kept_ones(tmp
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def _forge_place(repo, tensor: str, chunk: str):
+    """A commit whose tree puts ``chunk`` (stored, of another length) at place 0 of ``tensor``,
+    with a consistent file id: as a hostile remote could serve it."""
+    import dataclasses
+    import time
+
+    from wvc.versions import Commit, Tree
+
+    tree = repo.tree_of("HEAD")
+    f = tree.files[0]
+    t = next(t for t in f.tensors if t.name == tensor)
+    forged = dataclasses.replace(t, chunks=(chunk, *t.chunks[1:]))
+    entry = dataclasses.replace(f, tensors=tuple(forged if x.name == tensor else x for x in f.tensors)).with_content_id()
+    new_tree = Tree((entry,), tree.chunk_bytes)
+    head = repo.resolve("HEAD")
+    commit = Commit(new_tree.id, (head,), "x", int(time.time()), "forged", {})
+    repo.record([(commit, new_tree, 0)], ref="refs/heads/main", expected=head, reason="forged")
+    return commit.id
+
+
+def test_a_follower_refuses_a_chunk_of_the_wrong_length_as_every_reader_does(tmp_path):
+    """Issue 49, item 5."""
+    from wvc.errors import CorruptObject
+
+    repo = wvc.Repo.init(tmp_path / "r", chunk_bytes=4096)
+    g = torch.Generator().manual_seed(0)
+    repo.commit("one", {"w": torch.randn(4096, generator=g), "mid": torch.randn(500, generator=g),
+                        "tiny": torch.tensor([7], dtype=torch.uint8)})
+    follower = wvc.follow(str(repo.root))
+    assert follower.update(timeout=5) is not None
+    good = {k: v.clone() for k, v in follower.state_dict.items()}
+    f = repo.tree_of("HEAD").files[0]
+    for donor in ("tiny", "mid"):  # 1 byte, 2000 bytes, where place 0 of w holds 4096
+        chunk = next(t for t in f.tensors if t.name == donor).chunks[0]
+        forged = _forge_place(repo, "w", chunk)
+        with pytest.raises(wvc.errors.WvcError):
+            repo.checkout(forged, output=tmp_path / f"out-{donor}")  # (what checkout says, for comparison)
+        with pytest.raises(CorruptObject, match="holds"):
+            follower.update(timeout=5)
+        assert all(torch.equal(follower.state_dict[k], good[k]) for k in good)  # nothing written
+        repo.reset(follower.commit, mode="soft")

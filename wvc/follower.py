@@ -178,6 +178,22 @@ class _RecordChunks:
                                f"{ids.short(self.record.commit)}", context=context)
 
 
+def _check_places(entries: dict, staged: dict, chunk_bytes: int) -> None:
+    """Every staged chunk decodes to exactly the bytes of its place in its tensor, as every
+    other reader checks (a tree may name any stored chunk at any place: a 1-byte chunk at
+    place 0 of a float32 tensor filled 4096 bytes with that byte). Before anything is written."""
+    for name, pieces in staged.items():
+        e = entries[name]
+        spans = tensor_spans(e, chunk_bytes)
+        if len(spans) != len(e.chunks):
+            raise CorruptObject(f"tensor {name}: {len(e.chunks)} chunks where its shape makes {len(spans)}")
+        for i, raw in pieces:
+            begin, end = spans[i]
+            if len(raw) != end - begin:
+                raise CorruptObject(f"tensor {name}: chunk {i} ({ids.short(e.chunks[i])}) holds {len(raw)} bytes "
+                                    f"where its place holds {end - begin}")
+
+
 def _write_chunk(region, new) -> None:
     """One chunk's bytes into a tensor's region (a seam the tests interrupt)."""
     region.copy_(new)
@@ -397,6 +413,7 @@ class Follower:
         if remote is not None:  # the payloads in a few range requests, not one per chunk
             source.prefetch(cid for pieces in wanted.values() for _, cid in pieces)
         staged = {name: [(i, view.get(cid)) for i, cid in pieces] for name, pieces in wanted.items()}
+        _check_places(entries, staged, view.tree.chunk_bytes)
         # 2. apply, all of it, or none: a failure or an interrupt midway undoes what was written
         self._previous = self._apply(entries, staged, view.tree.chunk_bytes)
         self._keyframes.prune(KEYFRAME_BUDGET * sum(e.nbytes for e in entries.values()))
