@@ -101,6 +101,10 @@ class RemoteError(WvcError):
     """A remote is unreachable, refuses us, or holds something invalid."""
 
 
+class RemoteFileTooLarge(RemoteError):
+    """A remote file is larger than the reader allows for what it should be."""
+
+
 class RemoteNotFound(RemoteError):
     """The remote repository does not exist (or, on the Hub, is not readable with our token)."""
 

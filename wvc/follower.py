@@ -148,15 +148,25 @@ class _RecordChunks:
         from .remotes.transfer import read_payloads
         from .store.packs import PackEntry
 
-        wanted = {}
+        wanted, carried = {}, {}
+        area = self.record.data_path()  # (a large record: its own payloads are read as needed too)
         for oid in object_ids:
             c = self.chunks.get(oid)
             if c is not None and c.pack is not None:
                 wanted[oid] = (c.pack, PackEntry(c.id, c.offset, c.length, c.raw_size, 0, c.base))
+            elif c is not None and area is not None:
+                carried[oid] = (area[0], PackEntry(c.id, area[1] + c.offset, c.length, c.raw_size, 0, c.base))
         # a record names a few scattered payloads of a pack (the rest it carries): read through
         # small gaps only (the default 256 KB gap read 4x the step at a re-anchor)
         for entry, payload in read_payloads(self.remote, wanted, gap=RECORD_GAP):
             self.payloads[entry.id] = payload
+        for entry, payload in read_payloads(self.remote, carried, gap=RECORD_GAP, path_of=lambda path: path):
+            self.payloads[entry.id] = payload
+
+    def payload_bytes(self, oid: str) -> int:
+        """What reading ``oid``'s payload brings into memory (for batching the reads)."""
+        c = self.chunks.get(oid)
+        return c.length if c is not None else 0
 
     def __call__(self, oid: str) -> bytes:
         from .store.chains import decode_verified
@@ -168,14 +178,34 @@ class _RecordChunks:
             raise MissingObject(f"step record of {ids.short(self.record.commit)} lacks chunk {ids.short(oid)}")
         if (c.base is not None and c.base not in self.held) or (c.context is not None and c.context not in self.held):
             raise MissingObject(f"the follower does not hold the base of chunk {ids.short(oid)}")
-        if c.pack is None:
-            payload = self.record.payload(c)
-        else:
-            payload = self.payloads.pop(oid, None) or self.remote.read_range(pack_path(c.pack), c.offset, c.length)
+        payload = self.payloads.pop(oid, None)
+        if payload is None:
+            payload = self.record.payload(c) if c.pack is None else self.remote.read_range(pack_path(c.pack), c.offset,
+                                                                                         c.length)
         context = None if c.context is None else (lambda: self.held[c.context])
         base = None if c.base is None else self.held[c.base]
         return decode_verified(oid, payload, c.raw_size, base, f"step record of "
                                f"{ids.short(self.record.commit)}", context=context)
+
+
+PREFETCH_BYTES = 64 << 20  # payloads read ahead of their decoding, at most (one larger payload alone)
+PREFETCH_CHUNKS = 4096  # (where a source does not say a payload's size)
+
+
+def _batches(items: list, payload_bytes) -> list[list]:
+    """``items`` (name, index, chunk id) in batches of at most PREFETCH_BYTES of payloads
+    (``payload_bytes(id)``, when the source knows it) or PREFETCH_CHUNKS chunks."""
+    out, batch, held = [], [], 0
+    for item in items:
+        size = payload_bytes(item[2]) if payload_bytes is not None else 0
+        if batch and (held + size > PREFETCH_BYTES or len(batch) >= PREFETCH_CHUNKS):
+            out.append(batch)
+            batch, held = [], 0
+        batch.append(item)
+        held += size
+    if batch:
+        out.append(batch)
+    return out
 
 
 def _check_places(entries: dict, staged: dict, chunk_bytes: int) -> None:
@@ -325,14 +355,17 @@ class Follower:
         held (the caller then reads the version the ordinary way, from where this left off)."""
         if self._tree is None:
             return None
-        records, commit = [], tip
+        records, commit, header_bytes = [], tip, 0
         try:
             while commit != self.commit:
-                data = backend.read(steps.record_path(commit), steps.MAX_RECORD) if len(records) < steps.KEEP else None
-                if data is None:
+                record = steps.fetch(backend, commit) if len(records) < steps.KEEP else None
+                if record is None:
                     return None
-                records.append(steps.parse(data, commit))
-                commit = records[-1].parent
+                header_bytes += record.header_bytes
+                if header_bytes > steps.MAX_HEADER:  # the chain's headers, parsed and held at once
+                    return None
+                records.append(record)
+                commit = record.parent
         except WvcError:
             return None
         first, changed = self.commit, set()
@@ -410,9 +443,16 @@ class Follower:
             olds = old.chunks if same_layout else ()
             wanted[name] = [(i, cid) for i, (was, cid) in enumerate(zip_longest(olds, e.chunks))
                             if cid is not None and was != cid]
-        if remote is not None:  # the payloads in a few range requests, not one per chunk
-            source.prefetch(cid for pieces in wanted.values() for _, cid in pieces)
-        staged = {name: [(i, view.get(cid)) for i, cid in pieces] for name, pieces in wanted.items()}
+        staged: dict[str, list] = {name: [] for name in wanted}
+        # the payloads in a few range requests, not one per chunk; a batch at a time, each
+        # decoded before the next is read: what a remote names (a record may name 257 MiB a
+        # chunk) is never all in memory at once, only the decoded chunks this update writes
+        for batch in _batches([(name, i, cid) for name, pieces in wanted.items() for i, cid in pieces],
+                              getattr(source, "payload_bytes", None)):
+            if remote is not None:
+                source.prefetch(cid for _, _, cid in batch)
+            for name, i, cid in batch:
+                staged[name].append((i, view.get(cid)))
         _check_places(entries, staged, view.tree.chunk_bytes)
         # 2. apply, all of it, or none: a failure or an interrupt midway undoes what was written
         self._previous = self._apply(entries, staged, view.tree.chunk_bytes)

@@ -37,7 +37,8 @@ import urllib.parse
 from datetime import datetime
 
 from .. import settings
-from ..errors import NonFastForward, RemoteNotFound
+from ..errors import CorruptObject, NonFastForward, RemoteNotFound
+from ..formats import bounded_json
 from .hub import HubRemote, RateLimited, RemoteFileNotFound, _transport_errors, backs_off, hub_errors
 from .interface import (BASE_RECORD, MAX_BASE_RECORD, RemoteChanged, RemoteError, RemoteState, content_size,
                         is_wvc_layout, listing_state, not_a_wvc_remote, parse_refs, retries_reads, upload_progress)
@@ -198,10 +199,10 @@ class BucketRemote(HubRemote):
             raise RemoteChanged(f"{self.url}: ref log entry {name} vanished while reading (tidied by a newer push); "
                                 "try again")
         try:
-            entry = json.loads(data)
+            entry = bounded_json.loads(data, f"ref log entry {name}")
             refs = entry["refs"]
             ok = entry.get("format") == 1 and entry.get("seq") == _seq(name) and isinstance(refs, dict)
-        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):  # (deeply nested JSON)
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError, CorruptObject):  # (deeply nested, dense)
             ok = False
         if not ok:
             raise RemoteError(f"{self.url}: ref log entry {name} is malformed")

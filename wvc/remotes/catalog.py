@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from .. import ids
 from ..errors import CorruptObject
 from ..versions import canonical_json
+from ..formats import bounded_json
 from ..store.packs import MAX_INDEX_BYTES, PackEntry, parse_index
 from ..tree_diff import is_delta
 
@@ -102,7 +103,7 @@ def parse_catalog(data: bytes, name: str) -> Catalog:
     if meta_len > MAX_INDEX_BYTES + (1 << 20):  # its entries are a pack index: refused before parsing it
         raise CorruptObject(f"{where} has a header of {meta_len} bytes, more than a pack index may hold")
     try:
-        meta = json.loads(body[start : start + meta_len])
+        meta = bounded_json.loads(body[start : start + meta_len], f"{where}'s header")
         pack, raw_entries, objects = meta["pack"], meta["entries"], meta["objects"]
         if set(meta) != {"pack", "entries", "objects"} or not isinstance(objects, list):
             raise ValueError("unexpected fields")

@@ -16,7 +16,7 @@ import urllib.parse
 from pathlib import Path
 
 from .. import settings
-from ..errors import RemoteNotFound, WvcError
+from ..errors import RemoteFileTooLarge, RemoteNotFound, WvcError
 from .interface import (BASE_RECORD, HUB_STARTERS, MAX_BASE_RECORD, Remote, RemoteChanged, RemoteError, RemoteState,
                         TransientError, check_ref_count, content_size, is_wvc_layout, local_write_errors, upload_progress, listing_state, not_a_wvc_remote, parse_refs, retries_reads)
 
@@ -256,12 +256,12 @@ class HubRemote(Remote):
                 hf_raise_for_status(resp)
                 declared = int(resp.headers.get("Content-Length") or 0)
                 if declared > limit:
-                    raise RemoteError(f"remote file {path} is larger than allowed ({declared} bytes)")
+                    raise RemoteFileTooLarge(f"remote file {path} is larger than allowed ({declared} bytes)")
                 total = 0
                 for block in resp.iter_bytes(1 << 20):
                     total += len(block)
                     if total > limit:
-                        raise RemoteError(f"remote file {path} is larger than allowed")
+                        raise RemoteFileTooLarge(f"remote file {path} is larger than allowed")
                     sink(block)
                 if declared and total != declared:
                     raise TransientError(f"{self.url}/{path}: the body was cut short ({total} of {declared} bytes)")

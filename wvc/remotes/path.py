@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..errors import RemoteFileTooLarge
 from ..fsutil import TEMP_PREFIX, atomic_write, atomic_writer, file_mode, fsync_dir, validate_relpath
 from .interface import (BASE_RECORD, check_ref_count, content_size, local_write_errors, upload_progress, FORMAT, MAX_BASE_RECORD, MAX_REF_BYTES, Remote, RemoteChanged, RemoteError,
                         RemoteState, listing_state, parse_refs)
@@ -112,7 +113,7 @@ class PathRemote(Remote):
         with fh:
             data = fh.read(limit + 1)  # the size is checked on what was read: no stat-then-read race
         if len(data) > limit:
-            raise RemoteError(f"remote file {path} is larger than allowed")
+            raise RemoteFileTooLarge(f"remote file {path} is larger than allowed")
         self.bytes_downloaded += len(data)
         return data
 
@@ -122,7 +123,7 @@ class PathRemote(Remote):
             raise RemoteError(f"remote file {path} is missing")
         with fh:
             if os.fstat(fh.fileno()).st_size > limit:
-                raise RemoteError(f"remote file {path} is larger than allowed")
+                raise RemoteFileTooLarge(f"remote file {path} is larger than allowed")
             with local_write_errors(dest), open(dest, "wb") as out:
                 shutil.copyfileobj(fh, out, 1 << 20)
         self.bytes_downloaded += dest.stat().st_size

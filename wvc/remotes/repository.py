@@ -24,6 +24,7 @@ from pathlib import Path
 
 from .. import ids, tree_diff
 from ..errors import CorruptObject, RemoteError, WvcError
+from ..formats import bounded_json
 from ..fsutil import atomic_write
 from ..versions import Commit, Tree
 from ..store.chains import close_over_bases
@@ -436,10 +437,10 @@ class RemoteRepository:
             if data is None:
                 continue  # deleted by a purge since the listing
             try:
-                paths = json.loads(data)["paths"]
+                paths = bounded_json.loads(data, f"remote retired record {record}")["paths"]
                 if not (isinstance(paths, list) and all(isinstance(p, str) for p in paths)):
                     raise ValueError("paths is not a list of strings")
-            except (ValueError, KeyError, TypeError, RecursionError) as exc:  # RecursionError: absurd nesting
+            except (ValueError, KeyError, TypeError, RecursionError, CorruptObject) as exc:  # (absurd nesting, density)
                 raise RemoteError(f"remote retired record {record} is malformed") from exc
             out[record] = paths
             if len(RETIRED_SEEN) >= 100_000:
@@ -456,10 +457,10 @@ class RemoteRepository:
             if data is None:
                 continue  # replaced by a prune since the listing
             try:
-                commits = json.loads(data)["commits"]
+                commits = bounded_json.loads(data, f"remote pruned record {record}")["commits"]
                 if not (isinstance(commits, list) and all(isinstance(c, str) and ids.is_object_id(c) for c in commits)):
                     raise ValueError("commits is not a list of commit ids")
-            except (ValueError, KeyError, TypeError, RecursionError) as exc:
+            except (ValueError, KeyError, TypeError, RecursionError, CorruptObject) as exc:
                 raise RemoteError(f"remote pruned record {record} is malformed") from exc
             out.update(commits)
         return out

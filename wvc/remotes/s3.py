@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import settings
-from ..errors import RemoteChanged, RemoteError
+from ..errors import RemoteChanged, RemoteError, RemoteFileTooLarge
 from .interface import (BASE_RECORD, FORMAT, MAX_BASE_RECORD, MAX_REF_BYTES, Remote, RemoteState, TransientError,
                         check_ref_count, content_size, listing_state, local_write_errors, upload_progress, parse_refs, retries_reads)
 
@@ -264,7 +264,7 @@ class S3Remote(Remote):
         except _NotFound:
             return None
         if len(data) > limit:
-            raise RemoteError(f"remote file {path} is larger than allowed")
+            raise RemoteFileTooLarge(f"remote file {path} is larger than allowed")
         return data
 
     @retries_reads
@@ -272,13 +272,13 @@ class S3Remote(Remote):
         resp = self._get(path)
         if resp.get("ContentLength", 0) > limit:
             resp["Body"].close()
-            raise RemoteError(f"remote file {path} is larger than allowed")
+            raise RemoteFileTooLarge(f"remote file {path} is larger than allowed")
         total = 0
         with s3_errors(self._what(path)), local_write_errors(dest), open(dest, "wb") as fh:
             for block in resp["Body"].iter_chunks(1 << 20):
                 total += len(block)
                 if total > limit:
-                    raise RemoteError(f"remote file {path} is larger than allowed")
+                    raise RemoteFileTooLarge(f"remote file {path} is larger than allowed")
                 fh.write(block)
         if total != resp.get("ContentLength", total):
             raise TransientError(f"{self._what(path)}: the body was cut short ({total} of {resp['ContentLength']} bytes)")

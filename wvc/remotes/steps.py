@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from .. import ids
 from ..errors import CorruptObject, FormatError
+from ..formats import bounded_json
 from ..tree_diff import check_changes
 from ..versions import MAX_PAYLOAD, MAX_RAW_CHUNK, MAX_TREE_BYTES, canonical_json
 
@@ -81,10 +82,67 @@ class StepRecord:
     tree_bytes: bytes | None  # the whole tree, or None with ``tree_diff``
     tree_diff: list | None  # [path, tensor name | None, index, chunk id]
     chunks: list[StepChunk]
-    data: bytes | memoryview = b""  # the data area (step payloads)
+    data: "bytes | memoryview | _Ranges" = b""  # the data area (step payloads), or where to read it
+    header_bytes: int = 0  # its header's size, decompressed (what parsing it may hold: bounded_json)
 
     def payload(self, chunk: StepChunk) -> bytes:
+        if isinstance(self.data, _Ranges):
+            return self.data.read(chunk.offset, chunk.length)
         return bytes(self.data[chunk.offset : chunk.offset + chunk.length])
+
+    def data_path(self) -> tuple[str, int] | None:
+        """(the record's remote path, where its data area starts) when payloads are read from
+        the remote as needed, else None (the record was read whole)."""
+        return (self.data.path, self.data.start) if isinstance(self.data, _Ranges) else None
+
+
+class _Ranges:
+    """A large record's data area left on the remote: each payload is a range read of it."""
+
+    def __init__(self, backend, path: str, start: int):
+        self.backend, self.path, self.start = backend, path, start
+
+    def read(self, offset: int, length: int) -> bytes:
+        return self.backend.read_range(self.path, self.start + offset, length)
+
+
+# A record up to this size is read whole, in one request (a step's record is small: its
+# change's payloads); a larger one (a re-anchor of a large model's every chunk, or a hostile
+# remote's 4 GiB) is read as its header, then each payload's range as it is decoded: a
+# follower's memory holds the header and the payloads in flight, never the file.
+WHOLE_READ = 16 << 20
+
+
+def fetch(backend, commit_id: str) -> StepRecord | None:
+    """``commit_id``'s record from ``backend`` (None: there is none), parsed; CorruptObject
+    if it is not a valid record."""
+    from ..errors import RemoteFileTooLarge
+
+    path = record_path(commit_id)
+    try:
+        data = backend.read(path, WHOLE_READ)
+    except RemoteFileTooLarge:
+        return _fetch_ranges(backend, path, commit_id)
+    return None if data is None else parse(data, commit_id)
+
+
+def _fetch_ranges(backend, path: str, commit_id: str) -> StepRecord:
+    from ..versions import Commit
+
+    import zstandard
+
+    try:
+        prefix = backend.read_range(path, 0, len(MAGIC) + 8)
+        if prefix[: len(MAGIC)] != MAGIC:
+            raise ValueError("not a step record")
+        (head_len,) = struct.unpack_from("<Q", prefix, len(MAGIC))
+        if head_len > MAX_HEADER + (1 << 20):  # a frame of at most MAX_HEADER bytes is no larger than this
+            raise ValueError("header larger than allowed")
+        frame = backend.read_range(path, len(prefix), head_len)
+        return _parse(frame, commit_id, Commit, area=_Ranges(backend, path, len(prefix) + head_len))
+    except (FormatError, ValueError, TypeError, KeyError, IndexError, RecursionError, struct.error,
+            zstandard.ZstdError) as exc:
+        raise CorruptObject(f"step record of {ids.short(commit_id)} is malformed: {exc}") from exc
 
 
 def build(commit: str, parent: str, commit_bytes: bytes, tree_bytes: bytes | None, tree_diff: list | None,
@@ -127,43 +185,55 @@ def parse(data: bytes, commit_id: str) -> StepRecord:
         raise CorruptObject(f"step record of {ids.short(commit_id)} is malformed: {exc}") from exc
 
 
-def _parse(data: bytes, commit_id: str, Commit) -> StepRecord:
+def _parse(data: bytes, commit_id: str, Commit, area: _Ranges | None = None) -> StepRecord:
+    """``data``: the whole record; or, with ``area`` (the data area left on the remote), its
+    header's zstd frame."""
     import zstandard
 
-    if len(data) < len(MAGIC) + 8 or data[: len(MAGIC)] != MAGIC:
-        raise ValueError("not a step record")
-    (head_len,) = struct.unpack_from("<Q", data, len(MAGIC))
-    start = len(MAGIC) + 8
-    if head_len > len(data) - start:
-        raise ValueError("header runs past the end")
-    frame = bytes(data[start : start + head_len])
+    if area is None:
+        if len(data) < len(MAGIC) + 8 or data[: len(MAGIC)] != MAGIC:
+            raise ValueError("not a step record")
+        (head_len,) = struct.unpack_from("<Q", data, len(MAGIC))
+        start = len(MAGIC) + 8
+        if head_len > len(data) - start:
+            raise ValueError("header runs past the end")
+        frame = bytes(data[start : start + head_len])
+    else:
+        frame, start, head_len = bytes(data), 0, len(data)
     declared = zstandard.frame_content_size(frame)
     if not 0 <= declared <= MAX_HEADER:  # the writer declares it; a bomb is refused unread
         raise ValueError("header size undeclared or too large")
     header = zstandard.ZstdDecompressor().decompress(frame, max_output_size=declared)
-    raw = json.loads(header)
+    raw = bounded_json.loads(header, f"step record of {ids.short(commit_id)}")
     if not isinstance(raw, dict) or set(raw) != {"commit", "parent", "commit_bytes", "tree_bytes", "tree_diff", "chunks"}:
         raise ValueError("unexpected header fields")
-    area = memoryview(data)[start + head_len :]
+    if area is None:
+        area = memoryview(data)[start + head_len :]
+        size = len(area)
+    else:
+        size = None  # (a range past the end fails when it is read)
     if raw["commit"] != commit_id or not ids.is_object_id(raw["parent"]):
         raise ValueError("names another commit")
 
     def span(value, limit: int) -> tuple[int, int]:
         offset, length = value
         if type(offset) is not int or type(length) is not int or offset < 0 or not 0 <= length <= limit \
-                or offset + length > len(area):
+                or (size is not None and offset + length > size):
             raise ValueError("a range out of bounds")
         return offset, length
 
+    def read(o: int, n: int) -> bytes:
+        return area.read(o, n) if isinstance(area, _Ranges) else bytes(area[o : o + n])
+
     o, n = span(raw["commit_bytes"], 1 << 24)
-    commit_bytes = bytes(area[o : o + n])
+    commit_bytes = read(o, n)
     commit = Commit.from_bytes(commit_bytes, commit_id)
     if not commit.parents or commit.parents[0] != raw["parent"]:
         raise ValueError("its parent is not the commit's first parent")
     tree_bytes = tree_diff = None
     if raw["tree_bytes"] is not None:
         o, n = span(raw["tree_bytes"], MAX_TREE_BYTES)
-        tree_bytes = bytes(area[o : o + n])
+        tree_bytes = read(o, n)
     else:
         tree_diff = check_changes(raw["tree_diff"], MAX_CHUNKS)
     chunks = []
@@ -181,4 +251,4 @@ def _parse(data: bytes, commit_id: str, Commit) -> StepRecord:
                 or offset < 0 or not 0 < length <= MAX_PAYLOAD:
             raise ValueError("bad pack range")
         chunks.append(StepChunk(cid, base, context, raw_size, pack, offset, length))
-    return StepRecord(commit_id, raw["parent"], commit_bytes, tree_bytes, tree_diff, chunks, area)
+    return StepRecord(commit_id, raw["parent"], commit_bytes, tree_bytes, tree_diff, chunks, area, len(header))

@@ -200,16 +200,18 @@ def _wanted(object_ids, lookup, index: dict[str, tuple[str, PackEntry]], have) -
     return wanted
 
 
-def read_payloads(remote: Remote, wanted: dict[str, tuple[str, PackEntry]], gap: int = COALESCE_GAP):
+def read_payloads(remote: Remote, wanted: dict[str, tuple[str, PackEntry]], gap: int = COALESCE_GAP,
+                  path_of=pack_path):
     """(entry, payload) of each wanted object, read with one range request per span of
-    neighbouring entries in a pack (one commit's objects lie side by side in its pack)."""
+    neighbouring entries in a pack (one commit's objects lie side by side in its pack).
+    ``path_of``: a pack's name -> the remote file (a step record's data area: its own path)."""
     by_pack: dict[str, list[PackEntry]] = {}
     for name, entry in wanted.values():
         by_pack.setdefault(name, []).append(entry)
     for name, entries in sorted(by_pack.items()):
         for span in _spans(sorted(entries, key=lambda e: e.offset), gap):
             start = span[0].offset
-            data = remote.read_range(pack_path(name), start, span[-1].offset + span[-1].length - start)
+            data = remote.read_range(path_of(name), start, span[-1].offset + span[-1].length - start)
             for e in span:
                 yield e, data[e.offset - start : e.offset - start + e.length]
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from .. import ids
 from ..errors import CorruptObject, PackMissing
+from ..formats import bounded_json
 from ..fsutil import PACK_WRITEBACK_BYTES, TEMP_PREFIX, EarlyWriteback, claim_temp, file_mode, fsync_dir
 from ..versions import MAX_PAYLOAD, MAX_RAW_CHUNK, canonical_json
 
@@ -74,7 +75,7 @@ def parse_index(data: bytes, where: str, payload_end: int | None = None) -> list
     if len(data) > MAX_INDEX_BYTES:
         raise CorruptObject(f"{where}: pack index larger than {MAX_INDEX_BYTES} bytes")
     try:
-        raw = json.loads(data)
+        raw = bounded_json.loads(data, f"{where}: pack index")
         if not isinstance(raw, list):
             raise TypeError("not a list")
         entries = [PackEntry(**e) for e in raw]
