@@ -125,3 +125,15 @@ def test_step_record_ranges_of_200_mib_are_decoded_as_they_arrive(tmp_path):
     print(f"follower: honest peak {honest_peak} MB, {len(lying)} x 200 MiB ranges peak {peak} MB")
     assert outcome == honest  # the record is unusable; the version is read the ordinary way, exactly
     assert peak < 200 + PEAK_MB, (peak, honest_peak)  # one range in memory at a time, never all
+
+
+def test_a_dense_step_record_header_is_refused_and_the_follower_reads_the_version(tmp_path):
+    repo, remote, commits = _run(tmp_path)
+    honest, honest_peak = _reader("follow", remote, commits[0])
+    header = b'{"chunks": [' + b'{"":[]},' * (60 << 17) + b'{"":[]}], "commit": "x"}'  # 60 MiB of structure
+    frame = zstandard.ZstdCompressor().compress(header)
+    _replace_record(remote, commits[-1], steps.MAGIC + struct.pack("<Q", len(frame)) + frame)
+    outcome, peak = _reader("follow", remote, commits[0])
+    print(f"follower: honest peak {honest_peak} MB, dense record header peak {peak} MB")
+    assert outcome == honest  # refused unparsed; the version read the ordinary way, exactly
+    assert peak < PEAK_MB and peak < honest_peak + 150, (peak, honest_peak)
