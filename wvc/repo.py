@@ -141,7 +141,7 @@ class Repository:
         """Held for the whole of a prune or a gc: a second one waits (WVC_LOCK_TIMEOUT), then
         refuses naming the holder. The kernel drops it when its process dies."""
         with file_lock(self.wvc_dir / MAINTENANCE_LOCK, f"wvc {verb} (pid {os.getpid()})", timeout,
-                       what="the repository's stored objects (prune, gc)"):
+                       what="the repository (for prune and gc)"):
             yield
 
     @contextlib.contextmanager
