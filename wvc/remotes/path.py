@@ -224,7 +224,10 @@ class PathRemote(Remote):
         try:
             fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError as exc:
-            age = time.time() - lock.stat().st_mtime
+            try:
+                age = time.time() - lock.stat().st_mtime
+            except FileNotFoundError:  # its holder just released it: another push, as below
+                raise RemoteChanged(f"another push holds {lock}; try again") from exc
             if age < LOCK_STALE_SECONDS:
                 raise RemoteChanged(f"another push holds {lock}; try again") from exc
             lock.unlink(missing_ok=True)  # left by a crashed pusher
