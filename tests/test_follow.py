@@ -266,3 +266,45 @@ def test_kept_keyframes_stay_within_their_budget(tmp_path, monkeypatch):
         assert same(follower.state_dict, pub.repo.load_state_dict(commit))
     kept = sum(p.stat().st_size for p in follower._keyframes.root.iterdir())
     assert 0 < kept <= weights
+
+
+def test_a_follower_started_at_the_version_it_holds_reads_one_step_not_the_model(tmp_path, monkeypatch):
+    """follow(..., state_dict=, at=commit): an engine started from a checkout of ``commit``
+    follows on from it (issue 50: the first update re-downloaded the whole version)."""
+    from safetensors.torch import load_file
+
+    from wvc.errors import InvalidArgument
+
+    monkeypatch.setenv("WVC_CACHE", str(tmp_path / "cache"))
+    repo = wvc.Repo.init(tmp_path / "src")
+    g = torch.Generator().manual_seed(0)
+    sd = {f"layer.{i}.weight": (torch.randn(512, 512, generator=g) * 0.02).to(torch.bfloat16) for i in range(8)}
+    remote = tmp_path / "remote"
+    repo.remote_add("origin", str(remote))
+    commits = []
+    for s in range(4):
+        for v in sd.values():
+            idx = torch.randint(0, v.numel(), (v.numel() // 30,), generator=g)
+            v.view(-1)[idx] += (torch.randn(idx.numel(), generator=g) * 1e-4).to(torch.bfloat16)
+        commits.append(repo.commit(f"s{s}", sd).commit)
+        repo.push()
+    model = sum(v.numel() * v.element_size() for v in sd.values())
+    along = wvc.follow(str(remote))
+    along.update(rev=commits[2])
+    step = along.update().downloaded_bytes  # what a follower that followed all along reads
+    repo.checkout(commits[2], output=tmp_path / "c2")
+    held = load_file(str(tmp_path / "c2" / "model.safetensors"))
+    started = wvc.follow(str(remote), state_dict=held, at=commits[2])
+    update = started.update()
+    assert update.commit == commits[3] and update.parent == commits[2]
+    assert update.downloaded_bytes <= 2 * step and update.downloaded_bytes < 0.05 * model, (update, step, model)
+    assert all(torch.equal(held[k].view(torch.int16), sd[k].view(torch.int16)) for k in sd)
+    # a state dict that does not hold that version is refused before anything is read or written
+    wrong = load_file(str(tmp_path / "c2" / "model.safetensors"))
+    wrong["layer.3.weight"].view(-1)[7] += 1
+    before = {k: v.clone() for k, v in wrong.items()}
+    with pytest.raises(InvalidArgument, match="does not hold"):
+        wvc.follow(str(remote), state_dict=wrong, at=commits[2]).update()
+    assert all(torch.equal(wrong[k], before[k]) for k in wrong)
+    with pytest.raises(InvalidArgument, match="state_dict"):
+        wvc.follow(str(remote), at=commits[2])

@@ -318,7 +318,14 @@ class Follower:
     (on ``device``, or into the caller's ``state_dict``), checks every chunk's hash, and rolls
     back on any failure: the dict always holds one whole committed version."""
 
-    def __init__(self, source, branch: str = "main", *, state_dict=None, device: str = "cpu"):
+    def __init__(self, source, branch: str = "main", *, state_dict=None, device: str = "cpu", at: str | None = None):
+        """``at``: the commit whose version ``state_dict`` already holds (an engine started from
+        that checkout): the first update then reads only what changed since it, not the whole
+        version. It is checked, not trusted: every chunk of the state dict is hashed against
+        that version's chunk ids before the first update (InvalidArgument if one differs)."""
+        if at is not None and state_dict is None:
+            raise InvalidArgument("at= names the version a given state_dict holds: pass that state_dict too")
+        self._at = at
         self.source = str(source)
         self.branch = branch
         self._own = state_dict is None
@@ -340,6 +347,24 @@ class Follower:
         # the remote's catalogs are immutable: each is read once, whatever the number of polls
         self._catalogs = cache_root() / "follow" / ids.digest(ids.CHUNK, self.source.encode())[:24]
         self._keyframes = _Keyframes(self._catalogs / "keyframes")
+
+    def _start_at(self) -> None:
+        """Take the version ``at`` names as the one held: its tree (read, no chunk downloaded),
+        once the state dict's bytes are checked to be that version's, chunk by chunk."""
+        view = self._open(self._at)
+        entries: dict = {}
+        for f in view.tree.files:
+            for t in f.tensors:
+                entries.setdefault(t.name, t)
+        self._check(entries)
+        for name, e in entries.items():
+            flat = self.state_dict[name].detach().reshape(-1).view(_uint8())
+            for i, (cid, (begin, end)) in enumerate(zip(e.chunks, tensor_spans(e, view.tree.chunk_bytes))):
+                if ids.chunk_id(flat[begin:end].cpu().numpy().tobytes()) != cid:
+                    raise InvalidArgument(f"the state dict does not hold {ids.short(view.commit)} (at=): {name} "
+                                          f"differs in chunk {i}")
+        self.commit, self._tree, self._entries, self._chunk_bytes = view.commit, view.tree, entries, view.tree.chunk_bytes
+        self._at = None
 
     def _open(self, rev: str) -> VersionView:
         if self._local:
@@ -397,6 +422,8 @@ class Follower:
         ``timeout`` seconds for a new commit, polling with back-off)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         wait = POLL_SECONDS[0]
+        if self._at is not None:
+            self._start_at()
         while True:
             t0 = time.perf_counter()
             try:
@@ -543,7 +570,8 @@ class Follower:
             raise InvalidArgument(f"the state dict does not fit {self.source} {self.branch}: {shown}")
 
 
-def follow(url_or_path, branch: str = "main", *, state_dict=None, device: str = "cpu") -> Follower:
+def follow(url_or_path, branch: str = "main", *, state_dict=None, device: str = "cpu", at: str | None = None) -> Follower:
     """A :class:`Follower` of ``branch``: updates ``state_dict`` in place (on its tensors'
-    devices), or tensors of its own on ``device``."""
-    return Follower(url_or_path, branch, state_dict=state_dict, device=device)
+    devices), or tensors of its own on ``device``. ``at``: the commit ``state_dict`` already
+    holds (checked), so that the first update reads only what changed since."""
+    return Follower(url_or_path, branch, state_dict=state_dict, device=device, at=at)
