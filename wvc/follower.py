@@ -208,6 +208,15 @@ def _batches(items: list, payload_bytes) -> list[list]:
     return out
 
 
+def _tensor_entries(tree) -> dict:
+    """A version's tensors by name (the first file's, where two files name one tensor)."""
+    entries: dict = {}
+    for f in tree.files:
+        for t in f.tensors:
+            entries.setdefault(t.name, t)
+    return entries
+
+
 def _check_places(entries: dict, staged: dict, chunk_bytes: int) -> None:
     """Every staged chunk decodes to exactly the bytes of its place in its tensor, as every
     other reader checks (a tree may name any stored chunk at any place: a 1-byte chunk at
@@ -352,10 +361,7 @@ class Follower:
         """Take the version ``at`` names as the one held: its tree (read, no chunk downloaded),
         once the state dict's bytes are checked to be that version's, chunk by chunk."""
         view = self._open(self._at)
-        entries: dict = {}
-        for f in view.tree.files:
-            for t in f.tensors:
-                entries.setdefault(t.name, t)
+        entries = _tensor_entries(view.tree)
         self._check(entries)
         for name, e in entries.items():
             flat = self.state_dict[name].detach().reshape(-1).view(_uint8())
@@ -452,10 +458,7 @@ class Follower:
             wait = min(wait * 2, POLL_SECONDS[1])
 
     def _move(self, view: VersionView, t0: float) -> Update:
-        entries = {}
-        for f in view.tree.files:
-            for t in f.tensors:
-                entries.setdefault(t.name, t)
+        entries = _tensor_entries(view.tree)
         self._check(entries)
         source = view.chunk_source
         remote = getattr(source, "remote", None)

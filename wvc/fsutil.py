@@ -244,7 +244,7 @@ class DirectWriter:
 
 
 def claim_temp(fd: int) -> None:
-    """Mark a temp file as being written: a shared-nothing flock on its descriptor, which the
+    """Mark a temp file as being written: an exclusive flock on its descriptor, which the
     kernel drops when the file is closed or its process dies. gc leaves a claimed temp file
     alone whatever its grace period (``temp_in_use``): with ``--grace 0`` it deleted a
     commit's half-written pack or file under it."""
@@ -381,8 +381,8 @@ LOCK_WAIT_SECONDS = 60.0  # WVC_LOCK_TIMEOUT overrides
 def file_lock(path: Path, holder: str, timeout: float | None = None, what: str = "the working tree"):
     """An exclusive advisory lock (flock) on ``path``, waited for up to WVC_LOCK_TIMEOUT
     seconds; ``holder`` (pid and verb) is written into the file for the next waiter's
-    message, which names ``what`` the lock guards. The kernel drops the lock when its process dies: a killed holder never
-    leaves a stale lock behind."""
+    message, which names ``what`` the lock guards. The kernel drops the lock when its
+    process dies: a killed holder never leaves a stale lock behind."""
     import fcntl
     import time
 

@@ -138,8 +138,7 @@ def _gc(repo, grace_seconds: int) -> GcResult:
     pruned_packs = set(json.loads(noted)) - set(repo.store.pack_names()) if noted else set()
     with repo.db.write():  # no writer records a pack between the listing of known ones and the unlinks
         result.files_removed = _remove_leftovers(repo, now, grace_seconds, (dead_packs - kept_packs) | pruned_packs)
-    if noted:
-        with repo.db.write():
+        if noted:
             repo.db.delete_config(PRUNED_PACKS)
     result.bytes_after = _pack_bytes(repo)
     return result

@@ -84,7 +84,6 @@ class BucketRemote(HubRemote):
         self.endpoint = settings.text("HF_ENDPOINT")
         self.api = HfApi(endpoint=self.endpoint)
         self.head: str | None = None
-        self._ok_listed = False  # whether the last confirm's .ok was listed after it (see _confirm)
         self.stale = settings.number("WVC_BUCKET_STALE_SECONDS", STALE_SECONDS)
 
     @classmethod
@@ -276,13 +275,13 @@ class BucketRemote(HubRemote):
             # passed over by others, who would take its proposal for a crashed one's
             wait = 0.0
             if not rivals and time.monotonic() - proposed < stale / 2:
-                landed, wait = self._confirm(name, mine)
+                landed, wait, ok_listed = self._confirm(name, mine)
                 if landed is not None:
                     self.head = name
                     self._tidy(*landed, name, now, stale)
                     return
                 retract = [f"{REFLOG}{name}.json"]  # did not count (landed late, or not at all): withdrawn
-                if self._ok_listed:
+                if ok_listed:
                     retract.insert(0, f"{REFLOG}{name}.ok")
             else:
                 retract = [f"{REFLOG}{name}.json"]
@@ -305,9 +304,10 @@ class BucketRemote(HubRemote):
                 raise RemoteChanged(f"{self.url}: another push to this bucket is in progress (or a pusher crashed "
                                     f"in the last {stale:.0f} s); try again")
 
-    def _confirm(self, name: str, mine) -> tuple[tuple[dict, set] | None, float]:
+    def _confirm(self, name: str, mine) -> tuple[tuple[dict, set] | None, float, bool]:
         """Send the confirm of proposal ``name`` once, then list: ((entries, confirmed) of that
-        listing if it landed and counts, else None; the seconds a rate limit asked to wait).
+        listing if it landed and counts, else None; the seconds a rate limit asked to wait;
+        whether its ``.ok`` is listed, counting or not).
 
         Never resent: a resend after a 429's Retry-After (the generic back-off) landed after
         the lease, when a rival had taken this proposal for a crashed pusher's and confirmed
@@ -324,11 +324,11 @@ class BucketRemote(HubRemote):
             pass  # (perhaps applied: the listing tells)
         listing = self._list(REFLOG)
         entries, confirmed = self._log(listing)
-        self._ok_listed = f"{REFLOG}{name}.ok" in listing
         # (another counting entry at this seq or later cannot come of the protocol; if a
         # bucket holds one anyway, this one is withdrawn rather than doubled)
         alone = not any(n != name and _seq(n) >= _seq(name) for n in confirmed)
-        return ((entries, confirmed) if name in confirmed and alone else None), min(wait, 60.0)
+        return (((entries, confirmed) if name in confirmed and alone else None), min(wait, 60.0),
+                f"{REFLOG}{name}.ok" in listing)
 
     def _tidy(self, entries: dict, confirmed: set, head: str, now: float, stale: float) -> None:
         """Delete log entries no reader needs: confirmed ones far behind the head, and crashed
