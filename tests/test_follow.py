@@ -308,3 +308,31 @@ def test_a_follower_started_at_the_version_it_holds_reads_one_step_not_the_model
     assert all(torch.equal(wrong[k], before[k]) for k in wrong)
     with pytest.raises(InvalidArgument, match="state_dict"):
         wvc.follow(str(remote), at=commits[2])
+
+
+def _changed_indices(before: dict, after: dict, name: str):
+    a, b = before[name].reshape(-1).view(torch.int16), after[name].reshape(-1).view(torch.int16)
+    return torch.nonzero(a != b).reshape(-1)
+
+
+def test_patches_name_exactly_the_elements_each_update_changed(publisher, tmp_path):
+    """follow(..., patches=True): each update's patches are the flat indices of the elements
+    whose bits changed, one step or several steps at once (their union)."""
+    first, _ = publisher.step("step 0")
+    follower = wvc.follow("file://" + str(tmp_path / "remote"), patches=True)
+    up = follower.update()
+    assert up.patches == {name: None for name in publisher.sd}  # the first version: all of it is new
+    held = first
+    for steps in (1, 3):  # one step, then three steps in one update (step records chained)
+        commits = [publisher.step(f"step to {k}", touch=("layer1.weight",) if k == 1 else ("layer0.weight", "layer2.weight"))[0]
+                   for k in range(steps)]
+        up = follower.update()
+        assert up.commit == commits[-1]
+        before, after = publisher.repo.load_state_dict(held), publisher.repo.load_state_dict(commits[-1])
+        assert sorted(up.patches) == up.changed
+        for name, idx in up.patches.items():
+            assert torch.equal(idx, _changed_indices(before, after, name)), name
+            flat = follower.state_dict[name].reshape(-1)
+            assert torch.equal(flat[idx].view(torch.int16), after[name].reshape(-1)[idx].view(torch.int16))
+        assert same(follower.state_dict, after)
+        held = commits[-1]

@@ -45,9 +45,16 @@ class Update:
     changed: list[str] = field(default_factory=list)  # tensor names whose values changed
     downloaded_bytes: int = 0
     seconds: float = 0.0
+    # with follow(..., patches=True): tensor name -> the flat indices (int64) of the elements
+    # that changed, or None where the tensor is new (or reshaped): all of it changed. The new
+    # values are ``state_dict[name].reshape(-1)[indices]`` (what vLLM's patch loader takes).
+    patches: dict | None = None
 
     def to_json(self):
-        return dict(self.__dict__)
+        out = {k: v for k, v in self.__dict__.items() if k != "patches"}
+        if self.patches is not None:
+            out["changed_elements"] = {n: None if i is None else int(i.numel()) for n, i in self.patches.items()}
+        return out
 
 
 class _Keyframes:
@@ -250,6 +257,26 @@ def _uint8():
 PATCH_MAX_CHANGED = 0.1
 
 
+def _changed_elements(before, after, width: int, first: int):
+    """The flat indices (int64, on the host) of the elements of a chunk whose bits changed:
+    ``before``/``after`` its bytes (uint8 tensors), ``first`` the index of its first element."""
+    import torch
+
+    kind = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[width]
+    return (torch.nonzero(before.view(kind) != after.view(kind)).reshape(-1) + first).cpu()
+
+
+def _merge_patches(into: dict, more: dict | None) -> None:
+    """Several steps applied in one update: the union of their changed elements."""
+    import torch
+
+    for name, idx in (more or {}).items():
+        if name not in into:
+            into[name] = idx
+        elif into[name] is not None:
+            into[name] = None if idx is None else torch.unique(torch.cat([into[name], idx]))
+
+
 def _mirrored(tensor) -> bool:
     """Whether a held tensor's chunks are mirrored on the host: device memory's are (a
     seam the tests turn on for host tensors, to run the patch path without a device)."""
@@ -327,14 +354,19 @@ class Follower:
     (on ``device``, or into the caller's ``state_dict``), checks every chunk's hash, and rolls
     back on any failure: the dict always holds one whole committed version."""
 
-    def __init__(self, source, branch: str = "main", *, state_dict=None, device: str = "cpu", at: str | None = None):
+    def __init__(self, source, branch: str = "main", *, state_dict=None, device: str = "cpu", at: str | None = None,
+                 patches: bool = False):
         """``at``: the commit whose version ``state_dict`` already holds (an engine started from
         that checkout): the first update then reads only what changed since it, not the whole
         version. It is checked, not trusted: every chunk of the state dict is hashed against
-        that version's chunk ids before the first update (InvalidArgument if one differs)."""
+        that version's chunk ids before the first update (InvalidArgument if one differs).
+        ``patches``: each Update names the changed elements of each changed tensor (their flat
+        indices, found while each chunk is written: the old bytes are at hand then, so no copy
+        of the state dict is kept to diff against)."""
         if at is not None and state_dict is None:
             raise InvalidArgument("at= names the version a given state_dict holds: pass that state_dict too")
         self._at = at
+        self._want_patches = patches
         self.source = str(source)
         self.branch = branch
         self._own = state_dict is None
@@ -399,15 +431,17 @@ class Follower:
                 commit = record.parent
         except WvcError:
             return None
-        first, changed = self.commit, set()
+        first, changed, patches = self.commit, set(), {} if self._want_patches else None
         for record in reversed(records):
             try:
                 tree = self._tree_of(record)
                 moved = self._move(VersionView(record.commit, tree, _RecordChunks(record, backend, _Held(self))), t0)
             except WvcError:
-                return None
+                return None  # (the steps already applied stay: each was a whole version)
             changed.update(moved.changed)
-        return Update(tip, first, sorted(changed), backend.bytes_downloaded, time.perf_counter() - t0)
+            if patches is not None:
+                _merge_patches(patches, moved.patches)
+        return Update(tip, first, sorted(changed), backend.bytes_downloaded, time.perf_counter() - t0, patches)
 
     def _tree_of(self, record):
         from .versions import Commit, Tree
@@ -485,14 +519,14 @@ class Follower:
                 staged[name].append((i, view.get(cid)))
         _check_places(entries, staged, view.tree.chunk_bytes)
         # 2. apply, all of it, or none: a failure or an interrupt midway undoes what was written
-        self._previous = self._apply(entries, staged, view.tree.chunk_bytes)
+        self._previous, patches = self._apply(entries, staged, view.tree.chunk_bytes)
         self._keyframes.prune(KEYFRAME_BUDGET * sum(e.nbytes for e in entries.values()))
         parent, self.commit = self.commit, view.commit
         self._entries, self._chunk_bytes, self._tree = entries, view.tree.chunk_bytes, view.tree
         return Update(view.commit, parent, sorted(staged), remote.bytes_downloaded if remote is not None else 0,
-                      time.perf_counter() - t0)
+                      time.perf_counter() - t0, patches)
 
-    def _apply(self, entries: dict, staged: dict, chunk_bytes: int) -> dict:
+    def _apply(self, entries: dict, staged: dict, chunk_bytes: int) -> tuple[dict, dict | None]:
         """Write the staged chunks. In place, each chunk's old bytes are first copied aside
         (a clone on the tensor's device: on a GPU no copy crosses to the host; on the CPU a
         scatter of only the changed elements was 4x slower than this copy, 23 against 5 ms
@@ -500,7 +534,8 @@ class Follower:
         included), every tensor gets its old bytes back before the exception goes on. New
         tensors (the follower's own, or a changed shape) are filled aside and swapped in at
         the end. The new bytes reach each device in one copy per batch of chunks (pinned, on
-        the copy stream: wvc/device_copy.py). Returns the replaced chunks' old bytes by id."""
+        the copy stream: wvc/device_copy.py). Returns the replaced chunks' old bytes by id, and
+        (with ``patches``) each changed tensor's changed element indices (None: all of it)."""
         import torch
 
         undo: list[tuple[object, object]] = []  # (region, its old bytes)
@@ -527,6 +562,7 @@ class Follower:
                 if mirrored:
                     mirror[e.chunks[i]] = bytes(raw)
         uploads = _Uploads(writes)
+        patches: dict | None = {} if self._want_patches else None
         try:
             for k, (name, i, region, up) in enumerate(writes):
                 new = uploads[k]
@@ -539,6 +575,10 @@ class Follower:
                     # (not fresh: the same shape, so the old chunk has this region's size)
                     previous[old.chunks[i]] = self._mirror.get(old.chunks[i], undo[-1][1])
                 _write_chunk(region, new)
+                if patches is not None:
+                    width = DTYPES[entries[name].dtype].width
+                    begin = tensor_spans(entries[name], chunk_bytes)[i][0]
+                    patches.setdefault(name, []).append(_changed_elements(undo[-1][1], region, width, begin // width))
         except BaseException:
             for region, old in reversed(undo):
                 region.copy_(old)
@@ -549,7 +589,9 @@ class Follower:
                 del self.state_dict[gone]
         held = {c for e in entries.values() for c in e.chunks}
         self._mirror = {c: b for c, b in {**self._mirror, **mirror}.items() if c in held}
-        return previous
+        if patches is not None:
+            patches = {name: torch.cat(patches[name]) if name in patches else None for name in staged}
+        return previous, patches
 
     def _check(self, entries: dict) -> None:
         """A given state dict must hold every tensor of the version, same shape and dtype,
@@ -573,8 +615,10 @@ class Follower:
             raise InvalidArgument(f"the state dict does not fit {self.source} {self.branch}: {shown}")
 
 
-def follow(url_or_path, branch: str = "main", *, state_dict=None, device: str = "cpu", at: str | None = None) -> Follower:
+def follow(url_or_path, branch: str = "main", *, state_dict=None, device: str = "cpu", at: str | None = None,
+           patches: bool = False) -> Follower:
     """A :class:`Follower` of ``branch``: updates ``state_dict`` in place (on its tensors'
     devices), or tensors of its own on ``device``. ``at``: the commit ``state_dict`` already
-    holds (checked), so that the first update reads only what changed since."""
-    return Follower(url_or_path, branch, state_dict=state_dict, device=device, at=at)
+    holds (checked), so that the first update reads only what changed since. ``patches``:
+    each Update also names the changed elements of each tensor (``Update.patches``)."""
+    return Follower(url_or_path, branch, state_dict=state_dict, device=device, at=at, patches=patches)
