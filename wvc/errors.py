@@ -165,3 +165,8 @@ class NoSuchRemote(RemoteError, LookupError):
 
 class RemoteExists(WvcError, FileExistsError):
     """A remote of that name is configured already."""
+
+
+class EngineUnusable(WvcError):
+    """An inference engine's weights were left part old, part new by an update that failed
+    midway: it must be restarted (its outputs would be a silent mix of two versions)."""

@@ -1,0 +1,72 @@
+"""Starting a small vLLM engine on 2 cores, and probing it: greedy tokens, top-5 logprobs of
+each generated token and of each prompt token, compared exactly (vLLM's CPU outputs were
+bit-identical across runs, processes and thread settings: ../shared/research/vllm.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+              "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false"}
+PROMPTS = ["the cat sat on the mat and", "one two three four", "why did the big red dog run",
+           "a small blue cat near the green mat"]
+KV_BYTES = 64 << 20
+
+
+def engine_kwargs() -> dict:
+    return dict(enforce_eager=True, distributed_executor_backend="uni", kv_cache_memory_bytes=KV_BYTES,
+                max_model_len=128, max_num_seqs=8, seed=0, enable_prefix_caching=True)
+
+
+def start(model_dir, **extra):
+    from vllm import LLM
+
+    os.environ.update(ENGINE_ENV)
+    return LLM(model=str(model_dir), **engine_kwargs(), **extra)
+
+
+def probe(llm) -> list:
+    """Each prompt's greedy continuation with its tokens' and its prompt's top-5 logprobs."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=8, logprobs=5, prompt_logprobs=5, seed=0)
+    out = []
+    for r in llm.generate(PROMPTS, params, use_tqdm=False):
+        c = r.outputs[0]
+        out.append({"tokens": list(c.token_ids),
+                    "logprobs": [_top(lp) for lp in c.logprobs],
+                    "prompt_logprobs": [None if lp is None else _top(lp) for lp in r.prompt_logprobs]})
+    return out
+
+
+def _top(lp: dict) -> list:
+    return sorted([int(t), float(v.logprob)] for t, v in lp.items())
+
+
+def fresh_probe(model_dir) -> list:
+    """The probe of a fresh engine started from ``model_dir``, in a process of its own."""
+    env = {**os.environ, **ENGINE_ENV}
+    res = subprocess.run([sys.executable, str(Path(__file__)), str(model_dir)], env=env, capture_output=True,
+                         text=True, timeout=600)
+    if res.returncode != 0:
+        raise RuntimeError(f"fresh engine on {model_dir} failed:\n{res.stderr[-4000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def values(probe_out: list) -> int:
+    """How many logprob values a probe compares."""
+    n = 0
+    for r in probe_out:
+        n += sum(len(x) for x in r["logprobs"]) + sum(len(x) for x in r["prompt_logprobs"] if x is not None)
+    return n
+
+
+if __name__ == "__main__":
+    import logging
+
+    logging.disable(logging.WARNING)
+    print(json.dumps(probe(start(sys.argv[1]))))

@@ -1,0 +1,179 @@
+"""Writing checkpoint tensors into a running vLLM model, exactly, on either of its layouts.
+
+A follower holds the version in checkpoint form (the names and shapes of the safetensors
+files); vLLM holds it in its own: fused parameters (q, k and v in one ``qkv_proj``, gate and
+up in one ``gate_up_proj``) and, on its CPU backend, every linear layer's weight copied into
+a oneDNN-packed form with the parameter itself left empty. ``EngineWeights.apply`` takes
+the names of the checkpoint tensors that changed and sends each the way its module needs
+(docs/training.md, "Into a vLLM engine"):
+
+- a module whose weight is packed away (an empty parameter beside a ``cpu_linear``): a
+  layerwise reload of every checkpoint tensor of that module (vLLM rebuilds a module only
+  once all of them have arrived; sending only the changed ones left every output NaN);
+- any other module (every module on a GPU): vLLM's checkpoint patch loader, sparse (the
+  flat indices of the changed elements and their values) or dense, whichever has cost less
+  per element in this engine so far (on CPU the sparse loader was ~50x slower than dense);
+- then every module that keeps a packed copy of a weight that changed (the LM head, tied to
+  the embedding or not) is repacked: a reload does not refresh that copy, and outputs were
+  silently off until it was.
+
+Which checkpoint tensors make a module is derived from the model's own
+``packed_modules_mapping`` and ``hf_to_vllm_mapper``, not from a table of names. vLLM is
+imported inside the calls: this module is imported only in a vLLM worker.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+SPARSE_MAX_CHANGED = 0.1  # past this share of a tensor's elements, a patch is sent dense
+
+
+@dataclass
+class _Costs:
+    """Seconds per element of tensor patched, measured in this engine for each kind of patch
+    (a moving average): a sparse patch is chosen only where it has cost no more than dense.
+    Before a kind is measured, a tensor with few changed elements goes sparse."""
+
+    per_element: dict = field(default_factory=dict)  # "dense" / "sparse" -> seconds
+
+    def choose(self, numel: int, changed: int | None) -> str:
+        if changed is None or changed > SPARSE_MAX_CHANGED * numel:
+            return "dense"
+        dense, sparse = self.per_element.get("dense"), self.per_element.get("sparse")
+        if dense is None or sparse is None:
+            return "sparse"
+        return "sparse" if sparse <= dense else "dense"
+
+    def record(self, kind: str, seconds: float, elements: int) -> None:
+        if elements <= 0:
+            return
+        rate = seconds / elements
+        was = self.per_element.get(kind)
+        self.per_element[kind] = rate if was is None else 0.5 * was + 0.5 * rate
+
+
+@dataclass
+class Applied:
+    """What one apply sent into the engine (for reports and tests)."""
+
+    reloaded: list = field(default_factory=list)  # checkpoint tensors sent by a layerwise reload
+    dense: list = field(default_factory=list)  # checkpoint tensors sent as dense patches
+    sparse: dict = field(default_factory=dict)  # checkpoint tensor -> changed elements sent
+    repacked: list = field(default_factory=list)  # vLLM modules whose packed copy was rebuilt
+    seconds: float = 0.0
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+class EngineWeights:
+    """The weights of one vLLM model (one worker's), addressed by checkpoint names."""
+
+    def __init__(self, model, vllm_config, checkpoint_names):
+        self.model, self.vllm_config = model, vllm_config
+        packed = getattr(model, "packed_modules_mapping", None) or {}
+        self._fused = {part: whole for whole, parts in packed.items() for part in parts}
+        self._mapper = getattr(model, "hf_to_vllm_mapper", None)
+        self._modules = dict(model.named_modules())
+        # checkpoint name -> the vLLM module it lands in; module -> all its checkpoint names
+        self.module_of = {name: self._module_path(name) for name in checkpoint_names}
+        self.members: dict[str, list[str]] = {}
+        for name, path in self.module_of.items():
+            if path is not None:
+                self.members.setdefault(path, []).append(name)
+        self.costs = _Costs()
+
+    def _module_path(self, name: str) -> str | None:
+        """The vLLM module a checkpoint tensor is loaded into, or None when the model has no
+        such module (vLLM skips it: a tied ``lm_head.weight``, a rotary buffer)."""
+        mapped = name
+        if self._mapper is not None:
+            mapped = self._mapper.map_name(name)
+            if mapped is None:
+                return None
+        parts = mapped.split(".")[:-1]
+        if parts and parts[-1] in self._fused:
+            parts[-1] = self._fused[parts[-1]]
+        path = ".".join(parts)
+        return path if path in self._modules else None
+
+    def _packed_away(self, path: str) -> bool:
+        """Whether a module's weight lives only in a packed copy (the CPU backend's linear
+        layers): the parameter is empty and no patch can reach it."""
+        module = self._modules[path]
+        weight = getattr(module, "weight", None)
+        return hasattr(module, "cpu_linear") and weight is not None and weight.numel() == 0
+
+    def apply(self, host: dict, changed, patches: dict | None = None) -> Applied:
+        """Send the checkpoint tensors named ``changed`` (their values in ``host``, the
+        follower's copy, the new version whole) into the engine. ``patches``: each tensor's
+        changed flat indices (None: all of it), where known."""
+        import torch
+
+        t0 = time.perf_counter()
+        done = Applied()
+        reload: set[str] = set()
+        patched_modules: set[str] = set()
+        dense, sparse = [], []
+        for name in changed:
+            path = self.module_of.get(name)
+            if path is not None and self._packed_away(path):
+                reload.update(self.members[path])
+                continue
+            if path is not None:
+                patched_modules.add(path)
+            tensor = host[name]
+            idx = None if patches is None else patches.get(name)
+            kind = self.costs.choose(tensor.numel(), None if idx is None else int(idx.numel()))
+            values = tensor.reshape(-1)
+            if kind == "sparse":
+                values = values[idx]
+                if tensor.is_floating_point() and bool(torch.isnan(values).any()):
+                    kind = "dense"  # vLLM's sparse loader marks untouched elements with NaN
+            if kind == "sparse":
+                sparse.append((name, tensor, values, idx))
+            else:
+                dense.append((name, tensor, tensor.reshape(-1), None))
+        for kind, batch in (("dense", dense), ("sparse", sparse)):
+            if batch:
+                started = time.perf_counter()
+                _load_patches(self.model, batch)
+                self.costs.record(kind, time.perf_counter() - started, sum(t.numel() for _, t, _, _ in batch))
+        if reload:
+            _reload(self.vllm_config, self.model, [(name, host[name]) for name in sorted(reload)])
+        done.repacked = self._repack(patched_modules)
+        done.reloaded, done.dense = sorted(reload), sorted(n for n, *_ in dense)
+        done.sparse = {n: int(i.numel()) for n, _, _, i in sparse}
+        done.seconds = time.perf_counter() - t0
+        return done
+
+    def _repack(self, patched_modules: set[str]) -> list[str]:
+        """Rebuild the packed copy of every module that keeps one beside a weight that was
+        patched in place (the LM head: its own weight, or the embedding's it is tied to)."""
+        touched = {id(getattr(self._modules[p], "weight", None)) for p in patched_modules}
+        touched.discard(id(None))
+        repacked = []
+        for path, module in self._modules.items():
+            weight = getattr(module, "weight", None)
+            if hasattr(module, "cpu_linear") and weight is not None and weight.numel() and id(weight) in touched:
+                module.quant_method.process_weights_after_loading(module)
+                repacked.append(path)
+        return repacked
+
+
+def _load_patches(model, batch) -> None:
+    """One call of vLLM's checkpoint patch loader (dense and sparse never mixed in one)."""
+    from vllm.model_executor.model_loader.checkpoint_weight_patch import (
+        CheckpointWeightPatch, load_checkpoint_weight_patches)
+
+    load_checkpoint_weight_patches(model, [CheckpointWeightPatch(name, tuple(t.shape), t.dtype, values, idx)
+                                           for name, t, values, idx in batch])
+
+
+def _reload(vllm_config, model, weights) -> None:
+    """A layerwise reload of whole modules' checkpoint tensors (a seam the tests break)."""
+    from vllm.model_executor.model_loader.reload.inplace import reload_weights
+
+    reload_weights(vllm_config, model, weights_iterator=iter(weights), weights_path=None, is_checkpoint_format=True)

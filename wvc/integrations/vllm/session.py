@@ -1,0 +1,104 @@
+"""One vLLM worker following a wvc branch: a follower's host copy, and the engine it feeds.
+
+The follower (wvc/follower.py) keeps the version in checkpoint form in host memory: one
+copy of the model's checkpoint bytes beside the engine's own weights (on a GPU the engine's
+are in device memory; on the CPU backend that is a second copy in RAM). Each update is
+fetched and verified whole into that copy first (a failure there leaves the copy and the
+engine on the old version), then sent into the engine (engine_weights.py). A failure while
+the engine is being written cannot be undone (vLLM keeps no copy to roll back to, and a
+failed partial reload was seen to poison later outputs), so the session is then marked
+unusable with the reason: every later update refuses, and the engine must be restarted.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from ...errors import EngineUnusable, InvalidArgument
+from ...follower import Follower
+
+log = logging.getLogger("wvc.vllm")
+
+
+def _checkpoint_files(model: str, revision: str | None = None) -> list[Path]:
+    """The safetensors files the engine was started from (a directory, or a Hub model already
+    in the local cache: nothing is downloaded)."""
+    root = Path(model)
+    if not root.is_dir():
+        try:
+            from huggingface_hub import snapshot_download
+
+            root = Path(snapshot_download(model, revision=revision, allow_patterns=["*.safetensors"],
+                                          local_files_only=True))
+        except Exception as exc:
+            raise InvalidArgument(f"commit= needs the files the engine was started from; {model} is not a "
+                                  f"directory nor in the local Hub cache ({exc})") from None
+    files = sorted(root.glob("*.safetensors"))
+    if not files:
+        raise InvalidArgument(f"commit= needs the engine's safetensors files; {root} has none")
+    return files
+
+
+def host_copy(model: str, revision: str | None = None) -> dict:
+    """The engine's checkpoint tensors, read into host memory (the follower's copy)."""
+    from safetensors.torch import load_file
+
+    tensors: dict = {}
+    for path in _checkpoint_files(model, revision):
+        tensors.update(load_file(str(path)))
+    return tensors
+
+
+class EngineFollower:
+    """A worker's follower of ``branch`` of ``source``, feeding ``weights`` (EngineWeights).
+    ``at``: the commit the engine was started from (checked against its files); without
+    it, the first update loads the whole version."""
+
+    def __init__(self, make_weights, source: str, branch: str = "main", *, at: str | None = None,
+                 model: str | None = None, revision: str | None = None):
+        state_dict = None
+        if at is not None:
+            if model is None:
+                raise InvalidArgument("at= needs the model the engine was started from")
+            state_dict = host_copy(model, revision)
+        self.follower = Follower(source, branch, state_dict=state_dict, at=at, patches=True)
+        if at is not None:
+            self.follower._start_at()  # checked now: a wrong commit= fails at init, not at the first update
+        self._make_weights = make_weights
+        self._weights = None
+        self.unusable: str | None = None
+        self.last_applied = None
+
+    @property
+    def commit(self) -> str | None:
+        """The commit the engine holds (None before the first update, without at=)."""
+        return None if self.unusable else self.follower.commit
+
+    def _engine(self, names):
+        if self._weights is None:
+            self._weights = self._make_weights(names)
+        return self._weights
+
+    def update(self, rev: str | None = None, timeout: float | None = None):
+        """Move the engine to ``rev`` (default: the branch's tip); the follower's Update, or
+        None when the engine holds it already."""
+        if self.unusable is not None:
+            raise EngineUnusable(f"this engine must be restarted: {self.unusable}")
+        up = self.follower.update(rev, timeout)  # all of it fetched and verified, or nothing changed
+        if up is None:
+            return None
+        try:
+            self.last_applied = self._engine(self.follower.state_dict).apply(self.follower.state_dict, up.changed,
+                                                                             up.patches)
+        except BaseException as exc:
+            self.unusable = (f"the update to {up.commit[:12]} failed while its weights were being written into "
+                             f"the engine ({type(exc).__name__}: {exc}); it holds part of {str(up.parent)[:12]} "
+                             f"and part of {up.commit[:12]}")
+            log.error("wvc: %s", self.unusable)
+            raise EngineUnusable(self.unusable) from exc
+        return up
+
+    def info(self) -> dict:
+        return {"commit": self.commit, "branch": self.follower.branch, "source": self.follower.source,
+                "unusable": self.unusable}
