@@ -22,11 +22,27 @@ def engine_kwargs() -> dict:
                 max_model_len=128, max_num_seqs=8, seed=0, enable_prefix_caching=True)
 
 
-def start(model_dir, **extra):
+def start(model_dir, *, packing: bool = True, **extra):
+    """An in-process engine. ``packing=False``: the CPU backend's linear layers keep plain
+    weights (what GPUs use), for the patch path."""
     from vllm import LLM
 
     os.environ.update(ENGINE_ENV)
+    if not packing:
+        keep_plain_weights()
     return LLM(model=str(model_dir), **engine_kwargs(), **extra)
+
+
+def keep_plain_weights() -> None:
+    """Turn off the CPU backend's weight packing in this process: linear layers compute with
+    torch's linear on their own parameters, as on a GPU."""
+    import torch
+    from vllm.model_executor.layers import utils
+
+    def plain(layer, remove_weight):
+        layer.cpu_linear = lambda x, weight, bias: torch.nn.functional.linear(x, weight, bias)
+
+    utils.dispatch_cpu_unquantized_gemm = plain
 
 
 def probe(llm) -> list:
@@ -47,10 +63,11 @@ def _top(lp: dict) -> list:
     return sorted([int(t), float(v.logprob)] for t, v in lp.items())
 
 
-def fresh_probe(model_dir) -> list:
+def fresh_probe(model_dir, *, packing: bool = True) -> list:
     """The probe of a fresh engine started from ``model_dir``, in a process of its own."""
     env = {**os.environ, **ENGINE_ENV}
-    res = subprocess.run([sys.executable, str(Path(__file__)), str(model_dir)], env=env, capture_output=True,
+    args = [] if packing else ["--plain"]
+    res = subprocess.run([sys.executable, str(Path(__file__)), str(model_dir), *args], env=env, capture_output=True,
                          text=True, timeout=600)
     if res.returncode != 0:
         raise RuntimeError(f"fresh engine on {model_dir} failed:\n{res.stderr[-4000:]}")
@@ -69,4 +86,4 @@ if __name__ == "__main__":
     import logging
 
     logging.disable(logging.WARNING)
-    print(json.dumps(probe(start(sys.argv[1]))))
+    print(json.dumps(probe(start(sys.argv[1], packing="--plain" not in sys.argv))))
