@@ -5,6 +5,7 @@ configured with it), and makes the version a server reports the commit its worke
 from __future__ import annotations
 
 BACKEND = "wvc"
+LOADED_COMMIT = "wvc_loaded_commit"  # (transfer.py adds it to vLLM's workers; not imported here: it imports vLLM's worker side)
 
 
 def register() -> None:
@@ -32,10 +33,8 @@ def _report_loaded_commit() -> None:
         config = getattr(self.vllm_config, "weight_transfer_config", None)
         if config is None or config.backend != BACKEND:
             return await original(self, weight_version)
-        from .transfer import loaded_commit
-
         await self.collective_rpc("finish_weight_update")
-        held = set(await self.collective_rpc(loaded_commit))
+        held = set(await self.collective_rpc(LOADED_COMMIT))
         if len(held) != 1 or None in held:
             raise RuntimeError(f"wvc: the workers hold {sorted(map(str, held))}, not one commit")
         commit = held.pop()
@@ -50,9 +49,7 @@ def _report_loaded_commit() -> None:
         await init_original(self, request)
         config = getattr(self.vllm_config, "weight_transfer_config", None)
         if config is not None and config.backend == BACKEND:
-            from .transfer import loaded_commit
-
-            held = set(await self.collective_rpc(loaded_commit))
+            held = set(await self.collective_rpc(LOADED_COMMIT))
             if len(held) == 1 and None not in held:  # started from a known commit (init_info's)
                 await self.update_weight_version(held.pop())
 

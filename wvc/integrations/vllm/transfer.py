@@ -79,8 +79,25 @@ class WvcWeightTransferEngine(WeightTransferEngine[WvcInitInfo, WvcUpdateInfo]):
         self.session = None
 
 
-def loaded_commit(worker) -> str | None:
-    """The commit a worker's engine holds (run on each worker by collective_rpc)."""
+LOADED_COMMIT = "wvc_loaded_commit"  # the worker method plugin.py calls on every worker
+
+
+def _loaded_commit(worker) -> str | None:
+    """The commit a worker's engine holds."""
     engine = getattr(worker, "weight_transfer_engine", None)
     session = getattr(engine, "session", None)
     return None if session is None else session.commit
+
+
+def _add_worker_method() -> None:
+    """A worker method, by name: a server's engine core reaches workers by method name only
+    (a function would have to be pickled across, which vLLM refuses by default). Added to
+    vLLM's worker wrapper when this module is imported, i.e. in a worker whose engine uses
+    the wvc backend; the wrapper hands everything else to its worker."""
+    from vllm.v1.worker.worker_base import WorkerWrapperBase
+
+    if not hasattr(WorkerWrapperBase, LOADED_COMMIT):
+        setattr(WorkerWrapperBase, LOADED_COMMIT, _loaded_commit)
+
+
+_add_worker_method()

@@ -1,0 +1,34 @@
+"""The plain-parameter layout (what GPUs use; here the CPU backend's packing turned off):
+an untied fp32 model follows a branch by sparse patches of the changed elements through
+vLLM's checkpoint patch loader, exactly."""
+
+import pytest
+import torch
+
+from wvc.integrations.vllm import attach
+
+from . import engine
+from .conftest import Trainer
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    trainer = Trainer(tmp_path_factory.mktemp("plain"), tied=False, dtype=torch.float32)
+    llm = engine.start(trainer.checkout(trainer.first), packing=False)
+    return trainer, llm, attach(llm, trainer.remote, "main", at=trainer.first), engine.probe(llm)
+
+
+def test_untied_steps_go_as_sparse_patches_and_equal_a_fresh_engine(run):
+    trainer, llm, attached, before = run
+    for names in (["model.layers.0.self_attn.k_proj.weight", "lm_head.weight", "model.embed_tokens.weight"],
+                  ["model.layers.1.mlp.gate_proj.weight", "model.layers.1.post_attention_layernorm.weight"]):
+        commit = trainer.step(names)
+        up = attached.update()
+        assert up.commit == commit and up.changed == sorted(names)
+        assert up.applied["reloaded"] == [] and sorted(up.applied["sparse"]) == sorted(names)
+        for name in names:  # only the changed elements went in: ~3% of each tensor
+            assert 0 < up.applied["sparse"][name] <= 0.04 * trainer.sd[name].numel()
+        got = engine.probe(llm)
+        assert got == engine.fresh_probe(trainer.checkout(commit), packing=False)
+        assert got != before
+        before = got
