@@ -336,3 +336,33 @@ def test_patches_name_exactly_the_elements_each_update_changed(publisher, tmp_pa
             assert torch.equal(flat[idx].view(torch.int16), after[name].reshape(-1)[idx].view(torch.int16))
         assert same(follower.state_dict, after)
         held = commits[-1]
+
+
+def test_an_update_to_a_named_commit_reads_its_step_records_across_an_anchor(tmp_path, monkeypatch):
+    """``update(rev=COMMIT)`` (what a vLLM server's ``/update_weights {"commit": ...}`` asks)
+    moves by the step records like ``update()`` does: at an anchor step (every 4th, stored
+    against the version 4 back) it reads that step's change, not the anchor's drift. Found by
+    benchmarks/vllm_sync.py: step 4 read 101 MB of a 148 MB model, the other steps 1.3 MB."""
+    from benchmarks.cases import adam_step, init_weights
+
+    monkeypatch.setenv("WVC_CACHE", str(tmp_path / "cache"))
+    repo = wvc.Repo.init(tmp_path / "src")
+    remote = tmp_path / "remote"
+    repo.remote_add("origin", str(remote))
+    master = init_weights({f"layer.{i}.weight": (256, 1024) for i in range(6)}, seed=0)
+    g = torch.Generator().manual_seed(1)
+    bf16 = lambda: {k: v.to(torch.bfloat16) for k, v in master.items()}  # noqa: E731
+    repo.commit("s0", bf16())
+    repo.push()
+    by_tip, by_name = wvc.follow(str(remote)), wvc.follow(str(remote))
+    by_tip.update(), by_name.update()
+    for step in range(1, 7):
+        adam_step(master, g, 1e-6)
+        sd = bf16()
+        commit = repo.commit(f"s{step}", sd).commit
+        repo.push()
+        tip, named = by_tip.update(), by_name.update(rev=commit)
+        assert named.commit == tip.commit == commit and named.changed == tip.changed
+        assert named.downloaded_bytes <= 1.1 * tip.downloaded_bytes, (step, named.downloaded_bytes, tip.downloaded_bytes)
+        assert all(torch.equal(by_name.state_dict[k].view(torch.int16), sd[k].view(torch.int16)) for k in sd)
+    assert by_name.update(rev=commit) is None  # already there: nothing read, nothing changed

@@ -468,14 +468,19 @@ class Follower:
             t0 = time.perf_counter()
             try:
                 view = None
-                if rev is None and not self._local and self.commit is not None:
+                named = rev is not None and ids.is_object_id(rev)  # a full commit id (a trainer's)
+                if named and rev == self.commit:
+                    return None  # that version is what is held
+                if (rev is None or named) and not self._local and self.commit is not None:
                     backend = open_remote(self.source)
-                    tip = backend.read_ref("refs/heads/" + self.branch)  # one small read when nothing is new
+                    # one small read when nothing is new; a commit named by its id is moved to by
+                    # the records too (else an anchor step reads the drift since its anchor)
+                    tip = rev if named else backend.read_ref("refs/heads/" + self.branch)
                     if tip != self.commit:
                         moved = self._by_records(backend, tip, t0) if tip is not None else None
                         if moved is not None:
                             return moved
-                        view = self._open(self.branch)
+                        view = self._open(rev or self.branch)
                 else:
                     view = self._open(rev or self.branch)
             except (RemoteNotFound, RevisionNotFound):
