@@ -14,7 +14,8 @@ from .conftest import Trainer
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     trainer = Trainer(tmp_path_factory.mktemp("plain"), tied=False, dtype=torch.float32)
-    llm = engine.start(trainer.checkout(trainer.first), packing=False)
+    llm = engine.start(trainer.checkout(trainer.first), packing=False,
+                       worker_extension_cls="wvc.integrations.vllm.WorkerExtension")
     return trainer, llm, attach(llm, trainer.remote, "main", at=trainer.first), engine.probe(llm)
 
 
@@ -32,3 +33,17 @@ def test_untied_steps_go_as_sparse_patches_and_equal_a_fresh_engine(run):
         assert got == engine.fresh_probe(trainer.checkout(commit), packing=False)
         assert got != before
         before = got
+
+
+def test_the_worker_extension_drives_the_same_follower_by_method_name(run):
+    """``LLM(worker_extension_cls=...)`` users call the workers' methods by name."""
+    trainer, llm, attached, _ = run
+    held = attached.commit
+    assert [i["commit"] for i in llm.collective_rpc("wvc_info")] == [held]
+    commit = trainer.step(["model.layers.0.mlp.down_proj.weight"])
+    (moved,) = llm.collective_rpc("wvc_update")
+    assert moved["commit"] == commit and moved["parent"] == held and moved["changed"] == [
+        "model.layers.0.mlp.down_proj.weight"]
+    assert llm.collective_rpc("wvc_update", kwargs={"timeout": 0}) == [None]
+    llm.reset_prefix_cache()
+    assert engine.probe(llm) == engine.fresh_probe(trainer.checkout(commit), packing=False)

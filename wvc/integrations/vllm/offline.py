@@ -12,8 +12,29 @@ drive workers by name (``LLM(worker_extension_cls="wvc.integrations.vllm.WorkerE
 
 from __future__ import annotations
 
+import weakref
+from dataclasses import dataclass, field
+
 from ...errors import EngineUnusable, WvcError
 from ...follower import Update
+
+# each worker's follower, by worker: vLLM's worker is not ours to add attributes to, and the
+# follower (with its host copy of the weights) goes when the worker does
+_SESSIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+@dataclass
+class EngineUpdate(Update):
+    """An Update as it went into the engine: ``applied`` (engine_weights.Applied.to_json):
+    the tensors reloaded, patched sparse or dense, and the packed copies rebuilt."""
+
+    applied: dict = field(default_factory=dict)
+
+
+def _worker_of(obj):
+    """The worker itself: ``collective_rpc`` calls a function with vLLM's worker wrapper, a
+    method by name on the worker the wrapper holds (the extension's ``self``)."""
+    return getattr(obj, "worker", None) or obj
 
 
 def _weights_factory(worker):
@@ -27,13 +48,14 @@ def _attach(worker, source: str, branch: str, at: str | None) -> dict:
     from .session import EngineFollower
 
     config = worker.vllm_config.model_config
-    worker._wvc_session = EngineFollower(_weights_factory(worker), source, branch, at=at, model=config.model,
-                                         revision=config.revision)
-    return worker._wvc_session.info()
+    session = EngineFollower(_weights_factory(worker), source, branch, at=at, model=config.model,
+                             revision=config.revision)
+    _SESSIONS[_worker_of(worker)] = session
+    return session.info()
 
 
 def _update(worker, rev: str | None, timeout: float | None) -> dict | None:
-    session = getattr(worker, "_wvc_session", None)
+    session = _SESSIONS.get(_worker_of(worker))
     if session is None:
         raise WvcError("no wvc follower on this worker: attach first")
     up = session.update(rev, timeout)
@@ -45,7 +67,7 @@ def _update(worker, rev: str | None, timeout: float | None) -> dict | None:
 
 
 def _info(worker) -> dict:
-    session = getattr(worker, "_wvc_session", None)
+    session = _SESSIONS.get(_worker_of(worker))
     return {"commit": None} if session is None else session.info()
 
 
@@ -74,7 +96,7 @@ class AttachedEngine:
         if self.commit is not None:
             self._set_version(self.commit)
 
-    def update(self, rev: str | None = None, timeout: float | None = None) -> Update | None:
+    def update(self, rev: str | None = None, timeout: float | None = None) -> EngineUpdate | None:
         """Move every worker to ``rev`` (default: the branch's tip), waiting up to ``timeout``
         seconds for a new commit; the Update (its ``applied``: what went into the engine how),
         or None when nothing is new. On a failure the engine keeps the old version, or (when
@@ -89,8 +111,7 @@ class AttachedEngine:
         first = results[0]
         applied = first.pop("applied")
         first.pop("changed_elements", None)
-        up = Update(**first)
-        up.applied = applied
+        up = EngineUpdate(**first, applied=applied)
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
         self.commit = up.commit
         self._set_version(up.commit)

@@ -16,6 +16,9 @@ def register() -> None:
     _report_loaded_commit()
 
 
+_reporting = False  # AsyncLLM extended in this process (a plugin may be loaded more than once)
+
+
 def _report_loaded_commit() -> None:
     """``/finish_weight_update {"weight_version": V}`` sets what ``/weight_info`` reports to
     whatever the trainer says. With the wvc backend the workers know which commit they hold:
@@ -25,9 +28,11 @@ def _report_loaded_commit() -> None:
         from vllm.v1.engine.async_llm import AsyncLLM
     except ImportError:  # pragma: no cover - another vLLM layout: versions as the trainer says
         return
-    original = AsyncLLM.finish_weight_update
-    if getattr(original, "_wvc", False):
+    global _reporting
+    if _reporting:
         return
+    _reporting = True
+    original = AsyncLLM.finish_weight_update
 
     async def finish_weight_update(self, weight_version: str | None = None) -> None:
         config = getattr(self.vllm_config, "weight_transfer_config", None)
@@ -53,6 +58,7 @@ def _report_loaded_commit() -> None:
             if len(held) == 1 and None not in held:  # started from a known commit (init_info's)
                 await self.update_weight_version(held.pop())
 
-    finish_weight_update._wvc = True
+    # vLLM has no hook for what a backend's workers report back: its engine client is
+    # extended here (a server builds that class itself, so it cannot be handed a subclass)
     AsyncLLM.finish_weight_update = finish_weight_update
     AsyncLLM.init_weight_transfer_engine = init_weight_transfer_engine
