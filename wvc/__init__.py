@@ -12,7 +12,7 @@ Importing wvc does not import torch, nor the verbs (wvc/api.py) until one is ask
 
 from .errors import WvcError
 
-__all__ = ["Repo", "WvcError", "clone", "follow", "open", "snapshot_download", "__version__"]
+__all__ = ["Repo", "TensorStream", "WvcError", "clone", "follow", "open", "snapshot_download", "__version__"]
 __version__ = "0.1.0"
 
 
@@ -29,6 +29,10 @@ def __getattr__(name: str):
         from .follower import follow
 
         return follow
+    if name == "TensorStream":  # repo.commit(msg, TensorStream(pairs)): tensors one at a time
+        from .snapshot import TensorStream
+
+        return TensorStream
     if name == "snapshot_download":  # a version as a plain directory, for from_pretrained
         from .view import snapshot_download
 

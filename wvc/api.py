@@ -49,7 +49,8 @@ class Repo(Repository):
                allow_empty: bool = False, device: str = "auto", state_dict_path: str = "model.safetensors",
                branch: str | None = None, exclude: tuple[str, ...] = (), amend: bool = False,
                progress: Progress = NULL):
-        """Commit the working tree, another directory, or a state dict (``source``).
+        """Commit the working tree, another directory, a state dict, or a ``TensorStream``
+        of (name, tensor) pairs taking the place of the parent's tensors one at a time (``source``).
 
         ``metadata``: JSON stored with the commit (step, loss, ...); ``allow_empty``: commit
         even if nothing changed; ``device``: where deltas are computed (auto, cpu, cuda);

@@ -26,7 +26,10 @@ TRIALS = 3  # the fastest of three runs of each path (the first pays for warm-up
 
 def data_location(source) -> str:
     """"device" for a state dict whose tensors are on a GPU, "host" for one in host memory,
-    "files" for a directory (read chunk by chunk, each offered to the writer alone)."""
+    "files" for a directory (read chunk by chunk, each offered to the writer alone); a
+    TensorStream says which of the first two it is."""
+    if isinstance(getattr(source, "location", None), str):
+        return source.location
     if not hasattr(source, "values"):
         return "files"
     return "device" if any(getattr(getattr(t, "device", None), "type", "cpu") == "cuda" for t in source.values()) \

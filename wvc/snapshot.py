@@ -13,9 +13,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import ConcurrentUpdate, SafetensorsFormatError, UnsupportedTensor
+from .errors import ConcurrentUpdate, InvalidArgument, SafetensorsFormatError, UnsupportedTensor
 from .formats import safetensors as st
-from .formats.dtypes import BYTES, by_torch_dtype
+from .formats.dtypes import BYTES, DTYPES, by_torch_dtype
 from .layout import chunk_spans
 from .versions import FileEntry, TensorEntry, Tree
 from .progress import Progress
@@ -23,6 +23,18 @@ from .store.chunk_writer import ChunkWriter
 from .worktree import StatCache, is_executable
 
 STATE_DICT_PATH = "model.safetensors"
+
+
+class TensorStream:
+    """A commit's source that is a stream of ``(name, tensor)`` pairs, one at a time (a
+    trainer's gathered parameters, e.g. TRL's weight-sync iterator), taking the place of the
+    same-named tensors of the parent version's safetensors files. Each tensor is encoded as it
+    arrives and let go: no second copy of the model is ever held. ``device``: where the
+    tensors are (picks the commit's encoder like a state dict's location does)."""
+
+    def __init__(self, pairs, device: str = "cpu"):
+        self.pairs = pairs
+        self.location = "device" if str(device).startswith("cuda") else "host"
 
 
 @dataclass
@@ -176,7 +188,7 @@ class Snapshotter:
         header_id = self.writer.put(header_bytes, BYTES, parent.header if parent and parent.header else None)
         self.progress.start(header.file_size, "commit")
         if self.writer.device != "cpu":
-            entries = self._device_tensors(path, header, tensors)
+            entries = self._device_tensors(path, header.tensors, tensors)
             self.progress.close()
             return FileEntry.of(path, "safetensors", header.file_size, header=header_id, tensors=tuple(entries))
         entries = []
@@ -193,7 +205,61 @@ class Snapshotter:
         self.progress.close()
         return FileEntry.of(path, "safetensors", header.file_size, header=header_id, tensors=tuple(entries))
 
-    def _device_tensors(self, path: str, header: st.SafetensorsHeader, tensors: dict) -> list[TensorEntry]:
+    def tensor_stream(self, stream: TensorStream) -> tuple[FileEntry, ...]:
+        """The parent version's files with each streamed tensor in place of its namesake: its
+        file, shape and dtype are the parent's (the checkpoint layout: shards, header and
+        metadata unchanged), each tensor cast to that dtype (a bf16 checkpoint of fp32
+        training, cast as ``save_pretrained`` in bf16 would). A tensor the stream leaves out
+        (a frozen one) keeps its entry; a name the parent does not hold, or a shape it holds
+        otherwise, is an error before anything is recorded (the writer's pack is dropped)."""
+        import torch
+
+        where = {}  # tensor name -> (file path, its entry)
+        for f in self.parent.by_path.values():
+            if f.kind == "safetensors":
+                self.writer.expect_bases(f.chunk_ids())  # the delta bases, looked up at once
+                for t in f.tensors:
+                    where.setdefault(t.name, (f.path, t))
+        replaced: dict[str, dict[str, TensorEntry]] = {}
+        self.progress.start(sum(t.nbytes for _, t in where.values()), "commit")
+        for name, tensor in stream.pairs:
+            if name not in where:
+                raise InvalidArgument(f"streamed tensor {name!r} is in no safetensors file of the parent version")
+            path, old = where[name]
+            if name in replaced.get(path, {}):
+                raise InvalidArgument(f"streamed tensor {name!r} came twice")
+            if tuple(tensor.shape) != tuple(old.shape):
+                raise InvalidArgument(f"streamed tensor {name!r} has shape {tuple(tensor.shape)}, the parent's "
+                                      f"{tuple(old.shape)}")
+            dtype = DTYPES[old.dtype]
+            flat = tensor.detach().to(getattr(torch, dtype.torch_name)).contiguous().reshape(-1).view(torch.uint8)
+            if self.writer.device != "cpu":
+                (entry,) = self._device_tensors(path, [_Spec(name, dtype, tuple(old.shape), old.nbytes)],
+                                                {name: flat})
+            else:
+                cursor = [0]
+
+                def read(n, flat=flat, cursor=cursor):
+                    part = flat[cursor[0] : cursor[0] + n].cpu().numpy()
+                    cursor[0] += n
+                    return part
+
+                entry = self._tensor(path, name, dtype, old.shape, old.nbytes, read)
+            replaced.setdefault(path, {})[name] = entry
+            del flat, tensor  # (the stream's own reference goes when it advances)
+        self.progress.close()
+        files = []
+        for f in self.parent.by_path.values():
+            new = replaced.get(f.path)
+            if not new:
+                files.append(f.with_content_id())
+                continue
+            tensors = tuple(new.get(t.name, t) for t in f.tensors)
+            files.append(FileEntry.of(f.path, f.kind, f.size, header=f.header, tensors=tensors,
+                                      executable=f.executable))
+        return tuple(sorted(files, key=lambda f: f.path))
+
+    def _device_tensors(self, path: str, infos, tensors: dict) -> list[TensorEntry]:
         """The tensors' chunks, batched for the device path (``writer.device`` a torch device):
         chunks of several tensors travel and are transformed together, BATCH_BYTES at a time,
         and the next batch's copy to the host (its bytes are hashed there) is started before
@@ -206,7 +272,7 @@ class Snapshotter:
         device = "cpu" if self.writer.device == "torch-cpu" else self.writer.device
         copies = DeviceCopies(device)
         plan = []  # (tensor index, the chunk's bytes as a uint8 tensor, dtype, base id)
-        for k, info in enumerate(header.tensors):
+        for k, info in enumerate(infos):
             flat = tensors[info.name].contiguous().reshape(-1).view(torch.uint8)
             if flat.device.type != "cpu" and flat.device != copies.device:  # another GPU's: over to ours
                 flat = flat.to(copies.device)
@@ -232,7 +298,7 @@ class Snapshotter:
             uploaded = iter(copies.to_device([x.numpy() for x in up]) if up else ())
             return wait, [next(uploaded) if x.device != copies.device else x for _, x, _, _ in batch]
 
-        chunks: list[list[str]] = [[] for _ in header.tensors]
+        chunks: list[list[str]] = [[] for _ in infos]
         ahead = start(batches[0]) if batches else None
         for n, batch in enumerate(batches):
             wait, on_device = ahead
@@ -246,4 +312,14 @@ class Snapshotter:
                 chunks[k].append(object_id)
             self.progress.advance(sum(len(h) for h in host))
         return [TensorEntry(info.name, info.dtype.name, tuple(info.shape), tuple(chunks[k]))
-                for k, info in enumerate(header.tensors)]
+                for k, info in enumerate(infos)]
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """What ``_device_tensors`` reads of a header's tensor info."""
+
+    name: str
+    dtype: object
+    shape: tuple
+    nbytes: int

@@ -22,7 +22,7 @@ from ..versions import Commit, Tree, check_metadata
 from ..progress import NULL, Progress
 from ..store.refs import HEADS, MERGE_HEAD, MERGE_RECIPE
 from ..worktree import StatCache, scan
-from ..snapshot import STATE_DICT_PATH, Snapshotter
+from ..snapshot import STATE_DICT_PATH, Snapshotter, TensorStream
 
 
 RECORD_ATTEMPTS = 3  # encodings of one commit, each refused only if a prune re-encoded its bases meanwhile
@@ -148,7 +148,7 @@ def _commit(repo, message, source, *, author, metadata, allow_empty, device, sta
     head_before = repo.refs.head()
     parent_tree = repo.read_tree(repo.read_commit(parent_id).tree) if parent_id else None
     chunk_bytes = parent_tree.chunk_bytes if parent_tree else repo.chunk_bytes
-    root = repo.root if source is None or isinstance(source, (str, os.PathLike)) else None
+    root = repo.root if source is None or isinstance(source, (str, os.PathLike)) else None  # (a dict or a stream: none)
     if root is not None and source is not None:
         root = Path(source).resolve()
     stat_cache = StatCache(repo.db, root) if root == repo.root else None
@@ -159,7 +159,11 @@ def _commit(repo, message, source, *, author, metadata, allow_empty, device, sta
 
     with repo.store.writer(device=commit_device(device, data_location(source)), max_chain=repo.max_chain) as writer:
         snap = Snapshotter(writer, parent_tree, chunk_bytes, progress)
-        if isinstance(source, Mapping):
+        if isinstance(source, TensorStream):
+            if parent_tree is None:
+                raise InvalidArgument("a streamed commit needs a parent version: its files say where each tensor goes")
+            tree = Tree(snap.tensor_stream(source), chunk_bytes)
+        elif isinstance(source, Mapping):
             entry = snap.state_dict_file(source, state_dict_path)
             files = {f.path: f.with_content_id() for f in (parent_tree.files if parent_tree else ())}
             files[entry.path] = entry
