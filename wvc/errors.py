@@ -170,3 +170,14 @@ class RemoteExists(WvcError, FileExistsError):
 class EngineUnusable(WvcError):
     """An inference engine's weights were left part old, part new by an update that failed
     midway: it must be restarted (its outputs would be a silent mix of two versions)."""
+
+
+class WeightSyncError(WvcError):
+    """Inference servers did not all do what a sync asked (load a version, pause, resume):
+    each one's URL and reason. Those that failed to load serve the version they had (or were
+    marked unusable: their reason says so); the next sync moves them to its version."""
+
+    def __init__(self, action: str, failures: dict, commit: str | None = None):
+        self.action, self.failures, self.commit = action, dict(failures), commit
+        lines = "; ".join(f"{url}: {reason}" for url, reason in self.failures.items())
+        super().__init__(f"{len(self.failures)} server(s) did not {action}: {lines}")

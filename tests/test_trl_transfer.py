@@ -1,0 +1,119 @@
+"""``wvc.integrations.trl.WvcWeightTransfer`` without a server: what it publishes (the start
+version, then each sync as one step from TRL's stream), where it pushes, what it keeps,
+and what a trainer hears when a server cannot be reached. With real vLLM servers and TRL's
+trainer: tests_trl/."""
+
+import socket
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import wvc
+from wvc.errors import WeightSyncError
+from wvc.integrations.trl import WvcWeightTransfer
+
+
+def _model_dir(path, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    sd = {f"model.layers.{i}.weight": torch.randn(128, 96, generator=g).to(torch.bfloat16) for i in range(4)}
+    path.mkdir(parents=True)
+    save_file(sd, str(path / "model.safetensors"))
+    (path / "config.json").write_text('{"model_type": "toy"}')
+    return sd
+
+
+def _trained(sd, step):
+    g = torch.Generator().manual_seed(100 + step)
+    return {k: v.float() + 1e-2 * torch.randn(v.shape, generator=g) for k, v in sd.items()}  # fp32 master
+
+
+class _Trainer:
+    """What TRL's AsyncGRPOTrainer hands send_weights: its ``_streaming_iter()`` generator."""
+
+    def __init__(self, weights):
+        self.weights, self.model_version = weights, 0
+        self.state = type("State", (), {"global_step": 0})()
+
+    def _streaming_iter(self):
+        yield from self.weights.items()
+
+
+def test_the_start_version_then_one_step_a_sync_with_trls_version_and_step(tmp_path):
+    start = _model_dir(tmp_path / "start")
+    remote = str(tmp_path / "remote")
+    transfer = WvcWeightTransfer(remote, repo=tmp_path / "staging", start=tmp_path / "start")
+    transfer.init_weight_transfer()
+    first = transfer.start_commit
+    assert wvc.open(remote, first).tree.by_path()["config.json"]  # the servers' files, published
+    trainer = _Trainer(_trained(start, 1))
+    for step in (1, 2, 3):
+        trainer.weights, trainer.state.global_step = _trained(start, step), step * 2
+        transfer.send_weights(trainer._streaming_iter())
+        trainer.model_version += 1
+        sync = transfer.syncs[-1]
+        assert sync["model_version"] == step and sync["step"] == step * 2
+        # one step, not the model: the bf16 weights of the step, coded against the start
+        assert sync["uploaded_bytes"] < 0.9 * sync["logical_bytes"]
+        got = wvc.open(remote, transfer.commit).state_dict()
+        for k, v in trainer.weights.items():
+            assert torch.equal(got[k].view(torch.int16), v.to(torch.bfloat16).view(torch.int16))
+    log = wvc.Repo.open(tmp_path / "staging").log("main")
+    assert [c.metadata.get("model_version") for c in log] == [3, 2, 1, None]
+    assert (tmp_path / "staging" / "model.safetensors").exists() is False  # commits only: no working tree
+
+
+def test_a_run_whose_local_repository_is_gone_goes_on_from_the_remote(tmp_path):
+    start = _model_dir(tmp_path / "start")
+    remote = str(tmp_path / "remote")
+    a = WvcWeightTransfer(remote, repo=tmp_path / "a", start=tmp_path / "start")
+    a.init_weight_transfer()
+    began = a.start_commit
+    synced = a.publish(_trained(start, 1), metadata={"step": 1})
+    b = WvcWeightTransfer(remote, repo=tmp_path / "b", start=tmp_path / "start")
+    b.init_weight_transfer()  # servers restarted from the start directory: that version, on top
+    again = wvc.Repo.open(tmp_path / "b").read_commit(b.start_commit)
+    assert again.parents == (synced,)
+    assert again.tree == wvc.Repo.open(tmp_path / "a").read_commit(began).tree
+    b.publish(_trained(start, 2), metadata={"step": 2})
+    assert [c.metadata.get("step") for c in wvc.Repo.open(tmp_path / "b").log("main")][:3] == [2, None, 1]
+
+
+def _closed_port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"  # closed when the socket is: nothing listens
+
+
+def test_a_server_that_cannot_be_reached_fails_the_sync_by_name_after_the_push(tmp_path):
+    start = _model_dir(tmp_path / "start")
+    remote = str(tmp_path / "remote")
+    down = _closed_port()
+    transfer = WvcWeightTransfer(remote, servers=[down], repo=tmp_path / "staging", start=tmp_path / "start",
+                                 timeout=1.5)
+    with pytest.raises(WeightSyncError, match=down) as info:  # init: the start version is pushed first
+        transfer.init_weight_transfer()
+    assert down in info.value.failures
+    commit = transfer.publish(_trained(start, 1))
+    with pytest.raises(WeightSyncError) as info:
+        transfer.notify()
+    assert info.value.commit == commit and list(info.value.failures) == [down]
+    assert "deadline" in info.value.failures[down]
+    assert wvc.open(remote, "main").commit == commit  # published: a server that comes back catches up
+
+
+def test_keep_prunes_the_remote_as_the_run_goes(tmp_path):
+    start = _model_dir(tmp_path / "start")
+    remote = str(tmp_path / "remote")
+    transfer = WvcWeightTransfer(remote, repo=tmp_path / "staging", start=tmp_path / "start", keep="last=2",
+                                 prune_every=2)
+    transfer.init_weight_transfer()
+    for step in range(1, 7):
+        transfer.publish(_trained(start, step), metadata={"step": step})
+    assert transfer.prunes and sum(p["remote_pruned"] for p in transfer.prunes) >= 3
+    log = wvc.Repo.open(tmp_path / "staging").log("main")
+    tip = wvc.open(remote, "main").state_dict()
+    want = _trained(start, 6)
+    assert all(torch.equal(tip[k].view(torch.int16), want[k].to(torch.bfloat16).view(torch.int16)) for k in want)
+    with pytest.raises(wvc.WvcError):  # a pruned step's weights are gone from the remote
+        wvc.open(remote, log[3].id).state_dict()

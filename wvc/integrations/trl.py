@@ -1,0 +1,342 @@
+"""TRL's async GRPO syncs its vLLM servers through wvc: one argument to the trainer.
+
+    from wvc.integrations.trl import WvcWeightTransfer
+
+    trainer = AsyncGRPOTrainer(..., weight_transfer=WvcWeightTransfer(
+        "hf://buckets/team/runs/grpo-1", servers=["http://vllm-0:8000"]))
+
+Each server runs vLLM with the ``wvc`` weight-transfer backend (``--weight-transfer-config
+'{"backend": "wvc"}'``, integrations/vllm/transfer.py). ``WvcWeightTransfer`` is TRL's
+``WeightTransferProtocol`` (``init_weight_transfer``, ``pause``, ``send_weights``,
+``resume``, ``destroy``); TRL imports nothing of wvc and wvc nothing of TRL:
+
+- ``init_weight_transfer`` publishes the version the servers were started from (their
+  ``--model`` directory, found through the server's ``/v1/models`` and resolved on this
+  machine, or ``start=``) and points every server at it, so the first sync is one step;
+- ``send_weights(iterator)`` commits TRL's stream of ``(name, tensor)`` pairs as one version,
+  a tensor at a time (``wvc.TensorStream``: under FSDP each gathered parameter is encoded and
+  let go, never a second copy of the model), cast to the checkpoint's dtype, with TRL's model
+  version and global step in its metadata; pushes it; and tells each server to load it;
+- ``pause``/``resume`` are the servers' routes, as TRL's own transfer calls them.
+
+Outside TRL, any loop: ``publish(state_dict)`` then ``notify()`` (docs/training.md).
+
+A server that fails a sync (down, slow past ``timeout``, an error) keeps serving the version
+it had, whole, or was marked unusable with the reason (the backend fetches a version whole
+before writing any of it): the trainer gets one ``WeightSyncError`` naming each server and
+why, after every server was tried. A server that missed syncs moves to the newest commit on
+the next one (its follower reads the steps it missed); one restarted since is initialized
+again first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from .. import ids
+from ..api import Repo
+from ..cache import cache_root
+from ..errors import InvalidArgument, NonFastForward, NothingToCommit, RemoteNotFound, WeightSyncError
+from ..remotes import open_remote
+from ..snapshot import TensorStream
+from .vllm.server_client import ServerError, VllmServer
+
+log = logging.getLogger("wvc.trl")
+
+HEADS = "refs/heads/"
+# HEAD of the staging repository names a branch nothing commits to: commits onto the synced
+# branch then write the repository only, never a working tree (ops/commit.py: follow_commit)
+STAGING_HEAD = "wvc-staging"
+NOT_INITIALIZED = "not initialized"  # what the backend answers a server that has no follower yet
+
+
+class WvcWeightTransfer:
+    """Publish each synced version to ``remote`` (a Storage Bucket, S3, a Hub repo or a
+    directory) and load it into every vLLM server in ``servers``.
+
+    ``branch``: the branch the versions go on. ``repo``: the local repository the versions are
+    committed in first (default: one per remote and branch under the wvc cache). ``start``:
+    what the servers were started from (a directory, or a commit on the remote); default: asked
+    of the first server. ``keep``: a retention policy (``"last=10,every=100"``, as ``wvc
+    prune`` takes it) applied every ``prune_every`` syncs to the local repository and the
+    remote. ``timeout``: seconds a sync may take per server (TRL's ``weight_sync_timeout``)."""
+
+    def __init__(self, remote: str, servers: Iterable[str] = (), branch: str = "main", *, repo=None,
+                 start=None, keep=None, prune_every: int | None = None, timeout: float = 1800.0,
+                 device: str = "auto"):
+        from ..ops.prune import KeepPolicy
+        from ..store.refs import check_ref_name
+
+        check_ref_name(branch)
+        self.remote, self.branch = str(remote), branch
+        self.servers = [VllmServer(url, timeout) for url in servers]
+        self.repo_path = Path(repo) if repo is not None else _default_repo(self.remote, branch)
+        self.start = start
+        self.keep = KeepPolicy.of(keep) if keep is not None else None  # a bad policy fails here, not mid-run
+        self.prune_every = prune_every or max(1, min(16, self.keep.last if self.keep and self.keep.last else 16))
+        self.timeout = timeout
+        self.device = device
+        self.start_commit: str | None = None  # the version the servers were started from, if known
+        self.commit: str | None = None  # the newest version published
+        self.syncs: list[dict] = []  # one per publish: commit, step, seconds, bytes
+        self.prunes: list[dict] = []
+        self._repo: Repo | None = None
+        self._initialized: set[str] = set()  # servers pointed at the branch
+        self._since_prune = 0
+
+    # -- TRL's WeightTransferProtocol ------------------------------------------------------
+    def init_weight_transfer(self) -> None:
+        """Publish the starting version and point every server at it (train begin)."""
+        self._open()
+        self.start_commit = self._publish_start()
+        if self.start_commit is not None:
+            self.commit = self.start_commit
+        self._each(self._init_server, "init")
+
+    def pause(self) -> None:
+        self._each(lambda s: s.pause(timeout=min(self.timeout, 300.0)), "pause")
+
+    def send_weights(self, iterator) -> None:
+        """Commit TRL's stream as one version, push it, and load it into every server."""
+        version, step = _trl_progress(iterator)
+        self.publish(iterator, metadata={"model_version": version, "step": step},
+                     message=f"trl sync {version}" + (f" (step {step})" if step is not None else ""))
+        self.notify()
+
+    def resume(self) -> None:
+        self._each(lambda s: s.resume(timeout=min(self.timeout, 300.0)), "resume")
+
+    def destroy(self) -> None:
+        if self._repo is not None:
+            self._repo.close()
+            self._repo = None
+
+    # -- any training loop -----------------------------------------------------------------
+    def publish(self, weights, *, metadata: dict | None = None, message: str | None = None) -> str:
+        """Commit ``weights`` (a state dict, or ``(name, tensor)`` pairs) as the branch's next
+        version and push it; its commit id. With a start version, the tensors take the place of
+        its namesakes one at a time (its files, shards, dtypes and frozen tensors kept)."""
+        repo = self._open()
+        t0 = time.perf_counter()
+        parent = repo.refs.get(HEADS + self.branch)
+        pairs = weights.items() if isinstance(weights, Mapping) else weights
+        if parent is not None:
+            pairs = iter(pairs)
+            first = next(pairs, None)
+            device = "cpu" if first is None else str(first[1].device)
+            source = TensorStream(_chain(first, pairs), device=device)
+        else:
+            # no start version to lay the tensors out by: the whole state dict, in one file
+            log.warning("wvc: no start version (start= or a server's --model directory): the first sync "
+                        "publishes the whole model, and servers load it whole")
+            source = dict(pairs)
+        n = len(self.syncs) + 1
+        res = repo.commit(message or f"sync {n}", source, metadata=metadata or {}, allow_empty=True,
+                          branch=self.branch, device=self.device)
+        t1 = time.perf_counter()
+        pushed = self._push()
+        t2 = time.perf_counter()
+        self.commit = res.commit
+        self.syncs.append({"commit": res.commit, **(metadata or {}), "commit_s": t1 - t0, "push_s": t2 - t1,
+                           "stored_bytes": res.stored_bytes, "uploaded_bytes": pushed.uploaded_bytes,
+                           "logical_bytes": res.logical_bytes})
+        self._since_prune += 1
+        if self.keep is not None and self._since_prune >= self.prune_every:
+            self.prune()
+        return res.commit
+
+    def notify(self, servers: Iterable[str] | None = None, commit: str | None = None) -> dict[str, float]:
+        """Load ``commit`` (default: the newest published) into every server (or those named),
+        all at once; the seconds each took. Raises WeightSyncError naming each server that did
+        not load it, after all were tried."""
+        commit = commit or self.commit
+        if commit is None:
+            raise InvalidArgument("nothing published yet: publish() first")
+        chosen = self.servers if servers is None else [self._server(url) for url in servers]
+
+        def load(server: VllmServer) -> float:
+            t = time.perf_counter()
+            if server.url not in self._initialized:
+                self._init_server(server)
+            try:
+                server.load(commit)
+            except ServerError as exc:
+                if NOT_INITIALIZED not in exc.reason:
+                    raise
+                self._initialized.discard(server.url)  # restarted since: follow again, then load
+                self._init_server(server)
+                server.load(commit)
+            return time.perf_counter() - t
+
+        seconds = self._each(load, "load", commit=commit, servers=chosen)
+        if self.syncs and self.syncs[-1]["commit"] == commit:
+            self.syncs[-1]["servers_s"] = seconds
+        return seconds
+
+    def prune(self) -> dict:
+        """Apply ``keep`` to the branch here and on the remote now."""
+        if self.keep is None:
+            raise InvalidArgument("no keep= policy to prune by")
+        repo = self._open()
+        t = time.perf_counter()
+        protect = {self.start_commit} if self.start_commit else set()  # what a restarted server is checked against
+        here = repo.prune(self.branch, keep=self.keep, protect=protect)
+        there = repo.remote_prune("origin", self.branch, keep=self.keep)
+        self._since_prune = 0
+        entry = {"pruned": here.pruned, "bytes_freed": here.bytes_freed, "remote_pruned": there.pruned,
+                 "remote_bytes_freed": there.bytes_freed, "seconds": time.perf_counter() - t}
+        self.prunes.append(entry)
+        return entry
+
+    # -- the parts -------------------------------------------------------------------------
+    def _open(self) -> Repo:
+        if self._repo is not None:
+            return self._repo
+        if (self.repo_path / ".wvc").is_dir():
+            repo = Repo.open(self.repo_path)
+        else:
+            repo = Repo.init(self.repo_path)
+        if repo.refs.head_branch() != STAGING_HEAD:
+            repo.refs.set_head("ref: " + HEADS + STAGING_HEAD, "wvc trl: staging")
+        urls = repo.remotes()
+        if "origin" not in urls:
+            repo.remote_add("origin", self.remote)
+        elif urls["origin"] != self.remote:
+            raise InvalidArgument(f"{self.repo_path} pushes to {urls['origin']}, not {self.remote}: pass repo= "
+                                  f"another directory")
+        self._repo = repo
+        self._catch_up(repo)
+        return repo
+
+    def _catch_up(self, repo: Repo) -> None:
+        """Start from the remote's branch where it has one (a resumed run, or one whose local
+        repository was lost): the next version is committed on top of it."""
+        try:
+            there = open_remote(self.remote).read_ref(HEADS + self.branch)
+        except RemoteNotFound:
+            there = None
+        if there is None:
+            return
+        here = repo.refs.get(HEADS + self.branch)
+        if here == there or (here is not None and there in set(repo.graph.ancestors(here))):
+            return  # up to date, or ahead (an earlier push that did not land is sent next time)
+        repo.fetch("origin")
+        if here is not None and here not in set(repo.graph.ancestors(there)):
+            raise NonFastForward(f"{self.branch} on {self.remote} has commits the local repository "
+                                 f"{self.repo_path} does not, and the other way round: use another branch")
+        repo.force_branch(self.branch, there)
+
+    def _push(self):
+        try:
+            return self._repo.push("origin", self.branch)
+        except NonFastForward:
+            raise NonFastForward(f"another writer moved {self.branch} on {self.remote}: two trainers on one "
+                                 f"branch; use another branch") from None
+
+    def _publish_start(self) -> str | None:
+        """The version the servers were started from, committed and pushed; None when it
+        cannot be found here (the first sync is then the whole model)."""
+        repo = self._repo
+        start = self.start
+        if isinstance(start, str) and ids.is_object_id(start):
+            repo.read_commit(start)  # on the branch fetched from the remote, or an error
+            return start
+        directory = Path(start) if start is not None else self._server_model_dir()
+        if directory is None:
+            return None
+        if not directory.is_dir():
+            raise InvalidArgument(f"start={start!r} is neither a directory nor a commit id")
+        try:
+            res = repo.commit(f"start: {directory.name}", str(directory), branch=self.branch,
+                              metadata={"start": str(directory)}, device=self.device)
+            commit = res.commit
+        except NothingToCommit:
+            commit = repo.refs.get(HEADS + self.branch)  # the branch holds it already
+        self._push()
+        return commit
+
+    def _server_model_dir(self) -> Path | None:
+        """The first server's ``--model``, on this machine: a directory, or a Hub id in the
+        local Hub cache (nothing is downloaded)."""
+        if not self.servers:
+            return None
+        root = self.servers[0].model_root(timeout=min(self.timeout, 300.0))
+        if root is None:
+            return None
+        if Path(root).is_dir():
+            return Path(root)
+        try:
+            from huggingface_hub import snapshot_download
+
+            return Path(snapshot_download(root, local_files_only=True))
+        except Exception:  # noqa: BLE001 - not here: the first sync is then whole
+            log.warning("wvc: the servers' model %s is not on this machine: pass start= (its directory) so "
+                        "that the first sync is one step, not the model", root)
+            return None
+
+    def _init_server(self, server: VllmServer) -> None:
+        try:
+            server.init(self.remote, self.branch, self.start_commit)
+        except ServerError as exc:
+            if self.start_commit is None or exc.status is None:
+                raise
+            # started from other files than the start version (checked chunk by chunk): it
+            # follows without it, its first update loading the whole version
+            log.warning("wvc: %s does not hold %s (%s): it loads the whole version at its first sync",
+                        server.url, self.start_commit[:12], exc.reason)
+            server.init(self.remote, self.branch, None)
+        self._initialized.add(server.url)
+
+    def _server(self, url: str) -> VllmServer:
+        for server in self.servers:
+            if server.url == url.rstrip("/"):
+                return server
+        server = VllmServer(url, self.timeout)
+        self.servers.append(server)
+        return server
+
+    def _each(self, fn, what: str, *, commit: str | None = None, servers=None) -> dict:
+        """``fn(server)`` on every server at once; their results by URL, or one error naming
+        every server that failed and why."""
+        servers = self.servers if servers is None else servers
+        if not servers:
+            return {}
+        with ThreadPoolExecutor(max_workers=min(32, len(servers)), thread_name_prefix="wvc-sync") as pool:
+            futures = {s.url: pool.submit(fn, s) for s in servers}
+        out, failures = {}, {}
+        for url, future in futures.items():
+            try:
+                out[url] = future.result()
+            except Exception as exc:  # noqa: BLE001 - each server's reason, reported together
+                failures[url] = getattr(exc, "reason", None) or f"{type(exc).__name__}: {exc}"
+        if failures:
+            raise WeightSyncError(f"load {commit[:12]}" if commit else what, failures, commit)
+        return out
+
+
+def _chain(first, rest):
+    if first is not None:
+        yield first
+    yield from rest
+
+
+def _trl_progress(iterator) -> tuple[int | None, int | None]:
+    """TRL's model version this sync makes and the global step, read from the trainer whose
+    ``_streaming_iter`` generator ``iterator`` is (TRL passes nothing else: the protocol's
+    ``send_weights`` takes the stream alone). The model version is bumped after the sync,
+    so this one is the trainer's plus one. (None, None) from any other iterator."""
+    frame = getattr(iterator, "gi_frame", None)
+    trainer = frame.f_locals.get("self") if frame is not None else None
+    version = getattr(trainer, "model_version", None)
+    step = getattr(getattr(trainer, "state", None), "global_step", None)
+    return (version + 1 if isinstance(version, int) else None), (step if isinstance(step, int) else None)
+
+
+def _default_repo(remote: str, branch: str) -> Path:
+    key = hashlib.sha256(f"{remote}\0{branch}".encode()).hexdigest()[:16]
+    return cache_root() / "trl" / key
