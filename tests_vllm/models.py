@@ -41,7 +41,7 @@ def config(tied: bool, dtype: str = "bfloat16", hidden: int = 128, layers: int =
     return Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                        tie_word_embeddings=tied, bos_token_id=1, eos_token_id=1, pad_token_id=0,
-                       torch_dtype=dtype)
+                       torch_dtype=dtype, architectures=["Qwen2ForCausalLM"])
 
 
 def build(root: Path, *, tied: bool, dtype=torch.bfloat16, seed: int = 0, **shape) -> dict:
