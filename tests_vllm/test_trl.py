@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from wvc import Repo
+from wvc.errors import WeightSyncError
 from wvc.integrations.trl import WvcWeightTransfer
 from wvc.integrations.vllm.server_client import VllmServer
 
@@ -100,3 +101,45 @@ def test_async_grpo_syncs_a_vllm_server_through_wvc_every_step(tmp_path, monkeyp
         checkout.checkout(commit, output=fresh_dir)
         with server(fresh_dir, tmp_path / f"fresh-{commit[:12]}.log", wvc_backend=False) as fresh:
             assert outputs[commit] == http_probe(fresh, fresh_dir), f"version {commit[:12]} differs from a fresh server"
+
+
+def test_a_server_that_fails_a_sync_keeps_its_version_and_catches_up_on_the_next(tmp_path, monkeypatch):
+    """Outside TRL (publish, then notify): a sync whose objects cannot be read (the step's pack
+    gone from the remote) is one WeightSyncError naming the server and its reason; the server
+    still reports and serves the version before, whole; the next sync moves it past the one it
+    missed, equal to a fresh server on that commit."""
+    monkeypatch.setenv("WVC_CACHE", str(tmp_path / "cache"))
+    start = tmp_path / "start"
+    sd = models.build(start, tied=False, dtype=torch.bfloat16)
+    names = ["model.layers.0.self_attn.q_proj.weight", "model.layers.1.mlp.up_proj.weight", "lm_head.weight"]
+    remote = tmp_path / "remote"
+    with server(start, tmp_path / "server.log", wvc_backend=True) as base:
+        transfer = WvcWeightTransfer(str(remote), servers=[base], repo=tmp_path / "staging", start=start, timeout=120)
+        transfer.init_weight_transfer()
+        models.step(sd, names, seed=1)
+        first = transfer.publish(sd)
+        transfer.notify()
+        held = http_probe(base, start)
+        models.step(sd, names, seed=2)
+        packs = set((remote / "packs").iterdir())
+        missed = transfer.publish(sd)
+        hidden = tmp_path / "hidden"
+        hidden.mkdir()
+        for pack in set((remote / "packs").iterdir()) - packs:
+            pack.rename(hidden / pack.name)
+        with pytest.raises(WeightSyncError) as failed:
+            transfer.notify()
+        assert failed.value.commit == missed and list(failed.value.failures) == [base]
+        assert VllmServer(base).weight_version() == first
+        assert http_probe(base, start) == held  # the version before, whole
+        for pack in hidden.iterdir():
+            pack.rename(remote / "packs" / pack.name)
+        models.step(sd, names, seed=3)
+        last = transfer.publish(sd)
+        transfer.notify()
+        assert VllmServer(base).weight_version() == last
+        caught_up = http_probe(base, start)
+    fresh_dir = tmp_path / "fresh"
+    Repo.open(tmp_path / "staging").checkout(last, output=fresh_dir)
+    with server(fresh_dir, tmp_path / "fresh.log", wvc_backend=False) as fresh:
+        assert caught_up == http_probe(fresh, fresh_dir)
