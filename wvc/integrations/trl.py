@@ -82,6 +82,7 @@ class WvcWeightTransfer:
         self.timeout = timeout
         self.device = device
         self.start_commit: str | None = None  # the version the servers were started from, if known
+        self.start_uploaded_bytes = 0  # what publishing it sent
         self.commit: str | None = None  # the newest version published
         self.syncs: list[dict] = []  # one per publish: commit, step, seconds, bytes
         self.prunes: list[dict] = []
@@ -257,7 +258,7 @@ class WvcWeightTransfer:
             commit = res.commit
         except NothingToCommit:
             commit = repo.refs.get(HEADS + self.branch)  # the branch holds it already
-        self._push()
+        self.start_uploaded_bytes = self._push().uploaded_bytes
         return commit
 
     def _server_model_dir(self) -> Path | None:
