@@ -43,6 +43,7 @@ from ..api import Repo
 from ..cache import cache_root
 from ..errors import InvalidArgument, NonFastForward, NothingToCommit, RemoteNotFound, WeightSyncError
 from ..remotes import open_remote
+from ..publisher import KEEP_BYTES
 from ..snapshot import TensorStream
 from .vllm.server_client import ServerError, VllmServer
 
@@ -64,11 +65,13 @@ class WvcWeightTransfer:
     what the servers were started from (a directory, or a commit on the remote); default: asked
     of the first server. ``keep``: a retention policy (``"last=10,every=100"``, as ``wvc
     prune`` takes it) applied every ``prune_every`` syncs to the local repository and the
-    remote. ``timeout``: seconds a sync may take per server (TRL's ``weight_sync_timeout``)."""
+    remote. ``timeout``: seconds a sync may take per server (TRL's ``weight_sync_timeout``).
+    ``keep_bytes``: host memory for each sync's raw chunks, kept as the next one's delta bases
+    (two such sets at most, as the Publisher keeps)."""
 
     def __init__(self, remote: str, servers: Iterable[str] = (), branch: str = "main", *, repo=None,
                  start=None, keep=None, prune_every: int | None = None, timeout: float = 1800.0,
-                 device: str = "auto"):
+                 device: str = "auto", keep_bytes: int = KEEP_BYTES):
         from ..ops.prune import KeepPolicy
         from ..store.refs import check_ref_name
 
@@ -81,6 +84,7 @@ class WvcWeightTransfer:
         self.prune_every = prune_every or max(1, min(16, self.keep.last if self.keep and self.keep.last else 16))
         self.timeout = timeout
         self.device = device
+        self.keep_bytes = keep_bytes
         self.start_commit: str | None = None  # the version the servers were started from, if known
         self.start_uploaded_bytes = 0  # what publishing it sent
         self.commit: str | None = None  # the newest version published
@@ -210,6 +214,9 @@ class WvcWeightTransfer:
         elif urls["origin"] != self.remote:
             raise InvalidArgument(f"{self.repo_path} pushes to {urls['origin']}, not {self.remote}: pass repo= "
                                   f"another directory")
+        # each sync's raw chunks kept for the next (the Publisher's reason: an anchor step's
+        # delta against an older version otherwise decodes its chain, 7-12 s a sync at 0.5B)
+        repo.store.keep_recent(self.keep_bytes)
         self._repo = repo
         self._catch_up(repo)
         return repo
