@@ -38,6 +38,10 @@ from .vllm_sync import MODELS, build
 
 RESULTS = Path(__file__).parent / "results"
 KEEP = "last=4,every=10"
+# WvcWeightTransfer's keep_bytes (raw chunks kept as the next sync's delta bases: up to three
+# host copies of the checkpoint). At 0.5B the default (2 GiB a set) does not fit a 24 GB machine
+# beside this process's fp32 master, its mirror follower and the 7.5 GB vLLM server: 512 MiB.
+KEEP_BYTES = {"0.5b": 512 << 20}
 
 
 class Server:
@@ -80,6 +84,13 @@ class Server:
         self.log.close()
 
 
+def _rss(field: str = "VmRSS") -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 def _bf16(master: dict) -> dict:
     import torch
 
@@ -97,6 +108,8 @@ def _changed(prev: dict, cur: dict) -> int:
 
 
 def run_model(name: str, spec: dict, steps: int, work: Path, lr: float, anchor_every: int) -> dict:
+    from wvc.publisher import KEEP_BYTES as DEFAULT_KEEP_BYTES
+
     import torch
     from safetensors.torch import save_file
 
@@ -108,21 +121,20 @@ def run_model(name: str, spec: dict, steps: int, work: Path, lr: float, anchor_e
     root = work / name
     start = root / "start"
     master = build(start, spec)
-    prev = _bf16(master)
-    save_file(prev, str(start / "model.safetensors"), metadata={"format": "pt"})
+    save_file(_bf16(master), str(start / "model.safetensors"), metadata={"format": "pt"})
     params = sum(t.numel() for t in master.values())
     full = 2 * params
     print(f"{name}: {params / 1e6:.1f}M parameters, {full / 1e6:.0f} MB bf16", flush=True)
-    initial = {k: v.clone() for k, v in master.items()}
     server = Server(start, root / "server.log")
     try:
         remote = root / "remote"
-        transfer = WvcWeightTransfer(str(remote), servers=[server.url], repo=root / "staging", start=start)
+        keep_bytes = KEEP_BYTES.get(name, DEFAULT_KEEP_BYTES)
+        transfer = WvcWeightTransfer(str(remote), servers=[server.url], repo=root / "staging", start=start,
+                                     keep_bytes=keep_bytes)
         t0 = time.perf_counter()
         transfer.init_weight_transfer()
         init_s = time.perf_counter() - t0
-        follower = wvc.follow(str(remote), "main", state_dict={k: v.clone() for k, v in prev.items()},
-                              at=transfer.start_commit, patches=True)
+        follower = wvc.follow(str(remote), "main", state_dict=_bf16(master), at=transfer.start_commit, patches=True)
         g = torch.Generator().manual_seed(1)
         rows = []
         for step in range(1, steps + 1):
@@ -133,34 +145,37 @@ def run_model(name: str, spec: dict, steps: int, work: Path, lr: float, anchor_e
             t0 = time.perf_counter()
             transfer.notify()
             load_s = time.perf_counter() - t0
-            up = follower.update(rev=commit)
             cur = _bf16(master)
-            changed = _changed(prev, cur)
-            prev = cur
+            changed = _changed(follower.state_dict, cur)  # against the version the server held
+            up = follower.update(rev=commit)
             if not all(torch.equal(follower.state_dict[k].view(torch.int16), cur[k].view(torch.int16)) for k in cur):
                 raise SystemExit(f"{name}: step {step}: the follower's weights differ from the trainer's")
             sync = transfer.syncs[-1]
             delta = full if step % anchor_every == 0 else 6 * changed
+            del cur
             rows.append({"step": step, "changed": changed, "changed_share": changed / params,
                          "uploaded": sync["uploaded_bytes"], "downloaded": up.downloaded_bytes, "full": full,
                          "delta_sync": delta, "delta_sync_patch": 6 * changed, "publish_s": publish_s,
-                         "commit_s": sync["commit_s"], "push_s": sync["push_s"], "load_s": load_s})
+                         "commit_s": sync["commit_s"], "push_s": sync["push_s"], "load_s": load_s,
+                         "trainer_rss": _rss()})
             print(f"  sync {step}: {changed / params:.1%} changed, up {sync['uploaded_bytes'] / 1e6:.2f} MB, "
                   f"down {up.downloaded_bytes / 1e6:.2f} MB, delta-sync {delta / 1e6:.2f} MB, "
-                  f"publish {publish_s:.2f} s, load {load_s:.2f} s", flush=True)
+                  f"publish {publish_s:.2f} s, load {load_s:.2f} s, trainer RSS {_rss() / 1e9:.2f} GB", flush=True)
         reported = transfer.servers[0].weight_version()
         if reported != commit:
             raise SystemExit(f"{name}: the server reports {reported}, not {commit}")
         transfer.destroy()
     finally:
         server.close()
-    kept = _keep_run(root, start, initial, steps, lr)
+    del master, follower
+    kept = _keep_run(root, start, build(root / "again", spec), steps, lr, keep_bytes)  # the same start weights (seed 0)
     return {"model": name, "spec": spec, "parameters": params, "model_bytes": full, "anchor_every": anchor_every,
+            "keep_bytes": keep_bytes, "trainer_peak_rss": _rss("VmHWM"),
             "init_s": init_s, "init_uploaded": transfer.start_uploaded_bytes,
             "steps": rows, "remote_bytes": _tree_bytes(remote), "kept": kept}
 
 
-def _keep_run(root: Path, start: Path, master: dict, steps: int, lr: float) -> dict:
+def _keep_run(root: Path, start: Path, master: dict, steps: int, lr: float, keep_bytes: int) -> dict:
     """The same steps published with ``keep=``: what the remote holds after."""
     import torch
 
@@ -169,7 +184,8 @@ def _keep_run(root: Path, start: Path, master: dict, steps: int, lr: float) -> d
     from .cases import adam_step
 
     remote = root / "remote-keep"
-    transfer = WvcWeightTransfer(str(remote), repo=root / "staging-keep", start=start, keep=KEEP, prune_every=5)
+    transfer = WvcWeightTransfer(str(remote), repo=root / "staging-keep", start=start, keep=KEEP, prune_every=5,
+                                 keep_bytes=keep_bytes)
     transfer.init_weight_transfer()
     g = torch.Generator().manual_seed(1)
     for step in range(1, steps + 1):
@@ -207,7 +223,9 @@ def markdown(results: list[dict]) -> str:
                  f"{results[0]['anchor_every']}th sync is a full anchor, against wvc's mean upload. keep= "
                  f"'{KEEP}'. The remote also holds the start version, published once at init "
                  + ", ".join(f"({r['init_uploaded'] / 1e6:.0f} MB for {r['parameters'] / 1e6:.0f}M)" for r in results)
-                 + ".")
+                 + ". Trainer process peak RSS (its fp32 master, a mirror follower, the staging repository's "
+                 "kept chunks): " + ", ".join(f"{r['parameters'] / 1e6:.0f}M {r['trainer_peak_rss'] / 1e9:.1f} GB "
+                                              f"(keep_bytes {r['keep_bytes'] >> 20} MiB)" for r in results) + ".")
     return "\n".join(lines) + "\n"
 
 
