@@ -36,7 +36,7 @@ def keep_chunk_buffers() -> bool:
 def _apply() -> bool:
     from . import settings
 
-    if not sys.platform.startswith("linux") or settings.text("WVC_MALLOC_TUNING") == "0":
+    if not sys.platform.startswith("linux") or not settings.switch("WVC_MALLOC_TUNING", True):
         return False
     import ctypes  # here: commands that encode nothing never load it
 

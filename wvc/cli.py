@@ -185,10 +185,18 @@ class WvcGroup(click.Group):
             click.echo(f"wvc: error: the repository database is damaged ({exc}); see `wvc fsck`", err=True)
             sys.exit(1)
         except Exception as exc:  # noqa: BLE001 - last line of defence: no tracebacks for users
-            if settings.flag("WVC_DEBUG"):
+            if _debug():
                 raise
             click.echo(f"wvc: internal error: {type(exc).__name__}: {exc} (WVC_DEBUG=1 shows the traceback)", err=True)
             sys.exit(3)
+
+
+def _debug() -> bool:
+    """WVC_DEBUG, where any error ends: a value that is no switch counts as on (asked for)."""
+    try:
+        return settings.switch("WVC_DEBUG")
+    except WvcError:
+        return True
 
 
 def raise_damaged(exc) -> None:

@@ -4,9 +4,14 @@ the package touches ``os.environ`` (the CLI only sets defaults for the libraries
 tests/test_architecture.py holds both). The README lists the ``WVC_*`` ones from
 ``VARIABLES``.
 
-The one exception to "when used" is ``WVC_NO_NATIVE``: it chooses, once per process, whether
-the C kernels are loaded at all (codec/native.py, codec/step.py); both paths write the
-same bytes.
+Three are read once, at import, because they size or choose something made once per
+process: ``WVC_NO_NATIVE`` (whether the C kernels are loaded at all: codec/native.py,
+codec/step.py; both paths write the same bytes), ``WVC_CODEC_THREADS`` (the codec pool:
+store/pool.py) and ``WVC_DEVICE_BATCH_MB`` (device_copy.py); ``VARIABLES`` says so of each.
+
+A switch (``switch``) reads the same way everywhere: ``1``, ``true``, ``yes``, ``on`` turn it
+on, ``0``, ``false``, ``no``, ``off`` turn it off, unset or empty leaves its default; anything
+else is an error naming the variable (``WVC_NO_NATIVE=0`` once switched the kernels off).
 """
 
 from __future__ import annotations
@@ -17,10 +22,11 @@ import os
 VARIABLES = {
     "WVC_AUTHOR": "author of new commits (default: user@host)",
     "WVC_DIR": "the repository the CLI works in (default: the current directory)",
-    "WVC_DEBUG": "the CLI prints a traceback with an internal error",
+    "WVC_DEBUG": "1: the CLI prints a traceback with an internal error",
     "WVC_CACHE": "where snapshot_download and followers cache versions (default: $HF_HOME/wvc)",
-    "WVC_CODEC_THREADS": "threads that encode and decode chunks (1 to 64; default: the cores, at most 8)",
-    "WVC_DEVICE_BATCH_MB": "MiB one device batch of a commit or load carries (1 to 4096)",
+    "WVC_CODEC_THREADS": "threads that encode and decode chunks (1 to 64; default: the usable CPUs, at most 4); "
+                         "read at import",
+    "WVC_DEVICE_BATCH_MB": "MiB one device batch of a commit or load carries (1 to 4096; default 256); read at import",
     "WVC_DIRECT_IO": "checkout writes with O_DIRECT: auto (default), 1 from 64 MiB, 0 never",
     "WVC_LOCK_TIMEOUT": "seconds to wait for another wvc process's lock (default 60)",
     "WVC_REFLOG_EXPIRE_DAYS": "days gc keeps commits only the reflog reaches (default 30; 0: none)",
@@ -45,9 +51,23 @@ def text(name: str, default: str | None = None) -> str | None:
     return os.environ.get(name) or default
 
 
-def flag(name: str) -> bool:
-    """Set to anything but empty."""
-    return text(name) is not None
+ON = ("1", "true", "yes", "on")
+OFF = ("0", "false", "no", "off")
+
+
+def switch(name: str, default: bool = False) -> bool:
+    """A switch: on (1, true, yes, on), off (0, false, no, off), or ``default`` when unset or
+    empty; any other value is an error naming the variable."""
+    from .errors import InvalidArgument
+
+    value = text(name)
+    if value is None:
+        return default
+    if value.strip().lower() in ON:
+        return True
+    if value.strip().lower() in OFF:
+        return False
+    raise InvalidArgument(f"{name}={value!r} is not a switch: 1 (or true, yes, on) or 0 (or false, no, off)")
 
 
 def number(name: str, default: float) -> float:

@@ -32,7 +32,7 @@ try:
     from . import _native as kernels
 except ImportError:
     kernels = None
-if settings.flag("WVC_NO_NATIVE"):  # (at import: which kernels load, settings.py)
+if settings.switch("WVC_NO_NATIVE"):  # (at import: which kernels load, settings.py)
     kernels = None
 
 # The zstd functions _native.c calls, in the order use_zstd takes them.
@@ -74,7 +74,7 @@ def _zstd_functions(zstandard) -> tuple[int, ...] | None:
 
 
 def _connect_zstd() -> bool:
-    if kernels is None or settings.flag("WVC_NO_WHOLE_PAYLOADS"):
+    if kernels is None or settings.switch("WVC_NO_WHOLE_PAYLOADS"):
         return False
     import zstandard
 
@@ -110,7 +110,7 @@ def _connect_system_decoder() -> int | None:
     """Decompress with the system's libzstd where that is faster: x86-64, MIN_SYSTEM_DECODER
     or later (see the module's doc). Called once, at import, before any context exists."""
     machine = os.uname().machine if hasattr(os, "uname") else ""
-    if not whole_payloads or settings.text("WVC_SYSTEM_ZSTD", "1") == "0" or machine != "x86_64":
+    if not whole_payloads or not settings.switch("WVC_SYSTEM_ZSTD", True) or machine != "x86_64":
         return None
     import ctypes
 

@@ -22,7 +22,7 @@ try:
     from . import _step as _c
 except ImportError:
     _c = None
-if settings.flag("WVC_NO_NATIVE"):  # (at import: which kernels load, settings.py)
+if settings.switch("WVC_NO_NATIVE"):  # (at import: which kernels load, settings.py)
     _c = None
 
 CLASSES = 7
