@@ -194,3 +194,52 @@ def test_no_sql_outside_the_store(path):
     text = path.read_text()
     found = [line.strip() for line in text.splitlines() if SQL.search(line) or ".conn." in line or ".execute(" in line]
     assert not found, found
+
+
+def _design_layers() -> list[set[str]]:
+    """docs/design.md's Layers table: per row (bottom to top), the module paths it names
+    (``store/chunks``; ``ops/*``; ``ui/`` or ``integrations/vllm`` with a parenthesized list
+    of members)."""
+    text = (PACKAGE.parent / "docs" / "design.md").read_text()
+    table = text[text.index("## Layers"):]
+    table = table[table.index("| layer |"):]
+    rows = []
+    for line in table.splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        rows.append(line)
+    out = []
+    for row in rows:
+        cell = row.split("|")[2]
+        names: set[str] = set()
+        for m in re.finditer(r"`([^`]+)`(?:\s*\(([^)`]*)\))?", cell):
+            name, members = m.group(1).strip(), m.group(2)
+            if " " in name or "=" in name:
+                continue  # a setting or a phrase, not a module
+            base = name.rstrip("/").removesuffix(".c")
+            names.add(base)
+            if members and (name.endswith("/") or "/" in name or name in ("ui", "integrations")):
+                names |= {f"{base}/{w.strip()}" for w in members.split(",")
+                          if re.fullmatch(r"[a-z_]+", w.strip())}
+        out.append(names)
+    return out
+
+
+def test_every_module_is_in_design_md_s_layer_table_on_its_layer():
+    """The contract's table names every module on the row of the layer this test holds it to
+    (issue 52: it had missed six modules)."""
+    rows = _design_layers()
+    assert len(rows) == len(LAYERS)
+    missing, misplaced = [], []
+    for path in SOURCES:
+        rel = path.relative_to(PACKAGE).with_suffix("")
+        if rel.name == "__init__" and rel.parent != Path("."):
+            continue  # a package's own __init__: the package is named by its modules
+        name = "wvc/__init__" if rel == Path("__init__") else str(rel)
+        forms = {name, str(rel.parent) + "/*"} if rel.parent != Path(".") else {name}
+        found = [i for i, names in enumerate(rows) if forms & names]
+        if not found:
+            missing.append(name)
+        elif layer_of(module_name(path)) not in found:
+            misplaced.append(f"{name}: table row {found}, layer {layer_of(module_name(path))}")
+    assert not missing and not misplaced, {"missing": missing, "misplaced": misplaced}
