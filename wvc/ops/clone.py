@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..errors import PathInTheWay, RemoteError, RevisionNotFound
 from ..progress import NULL, Progress
-from ..remotes import LAZY_REMOTE_KEY, open_remote
+from ..remotes import LAZY_REMOTE_KEY, local_path, open_remote
 from ..remotes.repository import RemoteRepository
 from ..repo import INIT_PREFIX, Repository, remove_new_repository
 from ..store.database import peek_config
@@ -36,8 +36,8 @@ def _interrupted_clone(target: Path) -> bool:
 
 def _absolute(url: str) -> str:
     """A directory URL given to clone is relative to where clone runs, not to the clone."""
-    path = url[len("file://"):] if url.startswith("file://") else url
-    return url if "://" in path else str(Path(path).expanduser().resolve())
+    path = local_path(url)
+    return url if path is None else str(Path(path).expanduser().resolve())
 
 
 def clone(url: str, directory=None, *, branch: str | None = None, lazy: bool = False, base_dir=None,

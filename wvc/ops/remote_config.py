@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from ..errors import NoSuchRemote, RemoteExists
-from ..remotes import open_remote, remote_url
+from ..remotes import local_path, open_remote, remote_url, url_key
 from ..store.refs import check_ref_name
 
 REMOTES = "refs/remotes/"
@@ -14,8 +14,8 @@ REMOTES = "refs/remotes/"
 def anchored(repo, url: str) -> str:
     """A directory remote's path made absolute against the repository root (not the current
     directory: pushing from a subdirectory must reach the same remote); URLs unchanged."""
-    path = url[len("file://"):] if url.startswith("file://") else url
-    if "://" in path or os.path.isabs(os.path.expanduser(path)):
+    path = local_path(url)
+    if path is None or os.path.isabs(os.path.expanduser(path)):
         return url
     return str((repo.root / path).resolve())
 
@@ -25,16 +25,16 @@ def remote_add(repo, name: str, url: str) -> None:
     url = anchored(repo, url)
     open_remote(url)  # an unsupported or malformed URL is refused now, not at the first push
     with repo.db.write():
-        if repo.db.get_config(f"remote.{name}.url") is not None:
+        if repo.db.get_config(url_key(name)) is not None:
             raise RemoteExists(f"remote {name!r} already exists")
-        repo.db.set_config(f"remote.{name}.url", url)
+        repo.db.set_config(url_key(name), url)
 
 
 def remote_remove(repo, name: str) -> None:
     with repo.db.write():
-        if repo.db.get_config(f"remote.{name}.url") is None:
+        if repo.db.get_config(url_key(name)) is None:
             raise NoSuchRemote(f"no remote named {name!r}")
-        repo.db.delete_config(f"remote.{name}.url")
+        repo.db.delete_config(url_key(name))
         for branch in repo.refs.list(f"{REMOTES}{name}/"):
             repo.refs.delete(f"{REMOTES}{name}/{branch}", "remote removed")
 
@@ -43,22 +43,22 @@ def remote_set_url(repo, name: str, url: str) -> None:
     url = anchored(repo, url)
     open_remote(url)
     with repo.db.write():
-        if repo.db.get_config(f"remote.{name}.url") is None:
+        if repo.db.get_config(url_key(name)) is None:
             raise NoSuchRemote(f"no remote named {name!r}")
-        repo.db.set_config(f"remote.{name}.url", url)
+        repo.db.set_config(url_key(name), url)
 
 
 def remote_rename(repo, old: str, new: str) -> None:
     """Rename a remote; its remote-tracking branches move with it."""
     check_ref_name(new, "remote")
     with repo.db.write():
-        url = repo.db.get_config(f"remote.{old}.url")
+        url = repo.db.get_config(url_key(old))
         if url is None:
             raise NoSuchRemote(f"no remote named {old!r}")
-        if repo.db.get_config(f"remote.{new}.url") is not None:
+        if repo.db.get_config(url_key(new)) is not None:
             raise RemoteExists(f"remote {new!r} already exists")
-        repo.db.set_config(f"remote.{new}.url", url)
-        repo.db.delete_config(f"remote.{old}.url")
+        repo.db.set_config(url_key(new), url)
+        repo.db.delete_config(url_key(old))
         for branch, target in repo.refs.list(f"{REMOTES}{old}/").items():
             repo.refs.set(f"{REMOTES}{new}/{branch}", target, None, f"remote renamed from {old}")
             repo.refs.delete(f"{REMOTES}{old}/{branch}", f"remote renamed to {new}")

@@ -24,19 +24,30 @@ def open_remote(url: str):
         from .s3 import S3Remote  # boto3: imported only when an s3 remote is used
 
         return S3Remote.from_url(url)
-    if url.startswith("file://"):
-        url = url[len("file://"):]
-    if "://" in url:
-        raise RemoteError(f"unsupported remote URL {url!r}: use hf://user/repo, s3://bucket/prefix, a path or "
-                          "file:///path")
+    path = local_path(url)
+    if path is None:
+        raise RemoteError(f"unsupported remote URL {url.removeprefix('file://')!r}: use hf://user/repo, "
+                          "s3://bucket/prefix, a path or file:///path")
     from .path import PathRemote
 
-    return PathRemote(url)
+    return PathRemote(path)
+
+
+def local_path(url: str) -> str | None:
+    """The filesystem path a directory remote's URL names (a path, or ``file://`` and a
+    path), as given (relative or with ``~``); None for any other URL."""
+    path = url.removeprefix("file://")
+    return None if "://" in path else path
+
+
+def url_key(name: str) -> str:
+    """The repository config key of remote ``name``'s URL."""
+    return f"remote.{name}.url"
 
 
 def remote_url(db, name: str) -> str:
     """The URL of the remote ``name`` configured in a repository's database."""
-    url = db.get_config(f"remote.{name}.url")
+    url = db.get_config(url_key(name))
     if url is None:
         from ..errors import NoSuchRemote
 
