@@ -117,3 +117,25 @@ def test_keep_prunes_the_remote_as_the_run_goes(tmp_path):
     assert all(torch.equal(tip[k].view(torch.int16), want[k].to(torch.bfloat16).view(torch.int16)) for k in want)
     with pytest.raises(wvc.WvcError):  # a pruned step's weights are gone from the remote
         wvc.open(remote, log[3].id).state_dict()
+
+
+def test_each_sync_reaches_each_kind_of_remote_as_one_step(remote_url, request, tmp_path, monkeypatch):
+    """A directory, a Hub repo (Xet and LFS), a Storage Bucket and S3: a server's follower,
+    started at the start version, moves by each sync exactly, reading about what the sync
+    stored (the follower's bound: 1.25x + 64 KB)."""
+    if remote_url.startswith("hf://"):
+        request.getfixturevalue("hub_env")
+    monkeypatch.setenv("WVC_CACHE", str(tmp_path / "cache"))
+    start = _model_dir(tmp_path / "start")
+    transfer = WvcWeightTransfer(remote_url, repo=tmp_path / "staging", start=tmp_path / "start")
+    transfer.init_weight_transfer()
+    follower = wvc.follow(remote_url, "main", state_dict={k: v.clone() for k, v in start.items()},
+                          at=transfer.start_commit)
+    for step in (1, 2, 3):
+        master = _trained(start, step)
+        commit = transfer.publish(master, metadata={"step": step})
+        up = follower.update(rev=commit)
+        assert up.commit == commit
+        assert up.downloaded_bytes <= 1.25 * transfer.syncs[-1]["stored_bytes"] + 65536, (step, up.downloaded_bytes)
+        for k, v in master.items():
+            assert torch.equal(follower.state_dict[k].view(torch.int16), v.to(torch.bfloat16).view(torch.int16))
