@@ -27,6 +27,7 @@ from wvc.formats.dtypes import DTYPES
 from wvc.store import anchors
 from wvc.store.rows import ObjectRow
 
+from . import retired_anchor_policies as retired
 from .long_run import synthetic_steps
 
 BF16 = DTYPES["BF16"]
@@ -63,8 +64,8 @@ def chain_of(rows: dict[int, ObjectRow], version: int) -> list[ObjectRow]:
 
 def simulate(steps: int, max_chain: int, policy: str) -> dict:
     versions = [x for _, x in calibrated_tensor(steps)]
-    choose = {"hierarchy": anchors.choose_base, "nearest": anchors.choose_base_nearest,
-              "flat": anchors.choose_base_flat}[policy]
+    choose = {"hierarchy": anchors.choose_base, "nearest": retired.choose_base_nearest,
+              "flat": retired.choose_base_flat}[policy]
     rows: dict[int, ObjectRow] = {}
     positions: dict[str, int] = {}
     seconds: dict[int, float] = {}

@@ -8,6 +8,8 @@ from wvc import Repo
 from wvc.store import anchors
 from wvc.store.rows import ObjectRow
 
+from benchmarks import retired_anchor_policies as retired
+
 from .test_step_codec import adam_like_steps, bf16_state, needs_c
 
 
@@ -59,7 +61,7 @@ def test_a_full_chain_jumps_ahead_to_an_anchor_and_heavy_deltas_fall_back_to_the
     base, position = anchors.choose_base(chain, pos, max_chain=2)
     assert position == 16 and [r.id for r in base] == ["v0"]  # 16 on 0, the next level
     # the policy before the jump took the first link further down and counted on
-    assert [r.id for r in anchors.choose_base_nearest(chain, pos, max_chain=2)[0]] == ["v4", "v0"]
+    assert [r.id for r in retired.choose_base_nearest(chain, pos, max_chain=2)[0]] == ["v4", "v0"]
     fetched = [ObjectRow("f", "p", 0, 10, 1000, 7, None, 5), row("k", 0)]  # a root 5 deep: full
     base, position = anchors.choose_base(fetched, {}, max_chain=3)
     assert position == 0 and [r.id for r in base] == ["k"]
@@ -94,7 +96,7 @@ def test_most_versions_of_a_long_run_stay_step_deltas_within_max_chain():
     assert max(depths) <= 8
     assert sum(1 for s in spans if s == 1) >= 0.55 * len(spans)
     assert sum(spans) / len(spans) < 8
-    before, _ = _line_of(anchors.choose_base_nearest, 5000)
+    before, _ = _line_of(retired.choose_base_nearest, 5000)
     assert sum(1 for s in before if s == 1) < 0.3 * len(before)  # (what the jump changes)
 
 
@@ -141,7 +143,7 @@ def test_a_long_run_stores_less_than_re_anchoring_to_the_keyframe(tmp_path, monk
         return total, depth
 
     hierarchy, depth = stored(tmp_path / "hierarchy")
-    monkeypatch.setattr(anchors, "choose_base", anchors.choose_base_flat)  # re-anchored at the bound
+    monkeypatch.setattr(anchors, "choose_base", retired.choose_base_flat)  # re-anchored at the bound
     flat, flat_depth = stored(tmp_path / "flat")
     assert depth <= 8 and flat_depth == 8
     # (0.73, 0.69 and 0.66 of it over 80, 160 and 320 steps here: these steps move the same

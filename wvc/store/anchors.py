@@ -54,7 +54,7 @@ def choose_base(chain: list[ObjectRow], positions: dict[str, int], max_chain: in
 
     Why the jump: the depth is the position's digit sum (base FANOUT), which passes
     ``max_chain`` 8 for most positions past a few hundred steps. Taking the first link
-    below the target with room instead (the policy before, ``choose_base_nearest``) left the
+    below the target with room instead (the policy before, ``choose_base_nearest`` in benchmarks/retired_anchor_policies.py) left the
     positions counting on, so the next versions were full too: in 5,000 steps, 72% of the
     versions were deltas over a span (17.6 steps on average) instead of a step, each stored
     bigger and sent to followers again as a step payload (ops/step_records.py). With the
@@ -79,29 +79,3 @@ def choose_base(chain: list[ObjectRow], positions: dict[str, int], max_chain: in
             break  # the root itself is full (a fetched root deeper than max_chain)
         power *= FANOUT
     return chain[-1:], 0  # the keyframe: the new version is a root
-
-
-def choose_base_nearest(chain: list[ObjectRow], positions: dict[str, int], max_chain: int) -> tuple[list[ObjectRow], int]:
-    """The hierarchy before the jump, for comparisons (benchmarks/anchor_policy.py): at a
-    full target, the first link further down with room, the positions counting on."""
-    position = positions.get(chain[0].id, 0) + 1
-    target = position - span(position)
-    for k, link in enumerate(chain):
-        at = positions.get(link.id, 0)
-        if at <= target and link.depth < max_chain:
-            suffix = chain[k:]
-            if sum(r.length for r in suffix[:-1]) <= suffix[-1].length:
-                return suffix, position
-            break
-        if link.id not in positions:
-            break  # the root, and it is full
-    return chain[-1:], 0  # the keyframe: the new version is a root
-
-
-def choose_base_flat(chain: list[ObjectRow], positions: dict[str, int], max_chain: int) -> tuple[list[ObjectRow], int]:
-    """The policy before the hierarchy, for comparisons (benchmarks/anchor_policy.py, the
-    tests): every version against its parent, re-anchored to the keyframe at ``max_chain``
-    links or when the chain's deltas outweigh its keyframe."""
-    if chain[0].depth >= max_chain or sum(r.length for r in chain[:-1]) > chain[-1].length:
-        return chain[-1:], 0
-    return chain, 0
