@@ -26,15 +26,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
-from .vllm_sync import MODELS, build
+from .dcp import dir_bytes
+from .sync import _median
+from .vllm_sync import MODELS, _rss, build
 
 RESULTS = Path(__file__).parent / "results"
 KEEP = "last=4,every=10"
@@ -44,61 +42,10 @@ KEEP = "last=4,every=10"
 KEEP_BYTES = {"0.5b": 512 << 20}
 
 
-class Server:
-    """A vLLM server on 127.0.0.1 with the wvc weight-transfer backend."""
-
-    def __init__(self, model_dir: Path, log: Path):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-               "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false"}
-        self.log = open(log, "w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--host",
-             "127.0.0.1", "--port", str(port), "--enforce-eager", "--max-model-len", "128", "--max-num-seqs", "4",
-             "--kv-cache-memory-bytes", str(64 << 20), "--distributed-executor-backend", "uni",
-             "--weight-transfer-config", json.dumps({"backend": "wvc"})],
-            env=env, stdout=self.log, stderr=subprocess.STDOUT)
-        self.url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 600
-        while True:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"the vLLM server exited; see {log}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit(f"the vLLM server did not start in 600 s; see {log}")
-            time.sleep(0.5)  # (a starting server: nothing to wait on but its port)
-
-    def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
-
-
-def _rss(field: str = "VmRSS") -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024
-    return 0
-
-
 def _bf16(master: dict) -> dict:
     import torch
 
     return {k: v.to(torch.bfloat16) for k, v in master.items()}
-
-
-def _tree_bytes(root: Path) -> int:
-    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
 
 
 def _changed(prev: dict, cur: dict) -> int:
@@ -116,6 +63,8 @@ def run_model(name: str, spec: dict, steps: int, work: Path, lr: float, anchor_e
     import wvc
     from wvc.integrations.trl import WvcWeightTransfer
 
+    from tests_vllm.engine import server
+
     from .cases import adam_step
 
     root = work / name
@@ -125,11 +74,10 @@ def run_model(name: str, spec: dict, steps: int, work: Path, lr: float, anchor_e
     params = sum(t.numel() for t in master.values())
     full = 2 * params
     print(f"{name}: {params / 1e6:.1f}M parameters, {full / 1e6:.0f} MB bf16", flush=True)
-    server = Server(start, root / "server.log")
-    try:
+    with server(start, root / "server.log", wvc_backend=True) as url:
         remote = root / "remote"
         keep_bytes = KEEP_BYTES.get(name, DEFAULT_KEEP_BYTES)
-        transfer = WvcWeightTransfer(str(remote), servers=[server.url], repo=root / "staging", start=start,
+        transfer = WvcWeightTransfer(str(remote), servers=[url], repo=root / "staging", start=start,
                                      keep_bytes=keep_bytes)
         t0 = time.perf_counter()
         transfer.init_weight_transfer()
@@ -157,22 +105,20 @@ def run_model(name: str, spec: dict, steps: int, work: Path, lr: float, anchor_e
                          "uploaded": sync["uploaded_bytes"], "downloaded": up.downloaded_bytes, "full": full,
                          "delta_sync": delta, "delta_sync_patch": 6 * changed, "publish_s": publish_s,
                          "commit_s": sync["commit_s"], "push_s": sync["push_s"], "load_s": load_s,
-                         "trainer_rss": _rss()})
+                         "trainer_rss": _rss("VmRSS")})
             print(f"  sync {step}: {changed / params:.1%} changed, up {sync['uploaded_bytes'] / 1e6:.2f} MB, "
                   f"down {up.downloaded_bytes / 1e6:.2f} MB, delta-sync {delta / 1e6:.2f} MB, "
-                  f"publish {publish_s:.2f} s, load {load_s:.2f} s, trainer RSS {_rss() / 1e9:.2f} GB", flush=True)
+                  f"publish {publish_s:.2f} s, load {load_s:.2f} s, trainer RSS {_rss('VmRSS') / 1e9:.2f} GB", flush=True)
         reported = transfer.servers[0].weight_version()
         if reported != commit:
             raise SystemExit(f"{name}: the server reports {reported}, not {commit}")
         transfer.destroy()
-    finally:
-        server.close()
     del master, follower
     kept = _keep_run(root, start, build(root / "again", spec), steps, lr, keep_bytes)  # the same start weights (seed 0)
     return {"model": name, "spec": spec, "parameters": params, "model_bytes": full, "anchor_every": anchor_every,
             "keep_bytes": keep_bytes, "trainer_peak_rss": _rss("VmHWM"),
             "init_s": init_s, "init_uploaded": transfer.start_uploaded_bytes,
-            "steps": rows, "remote_bytes": _tree_bytes(remote), "kept": kept}
+            "steps": rows, "remote_bytes": dir_bytes(remote), "kept": kept}
 
 
 def _keep_run(root: Path, start: Path, master: dict, steps: int, lr: float, keep_bytes: int) -> dict:
@@ -192,12 +138,7 @@ def _keep_run(root: Path, start: Path, master: dict, steps: int, lr: float, keep
         adam_step(master, g, lr)
         transfer.publish(iter(master.items()), metadata={"step": step})
     transfer.destroy()
-    return {"policy": KEEP, "remote_bytes": _tree_bytes(remote), "prunes": transfer.prunes}
-
-
-def _median(values):
-    values = sorted(values)
-    return values[len(values) // 2]
+    return {"policy": KEEP, "remote_bytes": dir_bytes(remote), "prunes": transfer.prunes}
 
 
 def markdown(results: list[dict]) -> str:

@@ -228,12 +228,9 @@ def _count(probe: list) -> int:
     return sum(len(x) for _, lps, plps in probe for x in lps + [p for p in plps if p is not None])
 
 
-def _median(values):
-    values = sorted(values)
-    return values[len(values) // 2]
-
-
 def markdown(results: list[dict]) -> str:
+    from .sync import _median  # (here: benchmarks.sync imports torch, which the engine process times itself)
+
     lines = ["| model | follower MB / step | TRL sparse MB / step | full MB | vs TRL | fetch s | apply s | "
              "fresh engine s | engine peak RSS MB (fresh / with follower) | exact |",
              "|---|---|---|---|---|---|---|---|---|---|"]

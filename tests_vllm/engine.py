@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
@@ -80,6 +84,50 @@ def values(probe_out: list) -> int:
     for r in probe_out:
         n += sum(len(x) for x in r["logprobs"]) + sum(len(x) for x in r["prompt_logprobs"] if x is not None)
     return n
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def server(model_dir, log_path, *, wvc_backend: bool):
+    """A vLLM server on 127.0.0.1 (its base URL), with the ``wvc`` weight-transfer backend or
+    without, stopped on exit; its output in ``log_path``."""
+    port = _free_port()
+    env = {**os.environ, **ENGINE_ENV, "VLLM_SERVER_DEV_MODE": "1"}
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")  # the server's own process layout
+    args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--host",
+            "127.0.0.1", "--port", str(port), "--enforce-eager", "--max-model-len", "128", "--max-num-seqs", "8",
+            "--kv-cache-memory-bytes", str(KV_BYTES), "--distributed-executor-backend", "uni", "--seed", "0"]
+    if wvc_backend:
+        args += ["--weight-transfer-config", json.dumps({"backend": "wvc"})]
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 300
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"the server exited: {Path(log_path).read_text()[-3000:]}")
+                try:
+                    with urllib.request.urlopen(base + "/health", timeout=5) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the server did not become healthy in 300 s")
+                time.sleep(0.5)  # (polling a starting server: no event to wait on)
+            yield base
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 if __name__ == "__main__":

@@ -4,26 +4,15 @@ routes: the trainer sends commit ids. Untied bf16 weights on the CPU backend's p
 (the LM head's own packed copy rebuilt). Compared with a fresh server on the same commit."""
 
 import json
-import os
-import socket
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
-from contextlib import contextmanager
 
 import pytest
 import torch
 
 from . import engine
+from .engine import server
 from .conftest import Trainer
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _call(url: str, body: dict | None = None, method: str = "POST") -> tuple[int, dict]:
@@ -39,40 +28,6 @@ def _call(url: str, body: dict | None = None, method: str = "POST") -> tuple[int
             return e.code, json.loads(text)
         except ValueError:
             return e.code, {"error": text.decode(errors="replace")}
-
-
-@contextmanager
-def server(model_dir, log_path, *, wvc_backend: bool):
-    port = _free_port()
-    env = {**os.environ, **engine.ENGINE_ENV, "VLLM_SERVER_DEV_MODE": "1"}
-    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")  # the server's own process layout
-    args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--host",
-            "127.0.0.1", "--port", str(port), "--enforce-eager", "--max-model-len", "128", "--max-num-seqs", "8",
-            "--kv-cache-memory-bytes", str(engine.KV_BYTES), "--distributed-executor-backend", "uni", "--seed", "0"]
-    if wvc_backend:
-        args += ["--weight-transfer-config", json.dumps({"backend": "wvc"})]
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
-        base = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 300
-            while True:
-                assert proc.poll() is None, f"the server exited: {log_path.read_text()[-3000:]}"
-                try:
-                    with urllib.request.urlopen(base + "/health", timeout=5) as r:
-                        if r.status == 200:
-                            break
-                except OSError:
-                    pass
-                assert time.monotonic() < deadline, "the server did not become healthy in 300 s"
-                time.sleep(0.5)  # (polling a starting server: no event to wait on)
-            yield base
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
 
 
 def http_probe(base: str, model_dir) -> list:

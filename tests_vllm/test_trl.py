@@ -19,7 +19,8 @@ from wvc.integrations.trl import WvcWeightTransfer
 from wvc.integrations.vllm.server_client import VllmServer
 
 from . import models, trl_on_cpu
-from .test_server import http_probe, server
+from .engine import server
+from .test_server import http_probe
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 STEPS = 3

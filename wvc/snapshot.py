@@ -194,14 +194,7 @@ class Snapshotter:
         entries = []
         for info in header.tensors:
             flat = tensors[info.name].contiguous().reshape(-1).view(torch.uint8)
-            cursor = [0]
-
-            def read(n, flat=flat, cursor=cursor):
-                part = flat[cursor[0] : cursor[0] + n].cpu().numpy()
-                cursor[0] += n
-                return part
-
-            entries.append(self._tensor(path, info.name, info.dtype, info.shape, info.nbytes, read))
+            entries.append(self._tensor(path, info.name, info.dtype, info.shape, info.nbytes, _reader(flat)))
         self.progress.close()
         return FileEntry.of(path, "safetensors", header.file_size, header=header_id, tensors=tuple(entries))
 
@@ -237,14 +230,7 @@ class Snapshotter:
                 (entry,) = self._device_tensors(path, [_Spec(name, dtype, tuple(old.shape), old.nbytes)],
                                                 {name: flat})
             else:
-                cursor = [0]
-
-                def read(n, flat=flat, cursor=cursor):
-                    part = flat[cursor[0] : cursor[0] + n].cpu().numpy()
-                    cursor[0] += n
-                    return part
-
-                entry = self._tensor(path, name, dtype, old.shape, old.nbytes, read)
+                entry = self._tensor(path, name, dtype, old.shape, old.nbytes, _reader(flat))
             replaced.setdefault(path, {})[name] = entry
             del flat, tensor  # (the stream's own reference goes when it advances)
         self.progress.close()
@@ -313,6 +299,20 @@ class Snapshotter:
             self.progress.advance(sum(len(h) for h in host))
         return [TensorEntry(info.name, info.dtype.name, tuple(info.shape), tuple(chunks[k]))
                 for k, info in enumerate(infos)]
+
+
+def _reader(flat):
+    """``read(n)`` over a tensor's bytes (a flat uint8 tensor, on any device): the next ``n``,
+    moved to the host one chunk at a time."""
+    cursor = 0
+
+    def read(n):
+        nonlocal cursor
+        part = flat[cursor : cursor + n].cpu().numpy()
+        cursor += n
+        return part
+
+    return read
 
 
 @dataclass(frozen=True)

@@ -148,7 +148,7 @@ def _commit(repo, message, source, *, author, metadata, allow_empty, device, sta
     head_before = repo.refs.head()
     parent_tree = repo.read_tree(repo.read_commit(parent_id).tree) if parent_id else None
     chunk_bytes = parent_tree.chunk_bytes if parent_tree else repo.chunk_bytes
-    root = repo.root if source is None or isinstance(source, (str, os.PathLike)) else None  # (a dict or a stream: none)
+    root = repo.root if source is None or isinstance(source, (str, os.PathLike)) else None
     if root is not None and source is not None:
         root = Path(source).resolve()
     stat_cache = StatCache(repo.db, root) if root == repo.root else None
