@@ -109,8 +109,8 @@ def test_damaged_inputs_are_refused_never_a_crash():
 
 def test_the_store_names_the_methods_the_codec_writes():
     """store/chunks.py reads these from the objects table without importing the codec."""
-    assert (chunks._PLANES, chunks._ULP_EXP, chunks._ULP_STEP) == (int(Method.PLANES), int(Method.ULP_EXP),
-                                                                       int(Method.ULP_STEP))
+    assert (chunks._PLANES, chunks._ULP_EXP) == (int(Method.PLANES), int(Method.ULP_EXP))
+    assert set(chunks._STEP_CODERS) == {int(m) for m in Method if m.uses_context}
 
 
 def _fine_tune(tmp_path):
@@ -173,7 +173,7 @@ def test_a_damaged_delta_is_named_as_before(tmp_path):
 def test_a_longer_chain_decodes_its_bottom_pair_in_one_pass(tmp_path, monkeypatch):
     """Three versions: the newest is a delta over a delta over the keyframe. Its checkout
     decodes the keyframe and the first delta in one pass, then the last delta over that;
-    the file byte-identical. (A ULP_STEP link above the pair needs the keyframe's bytes as
+    the file byte-identical. (A step-coded link above the pair needs the keyframe's bytes as
     its context: that chain is decoded link by link, which the suite's step tests cover.)"""
     from safetensors.torch import save_file
 

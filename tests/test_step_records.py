@@ -82,7 +82,7 @@ def test_a_followers_step_costs_the_same_on_re_anchored_steps(tmp_path, remote_u
 
 
 def test_step_context_survives_a_re_anchor_for_followers(tmp_path):
-    """Correlated steps (the same elements move again, by one unit: what ULP_STEP codes given
+    """Correlated steps (the same elements move again, by one unit: what the step coders code given
     the step before): a re-anchored chunk's stored payload has lost that context, its step
     payload in the record keeps it, so the re-anchored step and the one after cost a step."""
     from wvc.codec import Method
@@ -119,7 +119,7 @@ def test_step_context_survives_a_re_anchor_for_followers(tmp_path):
         assert got[i] <= 1.3 * median and got.get(i + 1, median) <= 1.3 * median, (got, anchors)
     methods = {Method(run.repo.store.row(run.repo.tree_of(e.id).files[0].tensors[0].chunks[0]).method)
                for e in run.repo.log()}
-    assert Method.ULP_STEP in methods  # the case this is about
+    assert Method.STEP_BLOCKS in methods  # the case this is about
 
 
 def test_a_keyframe_written_when_a_chain_outweighs_it_reaches_a_follower_as_its_step(tmp_path):

@@ -17,7 +17,7 @@ each part is cheapest:
   device implementation in the given dependencies, so the format is unchanged.
 
 Chunks the device pass does not take (those below MIN_SAMPLED, where the encoder tries every
-method in full; the caller routes ULP_STEP candidates to the host coder) are the caller's.
+method in full; the caller routes step-coder candidates to the host coder) are the caller's.
 Nothing here touches a store: bytes and tensors in, payloads out.
 """
 

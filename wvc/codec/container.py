@@ -5,7 +5,7 @@ Layout of a payload (all integers little-endian)::
     u8  codec version (1)
     u8  method (Method)
     u8  element width in bytes
-    u8  parameter (ULP_EXP, ULP_STEP: the exponent field's bit shift; SPARSE: the inner
+    u8  parameter (ULP_EXP, ULP_STEP, STEP_BLOCKS: the exponent field's bit shift; SPARSE: the inner
         method; PLANES: 1 when each element was rotated left by one bit first; else 0)
     u64 raw size
     u32 stream count
@@ -13,10 +13,10 @@ Layout of a payload (all integers little-endian)::
         coders: 0 stored; 1 zstd; 2, 3, 4: bytes < 2, 4, 16 packed 8, 4, 2 to a byte, then zstd
     stream bytes, in order
 
-ULP_STEP's header is shorter (its payloads are tens of bytes for a small tensor's step, where
-twelve bytes were a tenth of a step): u8 version, method, width, parameter, then the raw size
-as an unsigned LEB128 varint (at most 10 bytes, the shortest form), then the range-coded bits
-(codec/step.py); no stream table.
+ULP_STEP's and STEP_BLOCKS's header is shorter (their payloads are tens of bytes for a small
+tensor's step, where twelve bytes were a tenth of a step): u8 version, method, width,
+parameter, then the raw size as an unsigned LEB128 varint (at most 10 bytes, the shortest
+form), then the range-coded bits (codec/step.py); no stream table.
 
 A stream is one byte plane (byte *k* of every element, of the value or of its delta), or
 for grouped methods one plane of one group. Splitting bytes by significance puts the
@@ -66,15 +66,17 @@ class Method(enum.IntEnum):
     ULP_EXP = 5  # ULP deltas grouped by the base value's exponent, planes per group
     SPARSE = 6  # positions (gap-coded) and values of the nonzero deltas of an inner method
     ULP_STEP = 7  # ULP deltas range-coded in the context of the base's own step (codec/step.py)
+    STEP_BLOCKS = 8  # the same, coded in element order by blocks of 64: decodes in one pass (codec/step.py)
 
     @property
     def uses_base(self) -> bool:
-        return self in (Method.XOR, Method.ULP, Method.SUB, Method.ULP_EXP, Method.SPARSE, Method.ULP_STEP)
+        return self in (Method.XOR, Method.ULP, Method.SUB, Method.ULP_EXP, Method.SPARSE, Method.ULP_STEP,
+                        Method.STEP_BLOCKS)
 
     @property
     def uses_context(self) -> bool:
-        """Decoding also needs the base's own base (the version before the base)."""
-        return self is Method.ULP_STEP
+        """Decoding also needs the base's own base (the version before the base): the step coders."""
+        return self in (Method.ULP_STEP, Method.STEP_BLOCKS)
 
 
 @dataclass(frozen=True)
@@ -104,14 +106,14 @@ def _varint(value: int) -> bytes:
 
 
 def _step_head(payload) -> tuple[int, int, int, int]:
-    """(width, param, raw size, header length) of a ULP_STEP payload, bounded."""
+    """(width, param, raw size, header length) of a ULP_STEP or STEP_BLOCKS payload, bounded."""
     if len(payload) < 5:
         raise CorruptObject("payload shorter than its header")
     width, param = payload[2], payload[3]
     raw_size, shift, at = 0, 0, 4
     while True:
         if at >= len(payload) or at >= 14:
-            raise CorruptObject("ULP_STEP payload size is truncated or too long")
+            raise CorruptObject("step payload size is truncated or too long")
         byte = payload[at]
         raw_size |= (byte & 0x7F) << shift
         at += 1
@@ -119,7 +121,7 @@ def _step_head(payload) -> tuple[int, int, int, int]:
             break
         shift += 7
     if at > 5 and payload[at - 1] == 0 or raw_size >= 1 << 64:
-        raise CorruptObject("ULP_STEP payload size is not in its shortest form")
+        raise CorruptObject("step payload size is not in its shortest form")
     return width, param, raw_size, at
 
 
@@ -130,11 +132,11 @@ def peek(payload, table: bool = True) -> PayloadInfo:
     streams listed, for the C kernels' whole-payload decoders, which check the stream
     table again themselves: parsing it here too cost ~25 us a chunk, 3% of a checkout."""
     payload = memoryview(payload)
-    if len(payload) >= 2 and payload[0] == CODEC_VERSION and payload[1] == Method.ULP_STEP:
+    if len(payload) >= 2 and payload[0] == CODEC_VERSION and payload[1] in (Method.ULP_STEP, Method.STEP_BLOCKS):
         width, param, raw_size, _ = _step_head(payload)
         if not step_supports(width, param) or raw_size % width:
             raise CorruptObject(f"bad codec parameter {param} for width {width}")
-        return PayloadInfo(Method.ULP_STEP, width, param, raw_size, ())
+        return PayloadInfo(Method(payload[1]), width, param, raw_size, ())
     if len(payload) < _HEAD.size:
         raise CorruptObject("payload shorter than its header")
     version, method, width, param, raw_size, count = _HEAD.unpack_from(payload)
@@ -334,12 +336,12 @@ def compress_stream(data, level: int) -> tuple[int, int, bytes]:
 
 
 def step_bits(payload) -> memoryview:
-    """A ULP_STEP payload's coded bits (after the header; peek has checked it is one)."""
+    """A step payload's coded bits (after the header; peek has checked it is one)."""
     return memoryview(payload)[_step_head(memoryview(payload))[3]:]
 
 
-def pack_step(width: int, param: int, raw_size: int, bits: bytes) -> bytes:
-    return bytes((CODEC_VERSION, int(Method.ULP_STEP), width, param)) + _varint(raw_size) + bits
+def pack_step(width: int, param: int, raw_size: int, bits: bytes, method: Method = Method.ULP_STEP) -> bytes:
+    return bytes((CODEC_VERSION, int(method), width, param)) + _varint(raw_size) + bits
 
 
 def stream_bytes(payload, info: PayloadInfo, k: int):

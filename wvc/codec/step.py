@@ -338,3 +338,200 @@ def _decode_py(data, b, g, width: int, shift: int) -> bytes:
         o = (lay.ob[idx] + np.asarray(deltas, dtype=np.int64)) & mask
         out[idx] = _ordered(o, sign).astype(lay.utype)
     return out.tobytes()
+
+
+# -- STEP_BLOCKS: the same deltas in element order, by blocks of 64 (_step.c has the why) -----------
+BLOCK = 64
+INHERIT_SPAN = 4  # a context starts from the nearest started exponent of its class this close
+
+
+def encode_blocks(x, b, g, width: int, shift: int) -> bytes:
+    if _c is not None:
+        return _c.encode_blocks(x, b, g, width, shift)
+    return _encode_blocks_py(x, b, g, width, shift)
+
+
+def decode_blocks(data, b, g, width: int, shift: int) -> bytes:
+    if _c is not None:
+        try:
+            return _c.decode_blocks(data, b, g, width, shift)
+        except ValueError as exc:
+            raise CorruptObject(str(exc)) from exc
+    return _decode_blocks_py(data, b, g, width, shift)
+
+
+class _Key:
+    """One (class, exponent) context's probabilities: changed (flag; ``after``: when the
+    block's element before changed, for unmoved elements; whether it moved back, for moved
+    ones), the sign and the magnitude's unary part."""
+
+    __slots__ = ("after", "flag", "mag", "sign")
+
+    def __init__(self):
+        self.flag, self.after, self.sign = _Bit(), _Bit(), _Bit()
+        self.mag = [_Bit() for _ in range(MAG_UNARY)]
+
+    def bits(self):
+        yield self.flag
+        yield self.after
+        yield self.sign
+        yield from self.mag
+
+    def inherited(self) -> _Key:
+        k = _Key()
+        for mine, theirs in zip(k.bits(), self.bits()):
+            mine.p, mine.n = theirs.p, min(theirs.n, INHERIT_N)
+        return k
+
+
+class _Blocks:
+    def __init__(self, nexp: int):
+        self.nexp = nexp
+        self.keys: dict[tuple[int, int], _Key] = {}
+        self.block = [_Bit() for _ in range(2 * nexp)]  # (smallest unmoved exponent, last block's flag)
+        self.escape = [([_Bit() for _ in range(BUCKETS + 1)], [[_Bit() for _ in range(3)] for _ in range(BUCKETS + 1)])
+                       for _ in range(CLASSES)]
+
+    def key(self, cls: int, e: int) -> _Key:
+        k = self.keys.get((cls, e))
+        if k is None:
+            near = ((cls, e + side * s) for s in range(1, INHERIT_SPAN + 1) for side in (-1, 1))
+            start = next((self.keys[f] for f in near if f in self.keys), None)
+            k = self.keys[(cls, e)] = start.inherited() if start is not None else _Key()
+        return k
+
+
+class _BlockLayout:
+    """Per element, what both sides derive from the base and the context."""
+
+    def __init__(self, b, g, width: int, shift: int):
+        import numpy as np
+
+        self.utype = {1: np.uint8, 2: np.uint16, 4: np.uint32}[width]
+        self.bits = bits = 8 * width
+        self.mask, self.sign = mask, sign = (1 << bits) - 1, 1 << (bits - 1)
+        bu = np.frombuffer(b, dtype=self.utype).astype(np.int64)
+        gu = np.frombuffer(g, dtype=self.utype).astype(np.int64)
+        self.ob = _ordered(bu, sign)
+        p = (self.ob - _ordered(gu, sign)) & mask
+        neg = (-p) & mask
+        cls = np.select([p == 0, p == 1, (p & sign) == 0, neg == 1, neg <= 3], [0, 1, 2, 4, 5], 6)
+        cls = np.where(((p & sign) == 0) & (p > 3), 3, cls)
+        self.n = len(bu)
+        self.moved = (bu != gu).tolist()
+        self.cls = cls.tolist()
+        self.exp = ((bu >> shift) & ((1 << (bits - 1 - shift)) - 1)).tolist()
+
+    def blocks(self):
+        """(start, unmoved elements, moved elements) of each block."""
+        for i0 in range(0, self.n, BLOCK):
+            z, a = [], []
+            for i in range(i0, min(self.n, i0 + BLOCK)):
+                (a if self.moved[i] else z).append(i)
+            yield i0, z, a
+
+
+def _encode_magnitude(enc: _Encoder, k: _Key, escape, mag: int) -> None:
+    u = mag - 1
+    for t in range(min(u, MAG_UNARY)):
+        enc.bit(k.mag[t], 1)
+    if u < MAG_UNARY:
+        enc.bit(k.mag[u], 0)
+    else:
+        enc.golomb(escape[0], escape[1], u - MAG_UNARY + 1)
+
+
+def _decode_magnitude(dec: _Decoder, k: _Key, escape, bits: int) -> int:
+    u = 0
+    while u < MAG_UNARY and dec.bit(k.mag[u]):
+        u += 1
+    if u == MAG_UNARY:
+        u = MAG_UNARY + dec.golomb(escape[0], escape[1], bits - 1) - 1
+    return u + 1
+
+
+def _encode_blocks_py(x, b, g, width: int, shift: int) -> bytes:
+    import numpy as np
+
+    if not supports(width, shift) or not len(x) == len(b) == len(g) or len(x) % width:
+        raise ValueError("STEP_BLOCKS encode: sizes, width or shift do not fit")
+    lay = _BlockLayout(b, g, width, shift)
+    mask, sign = lay.mask, lay.sign
+    delta = ((_ordered(np.frombuffer(x, dtype=lay.utype).astype(np.int64), sign) - lay.ob) & mask).tolist()
+    models, enc, hot = _Blocks(1 << (lay.bits - 1 - shift)), _Encoder(), 0
+    for _, z, a in lay.blocks():
+        if z:
+            changed = any(delta[i] for i in z)
+            enc.bit(models.block[2 * min(lay.exp[i] for i in z) + hot], int(changed))
+            hot = int(changed)
+            seen_change, last = False, 0
+            for t, i in enumerate(z if changed else ()):
+                k = models.key(0, lay.exp[i])
+                ch = int(delta[i] != 0)
+                if t + 1 < len(z) or seen_change:  # else implied: the block's only change
+                    enc.bit(k.after if last else k.flag, ch)
+                last = ch
+                if ch:
+                    seen_change = True
+                    negative = int(delta[i] & sign != 0)
+                    enc.bit(k.sign, negative)
+                    _encode_magnitude(enc, k, models.escape[0], ((-delta[i]) & mask) if negative else delta[i])
+        for i in a:
+            cls = lay.cls[i]
+            k = models.key(cls, lay.exp[i])
+            ch = delta[i] != 0
+            negative = int(delta[i] & sign != 0)
+            same = ch and negative == (cls > 3)
+            enc.bit(k.flag, int(same))
+            if not same:
+                enc.bit(k.after, int(ch))
+            if ch:
+                _encode_magnitude(enc, k, models.escape[cls], ((-delta[i]) & mask) if negative else delta[i])
+    return enc.finish()
+
+
+def _decode_blocks_py(data, b, g, width: int, shift: int) -> bytes:
+    import numpy as np
+
+    if not supports(width, shift) or len(b) != len(g) or len(b) % width:
+        raise CorruptObject("STEP_BLOCKS payload: sizes, width or shift do not fit")
+    lay = _BlockLayout(b, g, width, shift)
+    mask, sign = lay.mask, lay.sign
+    models, dec, hot = _Blocks(1 << (lay.bits - 1 - shift)), _Decoder(data), 0
+    where, deltas = [], []
+
+    def value(i: int, k: _Key, cls: int, negative: int) -> None:
+        mag = _decode_magnitude(dec, k, models.escape[cls], lay.bits)
+        if mag > sign or (not negative and mag == sign):
+            raise CorruptObject("STEP_BLOCKS payload: a delta is out of range")
+        where.append(i)
+        deltas.append(((-mag) & mask) if negative else mag)
+
+    for _, z, a in lay.blocks():
+        changed = 0
+        if z:
+            changed = dec.bit(models.block[2 * min(lay.exp[i] for i in z) + hot])
+            hot = changed
+        seen_change, last = False, 0
+        for t, i in enumerate(z if changed else ()):
+            k = models.key(0, lay.exp[i])
+            last = dec.bit(k.after if last else k.flag) if t + 1 < len(z) or seen_change else 1
+            if last:
+                seen_change = True
+                value(i, k, 0, dec.bit(k.sign))
+        for i in a:
+            cls = lay.cls[i]
+            k = models.key(cls, lay.exp[i])
+            negative = int(cls > 3)
+            if not dec.bit(k.flag):
+                if not dec.bit(k.after):
+                    continue
+                negative = 1 - negative
+            value(i, k, cls, negative)
+    if dec.at != len(dec.data):
+        raise CorruptObject("STEP_BLOCKS payload length does not match its contents")
+    out = np.frombuffer(b, dtype=lay.utype).copy()
+    if where:
+        idx = np.asarray(where, dtype=np.int64)
+        out[idx] = _ordered((lay.ob[idx] + np.asarray(deltas, dtype=np.int64)) & mask, sign).astype(lay.utype)
+    return out.tobytes()

@@ -139,7 +139,7 @@ def applicable_methods(dtype: DType, has_base: bool, has_context: bool = False) 
         return [full]
     if dtype.kind == "float":
         grouped = [Method.ULP_EXP] if dtype.exponent else []
-        stepped = [Method.ULP_STEP] if has_context and step_applies(dtype) else []
+        stepped = [Method.ULP_STEP, Method.STEP_BLOCKS] if has_context and step_applies(dtype) else []
         return [full, Method.XOR, Method.ULP, *grouped, Method.SPARSE, *stepped]
     if dtype.kind == "int":
         return [full, Method.XOR, Method.SUB, Method.SPARSE]
@@ -147,16 +147,18 @@ def applicable_methods(dtype: DType, has_base: bool, has_context: bool = False) 
 
 
 def step_applies(dtype: DType) -> bool:
-    """ULP_STEP codes floats of 1, 2 or 4 bytes with an exponent field (bf16, fp16, fp32, fp8)."""
+    """The step coders (ULP_STEP, STEP_BLOCKS) code floats of 1, 2 or 4 bytes with an exponent
+    field (bf16, fp16, fp32, fp8)."""
     return dtype.kind == "float" and bool(dtype.exponent) and step.supports(dtype.width, dtype.exponent[0])
 
 
-# ULP_STEP is tried only when at most this share of the chunk's elements changed: its decode
-# costs ~2 ns an element (finding each one's context) and ~35 ns a changed one (~12
-# adaptive binary decisions), where ULP_EXP's costs ~1.8 ns an element and SPARSE's ~3 ns a
-# changed one. The real bf16 run at lr 1e-5 changes 0.4-8.6% of a chunk (and decodes in
-# 1.4x ULP_EXP's time over the model); the benchmark's Adam-like chain 20%, where ULP_STEP
-# stored 7-11% less but the deepest checkout took 9-15x the first's instead of 4.3x.
+# A step coder is tried only when at most this share of the chunk's elements changed: its
+# decode costs ~25 ns a changed one (a few adaptive binary decisions each), where SPARSE's
+# costs ~3 ns. (Measured for ULP_STEP, which also paid ~2 ns an element to find each one's
+# context: the real bf16 run at lr 1e-5 changes 0.4-8.6% of a chunk; the benchmark's
+# Adam-like chain 20%, where ULP_STEP stored 7-11% less but the deepest checkout took 9-15x
+# the first's instead of 4.3x. STEP_BLOCKS, which the encoder writes now, pays ~0.25 ns an
+# element instead; the bound is kept, so the choice between methods is the same.)
 STEP_MAX_CHANGED = 0.10
 # ... unless so few changed that its decode costs nothing to speak of (~50 us at most): a
 # small tensor's step (a LayerNorm's, a bias's) often changes more of its elements.
@@ -286,9 +288,13 @@ def _decode_native(payload, info, b) -> bytes:
     return raw
 
 
-def _encode_step(raw, base, context, dtype: DType) -> bytes:
+def _encode_step(raw, base, context, dtype: DType, method: Method = Method.STEP_BLOCKS) -> Encoded:
+    """A step coder's payload: STEP_BLOCKS (what the encoder writes) or ULP_STEP (which it
+    wrote before; still read, and written when a caller forces it)."""
     shift = dtype.exponent[0]
-    return pack_step(dtype.width, shift, len(raw), step.encode(raw, base, context, dtype.width, shift))
+    coder = step.encode_blocks if method is Method.STEP_BLOCKS else step.encode
+    return Encoded(pack_step(dtype.width, shift, len(raw), coder(raw, base, context, dtype.width, shift), method),
+                   method)
 
 
 def encode_chunk(
@@ -296,9 +302,9 @@ def encode_chunk(
 ) -> Encoded:
     """Smallest encoding of ``raw``; ``method`` forces one (tests use it to cover each).
 
-    ``context`` (the base's own base) adds ULP_STEP to the candidates, for floats it codes
-    and when few enough elements changed (STEP_MAX_CHANGED); it must beat the other methods
-    by a margin (STEP_MIN_GAIN), with the C coder only (the Python twin is slow)."""
+    ``context`` (the base's own base) adds a step coder (STEP_BLOCKS) to the candidates, for
+    floats it codes and when few enough elements changed (STEP_MAX_CHANGED); it must beat the
+    other methods by a margin (STEP_MIN_GAIN), with the C coder only (the Python twin is slow)."""
     raw = memoryview(raw).cast("B")
     if len(raw) % dtype.width:
         raise ValueError("chunk is not a whole number of elements")
@@ -306,22 +312,22 @@ def encode_chunk(
         base = memoryview(fit_base(base, len(raw))).cast("B")
     if context is not None:
         context = memoryview(fit_base(context, len(raw))).cast("B") if base is not None and step_applies(dtype) else None
-    if method is Method.ULP_STEP:
+    if method is not None and method.uses_context:
         if context is None:
-            raise ValueError("ULP_STEP needs a base, a context and a float dtype it codes")
-        return Encoded(_encode_step(raw, base, context, dtype), Method.ULP_STEP)
+            raise ValueError(f"{method.name} needs a base, a context and a float dtype it codes")
+        return _encode_step(raw, base, context, dtype, method)
     if not (method is None and _tries_step(raw, dtype, base, context)):
         return _encode_others(raw, dtype, base, device, level, method)
-    # ULP_STEP in full (a sample trial of it cost more than it saved), then the others: on big
-    # chunks their winner is encoded in full only when ULP_STEP does not clearly beat its
-    # estimate on the samples
-    stepped = Encoded(_encode_step(raw, base, context, dtype), Method.ULP_STEP)
+    # the step coder in full (a sample trial of it cost more than it saved), then the others:
+    # on big chunks their winner is encoded in full only when the step coder does not clearly
+    # beat its estimate on the samples
+    stepped = _encode_step(raw, base, context, dtype)
     best = _encode_others(raw, dtype, base, device, level, method, step_size=len(stepped.payload))
     return stepped if best is None or _step_wins(len(stepped.payload), len(best.payload)) else best
 
 
 def tries_step(raw, dtype: DType, base, context) -> bool:
-    """Whether :func:`encode_chunk` tries ULP_STEP on this chunk (a device commit hands
+    """Whether :func:`encode_chunk` tries a step coder on this chunk (a device commit hands
     these chunks to the host: the range coder runs there)."""
     if base is None or context is None or not step_applies(dtype):
         return False
@@ -347,7 +353,7 @@ def _step_wins(step_size: float, best_size: float) -> bool:
     return step_size <= STEP_MIN_GAIN * best_size
 
 
-# ULP_STEP is kept only when at most this fraction of the other methods' best (on big chunks
+# A step coder is kept only when at most this fraction of the other methods' best (on big chunks
 # of its estimate on the samples, when its full encode is skipped): its decode costs more a
 # changed element, so a marginal saving is not worth it.
 STEP_MIN_GAIN = 0.8
@@ -386,13 +392,13 @@ def _operations(raw, base, dtype: DType, device: str):
 
 def _encode_others(raw, dtype: DType, base, device: str, level: int, method: Method | None,
                    step_size: int | None = None) -> Encoded | None:
-    """The smallest encoding of the methods before ULP_STEP; None when ``step_size`` (a
-    ULP_STEP payload's) wins against the best's size estimated on the samples."""
+    """The smallest encoding of the methods before the step coders; None when ``step_size`` (a
+    step payload's) wins against the best's size estimated on the samples."""
     x, b, encode_with, sample, changed_in_sample = _operations(raw, base, dtype, device)
     methods = [method] if method is not None else candidate_methods(dtype, b is not None)
     if len(methods) > 1 and len(raw) >= MIN_SAMPLED:  # (chosen_method repeats this choice)
         sample_bytes = min(SAMPLE_BYTES, len(raw) // 4)
-        # (not when a ULP_STEP payload competes: it is weighed against the sample's estimate,
+        # (not when a step payload competes: it is weighed against the sample's estimate,
         # and wins most often without the others encoded in full at all)
         choice = _best_on_sample(encode_with, sample, changed_in_sample, methods, x, b, dtype, level, len(raw),
                                  sample_bytes, full=None if step_size is not None else
@@ -532,11 +538,12 @@ def decode_chunk(payload, raw_size: int, base=None, *, context=None, device: str
         if base is None:
             raise CorruptObject("delta payload without its base chunk")
         base_raw = fit_base(base, raw_size)
-    if info.method is Method.ULP_STEP:  # the same C or Python coder on every device
+    if info.method.uses_context:  # the step coders: the same C or Python coder on every device
         context = context() if callable(context) else context
         if context is None:
-            raise CorruptObject("ULP_STEP payload without the version before its base")
-        return step.decode(step_bits(payload), base_raw, fit_base(context, raw_size), width, info.param)
+            raise CorruptObject(f"{info.method.name} payload without the version before its base")
+        coder = step.decode_blocks if info.method is Method.STEP_BLOCKS else step.decode
+        return coder(step_bits(payload), base_raw, fit_base(context, raw_size), width, info.param)
     if whole:
         return _decode_whole(payload, info, base_raw)
     if device == "cpu" and native.kernels is not None:  # on the raw buffers, without numpy

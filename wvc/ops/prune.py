@@ -261,7 +261,7 @@ def _check_still_valid(plan: _Plan, live: set[str], new_rows: dict[str, ObjectRo
         if oid in new_rows or row is None or row.base is None:
             continue
         moved = new_rows.get(row.base)
-        if row.method == Method.ULP_STEP and moved is not None and moved.base != rows[row.base].base:
+        if Method(row.method).uses_context and moved is not None and moved.base != rows[row.base].base:
             raise _StalePlan(f"chunk {ids.short(oid)}, recorded since the plan, is a step on {ids.short(row.base)}, "
                              "which the plan re-encodes on another base")
         if oid not in plan.rows and depths.get(oid, row.depth) > max_chain:
@@ -468,11 +468,11 @@ def _plan(repo, pruned: set[str], run=()) -> _Plan:
             live.add(cursor)
             dtypes.setdefault(cursor, dtypes[oid])  # (a chain never crosses dtypes)
             cursor = base_of(cursor)
-    # A ULP_STEP payload is coded in the context of its base's base: where that base was
+    # A step payload (ULP_STEP, STEP_BLOCKS) is coded in the context of its base's base: where that base was
     # rebased, the payload is re-encoded on the same base, without a context.
     rebased = set(new_base)
     reencode += [(o, rows[o].base) for o in sorted(live, key=lambda o: rows[o].depth if o in rows else 0)
-                 if o in rows and o not in rebased and rows[o].base in rebased and rows[o].method == Method.ULP_STEP]
+                 if o in rows and o not in rebased and rows[o].base in rebased and Method(rows[o].method).uses_context]
     freed = {o for o in rows if o not in live}
     return _Plan(kept, rows, reencode, freed, dtypes, rebased)
 

@@ -41,10 +41,9 @@ class _Offered:
 
 
 def _context_id(encoded, base_chain) -> str | None:
-    """The id of a ULP_STEP payload's step context (the base's base as this writer read it)."""
-    from ..codec.container import Method
-
-    if encoded.method != Method.ULP_STEP:
+    """The id of a step payload's context (ULP_STEP, STEP_BLOCKS: the base's base as this
+    writer read it)."""
+    if not encoded.method.uses_context:
         return None
     return base_chain[1].id
 
@@ -58,7 +57,7 @@ class _Deferred:
 
     def result(self):
         encoded = self.future.result()
-        return encoded, self.raw_size, self.base if encoded.uses_base else None, None  # (never ULP_STEP)
+        return encoded, self.raw_size, self.base if encoded.uses_base else None, None  # (never a step coder's)
 
     def cancel(self) -> bool:
         return self.future.cancel() if self.future is not None else False

@@ -28,9 +28,10 @@ ROW_BATCH = 500  # ids per query (SQLite before 3.32 binds at most 999 parameter
 FIRST_ROWS = 16  # ids of get_many's first query: enough to start the pool, quick to answer
 
 
-# codec.Method's PLANES, ULP_EXP and ULP_STEP, which the objects table records (the store reads them
+# codec.Method's PLANES and ULP_EXP, and the step coders (ULP_STEP, STEP_BLOCKS: a payload decoded
+# in the context of its base's base), which the objects table records (the store reads them
 # without importing the codec; tests/test_delta_on_keyframe.py checks they agree)
-_PLANES, _ULP_EXP, _ULP_STEP = 1, 5, 7
+_PLANES, _ULP_EXP, _STEP_CODERS = 1, 5, (7, 8)
 
 
 def _batches(object_ids):
@@ -232,7 +233,7 @@ class ObjectStore:
         top = len(chain) - 1
         views: dict[str, memoryview] = {}  # payloads the one-pass attempt mapped already
         if not verify_links and len(chain) >= 2 and chain[-2].method == _ULP_EXP and chain[-1].method == _PLANES \
-                and (chain[-3].method != _ULP_STEP if len(chain) >= 3 else not with_base) \
+                and (chain[-3].method not in _STEP_CODERS if len(chain) >= 3 else not with_base) \
                 and not (chain[-1].external or chain[-2].external):
             from .. import codec
 
@@ -281,7 +282,7 @@ class ObjectStore:
         for k in range(1, len(chain)):
             link = chain[k]
             if link.id in known and (link.base is None or link.base in known
-                                     or chain[k - 1].method != _ULP_STEP):
+                                     or chain[k - 1].method not in _STEP_CODERS):
                 links, below = chain[:k], known[link.id]
                 context = known.get(link.base) if link.base is not None else None
                 break
