@@ -113,3 +113,32 @@ def test_a_pack_that_cannot_be_mapped_is_read_by_copy(tmp_path, monkeypatch):
     with pytest.raises(CorruptObject, match="truncated"):
         reader.view(name, last.offset, last.length)
     reader.close()
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts descriptors in /proc")
+def test_a_repository_nobody_closed_gives_its_pack_descriptors_back(tmp_path):
+    """Found when a test worker ran out of descriptors (EMFILE, ~20k open): ``wvc.open`` on a
+    local repository opens a Repository for its view that nothing closes, and its reader's pack
+    descriptors were bare numbers, never closed when the reader was collected."""
+    import gc
+
+    import torch
+
+    import wvc
+    from wvc.api import Repo
+
+    repo = Repo.init(tmp_path / "r")
+    repo.commit("v", source={"w": torch.randn(256, 256)})
+    repo.close()
+
+    def open_and_read():
+        view = wvc.open(str(tmp_path / "r"))
+        return [view.read_file(path) for path in sorted(view.files)]
+
+    want = open_and_read()
+    gc.collect()
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(40):
+        assert open_and_read() == want
+    gc.collect()
+    assert len(os.listdir("/proc/self/fd")) <= before + 2  # (not one a read: 40 before the fix)

@@ -22,6 +22,7 @@ import os
 import struct
 import tempfile
 import threading
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -287,6 +288,10 @@ class PackReader:
         self._sizes: dict[str, int] = {}
         self._windows: dict[tuple[str, int], memoryview] = {}  # (in use order: oldest first)
         self._lock = threading.Lock()  # decode workers share the descriptors and windows
+        # A reader nobody closed (a repository opened for one read, ``wvc.open``'s view) gives
+        # its descriptors back when it is collected: raw descriptors have no finalizer of their
+        # own, and a process that opened a version a step ran out of them (EMFILE) after ~20k.
+        weakref.finalize(self, _close_descriptors, self._fds)
 
     def read(self, pack: str, offset: int, length: int) -> bytes:
         """The bytes at ``offset``, copied (for callers that keep or re-send them)."""
@@ -346,8 +351,13 @@ class PackReader:
             self._close_locked()
 
     def _close_locked(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
+        _close_descriptors(self._fds)
         self._sizes.clear()
         self._windows.clear()  # (each unmapped once the last view into it is gone)
+
+
+def _close_descriptors(fds: dict[str, int]) -> None:
+    """Close a reader's pack descriptors (its ``close``, or its finalizer once collected)."""
+    for fd in fds.values():
+        os.close(fd)
+    fds.clear()
