@@ -562,10 +562,17 @@ static int blocks_init(Blocks *M, int nexp) {
 
 static void blocks_free(Blocks *M) { free(M->keys), free(M->have), free(M->block); }
 
-static KeyModel *key_model(Blocks *M, int cls, int e) {
+static KeyModel *key_start(Blocks *M, size_t at, int cls, int e);
+
+static inline KeyModel *key_model(Blocks *M, int cls, int e) {
     size_t at = (size_t)cls * M->nexp + e;
+    if (__builtin_expect(M->have[at], 1)) return &M->keys[at];
+    return key_start(M, at, cls, e);
+}
+
+/* a context's first use: from the nearest started exponent of its class, else from one half */
+static KeyModel *key_start(Blocks *M, size_t at, int cls, int e) {
     KeyModel *k = &M->keys[at];
-    if (M->have[at]) return k;
     M->have[at] = 1;
     for (int s = 1; s <= INHERIT_SPAN; s++) /* the nearest started exponent, the lower first */
         for (int side = -1; side <= 1; side += 2) {
@@ -589,7 +596,7 @@ static void enc_magnitude(Enc *e, KeyModel *k, Escape *x, uint64_t mag) {
 }
 
 /* the delta (masked to the width) of the given sign, or 0 when the coded magnitude is out of range */
-static uint64_t dec_magnitude(Dec *d, KeyModel *k, Escape *x, const Layout *L, int negative) {
+static inline uint64_t dec_magnitude(Dec *d, KeyModel *k, Escape *x, const Layout *L, int negative) {
     uint64_t u = 0;
     while (u < MAG_UNARY && dec_bit(d, &k->mag[u])) u++;
     if (u == MAG_UNARY) {
