@@ -528,11 +528,16 @@ done:
  * like ULP_STEP's neighbouring contexts. Decoding is one pass over b and g plus work per
  * change: no pass indexed by context. */
 #define BLOCK 64
+#define SUB 8 /* a changed block's parts: each says whether its unmoved elements changed */
+#define SUB_MASK 0xFFULL
+#ifndef BLK_UNARY
+#define BLK_UNARY 16
+#endif
 #define INHERIT_SPAN 4
 #define NO_EXP 0xFFFFu
 
 typedef struct {
-    Bit flag, after, sign, mag[MAG_UNARY]; /* after: the flag when the block's Z element before changed */
+    Bit flag, after, again, sign, mag[BLK_UNARY]; /* after: the flag when the block's Z element before changed */
 } KeyModel;
 
 typedef struct {
@@ -544,8 +549,9 @@ typedef struct {
     int nexp;
     KeyModel *keys; /* CLASSES * nexp, started when first used */
     uint8_t *have;
-    Escape esc[CLASSES]; /* magnitudes beyond MAG_UNARY, by class */
-    Bit *block;          /* nexp: a block's "any Z element changed", by its smallest Z exponent */
+    Escape esc[CLASSES]; /* magnitudes beyond BLK_UNARY, by class */
+    Bit *block;          /* 2 nexp: a block's "any Z element changed", by its smallest Z exponent */
+    Bit *sub;            /* 2 nexp: the same for a part of a changed block */
 } Blocks;
 
 static int blocks_init(Blocks *M, int nexp) {
@@ -553,14 +559,15 @@ static int blocks_init(Blocks *M, int nexp) {
     M->keys = malloc((size_t)CLASSES * nexp * sizeof(KeyModel));
     M->have = calloc((size_t)CLASSES * nexp, 1);
     M->block = malloc((size_t)2 * nexp * sizeof(Bit));
-    if (!M->keys || !M->have || !M->block) return 0;
-    for (int k = 0; k < 2 * nexp; k++) M->block[k].p = 0x80000000u, M->block[k].n = 0;
+    M->sub = malloc((size_t)2 * nexp * sizeof(Bit));
+    if (!M->keys || !M->have || !M->block || !M->sub) return 0;
+    for (int k = 0; k < 2 * nexp; k++) M->block[k] = M->sub[k] = (Bit){0x80000000u, 0};
     Bit *e = (Bit *)M->esc;
     for (size_t k = 0; k < sizeof(M->esc) / (sizeof(Bit)); k++) e[k].p = 0x80000000u, e[k].n = 0;
     return 1;
 }
 
-static void blocks_free(Blocks *M) { free(M->keys), free(M->have), free(M->block); }
+static void blocks_free(Blocks *M) { free(M->keys), free(M->have), free(M->block), free(M->sub); }
 
 static KeyModel *key_start(Blocks *M, size_t at, int cls, int e);
 
@@ -590,19 +597,19 @@ static KeyModel *key_start(Blocks *M, size_t at, int cls, int e) {
 
 static void enc_magnitude(Enc *e, KeyModel *k, Escape *x, uint64_t mag) {
     uint64_t u = mag - 1;
-    for (uint64_t t = 0; t < u && t < MAG_UNARY; t++) enc_bit(e, &k->mag[t], 1);
-    if (u < MAG_UNARY) enc_bit(e, &k->mag[u], 0);
-    else enc_golomb(e, x->bucket, x->top, u - MAG_UNARY + 1);
+    for (uint64_t t = 0; t < u && t < BLK_UNARY; t++) enc_bit(e, &k->mag[t], 1);
+    if (u < BLK_UNARY) enc_bit(e, &k->mag[u], 0);
+    else enc_golomb(e, x->bucket, x->top, u - BLK_UNARY + 1);
 }
 
 /* the delta (masked to the width) of the given sign, or 0 when the coded magnitude is out of range */
 static inline uint64_t dec_magnitude(Dec *d, KeyModel *k, Escape *x, const Layout *L, int negative) {
     uint64_t u = 0;
-    while (u < MAG_UNARY && dec_bit(d, &k->mag[u])) u++;
-    if (u == MAG_UNARY) {
+    while (u < BLK_UNARY && dec_bit(d, &k->mag[u])) u++;
+    if (u == BLK_UNARY) {
         int64_t v = dec_golomb(d, x->bucket, x->top, L->bits - 1);
         if (v < 0) return 0;
-        u = MAG_UNARY + (uint64_t)v - 1;
+        u = BLK_UNARY + (uint64_t)v - 1;
     }
     uint64_t mag = u + 1;
     if (mag > L->sign || (!negative && mag == L->sign)) return 0;
@@ -715,11 +722,22 @@ static inline uint64_t block_scan_sse_32(const uint32_t *b, const uint32_t *g, i
         for (int w = 0; w < BLOCK / 8; w++) c |= pack8(ne + 8 * w) << (8 * w);                 \
         return c;                                                                              \
     }                                                                                          \
-    static inline int class_of_##BITS(T b, T g) {                                              \
+    /* the class of the element's step before, and its size in units (|p|) */                 \
+    static inline int class_of_##BITS(T b, T g, T *size) {                                     \
         ST p = (ST)(T)(ORDERED(T, ST, BITS, b) - ORDERED(T, ST, BITS, g));                     \
         int neg = p < 0;                                                                       \
         T m = neg ? (T)(0 - (T)p) : (T)p;                                                      \
+        *size = m;                                                                             \
         return (m > 0) + (m > 1) + (m > 3) + neg * 3;                                          \
+    }                                                                                          \
+    static inline unsigned sub_min_##BITS(const T *b, uint64_t zs, int shift, unsigned emask) { \
+        unsigned mn = NO_EXP;                                                                  \
+        while (zs) {                                                                           \
+            unsigned e = (unsigned)((b[__builtin_ctzll(zs)] >> shift) & emask);                \
+            mn = e < mn ? e : mn;                                                              \
+            zs &= zs - 1;                                                                      \
+        }                                                                                      \
+        return mn;                                                                             \
     }                                                                                          \
     static void encode_blocks_##BITS(Enc *e, const T *x, const T *b, const T *g, Py_ssize_t n, \
                                      const Layout *L, Blocks *M) {                             \
@@ -737,33 +755,49 @@ static inline uint64_t block_scan_sse_32(const uint32_t *b, const uint32_t *g, i
                 uint64_t zc = changed & z;                                                     \
                 enc_bit(e, &M->block[2 * mn + hot], zc != 0);                                  \
                 hot = zc != 0;                                                                 \
-                int any = 0, last = 0;                                                         \
-                while (zc && z) {                                                              \
-                    int j = __builtin_ctzll(z);                                                \
-                    z &= z - 1;                                                                \
-                    KeyModel *k = key_model(M, 0, (int)((bb[j] >> shift) & emask));            \
-                    int ch = (int)((changed >> j) & 1);                                        \
-                    if (z || any) enc_bit(e, last ? &k->after : &k->flag, ch);                 \
-                    last = ch;                                                                 \
-                    if (!ch) continue;                                                         \
-                    any = 1;                                                                   \
-                    T d = (T)(ORDERED(T, ST, BITS, xb[j]) - ORDERED(T, ST, BITS, bb[j]));       \
-                    int negative = (d & L->sign) != 0;                                         \
-                    enc_bit(e, &k->sign, negative);                                            \
-                    enc_magnitude(e, k, &M->esc[0], negative ? (L->mask - d + 1) & L->mask : d); \
+                for (int s = 0, anysub = 0, lastsub = 0; zc && s < BLOCK / SUB; s++) {         \
+                    uint64_t zs = z & (SUB_MASK << (SUB * s));                                 \
+                    if (!zs) continue;                                                         \
+                    uint64_t later = s + 1 < BLOCK / SUB ? z >> (SUB * (s + 1)) : 0;           \
+                    int sc = (changed & zs) != 0;                                              \
+                    if (later || anysub) /* else implied: the block's only changed part */     \
+                        enc_bit(e, &M->sub[2 * sub_min_##BITS(bb, zs, shift, emask) + lastsub], sc); \
+                    lastsub = sc;                                                              \
+                    if (!sc) continue;                                                         \
+                    anysub = 1;                                                                \
+                    for (int any = 0, last = 0; zs;) {                                         \
+                        int j = __builtin_ctzll(zs);                                           \
+                        zs &= zs - 1;                                                          \
+                        KeyModel *k = key_model(M, 0, (int)((bb[j] >> shift) & emask));        \
+                        int ch = (int)((changed >> j) & 1);                                    \
+                        if (zs || any) enc_bit(e, last ? &k->after : &k->flag, ch);            \
+                        last = ch;                                                             \
+                        if (!ch) continue;                                                     \
+                        any = 1;                                                               \
+                        T d = (T)(ORDERED(T, ST, BITS, xb[j]) - ORDERED(T, ST, BITS, bb[j]));   \
+                        int negative = (d & L->sign) != 0;                                     \
+                        enc_bit(e, &k->sign, negative);                                        \
+                        enc_magnitude(e, k, &M->esc[0], negative ? (L->mask - d + 1) & L->mask : d); \
+                    }                                                                          \
                 }                                                                              \
             }                                                                                  \
             while (a) {                                                                        \
                 int j = __builtin_ctzll(a);                                                    \
                 a &= a - 1;                                                                    \
-                int cls = class_of_##BITS(bb[j], gb[j]);                                       \
+                T size;                                                                        \
+                int cls = class_of_##BITS(bb[j], gb[j], &size);                                \
                 KeyModel *k = key_model(M, cls, (int)((bb[j] >> shift) & emask));              \
                 int ch = (int)((changed >> j) & 1);                                            \
                 T d = (T)(ORDERED(T, ST, BITS, xb[j]) - ORDERED(T, ST, BITS, bb[j]));           \
-                int negative = (d & L->sign) != 0, same = ch && negative == (cls > 3);         \
-                enc_bit(e, &k->flag, same); /* moved again the way it moved before */          \
-                if (!same) enc_bit(e, &k->after, ch); /* else: unchanged, or moved back */      \
-                if (ch) enc_magnitude(e, k, &M->esc[cls], negative ? (L->mask - d + 1) & L->mask : d); \
+                int negative = (d & L->sign) != 0;                                             \
+                uint64_t mag = negative ? (L->mask - d + 1) & L->mask : d;                     \
+                int again = ch && negative == (cls > 3) && mag == size;                        \
+                enc_bit(e, &k->flag, again); /* moved again as before: the same way, as far */ \
+                if (again) continue;                                                           \
+                enc_bit(e, &k->after, ch);                                                     \
+                if (!ch) continue;                                                             \
+                enc_bit(e, &k->again, negative == (cls > 3)); /* the same way (another size) */ \
+                enc_magnitude(e, k, &M->esc[cls], mag);                                        \
             }                                                                                  \
         }                                                                                      \
     }                                                                                          \
@@ -783,13 +817,19 @@ static inline uint64_t block_scan_sse_32(const uint32_t *b, const uint32_t *g, i
             uint64_t z = ~a & all;                                                             \
             int zc = z ? dec_bit(d, &M->block[2 * mn + hot]) : 0;                              \
             if (z) hot = zc;                                                                   \
-            if (zc) {                                                                          \
-                int any = 0, last = 0;                                                         \
-                while (z) {                                                                    \
-                    int j = __builtin_ctzll(z);                                                \
-                    z &= z - 1;                                                                \
+            for (int s = 0, anysub = 0, lastsub = 0; zc && s < BLOCK / SUB; s++) {             \
+                uint64_t zs = z & (SUB_MASK << (SUB * s));                                     \
+                if (!zs) continue;                                                             \
+                uint64_t later = s + 1 < BLOCK / SUB ? z >> (SUB * (s + 1)) : 0;               \
+                lastsub = later || anysub                                                      \
+                    ? dec_bit(d, &M->sub[2 * sub_min_##BITS(bb, zs, shift, emask) + lastsub]) : 1; \
+                if (!lastsub) continue;                                                        \
+                anysub = 1;                                                                    \
+                for (int any = 0, last = 0; zs;) {                                             \
+                    int j = __builtin_ctzll(zs);                                               \
+                    zs &= zs - 1;                                                              \
                     KeyModel *k = key_model(M, 0, (int)((bb[j] >> shift) & emask));            \
-                    last = !(z || any) ? 1 : dec_bit(d, last ? &k->after : &k->flag);          \
+                    last = !(zs || any) ? 1 : dec_bit(d, last ? &k->after : &k->flag);         \
                     if (!last) continue;                                                       \
                     any = 1;                                                                   \
                     uint64_t delta = dec_magnitude(d, k, &M->esc[0], L, dec_bit(d, &k->sign));   \
@@ -800,14 +840,19 @@ static inline uint64_t block_scan_sse_32(const uint32_t *b, const uint32_t *g, i
             while (a) {                                                                        \
                 int j = __builtin_ctzll(a);                                                    \
                 a &= a - 1;                                                                    \
-                int cls = class_of_##BITS(bb[j], gb[j]);                                       \
+                T size;                                                                        \
+                int cls = class_of_##BITS(bb[j], gb[j], &size);                                \
                 KeyModel *k = key_model(M, cls, (int)((bb[j] >> shift) & emask));              \
-                int negative = cls > 3; /* moved again the way it moved before */              \
-                if (!dec_bit(d, &k->flag)) {                                                   \
+                int negative = cls > 3; /* the way it moved before */                          \
+                uint64_t delta;                                                                \
+                if (dec_bit(d, &k->flag)) /* moved again as before: the same way, as far */     \
+                    delta = size > L->sign || (!negative && size == L->sign) ? 0               \
+                          : (negative ? L->mask - size + 1 : size) & L->mask;                  \
+                else {                                                                         \
                     if (!dec_bit(d, &k->after)) continue; /* unchanged */                      \
-                    negative = !negative; /* moved back */                                     \
+                    if (!dec_bit(d, &k->again)) negative = !negative; /* moved back */         \
+                    delta = dec_magnitude(d, k, &M->esc[cls], L, negative);                    \
                 }                                                                              \
-                uint64_t delta = dec_magnitude(d, k, &M->esc[cls], L, negative);               \
                 if (!delta) return "STEP_BLOCKS payload: a delta is out of range";             \
                 xb[j] = ORDERED(T, ST, BITS, (T)(ORDERED(T, ST, BITS, bb[j]) + (T)delta));      \
             }                                                                                  \

@@ -342,6 +342,7 @@ def _decode_py(data, b, g, width: int, shift: int) -> bytes:
 
 # -- STEP_BLOCKS: the same deltas in element order, by blocks of 64 (_step.c has the why) -----------
 BLOCK = 64
+SUB = 8  # a changed block's parts
 INHERIT_SPAN = 4  # a context starts from the nearest started exponent of its class this close
 
 
@@ -361,19 +362,21 @@ def decode_blocks(data, b, g, width: int, shift: int) -> bytes:
 
 
 class _Key:
-    """One (class, exponent) context's probabilities: changed (flag; ``after``: when the
-    block's element before changed, for unmoved elements; whether it moved back, for moved
-    ones), the sign and the magnitude's unary part."""
+    """One (class, exponent) context's probabilities. Unmoved elements: changed (``flag``;
+    ``after`` when the part's element before changed) and the sign. Moved ones: moved again
+    as before (``flag``), else changed (``after``), then the same way (``again``). Both: the
+    magnitude's unary part."""
 
-    __slots__ = ("after", "flag", "mag", "sign")
+    __slots__ = ("after", "again", "flag", "mag", "sign")
 
     def __init__(self):
-        self.flag, self.after, self.sign = _Bit(), _Bit(), _Bit()
+        self.flag, self.after, self.again, self.sign = _Bit(), _Bit(), _Bit(), _Bit()
         self.mag = [_Bit() for _ in range(MAG_UNARY)]
 
     def bits(self):
         yield self.flag
         yield self.after
+        yield self.again
         yield self.sign
         yield from self.mag
 
@@ -389,6 +392,7 @@ class _Blocks:
         self.nexp = nexp
         self.keys: dict[tuple[int, int], _Key] = {}
         self.block = [_Bit() for _ in range(2 * nexp)]  # (smallest unmoved exponent, last block's flag)
+        self.sub = [_Bit() for _ in range(2 * nexp)]  # a changed block's parts: the same
         self.escape = [([_Bit() for _ in range(BUCKETS + 1)], [[_Bit() for _ in range(3)] for _ in range(BUCKETS + 1)])
                        for _ in range(CLASSES)]
 
@@ -420,15 +424,21 @@ class _BlockLayout:
         self.n = len(bu)
         self.moved = (bu != gu).tolist()
         self.cls = cls.tolist()
+        self.size = np.where((p & sign) == 0, p, neg).tolist()  # |p|: how far it moved before
         self.exp = ((bu >> shift) & ((1 << (bits - 1 - shift)) - 1)).tolist()
 
     def blocks(self):
-        """(start, unmoved elements, moved elements) of each block."""
+        """(unmoved elements by part, moved elements) of each block; parts without unmoved
+        elements left out."""
         for i0 in range(0, self.n, BLOCK):
-            z, a = [], []
-            for i in range(i0, min(self.n, i0 + BLOCK)):
-                (a if self.moved[i] else z).append(i)
-            yield i0, z, a
+            parts, a = [], []
+            for s0 in range(i0, min(self.n, i0 + BLOCK), SUB):
+                z = []
+                for i in range(s0, min(self.n, s0 + SUB)):
+                    (a if self.moved[i] else z).append(i)
+                if z:
+                    parts.append(z)
+            yield parts, a
 
 
 def _encode_magnitude(enc: _Encoder, k: _Key, escape, mag: int) -> None:
@@ -459,34 +469,45 @@ def _encode_blocks_py(x, b, g, width: int, shift: int) -> bytes:
     mask, sign = lay.mask, lay.sign
     delta = ((_ordered(np.frombuffer(x, dtype=lay.utype).astype(np.int64), sign) - lay.ob) & mask).tolist()
     models, enc, hot = _Blocks(1 << (lay.bits - 1 - shift)), _Encoder(), 0
-    for _, z, a in lay.blocks():
-        if z:
-            changed = any(delta[i] for i in z)
-            enc.bit(models.block[2 * min(lay.exp[i] for i in z) + hot], int(changed))
+    for parts, a in lay.blocks():
+        if parts:
+            changed = any(delta[i] for z in parts for i in z)
+            enc.bit(models.block[2 * min(lay.exp[i] for z in parts for i in z) + hot], int(changed))
             hot = int(changed)
-            seen_change, last = False, 0
-            for t, i in enumerate(z if changed else ()):
-                k = models.key(0, lay.exp[i])
-                ch = int(delta[i] != 0)
-                if t + 1 < len(z) or seen_change:  # else implied: the block's only change
-                    enc.bit(k.after if last else k.flag, ch)
-                last = ch
-                if ch:
-                    seen_change = True
-                    negative = int(delta[i] & sign != 0)
-                    enc.bit(k.sign, negative)
-                    _encode_magnitude(enc, k, models.escape[0], ((-delta[i]) & mask) if negative else delta[i])
+            any_part, last_part = False, 0
+            for p, z in enumerate(parts if changed else ()):
+                part_changed = int(any(delta[i] for i in z))
+                if p + 1 < len(parts) or any_part:  # else implied: the block's only changed part
+                    enc.bit(models.sub[2 * min(lay.exp[i] for i in z) + last_part], part_changed)
+                last_part = part_changed
+                if not part_changed:
+                    continue
+                any_part, seen_change, last = True, False, 0
+                for t, i in enumerate(z):
+                    k = models.key(0, lay.exp[i])
+                    ch = int(delta[i] != 0)
+                    if t + 1 < len(z) or seen_change:  # else implied: the part's only change
+                        enc.bit(k.after if last else k.flag, ch)
+                    last = ch
+                    if ch:
+                        seen_change = True
+                        negative = int(delta[i] & sign != 0)
+                        enc.bit(k.sign, negative)
+                        _encode_magnitude(enc, k, models.escape[0], ((-delta[i]) & mask) if negative else delta[i])
         for i in a:
             cls = lay.cls[i]
             k = models.key(cls, lay.exp[i])
             ch = delta[i] != 0
             negative = int(delta[i] & sign != 0)
-            same = ch and negative == (cls > 3)
-            enc.bit(k.flag, int(same))
-            if not same:
-                enc.bit(k.after, int(ch))
+            mag = ((-delta[i]) & mask) if negative else delta[i]
+            again = ch and negative == (cls > 3) and mag == lay.size[i]
+            enc.bit(k.flag, int(again))  # moved again as before: the same way, as far
+            if again:
+                continue
+            enc.bit(k.after, int(ch))
             if ch:
-                _encode_magnitude(enc, k, models.escape[cls], ((-delta[i]) & mask) if negative else delta[i])
+                enc.bit(k.again, int(negative == (cls > 3)))  # the same way (another size)
+                _encode_magnitude(enc, k, models.escape[cls], mag)
     return enc.finish()
 
 
@@ -507,26 +528,39 @@ def _decode_blocks_py(data, b, g, width: int, shift: int) -> bytes:
         where.append(i)
         deltas.append(((-mag) & mask) if negative else mag)
 
-    for _, z, a in lay.blocks():
+    for parts, a in lay.blocks():
         changed = 0
-        if z:
-            changed = dec.bit(models.block[2 * min(lay.exp[i] for i in z) + hot])
+        if parts:
+            changed = dec.bit(models.block[2 * min(lay.exp[i] for z in parts for i in z) + hot])
             hot = changed
-        seen_change, last = False, 0
-        for t, i in enumerate(z if changed else ()):
-            k = models.key(0, lay.exp[i])
-            last = dec.bit(k.after if last else k.flag) if t + 1 < len(z) or seen_change else 1
-            if last:
-                seen_change = True
-                value(i, k, 0, dec.bit(k.sign))
+        any_part, last_part = False, 0
+        for p, z in enumerate(parts if changed else ()):
+            last_part = dec.bit(models.sub[2 * min(lay.exp[i] for i in z) + last_part]) \
+                if p + 1 < len(parts) or any_part else 1
+            if not last_part:
+                continue
+            any_part, seen_change, last = True, False, 0
+            for t, i in enumerate(z):
+                k = models.key(0, lay.exp[i])
+                last = dec.bit(k.after if last else k.flag) if t + 1 < len(z) or seen_change else 1
+                if last:
+                    seen_change = True
+                    value(i, k, 0, dec.bit(k.sign))
         for i in a:
             cls = lay.cls[i]
             k = models.key(cls, lay.exp[i])
             negative = int(cls > 3)
-            if not dec.bit(k.flag):
-                if not dec.bit(k.after):
-                    continue
-                negative = 1 - negative
+            if dec.bit(k.flag):  # moved again as before
+                size = lay.size[i]
+                if size > sign or (not negative and size == sign):
+                    raise CorruptObject("STEP_BLOCKS payload: a delta is out of range")
+                where.append(i)
+                deltas.append(((-size) & mask) if negative else size)
+                continue
+            if not dec.bit(k.after):
+                continue
+            if not dec.bit(k.again):
+                negative = 1 - negative  # moved back
             value(i, k, cls, negative)
     if dec.at != len(dec.data):
         raise CorruptObject("STEP_BLOCKS payload length does not match its contents")
