@@ -187,6 +187,12 @@ def checkout_seconds(repo, commit: str, out: Path) -> float:
     return time.perf_counter() - t
 
 
+def load_seconds(repo, commit: str) -> float:
+    t = time.perf_counter()
+    repo.load_state_dict(commit)
+    return time.perf_counter() - t
+
+
 def median(xs):
     xs = sorted(xs)
     return xs[len(xs) // 2] if xs else None
@@ -266,6 +272,8 @@ def run(name: str, steps_iter, work: Path, *, hub_url: str | None, checkout_ever
         if step and step % checkout_every == 0:
             row["checkout_tip_s"] = checkout_seconds(repo, commit, work / "co")
             row["checkout_first_s"] = checkout_seconds(repo, first_commit, work / "co")
+            row["load_tip_s"] = load_seconds(repo, commit)  # in memory (Repo.load_state_dict)
+            row["load_first_s"] = load_seconds(repo, first_commit)
         rows.append(row)
         if step % 50 == 0:
             print(json.dumps({"run": name, **row}), flush=True)
@@ -306,6 +314,7 @@ def summarize(name: str, rows: list[dict], prune: dict, remotes) -> dict:
         }
     checks = [r for r in rows if "checkout_tip_s" in r]
     out["checkout_tip_over_first"] = [round(r["checkout_tip_s"] / r["checkout_first_s"], 2) for r in checks]
+    out["load_tip_over_first"] = [round(r["load_tip_s"] / r["load_first_s"], 2) for r in checks if "load_tip_s" in r]
     out["tip_depth_max"] = max(r["tip_depth"] for r in rows)
     out["trl_total_over_stored"] = sum(r.get("trl_bytes", 0) for r in rows) / sum(r["stored_bytes"] for r in rows[1:])
     out["trl_anchored_total_over_stored"] = sum(r.get("trl_anchored_bytes", 0) for r in rows) / \
@@ -318,9 +327,10 @@ def summarize(name: str, rows: list[dict], prune: dict, remotes) -> dict:
 def markdown(summaries: list[dict]) -> str:
     lines = ["| run | steps | exact | remote | follower median KB | max / median | mean / median | steps > 2x median "
              "| stored mean / follower median | upload / stored | follower / stored | push s first / last 100 "
-             "| follow s first / last 100 | tip depth max | tip checkout / step 0 | TRL 6 B / stored "
+             "| follow s first / last 100 | tip depth max | tip checkout / step 0 (max; median) "
+             "| tip load / step 0 (max; median) | TRL 6 B / stored "
              "| TRL + anchor / 20 / stored | prune every 100 + last 10 frees |",
-             "|" + "---|" * 18]
+             "|" + "---|" * 19]
     for s in summaries:
         for k in ("dir", "hub"):
             if k not in s:
@@ -332,9 +342,14 @@ def markdown(summaries: list[dict]) -> str:
                 f"| {r['stored_mean_over_follower_median']:.2f} | {r['upload_over_stored']:.2f} | {r['follower_over_stored']:.2f} "
                 f"| {r['push_s_first100_median']:.3f} / {r['push_s_last100_median']:.3f} "
                 f"| {r['follow_s_first100_median']:.3f} / {r['follow_s_last100_median']:.3f} | {s['tip_depth_max']} "
-                f"| {max(s['checkout_tip_over_first'], default=0):.2f} | {s['trl_total_over_stored']:.2f} "
+                f"| {_max_median(s['checkout_tip_over_first'])} | {_max_median(s.get('load_tip_over_first', []))} "
+                f"| {s['trl_total_over_stored']:.2f} "
                 f"| {s['trl_anchored_total_over_stored']:.2f} | {100 * s['prune_freed_fraction']:.0f}% |")
     return "\n".join(lines)
+
+
+def _max_median(xs) -> str:
+    return f"{max(xs):.2f}; {median(xs):.2f}" if xs else "n/a"
 
 
 def plot(results: dict, out: Path) -> None:
@@ -404,10 +419,15 @@ def main(argv=None) -> None:
     ap.add_argument("--hub", action="store_true", help="also push to and follow the local Hub server")
     ap.add_argument("--publisher", action="store_true",
                     help="commit and push through wvc.Publisher (what the Trainer callback runs), directory remote only")
+    ap.add_argument("--step-coder", choices=["STEP_BLOCKS", "ULP_STEP"], default="STEP_BLOCKS",
+                    help="the step coder commits write (ULP_STEP: what wvc wrote before issue 53, for an A/B)")
     ap.add_argument("--out", type=Path, default=RESULTS / "long_run.json")
     ap.add_argument("--merge", type=Path, nargs="+", default=None, metavar="JSON",
                     help="only combine results of earlier invocations (e.g. the runs made in parallel) into --out")
     args = ap.parse_args(argv)
+    from wvc.codec import Method, transforms
+
+    transforms.STEP_CODER = Method[args.step_coder]
     if args.publisher and args.hub:
         ap.error("--publisher pushes to the directory remote only (to the Hub it pushes once a minute, not a step)")
     if args.merge:
