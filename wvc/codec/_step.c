@@ -603,7 +603,9 @@ static void enc_magnitude(Enc *e, KeyModel *k, Escape *x, uint64_t mag) {
 }
 
 /* the delta (masked to the width) of the given sign, or 0 when the coded magnitude is out of range */
-static inline uint64_t dec_magnitude(Dec *d, KeyModel *k, Escape *x, const Layout *L, int negative) {
+/* ``skip``: a magnitude the coder left out (a moved element's size before, coded apart), so a
+ * coded one at or past it is one more; 0 for none */
+static inline uint64_t dec_magnitude(Dec *d, KeyModel *k, Escape *x, const Layout *L, int negative, uint64_t skip) {
     uint64_t u = 0;
     while (u < BLK_UNARY && dec_bit(d, &k->mag[u])) u++;
     if (u == BLK_UNARY) {
@@ -612,6 +614,7 @@ static inline uint64_t dec_magnitude(Dec *d, KeyModel *k, Escape *x, const Layou
         u = BLK_UNARY + (uint64_t)v - 1;
     }
     uint64_t mag = u + 1;
+    if (skip && mag >= skip) mag++;
     if (mag > L->sign || (!negative && mag == L->sign)) return 0;
     return (negative ? L->mask - mag + 1 : mag) & L->mask;
 }
@@ -797,6 +800,7 @@ static inline uint64_t block_scan_sse_32(const uint32_t *b, const uint32_t *g, i
                 enc_bit(e, &k->after, ch);                                                     \
                 if (!ch) continue;                                                             \
                 enc_bit(e, &k->again, negative == (cls > 3)); /* the same way (another size) */ \
+                if (negative == (cls > 3) && mag > size) mag--; /* (not as far as before) */    \
                 enc_magnitude(e, k, &M->esc[cls], mag);                                        \
             }                                                                                  \
         }                                                                                      \
@@ -832,7 +836,7 @@ static inline uint64_t block_scan_sse_32(const uint32_t *b, const uint32_t *g, i
                     last = !(zs || any) ? 1 : dec_bit(d, last ? &k->after : &k->flag);         \
                     if (!last) continue;                                                       \
                     any = 1;                                                                   \
-                    uint64_t delta = dec_magnitude(d, k, &M->esc[0], L, dec_bit(d, &k->sign));   \
+                    uint64_t delta = dec_magnitude(d, k, &M->esc[0], L, dec_bit(d, &k->sign), 0);   \
                     if (!delta) return "STEP_BLOCKS payload: a delta is out of range";         \
                     xb[j] = ORDERED(T, ST, BITS, (T)(ORDERED(T, ST, BITS, bb[j]) + (T)delta));  \
                 }                                                                              \
@@ -850,8 +854,9 @@ static inline uint64_t block_scan_sse_32(const uint32_t *b, const uint32_t *g, i
                           : (negative ? L->mask - size + 1 : size) & L->mask;                  \
                 else {                                                                         \
                     if (!dec_bit(d, &k->after)) continue; /* unchanged */                      \
-                    if (!dec_bit(d, &k->again)) negative = !negative; /* moved back */         \
-                    delta = dec_magnitude(d, k, &M->esc[cls], L, negative);                    \
+                    int same_way = dec_bit(d, &k->again);                                      \
+                    delta = dec_magnitude(d, k, &M->esc[cls], L, same_way ? negative : !negative, \
+                                          same_way ? (uint64_t)size : 0);                      \
                 }                                                                              \
                 if (!delta) return "STEP_BLOCKS payload: a delta is out of range";             \
                 xb[j] = ORDERED(T, ST, BITS, (T)(ORDERED(T, ST, BITS, bb[j]) + (T)delta));      \

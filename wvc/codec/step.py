@@ -506,8 +506,9 @@ def _encode_blocks_py(x, b, g, width: int, shift: int) -> bytes:
                 continue
             enc.bit(k.after, int(ch))
             if ch:
-                enc.bit(k.again, int(negative == (cls > 3)))  # the same way (another size)
-                _encode_magnitude(enc, k, models.escape[cls], mag)
+                same_way = negative == (cls > 3)
+                enc.bit(k.again, int(same_way))  # the same way (another size)
+                _encode_magnitude(enc, k, models.escape[cls], mag - 1 if same_way and mag > lay.size[i] else mag)
     return enc.finish()
 
 
@@ -521,8 +522,10 @@ def _decode_blocks_py(data, b, g, width: int, shift: int) -> bytes:
     models, dec, hot = _Blocks(1 << (lay.bits - 1 - shift)), _Decoder(data), 0
     where, deltas = [], []
 
-    def value(i: int, k: _Key, cls: int, negative: int) -> None:
+    def value(i: int, k: _Key, cls: int, negative: int, skip: int = 0) -> None:
         mag = _decode_magnitude(dec, k, models.escape[cls], lay.bits)
+        if skip and mag >= skip:  # a moved element's size before, coded apart
+            mag += 1
         if mag > sign or (not negative and mag == sign):
             raise CorruptObject("STEP_BLOCKS payload: a delta is out of range")
         where.append(i)
@@ -559,9 +562,10 @@ def _decode_blocks_py(data, b, g, width: int, shift: int) -> bytes:
                 continue
             if not dec.bit(k.after):
                 continue
-            if not dec.bit(k.again):
-                negative = 1 - negative  # moved back
-            value(i, k, cls, negative)
+            if dec.bit(k.again):  # the same way, another size
+                value(i, k, cls, negative, lay.size[i])
+            else:  # moved back
+                value(i, k, cls, 1 - negative)
     if dec.at != len(dec.data):
         raise CorruptObject("STEP_BLOCKS payload length does not match its contents")
     out = np.frombuffer(b, dtype=lay.utype).copy()
