@@ -821,6 +821,7 @@ static inline uint64_t block_scan_sse_32(const uint32_t *b, const uint32_t *g, i
             T *xb = x + i0;                                                                    \
             unsigned mn;                                                                       \
             uint64_t a = block_scan_##BITS(bb, gb, len, shift, emask, &mn);                    \
+            memcpy(xb, bb, (size_t)len * sizeof(T)); /* the base, while it is in cache */      \
             uint64_t all = len == BLOCK ? ~0ULL : ((1ULL << len) - 1);                         \
             uint64_t z = ~a & all;                                                             \
             int zc = z ? dec_bit(d, &M->block[2 * mn + hot]) : 0;                              \
@@ -895,7 +896,6 @@ static const char *decode_blocks(const uint8_t *data, size_t len, const uint8_t 
     if (!blocks_init(&M, L->nexp)) goto done;
     Dec d;
     dec_init(&d, data, len);
-    memcpy(x, b, (size_t)n * L->width);
     if (L->bits == 8) err = decode_blocks_8(&d, b, g, n, L, &M, x);
     else if (L->bits == 16) err = decode_blocks_16(&d, (const uint16_t *)b, (const uint16_t *)g, n, L, &M, (uint16_t *)x);
     else err = decode_blocks_32(&d, (const uint32_t *)b, (const uint32_t *)g, n, L, &M, (uint32_t *)x);
