@@ -5,7 +5,8 @@
 Three measures, each with ULP_STEP (what the encoder wrote before) and STEP_BLOCKS (what it
 writes now) on the same bytes, every decode checked byte for byte:
 
-- **links, real**: all-MiniLM-L6-v2 in bf16 under AdamW (benchmarks.long_run.real_steps,
+- **links, real** (and each coder's encode time, the median of a third as many repeats):
+  all-MiniLM-L6-v2 in bf16 under AdamW (benchmarks.long_run.real_steps,
   lr 1e-5); for each step t >= 3, the model's bytes in 4 MiB chunks, each coded as a step
   (base t-1, context t-2) and as a keyframe (PLANES, what a keyframe chunk is stored as);
   per chunk the median decode time of each over ``--repeats``, summed over the model.
@@ -63,7 +64,8 @@ def links(versions: list[bytes], repeats: int) -> list[dict]:
     for t in range(2, len(versions)):
         x, b, g = versions[t], versions[t - 1], versions[t - 2]
         row = {"step": t, "changed": 0, "elements": len(x) // 2, "keyframe_bytes": 0, "keyframe_s": 0.0,
-               **{f"{m.name}_bytes": 0 for m in CODERS}, **{f"{m.name}_s": 0.0 for m in CODERS}}
+               **{f"{m.name}_bytes": 0 for m in CODERS}, **{f"{m.name}_s": 0.0 for m in CODERS},
+               **{f"{m.name}_encode_s": 0.0 for m in CODERS}}
         for at in range(0, len(x), CHUNK):
             xc, bc, gc = x[at:at + CHUNK], b[at:at + CHUNK], g[at:at + CHUNK]
             row["changed"] += int((torch.frombuffer(bytearray(xc), dtype=torch.int16)
@@ -74,6 +76,8 @@ def links(versions: list[bytes], repeats: int) -> list[dict]:
             row["keyframe_s"] += _median_s(lambda: codec.decode(key, len(xc)), repeats)
             for m in CODERS:
                 p = codec.encode(xc, BF16, bc, context=gc, method=m).payload
+                row[f"{m.name}_encode_s"] += _median_s(lambda: codec.encode(xc, BF16, bc, context=gc, method=m),
+                                                       max(3, repeats // 3))
                 assert codec.decode(p, len(xc), bc, context=gc) == xc
                 row[f"{m.name}_bytes"] += len(p)
                 row[f"{m.name}_s"] += _median_s(lambda: codec.decode(p, len(xc), bc, context=gc), repeats)
@@ -126,7 +130,8 @@ def _link_lines(name: str, rows: list[dict]) -> list[str]:
             f"| {r['ULP_STEP_s'] * 1e3:.1f} | {r['STEP_BLOCKS_s'] * 1e3:.1f} "
             f"| {r['ULP_STEP_s'] / r['keyframe_s']:.2f} | {r['STEP_BLOCKS_s'] / r['keyframe_s']:.2f} "
             f"| {r['ULP_STEP_bytes'] / 1e3:.1f} | {r['STEP_BLOCKS_bytes'] / 1e3:.1f} "
-            f"| {r['STEP_BLOCKS_bytes'] / r['ULP_STEP_bytes']:.3f} |")
+            f"| {r['STEP_BLOCKS_bytes'] / r['ULP_STEP_bytes']:.3f} "
+            f"| {r['STEP_BLOCKS_encode_s'] / r['ULP_STEP_encode_s']:.2f} |")
     return lines
 
 
@@ -136,8 +141,9 @@ def markdown(results: dict) -> str:
              "decode over a keyframe decode of the same chunks, and the links' bytes; every decode "
              "byte-identical.", "",
              "| run | step | changed | keyframe ms | ULP_STEP ms | STEP_BLOCKS ms | ULP_STEP / keyframe "
-             "| STEP_BLOCKS / keyframe | ULP_STEP KB | STEP_BLOCKS KB | bytes STEP_BLOCKS / ULP_STEP |",
-             "|" + "---|" * 11]
+             "| STEP_BLOCKS / keyframe | ULP_STEP KB | STEP_BLOCKS KB | bytes STEP_BLOCKS / ULP_STEP "
+             "| encode time STEP_BLOCKS / ULP_STEP |",
+             "|" + "---|" * 12]
     for name in ("real", "synthetic"):
         lines += _link_lines(name, results.get(name, []))
     if "chain" in results:
