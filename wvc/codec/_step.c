@@ -86,11 +86,15 @@ typedef struct {
     int have[CLASSES];
 } Inherit;
 
+/* a copy of another context's probabilities, trusted like at most INHERIT_N updates */
+static void cap_counts(Bit *b, size_t n) {
+    for (size_t k = 0; k < n; k++) if (b[k].n > INHERIT_N) b[k].n = INHERIT_N;
+}
+
 static void model_start(Model *m, Inherit *h, int cls) {
     if (!h->have[cls]) { model_init(m); return; }
     *m = h->last[cls];
-    Bit *b = (Bit *)m;
-    for (size_t k = 0; k < sizeof(Model) / sizeof(Bit); k++) if (b[k].n > INHERIT_N) b[k].n = INHERIT_N;
+    cap_counts((Bit *)m, sizeof(Model) / sizeof(Bit));
 }
 
 static void model_end(const Model *m, Inherit *h, int cls) {
@@ -234,26 +238,38 @@ static int64_t dec_golomb(Dec *d, Bit *bucket, Bit (*top)[3], int max_bucket) {
     return (int64_t)v;
 }
 
-/* a nonzero delta: sign, then |d| - 1 in unary up to MAG_UNARY, beyond it an escape */
+/* a magnitude >= 1: |d| - 1 in unary up to MAG_UNARY (probabilities mag[]), beyond it an
+ * escape |d| - MAG_UNARY as an exp-Golomb code (bucket, top); both coders' */
+static void enc_magnitude(Enc *e, Bit *mag, Bit *bucket, Bit (*top)[3], uint64_t m) {
+    uint64_t u = m - 1;
+    for (uint64_t t = 0; t < u && t < MAG_UNARY; t++) enc_bit(e, &mag[t], 1);
+    if (u < MAG_UNARY) enc_bit(e, &mag[u], 0);
+    else enc_golomb(e, bucket, top, u - MAG_UNARY + 1);
+}
+
+/* the magnitude, or 0 when the escape's bucket passes max_bucket */
+static inline uint64_t dec_magnitude(Dec *d, Bit *mag, Bit *bucket, Bit (*top)[3], int max_bucket) {
+    uint64_t u = 0;
+    while (u < MAG_UNARY && dec_bit(d, &mag[u])) u++;
+    if (u == MAG_UNARY) {
+        int64_t v = dec_golomb(d, bucket, top, max_bucket);
+        if (v < 0) return 0;
+        u = MAG_UNARY + (uint64_t)v - 1;
+    }
+    return u + 1;
+}
+
+/* a nonzero delta: sign, then its magnitude */
 static void enc_value(Enc *e, Model *m, int negative, uint64_t mag) {
     enc_bit(e, &m->sign, negative);
-    uint64_t u = mag - 1;
-    for (uint64_t t = 0; t < u && t < MAG_UNARY; t++) enc_bit(e, &m->mag[t], 1);
-    if (u < MAG_UNARY) enc_bit(e, &m->mag[u], 0);
-    else enc_golomb(e, m->mag_bucket, m->mag_top, u - MAG_UNARY + 1);
+    enc_magnitude(e, m->mag, m->mag_bucket, m->mag_top, mag);
 }
 
 /* the magnitude, or 0 when invalid (beyond max_mag) */
 static uint64_t dec_value(Dec *d, Model *m, int *negative, uint64_t max_mag, int max_bucket) {
     *negative = dec_bit(d, &m->sign);
-    uint64_t u = 0;
-    while (u < MAG_UNARY && dec_bit(d, &m->mag[u])) u++;
-    if (u == MAG_UNARY) {
-        int64_t v = dec_golomb(d, m->mag_bucket, m->mag_top, max_bucket);
-        if (v < 0) return 0;
-        u = MAG_UNARY + (uint64_t)v - 1;
-    }
-    return u + 1 > max_mag ? 0 : u + 1;
+    uint64_t mag = dec_magnitude(d, m->mag, m->mag_bucket, m->mag_top, max_bucket);
+    return mag > max_mag ? 0 : mag;
 }
 
 typedef struct {
@@ -534,14 +550,11 @@ done:
 #define BLOCK 64
 #define SUB 8 /* a changed block's parts: each says whether its unmoved elements changed */
 #define SUB_MASK 0xFFULL
-#ifndef BLK_UNARY
-#define BLK_UNARY 16 /* sizes 1..16 in unary, larger ones escape (2-8: the same time, 4-17% more bytes) */
-#endif
 #define INHERIT_SPAN 4
 #define NO_EXP 0xFFFFu
 
 typedef struct {
-    Bit flag, after, again, sign, mag[BLK_UNARY]; /* what each means: step.py's _Key */
+    Bit flag, after, again, sign, mag[MAG_UNARY]; /* what each means: step.py's _Key */
 } KeyModel;
 
 typedef struct {
@@ -553,7 +566,7 @@ typedef struct {
     int nexp;
     KeyModel *keys; /* CLASSES * nexp, started when first used */
     uint8_t *have;
-    Escape esc[CLASSES]; /* magnitudes beyond BLK_UNARY, by class */
+    Escape esc[CLASSES]; /* magnitudes beyond MAG_UNARY, by class */
     Bit *block;          /* 2 nexp: a block's "any Z element changed", by its smallest Z exponent */
     Bit *sub;            /* 2 nexp: the same for a part of a changed block */
 } Blocks;
@@ -590,8 +603,7 @@ static KeyModel *key_start(Blocks *M, size_t at, int cls, int e) {
             int f = e + side * s;
             if (f < 0 || f >= M->nexp || !M->have[(size_t)cls * M->nexp + f]) continue;
             *k = M->keys[(size_t)cls * M->nexp + f];
-            Bit *b = (Bit *)k;
-            for (size_t j = 0; j < sizeof(KeyModel) / sizeof(Bit); j++) if (b[j].n > INHERIT_N) b[j].n = INHERIT_N;
+            cap_counts((Bit *)k, sizeof(KeyModel) / sizeof(Bit));
             return k;
         }
     Bit *b = (Bit *)k;
@@ -599,25 +611,12 @@ static KeyModel *key_start(Blocks *M, size_t at, int cls, int e) {
     return k;
 }
 
-static void enc_magnitude(Enc *e, KeyModel *k, Escape *x, uint64_t mag) {
-    uint64_t u = mag - 1;
-    for (uint64_t t = 0; t < u && t < BLK_UNARY; t++) enc_bit(e, &k->mag[t], 1);
-    if (u < BLK_UNARY) enc_bit(e, &k->mag[u], 0);
-    else enc_golomb(e, x->bucket, x->top, u - BLK_UNARY + 1);
-}
-
-/* the delta (masked to the width) of the given sign, or 0 when the coded magnitude is out of range */
-/* ``skip``: a magnitude the coder left out (a moved element's size before, coded apart), so a
- * coded one at or past it is one more; 0 for none */
-static inline uint64_t dec_magnitude(Dec *d, KeyModel *k, Escape *x, const Layout *L, int negative, uint64_t skip) {
-    uint64_t u = 0;
-    while (u < BLK_UNARY && dec_bit(d, &k->mag[u])) u++;
-    if (u == BLK_UNARY) {
-        int64_t v = dec_golomb(d, x->bucket, x->top, L->bits - 1);
-        if (v < 0) return 0;
-        u = BLK_UNARY + (uint64_t)v - 1;
-    }
-    uint64_t mag = u + 1;
+/* a delta of the given sign and magnitude (masked to the width), or 0 when out of range.
+ * ``skip``: a magnitude the coder left out (a moved element's size before, coded apart), so
+ * a coded one at or past it is one more; 0 for none */
+static inline uint64_t dec_key_delta(Dec *d, KeyModel *k, Escape *x, const Layout *L, int negative, uint64_t skip) {
+    uint64_t mag = dec_magnitude(d, k->mag, x->bucket, x->top, L->bits - 1);
+    if (!mag) return 0;
     if (skip && mag >= skip) mag++;
     if (mag > L->sign || (!negative && mag == L->sign)) return 0;
     return (negative ? L->mask - mag + 1 : mag) & L->mask;
@@ -784,7 +783,7 @@ static inline uint64_t block_scan_sse_32(const uint32_t *b, const uint32_t *g, i
                         T d = (T)(ORDERED(T, ST, BITS, xb[j]) - ORDERED(T, ST, BITS, bb[j]));   \
                         int negative = (d & L->sign) != 0;                                     \
                         enc_bit(e, &k->sign, negative);                                        \
-                        enc_magnitude(e, k, &M->esc[0], negative ? (L->mask - d + 1) & L->mask : d); \
+                        enc_magnitude(e, k->mag, M->esc[0].bucket, M->esc[0].top, negative ? (L->mask - d + 1) & L->mask : d); \
                     }                                                                          \
                 }                                                                              \
             }                                                                                  \
@@ -805,7 +804,7 @@ static inline uint64_t block_scan_sse_32(const uint32_t *b, const uint32_t *g, i
                 if (!ch) continue;                                                             \
                 enc_bit(e, &k->again, negative == (cls > 3)); /* the same way (another size) */ \
                 if (negative == (cls > 3) && mag > size) mag--; /* (not as far as before) */    \
-                enc_magnitude(e, k, &M->esc[cls], mag);                                        \
+                enc_magnitude(e, k->mag, M->esc[cls].bucket, M->esc[cls].top, mag);           \
             }                                                                                  \
         }                                                                                      \
     }                                                                                          \
@@ -841,7 +840,7 @@ static inline uint64_t block_scan_sse_32(const uint32_t *b, const uint32_t *g, i
                     last = !(zs || any) ? 1 : dec_bit(d, last ? &k->after : &k->flag);         \
                     if (!last) continue;                                                       \
                     any = 1;                                                                   \
-                    uint64_t delta = dec_magnitude(d, k, &M->esc[0], L, dec_bit(d, &k->sign), 0);   \
+                    uint64_t delta = dec_key_delta(d, k, &M->esc[0], L, dec_bit(d, &k->sign), 0);   \
                     if (!delta) return "STEP_BLOCKS payload: a delta is out of range";         \
                     xb[j] = ORDERED(T, ST, BITS, (T)(ORDERED(T, ST, BITS, bb[j]) + (T)delta));  \
                 }                                                                              \
@@ -860,7 +859,7 @@ static inline uint64_t block_scan_sse_32(const uint32_t *b, const uint32_t *g, i
                 else {                                                                         \
                     if (!dec_bit(d, &k->after)) continue; /* unchanged */                      \
                     int same_way = dec_bit(d, &k->again);                                      \
-                    delta = dec_magnitude(d, k, &M->esc[cls], L, same_way ? negative : !negative, \
+                    delta = dec_key_delta(d, k, &M->esc[cls], L, same_way ? negative : !negative, \
                                           same_way ? (uint64_t)size : 0);                      \
                 }                                                                              \
                 if (!delta) return "STEP_BLOCKS payload: a delta is out of range";             \
@@ -906,22 +905,28 @@ done:
 }
 
 /* ---- Python ------------------------------------------------------------------------------ */
-static PyObject *py_encode(PyObject *self, PyObject *args) {
+/* Both coders' Python calls: the buffers checked against the layout (``max_n``: the most
+ * elements the coder indexes), the coder run without the GIL. */
+typedef const char *(*EncodeFn)(const uint8_t *, const uint8_t *, const uint8_t *, Py_ssize_t, const Layout *,
+                                uint8_t **, size_t *);
+typedef const char *(*DecodeFn)(const uint8_t *, size_t, const uint8_t *, const uint8_t *, Py_ssize_t, const Layout *,
+                                uint8_t *);
+
+static PyObject *run_encode(PyObject *args, EncodeFn coder, const char *misfit, Py_ssize_t max_n) {
     Py_buffer x, b, g;
     int width, shift;
     if (!PyArg_ParseTuple(args, "y*y*y*ii", &x, &b, &g, &width, &shift)) return NULL;
     Layout L;
     PyObject *result = NULL;
-    if (!layout(&L, width, shift) || x.len != b.len || x.len != g.len || x.len % width ||
-        x.len / width > (Py_ssize_t)UINT32_MAX) {
-        PyErr_SetString(PyExc_ValueError, "ULP_STEP encode: sizes, width or shift do not fit");
+    if (!layout(&L, width, shift) || x.len != b.len || x.len != g.len || x.len % width || x.len / width > max_n) {
+        PyErr_SetString(PyExc_ValueError, misfit);
         goto done;
     }
     uint8_t *out = NULL;
     size_t len = 0;
     const char *err;
     Py_BEGIN_ALLOW_THREADS
-    err = encode_step(x.buf, b.buf, g.buf, x.len / width, &L, &out, &len);
+    err = coder(x.buf, b.buf, g.buf, x.len / width, &L, &out, &len);
     Py_END_ALLOW_THREADS
     if (err) PyErr_SetString(PyExc_MemoryError, err);
     else result = PyBytes_FromStringAndSize((const char *)out, (Py_ssize_t)len);
@@ -929,80 +934,48 @@ static PyObject *py_encode(PyObject *self, PyObject *args) {
 done:
     PyBuffer_Release(&x), PyBuffer_Release(&b), PyBuffer_Release(&g);
     return result;
+}
+
+static PyObject *run_decode(PyObject *args, DecodeFn coder, const char *misfit, Py_ssize_t max_n) {
+    Py_buffer data, b, g;
+    int width, shift;
+    if (!PyArg_ParseTuple(args, "y*y*y*ii", &data, &b, &g, &width, &shift)) return NULL;
+    Layout L;
+    PyObject *result = NULL;
+    if (!layout(&L, width, shift) || b.len != g.len || b.len % width || b.len / width > max_n) {
+        PyErr_SetString(PyExc_ValueError, misfit);
+        goto done;
+    }
+    result = PyBytes_FromStringAndSize(NULL, b.len);
+    if (!result) goto done;
+    const char *err;
+    Py_BEGIN_ALLOW_THREADS
+    err = coder(data.buf, (size_t)data.len, b.buf, g.buf, b.len / width, &L, (uint8_t *)PyBytes_AS_STRING(result));
+    Py_END_ALLOW_THREADS
+    if (err) {
+        Py_CLEAR(result);
+        PyErr_SetString(strcmp(err, "out of memory") ? PyExc_ValueError : PyExc_MemoryError, err);
+    }
+done:
+    PyBuffer_Release(&data), PyBuffer_Release(&b), PyBuffer_Release(&g);
+    return result;
+}
+
+/* ULP_STEP's ranks and event counts are 32-bit; STEP_BLOCKS indexes by Py_ssize_t */
+static PyObject *py_encode(PyObject *self, PyObject *args) {
+    return run_encode(args, encode_step, "ULP_STEP encode: sizes, width or shift do not fit", (Py_ssize_t)UINT32_MAX);
 }
 
 static PyObject *py_decode(PyObject *self, PyObject *args) {
-    Py_buffer data, b, g;
-    int width, shift;
-    if (!PyArg_ParseTuple(args, "y*y*y*ii", &data, &b, &g, &width, &shift)) return NULL;
-    Layout L;
-    PyObject *result = NULL;
-    if (!layout(&L, width, shift) || b.len != g.len || b.len % width || b.len / width > (Py_ssize_t)UINT32_MAX) {
-        PyErr_SetString(PyExc_ValueError, "ULP_STEP payload: sizes, width or shift do not fit");
-        goto done;
-    }
-    result = PyBytes_FromStringAndSize(NULL, b.len);
-    if (!result) goto done;
-    const char *err;
-    Py_BEGIN_ALLOW_THREADS
-    err = decode_step(data.buf, (size_t)data.len, b.buf, g.buf, b.len / width, &L, (uint8_t *)PyBytes_AS_STRING(result));
-    Py_END_ALLOW_THREADS
-    if (err) {
-        Py_CLEAR(result);
-        PyErr_SetString(strcmp(err, "out of memory") ? PyExc_ValueError : PyExc_MemoryError, err);
-    }
-done:
-    PyBuffer_Release(&data), PyBuffer_Release(&b), PyBuffer_Release(&g);
-    return result;
+    return run_decode(args, decode_step, "ULP_STEP payload: sizes, width or shift do not fit", (Py_ssize_t)UINT32_MAX);
 }
 
 static PyObject *py_encode_blocks(PyObject *self, PyObject *args) {
-    Py_buffer x, b, g;
-    int width, shift;
-    if (!PyArg_ParseTuple(args, "y*y*y*ii", &x, &b, &g, &width, &shift)) return NULL;
-    Layout L;
-    PyObject *result = NULL;
-    if (!layout(&L, width, shift) || x.len != b.len || x.len != g.len || x.len % width) {
-        PyErr_SetString(PyExc_ValueError, "STEP_BLOCKS encode: sizes, width or shift do not fit");
-        goto done;
-    }
-    uint8_t *out = NULL;
-    size_t len = 0;
-    const char *err;
-    Py_BEGIN_ALLOW_THREADS
-    err = encode_blocks(x.buf, b.buf, g.buf, x.len / width, &L, &out, &len);
-    Py_END_ALLOW_THREADS
-    if (err) PyErr_SetString(PyExc_MemoryError, err);
-    else result = PyBytes_FromStringAndSize((const char *)out, (Py_ssize_t)len);
-    free(out);
-done:
-    PyBuffer_Release(&x), PyBuffer_Release(&b), PyBuffer_Release(&g);
-    return result;
+    return run_encode(args, encode_blocks, "STEP_BLOCKS encode: sizes, width or shift do not fit", PY_SSIZE_T_MAX);
 }
 
 static PyObject *py_decode_blocks(PyObject *self, PyObject *args) {
-    Py_buffer data, b, g;
-    int width, shift;
-    if (!PyArg_ParseTuple(args, "y*y*y*ii", &data, &b, &g, &width, &shift)) return NULL;
-    Layout L;
-    PyObject *result = NULL;
-    if (!layout(&L, width, shift) || b.len != g.len || b.len % width) {
-        PyErr_SetString(PyExc_ValueError, "STEP_BLOCKS payload: sizes, width or shift do not fit");
-        goto done;
-    }
-    result = PyBytes_FromStringAndSize(NULL, b.len);
-    if (!result) goto done;
-    const char *err;
-    Py_BEGIN_ALLOW_THREADS
-    err = decode_blocks(data.buf, (size_t)data.len, b.buf, g.buf, b.len / width, &L, (uint8_t *)PyBytes_AS_STRING(result));
-    Py_END_ALLOW_THREADS
-    if (err) {
-        Py_CLEAR(result);
-        PyErr_SetString(strcmp(err, "out of memory") ? PyExc_ValueError : PyExc_MemoryError, err);
-    }
-done:
-    PyBuffer_Release(&data), PyBuffer_Release(&b), PyBuffer_Release(&g);
-    return result;
+    return run_decode(args, decode_blocks, "STEP_BLOCKS payload: sizes, width or shift do not fit", PY_SSIZE_T_MAX);
 }
 
 static PyMethodDef methods[] = {

@@ -40,18 +40,22 @@ def native() -> bool:
 
 
 def encode(x, b, g, width: int, shift: int) -> bytes:
-    if _c is not None:
-        return _c.encode(x, b, g, width, shift)
-    return _encode_py(x, b, g, width, shift)
+    """ULP_STEP's bits of ``x`` against base ``b`` in the context ``g``."""
+    return _c.encode(x, b, g, width, shift) if _c is not None else _encode_py(x, b, g, width, shift)
 
 
 def decode(data, b, g, width: int, shift: int) -> bytes:
-    if _c is not None:
-        try:
-            return _c.decode(data, b, g, width, shift)
-        except ValueError as exc:
-            raise CorruptObject(str(exc)) from exc
-    return _decode_py(data, b, g, width, shift)
+    return _decoded("decode", _decode_py, data, b, g, width, shift)
+
+
+def _decoded(native_name: str, twin, data, b, g, width: int, shift: int) -> bytes:
+    """The C decoder's result (its ValueError a CorruptObject), or the twin's without the build."""
+    if _c is None:
+        return twin(data, b, g, width, shift)
+    try:
+        return getattr(_c, native_name)(data, b, g, width, shift)
+    except ValueError as exc:
+        raise CorruptObject(str(exc)) from exc
 
 
 # -- the Python twin -----------------------------------------------------------------------------
@@ -74,7 +78,20 @@ class _Bit:
             self.n += 1
 
 
-class _Model:
+class _Probabilities:
+    """A context's probabilities (``bits()`` lists them all, in a fixed order)."""
+
+    __slots__ = ()
+
+    def inherited(self):
+        """A copy for the next context of the same class, counts capped at INHERIT_N (_step.c)."""
+        m = type(self)()
+        for mine, theirs in zip(m.bits(), self.bits()):
+            mine.p, mine.n = theirs.p, min(theirs.n, INHERIT_N)
+        return m
+
+
+class _Model(_Probabilities):
     def bits(self):
         yield self.any
         yield from self.run_bucket
@@ -85,13 +102,6 @@ class _Model:
         yield from self.mag_bucket
         for t in self.mag_top:
             yield from t
-
-    def inherited(self) -> _Model:
-        """A copy for the next context of the same class, counts capped at INHERIT_N."""
-        m = _Model()
-        for mine, theirs in zip(m.bits(), self.bits()):
-            mine.p, mine.n = theirs.p, min(theirs.n, INHERIT_N)
-        return m
 
     def __init__(self):
         self.any = _Bit()
@@ -157,15 +167,19 @@ class _Encoder:
             else:
                 self.direct(bit)
 
-    def value(self, m: _Model, negative: int, mag: int) -> None:
-        self.bit(m.sign, negative)
+    def magnitude(self, unary, bucket, top, mag: int) -> None:
+        """``mag - 1`` in unary up to MAG_UNARY, beyond it an exp-Golomb escape (both coders)."""
         u = mag - 1
         for t in range(min(u, MAG_UNARY)):
-            self.bit(m.mag[t], 1)
+            self.bit(unary[t], 1)
         if u < MAG_UNARY:
-            self.bit(m.mag[u], 0)
+            self.bit(unary[u], 0)
         else:
-            self.golomb(m.mag_bucket, m.mag_top, u - MAG_UNARY + 1)
+            self.golomb(bucket, top, u - MAG_UNARY + 1)
+
+    def value(self, m: _Model, negative: int, mag: int) -> None:
+        self.bit(m.sign, negative)
+        self.magnitude(m.mag, m.mag_bucket, m.mag_top, mag)
 
     def finish(self) -> bytes:
         for m in range(32, -1, -1):  # the value with the most trailing zero bits (_step.c)
@@ -230,32 +244,48 @@ class _Decoder:
             v = (v << 1) | bit
         return v
 
-    def value(self, m: _Model, max_bucket: int) -> tuple[int, int]:
-        negative = self.bit(m.sign)
+    def magnitude(self, unary, bucket, top, max_bucket: int) -> int:
         u = 0
-        while u < MAG_UNARY and self.bit(m.mag[u]):
+        while u < MAG_UNARY and self.bit(unary[u]):
             u += 1
         if u == MAG_UNARY:
-            u = MAG_UNARY + self.golomb(m.mag_bucket, m.mag_top, max_bucket) - 1
-        return negative, u + 1
+            u = MAG_UNARY + self.golomb(bucket, top, max_bucket) - 1
+        return u + 1
+
+    def value(self, m: _Model, max_bucket: int) -> tuple[int, int]:
+        negative = self.bit(m.sign)
+        return negative, self.magnitude(m.mag, m.mag_bucket, m.mag_top, max_bucket)
 
 
-class _Layout:
+class _Steps:
+    """Per element, the step before: ``p = o(b) - o(g)`` (wrapping), its class (0 | +1 | +2..3
+    | >=+4 | -1 | -2..-3 | <=-4) and its size ``|p|``; both coders' layouts start here."""
+
+    def __init__(self, b, g, width: int):
+        import numpy as np
+
+        self.utype = {1: np.uint8, 2: np.uint16, 4: np.uint32}[width]
+        self.bits = bits = 8 * width
+        self.mask, self.sign = mask, sign = (1 << bits) - 1, 1 << (bits - 1)
+        self.bu = np.frombuffer(b, dtype=self.utype).astype(np.int64)
+        self.gu = np.frombuffer(g, dtype=self.utype).astype(np.int64)
+        self.ob = _ordered(self.bu, sign)
+        p = (self.ob - _ordered(self.gu, sign)) & mask
+        neg = (-p) & mask
+        cls = np.select([p == 0, p == 1, (p & sign) == 0, neg == 1, neg <= 3], [0, 1, 2, 4, 5], 6)
+        self.cls = np.where(((p & sign) == 0) & (p > 3), 3, cls)
+        self.size = np.where((p & sign) == 0, p, neg)
+
+
+class _Layout(_Steps):
     """What both sides derive from the base and the context: every element's context, the
     elements in context order, and where each context starts in that order."""
 
     def __init__(self, b, g, width: int, shift: int):
         import numpy as np
 
-        self.utype = {1: np.uint8, 2: np.uint16, 4: np.uint32}[width]
-        self.bits = bits = 8 * width
-        self.mask, self.sign = mask, sign = (1 << bits) - 1, 1 << (bits - 1)
-        bu = np.frombuffer(b, dtype=self.utype).astype(np.int64)
-        self.ob = _ordered(bu, sign)
-        p = (self.ob - _ordered(np.frombuffer(g, dtype=self.utype).astype(np.int64), sign)) & mask
-        neg = (-p) & mask
-        cls = np.select([p == 0, p == 1, (p & sign) == 0, neg == 1, neg <= 3], [0, 1, 2, 4, 5], 6)
-        cls = np.where(((p & sign) == 0) & (p > 3), 3, cls)
+        super().__init__(b, g, width)
+        bits, bu, cls = self.bits, self.bu, self.cls
         self.exp_bits = bits - 1 - shift
         nexp = 1 << self.exp_bits
         ctx = cls * nexp + ((bu >> shift) & (nexp - 1))
@@ -347,21 +377,15 @@ INHERIT_SPAN = 4  # a context starts from the nearest started exponent of its cl
 
 
 def encode_blocks(x, b, g, width: int, shift: int) -> bytes:
-    if _c is not None:
-        return _c.encode_blocks(x, b, g, width, shift)
-    return _encode_blocks_py(x, b, g, width, shift)
+    """STEP_BLOCKS's bits of ``x`` against base ``b`` in the context ``g``."""
+    return _c.encode_blocks(x, b, g, width, shift) if _c is not None else _encode_blocks_py(x, b, g, width, shift)
 
 
 def decode_blocks(data, b, g, width: int, shift: int) -> bytes:
-    if _c is not None:
-        try:
-            return _c.decode_blocks(data, b, g, width, shift)
-        except ValueError as exc:
-            raise CorruptObject(str(exc)) from exc
-    return _decode_blocks_py(data, b, g, width, shift)
+    return _decoded("decode_blocks", _decode_blocks_py, data, b, g, width, shift)
 
 
-class _Key:
+class _Key(_Probabilities):
     """One (class, exponent) context's probabilities. Unmoved elements: changed (``flag``;
     ``after`` when the part's element before changed) and the sign. Moved ones: moved again
     as before (``flag``), else changed (``after``), then the same way (``again``). Both: the
@@ -380,11 +404,6 @@ class _Key:
         yield self.sign
         yield from self.mag
 
-    def inherited(self) -> _Key:
-        k = _Key()
-        for mine, theirs in zip(k.bits(), self.bits()):
-            mine.p, mine.n = theirs.p, min(theirs.n, INHERIT_N)
-        return k
 
 
 class _Blocks:
@@ -405,27 +424,18 @@ class _Blocks:
         return k
 
 
-class _BlockLayout:
-    """Per element, what both sides derive from the base and the context."""
+class _BlockLayout(_Steps):
+    """Per element, what both sides derive from the base and the context, as lists (the
+    coder walks them an element at a time)."""
 
     def __init__(self, b, g, width: int, shift: int):
-        import numpy as np
-
-        self.utype = {1: np.uint8, 2: np.uint16, 4: np.uint32}[width]
-        self.bits = bits = 8 * width
-        self.mask, self.sign = mask, sign = (1 << bits) - 1, 1 << (bits - 1)
-        bu = np.frombuffer(b, dtype=self.utype).astype(np.int64)
-        gu = np.frombuffer(g, dtype=self.utype).astype(np.int64)
-        self.ob = _ordered(bu, sign)
-        p = (self.ob - _ordered(gu, sign)) & mask
-        neg = (-p) & mask
-        cls = np.select([p == 0, p == 1, (p & sign) == 0, neg == 1, neg <= 3], [0, 1, 2, 4, 5], 6)
-        cls = np.where(((p & sign) == 0) & (p > 3), 3, cls)
+        super().__init__(b, g, width)
+        bu = self.bu
         self.n = len(bu)
-        self.moved = (bu != gu).tolist()
-        self.cls = cls.tolist()
-        self.size = np.where((p & sign) == 0, p, neg).tolist()  # |p|: how far it moved before
-        self.exp = ((bu >> shift) & ((1 << (bits - 1 - shift)) - 1)).tolist()
+        self.moved = (bu != self.gu).tolist()
+        self.cls = self.cls.tolist()
+        self.size = self.size.tolist()
+        self.exp = ((bu >> shift) & ((1 << (self.bits - 1 - shift)) - 1)).tolist()
 
     def blocks(self):
         """(unmoved elements by part, moved elements) of each block; parts without unmoved
@@ -439,25 +449,6 @@ class _BlockLayout:
                 if z:
                     parts.append(z)
             yield parts, a
-
-
-def _encode_magnitude(enc: _Encoder, k: _Key, escape, mag: int) -> None:
-    u = mag - 1
-    for t in range(min(u, MAG_UNARY)):
-        enc.bit(k.mag[t], 1)
-    if u < MAG_UNARY:
-        enc.bit(k.mag[u], 0)
-    else:
-        enc.golomb(escape[0], escape[1], u - MAG_UNARY + 1)
-
-
-def _decode_magnitude(dec: _Decoder, k: _Key, escape, bits: int) -> int:
-    u = 0
-    while u < MAG_UNARY and dec.bit(k.mag[u]):
-        u += 1
-    if u == MAG_UNARY:
-        u = MAG_UNARY + dec.golomb(escape[0], escape[1], bits - 1) - 1
-    return u + 1
 
 
 def _encode_blocks_py(x, b, g, width: int, shift: int) -> bytes:
@@ -493,7 +484,7 @@ def _encode_blocks_py(x, b, g, width: int, shift: int) -> bytes:
                         seen_change = True
                         negative = int(delta[i] & sign != 0)
                         enc.bit(k.sign, negative)
-                        _encode_magnitude(enc, k, models.escape[0], ((-delta[i]) & mask) if negative else delta[i])
+                        enc.magnitude(k.mag, *models.escape[0], ((-delta[i]) & mask) if negative else delta[i])
         for i in a:
             cls = lay.cls[i]
             k = models.key(cls, lay.exp[i])
@@ -508,7 +499,7 @@ def _encode_blocks_py(x, b, g, width: int, shift: int) -> bytes:
             if ch:
                 same_way = negative == (cls > 3)
                 enc.bit(k.again, int(same_way))  # the same way (another size)
-                _encode_magnitude(enc, k, models.escape[cls], mag - 1 if same_way and mag > lay.size[i] else mag)
+                enc.magnitude(k.mag, *models.escape[cls], mag - 1 if same_way and mag > lay.size[i] else mag)
     return enc.finish()
 
 
@@ -523,7 +514,7 @@ def _decode_blocks_py(data, b, g, width: int, shift: int) -> bytes:
     where, deltas = [], []
 
     def value(i: int, k: _Key, cls: int, negative: int, skip: int = 0) -> None:
-        mag = _decode_magnitude(dec, k, models.escape[cls], lay.bits)
+        mag = dec.magnitude(k.mag, *models.escape[cls], lay.bits - 1)
         if skip and mag >= skip:  # a moved element's size before, coded apart
             mag += 1
         if mag > sign or (not negative and mag == sign):
