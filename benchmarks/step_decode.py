@@ -90,7 +90,7 @@ def chain(steps: int, mb: float, cal: dict, repeats: int, work: Path) -> dict:
     """The tip's checkout and load against step 0's, with each coder writing the steps."""
     from wvc import Repo
 
-    out = {}
+    out, writing = {}, transforms.STEP_CODER
     for m in CODERS:
         transforms.STEP_CODER = m
         repo = Repo.init(work / m.name)
@@ -118,7 +118,7 @@ def chain(steps: int, mb: float, cal: dict, repeats: int, work: Path) -> dict:
         repo.close()
         out[m.name] = res
         print(json.dumps({m.name: res}), flush=True)
-    transforms.STEP_CODER = Method.STEP_BLOCKS
+    transforms.STEP_CODER = writing
     return out
 
 

@@ -153,7 +153,7 @@ def step_applies(dtype: DType) -> bool:
 
 
 # A step coder is tried only when at most this share of the chunk's elements changed: its
-# decode costs ~25 ns a changed one (a few adaptive binary decisions each), where SPARSE's
+# decode costs ~30 ns a changed one (a few adaptive binary decisions each), where SPARSE's
 # costs ~3 ns. (Measured for ULP_STEP, which also paid ~2 ns an element to find each one's
 # context: the real bf16 run at lr 1e-5 changes 0.4-8.6% of a chunk; the benchmark's
 # Adam-like chain 20%, where ULP_STEP stored 7-11% less but the deepest checkout took 9-15x
@@ -288,9 +288,9 @@ def _decode_native(payload, info, b) -> bytes:
     return raw
 
 
-# The step coder the encoder writes: STEP_BLOCKS decodes in 0.3x ULP_STEP's time for the same
-# bytes within 2% (docs/codec.md); ULP_STEP is still read (benchmarks/step_decode.py sets this
-# to compare the two on whole runs).
+# The step coder the encoder writes: STEP_BLOCKS decodes in 0.40-0.45x ULP_STEP's time for
+# 0.96-1.01x its bytes (docs/codec.md); ULP_STEP is still read (benchmarks/step_decode.py and
+# long_run --step-coder set this to compare the two).
 STEP_CODER = Method.STEP_BLOCKS
 
 
