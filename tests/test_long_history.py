@@ -85,6 +85,95 @@ def test_retired_files_are_deleted_after_the_grace_period(tmp_path, monkeypatch,
     assert len(copy.log()) == 40 and tree_digests(copy.root) == tree_digests(repo.root)
 
 
+@pytest.mark.parametrize("kind", ["path", "s3"])
+def test_retired_files_leave_the_listing_and_a_reader_listed_before_still_reads_them(tmp_path, kind, request):
+    """What compaction replaced waits out the grace period in the attic, not in the folders
+    every push lists (a push late in a long run listed every segment of the last hour), and
+    a reader that listed the remote before the move reads every file it listed."""
+    import wvc
+    from wvc.remotes.repository import RemoteRepository
+
+    url = url_of(kind, tmp_path, request, "attic")
+    repo = Repo.init(tmp_path / "a")
+    trainer = TinyTrainer(repo)
+    repo.remote_add("origin", url)
+    trainer.push_steps(["step 0"])
+    early = wvc.open(url)  # a reader that listed one segment, and reads its pack lazily
+    first = repo.refs.head_commit()
+    backend = open_remote(url)
+    listed_then = backend.state()
+    trainer.push_steps(f"step {i}" for i in range(1, 40))
+
+    remote = RemoteRepository.open(open_remote(url))
+    listed = [p for p in remote.state.files if p.startswith(("packs/", "catalogs/"))]
+    assert [g.catalog for g in remote.contents.segments] == [g.catalog for g in remote.contents.live_segments]  # none retired
+    assert len(listed) == 2 * len(remote.contents.segments) < 16, listed
+    stored = RemoteFiles(url, None).paths()
+    retired = {p for paths in remote.contents.retired_records.values() for p in paths}
+    assert retired and all(f"attic/{p}" in stored and p not in stored for p in retired)
+
+    old = [p for p in listed_then.files if p.startswith(("packs/", "catalogs/"))]
+    assert old and all(p in retired for p in old)
+    for path in old:  # the backend, as a pinned reader asks it
+        assert backend.read(path, 1 << 20) == RemoteFiles(url, None).read(f"attic/{path}")
+        assert backend.read_range(path, 0, 4) == RemoteFiles(url, None).read(f"attic/{path}")[:4]
+    assert early.commit == first
+    assert {k: v.view(torch.uint8).flatten().tolist() for k, v in early.state_dict().items()} == \
+        {k: v.view(torch.uint8).flatten().tolist() for k, v in wvc.open(repo.root, first).state_dict().items()}
+    copy = clone(url, tmp_path / "copy")
+    assert len(copy.log()) == 40 and tree_digests(copy.root) == tree_digests(repo.root)
+
+
+def test_retired_files_a_push_left_listed_are_moved_by_the_next(tmp_path, monkeypatch):
+    """The record retires a file, the move only hides it: a push that stopped after
+    publishing (here: whose move failed) leaves retired files listed, still retired, and
+    the next push moves them."""
+    from wvc.errors import RemoteError
+    from wvc.remotes.path import PathRemote
+    from wvc.remotes.repository import RemoteRepository
+
+    url = str(tmp_path / "remote")
+    repo = Repo.init(tmp_path / "a")
+    trainer = TinyTrainer(repo)
+    repo.remote_add("origin", url)
+    trainer.push_steps(f"step {i}" for i in range(3))
+
+    def fail(self, paths):
+        raise RemoteError("simulated: the move did not happen")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(PathRemote, "move_to_attic", fail)
+        trainer.push_steps(["step 3"])  # compacts
+    remote = RemoteRepository.open(open_remote(url))
+    left = remote.contents.retired & remote.state.files
+    assert left and all(p.startswith(("packs/", "catalogs/")) for p in left)
+    assert len(remote.contents.live_segments) < len(remote.contents.segments)  # listed, and retired
+    trainer.push_steps(["step 4"])
+    stored = RemoteFiles(url, None).paths()
+    assert all(p not in stored and f"attic/{p}" in stored for p in left)
+    copy = clone(url, tmp_path / "copy")
+    assert len(copy.log()) == 5 and tree_digests(copy.root) == tree_digests(repo.root)
+
+
+def test_an_s3_listing_steps_over_the_attic_however_many_files_it_holds(tmp_path, request):
+    """S3 lists keys in order, a thousand a request: the listing skips the attic's keys with
+    one more request, whatever their number, and lists every other key."""
+    import boto3
+
+    url = url_of("s3", tmp_path, request, "many")
+    repo = Repo.init(tmp_path / "a")
+    repo.remote_add("origin", url)
+    TinyTrainer(repo).push_steps(["step 0"])
+    bucket, prefix = url[len("s3://"):].split("/", 1)
+    client = boto3.client("s3")
+    for i in range(1100):  # more than a page of retired files
+        client.put_object(Bucket=bucket, Key=f"{prefix}/attic/packs/pack-{i:064x}.pack", Body=b"x")
+    client.put_object(Bucket=bucket, Key=f"{prefix}/README.md", Body=b"before the attic in key order")
+    listed = open_remote(url).state().files
+    everything = set(RemoteFiles(url, None).paths())
+    assert set(listed) == {p for p in everything if not p.startswith("attic/")} and "README.md" in listed
+
+
 def _push_format_1(repo: Repo, url: str) -> None:
     """What wvc wrote before format 2: a pack with its .idx, one file a commit and a tree."""
     from wvc.versions import canonical_json

@@ -30,7 +30,7 @@ from ..versions import canonical_json
 from ..store.packs import (MAGIC, XET_BOUNDARY, PackWriter, copy_payloads, marked_payload_end, pack_filename,
                            read_pack_index, read_payload)
 from .catalog import Catalog
-from .interface import MAX_PACK_BYTES, MAX_SMALL_OBJECT, Remote, commit_path, pack_path, tree_path
+from .interface import MAX_PACK_BYTES, MAX_SMALL_OBJECT, Remote, attic_path, commit_path, movable, pack_path, tree_path
 
 FANOUT = 4
 # Tier 0 is the one tier that is not geometric: a merge of tier-0 segments can stay in tier 0,
@@ -202,9 +202,11 @@ def purge(repository) -> int:
     live = [s for s in contents.segments if doomed.isdisjoint(s.files)]
     if not _refs_covered(repository, live):
         return 0  # a push that raced the retirement relies on a retired segment: keep it all
-    targets = sorted(doomed & state.files) + [f"retired/{r}.json" for r in old]
-    repository.backend.delete(targets)
-    return len(targets)
+    # (a moving backend's retired packs and catalogs are in the attic, or still listed where
+    # a move did not happen; deleting an absent file is no error)
+    moved = sorted(attic_path(p) for p in doomed if movable(p)) if repository.backend.moves_retired else []
+    repository.backend.delete(sorted(doomed & state.files) + moved + [f"retired/{r}.json" for r in old])
+    return len(doomed) + len(old)
 
 
 def _refs_covered(repository, live: list) -> bool:

@@ -43,6 +43,22 @@ _CATALOG = re.compile(r"^catalogs/([0-9a-f]{64})\.cat$")
 _RETIRED = re.compile(r"^retired/([0-9]{10}-[0-9a-f]{16})\.json$")
 _PRUNED = re.compile(r"^pruned/([0-9]{10}-[0-9a-f]{16})\.json$")
 MAX_PRUNED_RECORD = 64 << 20  # a pruned/ record: ~70 bytes a commit id
+# Where a backend that can move files (``Remote.moves_retired``) keeps the packs and catalogs
+# compaction replaced while they wait out the grace period: out of the folders every push
+# lists, so a push's listing holds the live segments (O(log pushes)), not every segment of
+# the last hour. A reader that listed such a file before it moved reads it here instead.
+ATTIC = "attic/"
+MOVABLE = ("packs/", "catalogs/")
+
+
+def attic_path(path: str) -> str:
+    """Where a retired ``packs/`` or ``catalogs/`` file waits out the grace period."""
+    return ATTIC + path
+
+
+def movable(path: str) -> bool:
+    """Whether ``path`` moves to the attic when it is retired (and is looked for there)."""
+    return path.startswith(MOVABLE)
 
 
 def upload_progress(progress, files):
@@ -259,6 +275,17 @@ class Remote:
 
     def delete(self, paths: list[str]) -> None:
         """Remove files (retired ones, after their grace period); absent ones are no error."""
+        raise NotImplementedError
+
+    # Whether retired packs and catalogs move to the attic (``attic_path``), out of what
+    # ``state`` lists. Such a backend's reads of a ``movable`` path that is gone look in the
+    # attic, so a reader pinned to a listing from before the move still finds every file.
+    moves_retired = False
+
+    def move_to_attic(self, paths: list[str]) -> None:
+        """Move retired ``movable`` files into the attic (a file already moved, or absent, is
+        no error). Only a move that completes hides a file: one the backend cannot move
+        stays where it is, retired by its record all the same."""
         raise NotImplementedError
 
     # Whether the backend can build a file from byte ranges of files it holds, without the

@@ -19,8 +19,9 @@ from pathlib import Path
 
 from ..errors import RemoteFileTooLarge
 from ..fsutil import TEMP_PREFIX, atomic_write, atomic_writer, file_mode, fsync_dir, validate_relpath
-from .interface import (BASE_RECORD, check_ref_count, content_size, local_write_errors, upload_progress, FORMAT, MAX_BASE_RECORD, MAX_REF_BYTES, Remote, RemoteChanged, RemoteError,
-                        RemoteState, listing_state, parse_refs)
+from .interface import (BASE_RECORD, FORMAT, MAX_BASE_RECORD, MAX_REF_BYTES, Remote, RemoteChanged, RemoteError,
+                        RemoteState, attic_path, check_ref_count, content_size, listing_state, local_write_errors,
+                        movable, parse_refs, upload_progress)
 
 LOCK = "refs.lock"
 LOCK_STALE_SECONDS = 600
@@ -106,8 +107,16 @@ class PathRemote(Remote):
                  for name in _names(self.root / d) if not name.startswith(TEMP_PREFIX)]
         return listing_state(refs, _refs_version(refs), paths, self.read(BASE_RECORD, MAX_BASE_RECORD))
 
-    def read(self, path: str, limit: int) -> bytes | None:
+    def _open(self, path: str):
+        """``path`` opened (_open_regular), or, for a retired pack or catalog that moved since
+        the caller listed it, its copy in the attic; None if neither is there."""
         fh = _open_regular(self._file(path), path)
+        if fh is None and movable(path):
+            fh = _open_regular(self._file(attic_path(path)), path)
+        return fh
+
+    def read(self, path: str, limit: int) -> bytes | None:
+        fh = self._open(path)
         if fh is None:
             return None
         with fh:
@@ -118,7 +127,7 @@ class PathRemote(Remote):
         return data
 
     def download(self, path: str, dest: Path, limit: int) -> None:
-        fh = _open_regular(self._file(path), path)
+        fh = self._open(path)
         if fh is None:
             raise RemoteError(f"remote file {path} is missing")
         with fh:
@@ -129,7 +138,7 @@ class PathRemote(Remote):
         self.bytes_downloaded += dest.stat().st_size
 
     def read_range(self, path: str, offset: int, length: int) -> bytes:
-        fh = _open_regular(self._file(path), path)
+        fh = self._open(path)
         if fh is None:
             raise RemoteError(f"remote file {path} is missing")
         with fh:
@@ -143,6 +152,19 @@ class PathRemote(Remote):
     def delete(self, paths) -> None:
         for path in paths:
             self._file(path).unlink(missing_ok=True)
+
+    moves_retired = True  # a rename on the remote's file system
+
+    def move_to_attic(self, paths) -> None:
+        for path in paths:
+            if not movable(path):
+                raise ValueError(f"{path} does not move to the attic")
+            target = self._file(attic_path(path))
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.replace(self._file(path), target)  # (atomic: the file is in one place or the other)
+            except FileNotFoundError:
+                continue  # moved already, or deleted by a purge
 
     composes = True  # compaction copies ranges of the remote's own packs here instead of uploading them
 
@@ -169,7 +191,7 @@ class PathRemote(Remote):
                     sent += len(piece)
                     continue
                 source, offset, length = piece
-                src = _open_regular(self._file(source), source)
+                src = self._open(source)
                 if src is None:
                     raise RemoteError(f"remote file {source} vanished while compacting")
                 with src:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import functools
 import json
+import logging
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +32,10 @@ from ..store.chains import close_over_bases
 from ..store.packs import MAX_INDEX_BYTES, PackEntry, parse_index
 from . import compaction, steps
 from .catalog import MAX_CATALOG_BYTES, Catalog, catalog_name, catalog_path, parse_catalog, segment_size
-from .interface import BASE_RECORD, MAX_PRUNED_RECORD, MAX_SMALL_OBJECT, Remote, RemoteState, commit_path, pack_path, tree_path
+from .interface import (BASE_RECORD, MAX_PRUNED_RECORD, MAX_SMALL_OBJECT, Remote, RemoteState, commit_path, movable,
+                        pack_path, tree_path)
+
+log = logging.getLogger(__name__)
 
 MAX_RETIRED_RECORD = 16 << 20
 PARSED_TREES = tree_diff.MAX_DELTA_DEPTH + 8  # verified trees an operation keeps: a chain's worth
@@ -562,10 +566,28 @@ class RemoteRepository:
             path, record = compaction.retired_record(list(replaced))
             files[path] = record
         self.backend.publish(files, refs, self.state, message, delete=delete, progress=progress)
+        if replaced and not delete:
+            self._move_to_attic(replaced)
+
+    def _move_to_attic(self, retired) -> None:
+        """Retired packs and catalogs out of the listed folders, where the backend can move
+        them (published first: the record, not the move, is what retires a file, so a move
+        that fails or never happens leaves a file that is listed and still retired; the next
+        push's purge moves it)."""
+        movable_paths = [p for p in retired if movable(p)]
+        if not (self.backend.moves_retired and movable_paths):
+            return
+        try:
+            self.backend.move_to_attic(movable_paths)
+        except RemoteError as exc:  # (the files stay where they are, retired all the same)
+            log.debug("%s: retired files left in place (%s)", self.url, exc)
 
     def purge(self) -> int:
         """Delete what retired records older than the grace period list, when nothing the
-        refs reach still needs it; the number of files deleted."""
+        refs reach still needs it; the number of files deleted. Retired files still listed
+        (a push that stopped before moving them) go to the attic first."""
         if self.backend.deletes_atomically or not self.state.retired:
             return 0
+        if self.backend.moves_retired:
+            self._move_to_attic(sorted(self.contents.retired & self.state.files))
         return compaction.purge(self)

@@ -32,8 +32,9 @@ from pathlib import Path
 
 from .. import settings
 from ..errors import RemoteChanged, RemoteError, RemoteFileTooLarge
-from .interface import (BASE_RECORD, FORMAT, MAX_BASE_RECORD, MAX_REF_BYTES, Remote, RemoteState, TransientError,
-                        check_ref_count, content_size, listing_state, local_write_errors, upload_progress, parse_refs, retries_reads)
+from .interface import (ATTIC, BASE_RECORD, FORMAT, MAX_BASE_RECORD, MAX_REF_BYTES, Remote, RemoteState, TransientError,
+                        attic_path, check_ref_count, content_size, listing_state, local_write_errors, movable, parse_refs,
+                        retries_reads, upload_progress)
 
 MULTIPART_THRESHOLD = 64 << 20
 PART_BYTES = 16 << 20  # S3 wants parts of at least 5 MiB (but the last) and at most 10,000 of them
@@ -203,20 +204,42 @@ class S3Remote(Remote):
 
     # -- reading -----------------------------------------------------------------------------
     def _list(self) -> dict[str, str]:
-        """path (under the prefix) -> ETag of every object."""
+        """path (under the prefix) -> ETag of every object but the attic's (interface.ATTIC).
+        Keys are listed in byte order, so the attic's come together: the listing stops at the
+        first and goes on after the last (``StartAfter`` "attic0": "0" follows "/"), one more
+        request rather than a page per thousand retired files."""
         out = {}
+        attic = self._key(ATTIC)
         with s3_errors(self._what()):
-            pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.location.bucket,
-                                                                            Prefix=self.location.prefix)
-            for page in pages:
-                for obj in page.get("Contents", ()):
-                    out[obj["Key"][len(self.location.prefix):]] = obj["ETag"]
-        return out
+            paginator = self.client.get_paginator("list_objects_v2")
+            after = None
+            while True:
+                extra = {"StartAfter": after} if after else {}
+                for page in paginator.paginate(Bucket=self.location.bucket, Prefix=self.location.prefix, **extra):
+                    contents = page.get("Contents", ())
+                    if after is None and any(obj["Key"].startswith(attic) for obj in contents):
+                        for obj in contents:
+                            if obj["Key"] < attic:
+                                out[obj["Key"][len(self.location.prefix):]] = obj["ETag"]
+                        after = attic[:-1] + "0"
+                        break
+                    for obj in contents:
+                        out[obj["Key"][len(self.location.prefix):]] = obj["ETag"]
+                else:
+                    return out
 
     def _get(self, path: str, byte_range: str | None = None):
+        """GetObject; a retired pack or catalog that moved since it was listed is read from
+        the attic."""
         kwargs = {"Range": byte_range} if byte_range else {}
+        try:
+            with s3_errors(self._what(path)):
+                return self.client.get_object(Bucket=self.location.bucket, Key=self._key(path), **kwargs)
+        except _NotFound:
+            if not movable(path):
+                raise
         with s3_errors(self._what(path)):
-            return self.client.get_object(Bucket=self.location.bucket, Key=self._key(path), **kwargs)
+            return self.client.get_object(Bucket=self.location.bucket, Key=self._key(attic_path(path)), **kwargs)
 
     def _read_upto(self, path: str, n: int) -> tuple[bytes, str]:
         """At most ``n`` bytes from the start of a file, and its ETag (the Range bounds what
@@ -340,6 +363,23 @@ class S3Remote(Remote):
         for path in paths:
             with s3_errors(self._what(path)):
                 self.client.delete_object(Bucket=self.location.bucket, Key=self._key(path))
+
+    moves_retired = True  # a server-side copy into the attic, then a delete: no byte sent
+
+    def move_to_attic(self, paths) -> None:
+        bucket = self.location.bucket
+        for path in paths:
+            if not movable(path):
+                raise ValueError(f"{path} does not move to the attic")
+            try:
+                with s3_errors(self._what(path)):
+                    # (CopyObject takes at most 5 GB: a larger pack stays listed, retired by its record)
+                    self.client.copy_object(Bucket=bucket, Key=self._key(attic_path(path)),
+                                            CopySource={"Bucket": bucket, "Key": self._key(path)})
+            except _NotFound:
+                continue  # moved already, or purged
+            with s3_errors(self._what(path)):
+                self.client.delete_object(Bucket=bucket, Key=self._key(path))
 
     def publish(self, files, refs, expected: RemoteState, message: str, delete=(), progress=None) -> None:
         progress = upload_progress(progress, files)
