@@ -2,10 +2,11 @@
 over hundreds to thousands of committed steps (issue 36).
 
     python -m benchmarks.long_run [--real-steps 400] [--synthetic-steps 5000] [--synthetic-mb 8]
-                                  [--hub] [--out benchmarks/results/long_run.json]
+                                  [--hub] [--bucket] [--s3] [--out benchmarks/results/long_run.json]
 
 Two runs, a commit per step, each pushed at once to a directory remote (and, with
-``--hub``, to the local Hub server through the real huggingface_hub and hf_xet clients),
+``--hub``, to the local Hub server through the real huggingface_hub and hf_xet clients; with
+``--bucket``, to a Storage Bucket there; with ``--s3``, to moto's S3 server on 127.0.0.1),
 a follower (``wvc.follow``, in this process) on each remote updating after every push:
 
 - **real**: all-MiniLM-L6-v2 with bf16 weights and bf16 AdamW state (lr 1e-5), on a
@@ -17,8 +18,8 @@ a follower (``wvc.follow``, in this process) on each remote updating after every
   units in the last place, the chance an element that changed changes again next step and in
   the same direction), for ``--synthetic-steps`` steps.
 
-Per step: stored bytes, uploaded bytes (directory: the files written; Hub: the request bytes
-the server and its Xet service received), follower bytes and seconds, push seconds, the
+Per step: stored bytes, uploaded bytes (directory and S3: the bytes wvc sent; Hub and bucket:
+the request bytes the server and its Xet service received; server-side copies apart), follower bytes and seconds, push seconds, the
 deepest chain of the tip's chunks, TRL's sparse bytes (6 bytes a changed element) and the
 same with a full anchor every 20 steps; every ``--checkout-every`` steps the tip's checkout
 against step 0's. At the end: ``prune --keep-every 100 --keep-last 10`` and what it freed.
@@ -203,16 +204,52 @@ def wire_bytes(server) -> int:
     return sum(server.received_bytes.values()) + sum(server.cas.received_bytes.values())
 
 
+def start_s3(work: Path) -> tuple[object, str]:
+    """moto's S3 server (the tests' launcher, one request at a time) on 127.0.0.1, the AWS
+    environment pointed at it, and a bucket: (the process, the bucket's name)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).parent.parent / "tests" / "s3_server.py"), str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    os.environ.update({"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "bench",
+                       "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"})
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError("the S3 server did not start")
+            time.sleep(0.2)
+    import boto3
+
+    boto3.client("s3").create_bucket(Bucket="bench-long-run")
+    return proc, "bench-long-run"
+
+
+SERVED = ("hub", "bucket")  # remotes whose uploads the local Hub server counts as it receives them
+
+
 def run(name: str, steps_iter, work: Path, *, hub_url: str | None, checkout_every: int, calibrate: Calibration | None,
-        server=None, deadline: float | None = None, publisher: bool = False):
+        server=None, deadline: float | None = None, publisher: bool = False, bucket_url: str | None = None,
+        s3_url: str | None = None):
     from wvc import Repo
     from wvc.publisher import Publisher
     import wvc
 
     repo = Repo.init(work / f"repo-{name}")
     remotes = {"dir": str(work / f"remote-{name}")}
-    if hub_url:
-        remotes["hub"] = hub_url
+    for r, url in (("hub", hub_url), ("bucket", bucket_url), ("s3", s3_url)):
+        if url:
+            remotes[r] = url
     for r, url in remotes.items():
         repo.remote_add(r, url)
     # --publisher: what the Trainer callback runs (a branch of its own, raw chunks kept, the
@@ -244,11 +281,13 @@ def run(name: str, steps_iter, work: Path, *, hub_url: str | None, checkout_ever
                 row[f"compacted_{r}"] = pushed["files_replaced"]
             else:
                 t = time.perf_counter()
-                sent = wire_bytes(server) if r == "hub" else 0
+                sent = wire_bytes(server) if r in SERVED else 0
                 pushed = repo.push(r, branch)
                 row[f"push_{r}_s"] = time.perf_counter() - t
-                # the Hub: what reached the server (Xet: xorbs and shards; LFS: the files), not what wvc handed over
-                row[f"upload_{r}_bytes"] = wire_bytes(server) - sent if r == "hub" else pushed.uploaded_bytes
+                # the Hub and a bucket: what reached the server (Xet: xorbs and shards; LFS: the
+                # files), not what wvc handed over; S3 and a directory: what wvc sent
+                row[f"upload_{r}_bytes"] = wire_bytes(server) - sent if r in SERVED else pushed.uploaded_bytes
+                row[f"copied_{r}_bytes"] = pushed.copied_bytes  # server-side copies (compose), apart
                 row[f"compacted_{r}"] = pushed.files_replaced
             if r not in followers:
                 followers[r] = wvc.follow(remotes[r], branch)
@@ -305,6 +344,7 @@ def summarize(name: str, rows: list[dict], prune: dict, remotes) -> dict:
                 sum(fb) / len(fb) / med, "steps_over_2x_median": sum(1 for b in fb if b > 2 * med),
             "stored_mean_over_follower_median": sum(stored) / len(stored) / med,
             "upload_over_stored": sum(r[f"upload_{k}_bytes"] for r in rows[1:]) / sum(r["stored_bytes"] for r in rows[1:]),
+            "copied_over_stored": sum(r.get(f"copied_{k}_bytes", 0) for r in rows[1:]) / sum(r["stored_bytes"] for r in rows[1:]),
             "follower_over_stored": sum(r[f"follow_{k}_bytes"] for r in rows[1:]) / sum(r["stored_bytes"] for r in rows[1:]),
             "push_s_first100_median": median([r[f"push_{k}_s"] for r in rows[1:101]]),
             "push_s_last100_median": median([r[f"push_{k}_s"] for r in rows[-100:]]),
@@ -326,20 +366,22 @@ def summarize(name: str, rows: list[dict], prune: dict, remotes) -> dict:
 
 def markdown(summaries: list[dict]) -> str:
     lines = ["| run | steps | exact | remote | follower median KB | max / median | mean / median | steps > 2x median "
-             "| stored mean / follower median | upload / stored | follower / stored | push s first / last 100 "
+             "| stored mean / follower median | upload / stored | server-side copies / stored | follower / stored "
+             "| push s first / last 100 "
              "| follow s first / last 100 | tip depth max | tip checkout / step 0 (max; median) "
              "| tip load / step 0 (max; median) | TRL 6 B / stored "
              "| TRL + anchor / 20 / stored | prune every 100 + last 10 frees |",
-             "|" + "---|" * 19]
+             "|" + "---|" * 20]
     for s in summaries:
-        for k in ("dir", "hub"):
+        for k in ("dir", "hub", "bucket", "s3"):
             if k not in s:
                 continue
             r = s[k]
             lines.append(
                 f"| {s['run']} | {s['steps']} | {s['all_exact']} | {k} | {r['follower_median'] / 1e3:.1f} "
                 f"| {r['follower_max_over_median']:.2f} | {r['follower_mean_over_median']:.2f} | {r['steps_over_2x_median']} "
-                f"| {r['stored_mean_over_follower_median']:.2f} | {r['upload_over_stored']:.2f} | {r['follower_over_stored']:.2f} "
+                f"| {r['stored_mean_over_follower_median']:.2f} | {r['upload_over_stored']:.2f} "
+                f"| {r.get('copied_over_stored', 0):.2f} | {r['follower_over_stored']:.2f} "
                 f"| {r['push_s_first100_median']:.3f} / {r['push_s_last100_median']:.3f} "
                 f"| {r['follow_s_first100_median']:.3f} / {r['follow_s_last100_median']:.3f} | {s['tip_depth_max']} "
                 f"| {_max_median(s['checkout_tip_over_first'])} | {_max_median(s.get('load_tip_over_first', []))} "
@@ -417,6 +459,8 @@ def main(argv=None) -> None:
     ap.add_argument("--calibration", type=Path, default=None, metavar="JSON",
                     help="the synthetic run's calibration from an earlier invocation's results (its real run's)")
     ap.add_argument("--hub", action="store_true", help="also push to and follow the local Hub server")
+    ap.add_argument("--bucket", action="store_true", help="also push to and follow a Storage Bucket on the local Hub server")
+    ap.add_argument("--s3", action="store_true", help="also push to and follow an S3 remote (moto's server on 127.0.0.1)")
     ap.add_argument("--publisher", action="store_true",
                     help="commit and push through wvc.Publisher (what the Trainer callback runs), directory remote only")
     ap.add_argument("--step-coder", choices=["STEP_BLOCKS", "ULP_STEP"], default="STEP_BLOCKS",
@@ -428,7 +472,10 @@ def main(argv=None) -> None:
     from wvc.codec import Method, transforms
 
     transforms.STEP_CODER = Method[args.step_coder]
-    if args.publisher and args.hub:
+    if args.hub and args.bucket:  # (as the Hub's does: uploads to the bucket would be counted as near nothing)
+        ap.error("--hub and --bucket share the local server's Xet service, which deduplicates one's uploads against "
+                 "the other's: run them in separate invocations (--merge combines the results)")
+    if args.publisher and (args.hub or args.bucket or args.s3):
         ap.error("--publisher pushes to the directory remote only (to the Hub it pushes once a minute, not a step)")
     if args.merge:
         summaries, results, calibration = [], {}, {}
@@ -440,9 +487,11 @@ def main(argv=None) -> None:
         write_results(args.out, summaries, results, calibration)
         return
     work = Path(tempfile.mkdtemp(prefix="wvc-long-run-"))
-    server = None
+    server = s3 = None
     try:
-        if args.hub:
+        if args.s3:
+            s3, s3_bucket = start_s3(work)
+        if args.hub or args.bucket:
             import os
 
             from wvc.testing.hub import HubServer
@@ -453,10 +502,15 @@ def main(argv=None) -> None:
             os.environ["HF_HUB_CACHE"] = str(work / "hf-cache")
             os.environ["HF_XET_CACHE"] = str(work / "xet-cache")
         results, summaries = {}, []
-        remotes = ["dir"] + (["hub"] if args.hub else [])
+        remotes = ["dir"] + [r for r in ("hub", "bucket", "s3") if getattr(args, r)]
+
+        def urls(name):
+            return {"hub_url": f"hf://bench/long-{name}" if args.hub else None,
+                    "bucket_url": f"hf://buckets/bench/long-{name}" if args.bucket else None,
+                    "s3_url": f"s3://{s3_bucket}/long-{name}" if args.s3 else None}
         cal = Calibration()
         if args.real_steps:
-            rows, prune = run("real", real_steps(args.real_steps), work, hub_url="hf://bench/long-real" if args.hub else None,
+            rows, prune = run("real", real_steps(args.real_steps), work, **urls("real"),
                               checkout_every=args.checkout_every, calibrate=cal, server=server, publisher=args.publisher)
             results["real"] = {"rows": rows, "prune": prune, "calibration": cal.to_json()}
             summaries.append(summarize("real", rows, prune, remotes))
@@ -478,7 +532,7 @@ def main(argv=None) -> None:
                 "ulp_distribution": [0.0, 0.6, 0.25, 0.1] + [0.05 / 13] * 13}
         if args.synthetic_steps:
             rows, prune = run("synthetic", synthetic_steps(args.synthetic_steps, args.synthetic_mb, calibration), work,
-                              hub_url="hf://bench/long-synthetic" if args.hub else None,
+                              **urls("synthetic"),
                               checkout_every=args.checkout_every * 5, calibrate=None, server=server,
                               deadline=time.monotonic() + 60 * args.max_minutes if args.max_minutes else None,
                               publisher=args.publisher)
@@ -488,6 +542,8 @@ def main(argv=None) -> None:
     finally:
         if server is not None:
             server.shutdown()
+        if s3 is not None:
+            s3.kill()
         shutil.rmtree(work, ignore_errors=True)
 
 

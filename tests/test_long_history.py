@@ -75,12 +75,12 @@ def test_retired_files_are_deleted_after_the_grace_period(tmp_path, monkeypatch,
     repo.remote_add("origin", url)
     trainer.push_steps(f"step {i}" for i in range(12))
     kept = remote_file_count(url, None)
-    retired = [p for p in RemoteFiles(url, None).paths() if p.startswith("retired/")]
-    assert retired  # compaction happened, its replaced files wait out the grace period
+    records = [p for p in RemoteFiles(url, None).paths() if p.startswith("attic/retired/")]
+    assert records  # compaction happened, its replaced files wait out the grace period
     monkeypatch.setenv("WVC_REMOTE_GRACE_SECONDS", "0")
     trainer.push_steps(f"step {i}" for i in range(12, 40))
     paths = RemoteFiles(url, None).paths()
-    assert len(paths) <= kept and len([p for p in paths if p.startswith("retired/")]) <= 1
+    assert len(paths) <= kept and len([p for p in paths if p.startswith(("retired/", "attic/retired/"))]) <= 1
     copy = clone(url, tmp_path / "copy")
     assert len(copy.log()) == 40 and tree_digests(copy.root) == tree_digests(repo.root)
 
@@ -109,8 +109,11 @@ def test_retired_files_leave_the_listing_and_a_reader_listed_before_still_reads_
     assert [g.catalog for g in remote.contents.segments] == [g.catalog for g in remote.contents.live_segments]  # none retired
     assert len(listed) == 2 * len(remote.contents.segments) < 16, listed
     stored = RemoteFiles(url, None).paths()
-    retired = {p for paths in remote.contents.retired_records.values() for p in paths}
+    assert not remote.state.retired  # each record moved too, once its files had
+    records = remote.attic_records()
+    retired = {p for paths in records.values() for p in paths}
     assert retired and all(f"attic/{p}" in stored and p not in stored for p in retired)
+    assert all(f"attic/retired/{r}.json" in stored for r in records)
 
     old = [p for p in listed_then.files if p.startswith(("packs/", "catalogs/"))]
     assert old and all(p in retired for p in old)
@@ -153,6 +156,33 @@ def test_retired_files_a_push_left_listed_are_moved_by_the_next(tmp_path, monkey
     assert all(p not in stored and f"attic/{p}" in stored for p in left)
     copy = clone(url, tmp_path / "copy")
     assert len(copy.log()) == 5 and tree_digests(copy.root) == tree_digests(repo.root)
+
+
+def test_a_push_lists_the_attic_only_when_a_retirement_may_be_due(tmp_path, monkeypatch):
+    """The attic's records are listed when the oldest retirement this process knows of has
+    passed its grace period, or a grace period after the last listing (another process's
+    retirements are younger than that), not at every push."""
+    from wvc.remotes import compaction
+    from wvc.remotes.path import PathRemote
+
+    url = str(tmp_path / "remote")
+    repo = Repo.init(tmp_path / "a")
+    trainer = TinyTrainer(repo)
+    repo.remote_add("origin", url)
+    listings = []
+    real = PathRemote.attic_names
+    monkeypatch.setattr(PathRemote, "attic_names", lambda self, folder: listings.append(folder) or real(self, folder))
+    monkeypatch.setitem(compaction._RETIRED_SINCE, str(tmp_path / "remote"), (None, 0.0))  # never listed here
+    trainer.push_steps(f"step {i}" for i in range(20))  # compacts several times
+    assert len(listings) == 1  # the first push's, and no retirement has come of age since
+    monkeypatch.setenv("WVC_REMOTE_GRACE_SECONDS", "0")
+    trainer.push_steps(["step 20"])
+    assert len(listings) == 2
+    assert not [p for p in RemoteFiles(url, None).paths() if p.startswith("attic/retired/")][1:]  # purged but the newest
+    other = str(tmp_path / "remote")  # another process's retirements, a grace period after this one listed
+    monkeypatch.setenv("WVC_REMOTE_GRACE_SECONDS", "3600")
+    compaction._RETIRED_SINCE[other] = (None, 0.0)
+    assert compaction.purge_due(other)
 
 
 def test_an_s3_listing_steps_over_the_attic_however_many_files_it_holds(tmp_path, request):

@@ -35,6 +35,7 @@ class PushResult:
     logical_bytes: int = 0  # size of the pushed version's files: what a full upload would send
     files_replaced: int = 0  # remote files this push's compaction replaced
     tags: list[str] = field(default_factory=list)  # tag refs this push created or moved
+    copied_bytes: int = 0  # server-side copies its compaction made instead of uploading (Remote.compose)
 
     def to_json(self):
         return dict(self.__dict__)
@@ -138,7 +139,7 @@ def push(repo, remote_name: str = "origin", branch: str | None = None, *, force:
     forced = any(state.refs.get(r) is not None and not graph.is_ancestor(state.refs[r], t) for r, t in updates.items())
     return PushResult(remote_name, name, old, local or "", len(new_commits), len(wanted),
                       remote.backend.bytes_uploaded, force and forced, logical, replaced,
-                      sorted(r for r in updates if r.startswith(TAGS)))
+                      sorted(r for r in updates if r.startswith(TAGS)), remote.backend.bytes_copied)
 
 
 def delete_remote_ref(repo, remote_name: str, name: str) -> dict:

@@ -188,25 +188,54 @@ def retired_record(paths: list[str]) -> tuple[str, bytes]:
     return f"retired/{name}.json", canonical_json({"paths": sorted(paths)})
 
 
+# When each remote's oldest retirement comes out of its grace period, as this process last
+# listed the attic (url -> (oldest record's time or None, when listed)): a push lists the
+# attic's records only when one may be due, not at every push.
+_RETIRED_SINCE: dict[str, tuple[float | None, float]] = {}
+
+
+def retired_at(url: str, record_path: str) -> None:
+    """Note a retirement this process published (``record_path``: retired/<time>-...)."""
+    oldest, listed = _RETIRED_SINCE.get(url, (None, 0.0))
+    when = float(record_path[len("retired/"):].split("-")[0])
+    _RETIRED_SINCE[url] = (when if oldest is None else min(oldest, when), listed)
+
+
+def purge_due(url: str) -> bool:
+    """Whether a retirement on ``url`` may have passed its grace period: the oldest this
+    process knows of has, or a grace period went by since it last listed the attic (another
+    process's retirements are at least as young as that listing)."""
+    oldest, listed = _RETIRED_SINCE.get(url, (None, 0.0))
+    now, grace = time.time(), grace_seconds()
+    return (oldest is not None and now - oldest >= grace) or now - listed >= grace
+
+
 def purge(repository) -> int:
     """Delete what retired records older than the grace period list, if the refs no longer
     need any of it; returns the number of files deleted. ``repository``: the
-    RemoteRepository (remotes/repository.py) whose pinned state this reads."""
-    contents, state = repository.contents, repository.state
+    RemoteRepository (remotes/repository.py) whose pinned state this reads. The records are
+    those listed and those in the attic (their files moved there)."""
+    contents, state, backend = repository.contents, repository.state, repository.backend
     now = time.time()
+    listed_at = now
+    records = {**repository.attic_records(), **contents.retired_records}
     grace = grace_seconds()
-    old = [r for r in contents.retired_records if now - int(r.split("-")[0]) >= grace]
+    old = [r for r in records if now - int(r.split("-")[0]) >= grace]
+    young = [int(r.split("-")[0]) for r in records if r not in old]
+    _RETIRED_SINCE[repository.url] = (min(young) if young else None, listed_at)
     if not old:
         return 0
-    doomed = {p for r in old for p in contents.retired_records[r] if p.startswith(("packs/", "catalogs/", "pruned/"))}
+    doomed = {p for r in old for p in records[r] if p.startswith(("packs/", "catalogs/", "pruned/"))}
     live = [s for s in contents.segments if doomed.isdisjoint(s.files)]
     if not _refs_covered(repository, live):
+        _RETIRED_SINCE[repository.url] = (min(int(r.split("-")[0]) for r in records), listed_at)
         return 0  # a push that raced the retirement relies on a retired segment: keep it all
-    # (a moving backend's retired packs and catalogs are in the attic, or still listed where
-    # a move did not happen; deleting an absent file is no error)
-    moved = sorted(attic_path(p) for p in doomed if movable(p)) if repository.backend.moves_retired else []
-    repository.backend.delete(sorted(doomed & state.files) + moved + [f"retired/{r}.json" for r in old])
-    return len(doomed) + len(old)
+    # (each file is listed where a move did not happen, or in the attic; deleting an absent
+    # file is no error)
+    paths = sorted(doomed) + [f"retired/{r}.json" for r in old]
+    attic = [attic_path(p) for p in paths if movable(p)] if backend.moves_retired else []
+    backend.delete([p for p in paths if p in state.files] + attic)
+    return len(paths)
 
 
 def _refs_covered(repository, live: list) -> bool:

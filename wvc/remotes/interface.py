@@ -3,8 +3,11 @@
     wvc.json                              {"format": 1}
     base.json                             the base model, if any: {"url", "tree", "commit"} (basemodel/record.py)
     packs/pack-<hex>.pack, .idx           immutable packs (see store/packs.py) and their index
-    objects/commits/<2 hex>/<id>          immutable commit objects (canonical bytes)
-    objects/trees/<2 hex>/<id>            immutable tree objects
+    catalogs/<hex>.cat                    format 2: a segment's catalog (remotes/catalog.py)
+    retired/, pruned/, steps/             records: retired files, pruned versions, followers' steps
+    attic/<path>                          retired files moved out of the listing (``moves_retired``)
+    objects/commits/<2 hex>/<id>          format 1: immutable commit objects (canonical bytes)
+    objects/trees/<2 hex>/<id>            format 1: immutable tree objects
     refs/heads/<branch>, refs/tags/<tag>  the only mutable files: a commit id and a newline
 
 A push uploads objects first and moves refs last, as one compare-and-swap (``publish``):
@@ -43,16 +46,17 @@ _CATALOG = re.compile(r"^catalogs/([0-9a-f]{64})\.cat$")
 _RETIRED = re.compile(r"^retired/([0-9]{10}-[0-9a-f]{16})\.json$")
 _PRUNED = re.compile(r"^pruned/([0-9]{10}-[0-9a-f]{16})\.json$")
 MAX_PRUNED_RECORD = 64 << 20  # a pruned/ record: ~70 bytes a commit id
-# Where a backend that can move files (``Remote.moves_retired``) keeps the packs and catalogs
-# compaction replaced while they wait out the grace period: out of the folders every push
-# lists, so a push's listing holds the live segments (O(log pushes)), not every segment of
-# the last hour. A reader that listed such a file before it moved reads it here instead.
+# Where a backend that can move files (``Remote.moves_retired``) keeps what compaction (or gc,
+# or prune) replaced while it waits out the grace period, and the retired/ record naming it
+# once every file moved: out of the folders every push lists, so a push's listing holds the
+# live segments (O(log pushes)), not every segment and record of the last hour. A reader that
+# listed such a file before it moved reads it here instead.
 ATTIC = "attic/"
-MOVABLE = ("packs/", "catalogs/")
+MOVABLE = ("packs/", "catalogs/", "pruned/", "retired/")
 
 
 def attic_path(path: str) -> str:
-    """Where a retired ``packs/`` or ``catalogs/`` file waits out the grace period."""
+    """Where a retired file (or a record whose files all moved) waits out the grace period."""
     return ATTIC + path
 
 
@@ -167,7 +171,7 @@ def listing_state(refs, version, paths, base, tokens=None) -> RemoteState:
 
 # What a wvc remote holds at its top level; on the Hub also the files every repository
 # starts with. Anything else is someone else's content.
-WVC_TOP = ("wvc.json", BASE_RECORD, "refs/", "packs/", "catalogs/", "retired/", "pruned/", "steps/", "objects/")
+WVC_TOP = ("wvc.json", BASE_RECORD, "refs/", "packs/", "catalogs/", "retired/", "pruned/", "steps/", "objects/", ATTIC)
 HUB_STARTERS = (".gitattributes", "README.md")
 
 
@@ -234,6 +238,7 @@ class Remote:
     url: str
     bytes_downloaded: int = 0
     bytes_uploaded: int = 0
+    bytes_copied: int = 0  # server-side copies compose made (no byte crossed the network)
 
     def state(self) -> RemoteState:
         raise NotImplementedError
@@ -286,6 +291,10 @@ class Remote:
         """Move retired ``movable`` files into the attic (a file already moved, or absent, is
         no error). Only a move that completes hides a file: one the backend cannot move
         stays where it is, retired by its record all the same."""
+        raise NotImplementedError
+
+    def attic_names(self, folder: str) -> list[str]:
+        """The names of the files in ``attic/<folder>/`` (the purge's list of moved records)."""
         raise NotImplementedError
 
     # Whether the backend can build a file from byte ranges of files it holds, without the

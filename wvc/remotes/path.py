@@ -166,6 +166,9 @@ class PathRemote(Remote):
             except FileNotFoundError:
                 continue  # moved already, or deleted by a purge
 
+    def attic_names(self, folder: str) -> list[str]:
+        return [n for n in _names(self._file(attic_path(folder))) if not n.startswith(TEMP_PREFIX)]
+
     composes = True  # compaction copies ranges of the remote's own packs here instead of uploading them
 
     def compose(self, path: str, pieces: list, expected: tuple[str, int], local: Path | None = None) -> int:
@@ -180,7 +183,7 @@ class PathRemote(Remote):
             return 0
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=target.parent)
-        sent = 0
+        sent = copied = 0
         try:
             os.fchmod(fd, file_mode())
             for piece in pieces:
@@ -196,6 +199,7 @@ class PathRemote(Remote):
                     raise RemoteError(f"remote file {source} vanished while compacting")
                 with src:
                     _copy_range(src.fileno(), fd, offset, length, source)
+                copied += length
             if os.fstat(fd).st_size != expected[1] or pack_checksum(fd, expected[1]) != expected[0]:
                 raise RemoteError(f"remote pack {path} did not come out as composed (a source changed?)")
             os.fsync(fd)
@@ -209,6 +213,7 @@ class PathRemote(Remote):
             if os.path.exists(tmp):
                 os.unlink(tmp)
         self.bytes_uploaded += sent
+        self.bytes_copied += copied
         return sent
 
     def publish(self, files, refs, expected: RemoteState, message: str, delete=(), progress=None) -> None:

@@ -19,6 +19,7 @@ import collections
 import functools
 import json
 import logging
+import re
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -157,6 +158,7 @@ LISTED_SEGMENTS: "weakref.WeakValueDictionary[str, Segment]" = weakref.WeakValue
 # retired/ records read in this process, by (remote, record): a record is written once under
 # a fresh name (time and random), and a pusher or follower lists the same ones for an hour
 RETIRED_SEEN: dict[tuple[str, str], list[str]] = {}
+RECORD_NAME = re.compile(r"^([0-9]{10}-[0-9a-f]{16})\.json$")
 
 
 @dataclass
@@ -429,10 +431,18 @@ class RemoteRepository:
             atomic_write(cache, data, durable=False)
         return parsed
 
-    def _retired_records(self) -> dict[str, list[str]]:
-        """What each retired/ record lists (remotes/compaction.py)."""
+    def attic_records(self) -> dict[str, list[str]]:
+        """What each record in the attic lists: retirements whose files all moved there."""
+        if not self.backend.moves_retired:
+            return {}
+        names = [m.group(1) for n in self.backend.attic_names("retired") if (m := RECORD_NAME.match(n))]
+        return self._retired_records(sorted(names))
+
+    def _retired_records(self, names=None) -> dict[str, list[str]]:
+        """What each retired/ record listed (remotes/compaction.py), or each of ``names``,
+        lists (read from the attic where it moved)."""
         out: dict[str, list[str]] = {}
-        for record in self.state.retired:
+        for record in self.state.retired if names is None else names:
             known = RETIRED_SEEN.get((self.url, record))
             if known is not None:
                 out[record] = known
@@ -559,26 +569,28 @@ class RemoteRepository:
         """``files`` uploaded, then ``refs`` moved (None deletes), iff the remote is still as
         pinned. ``replaced``: files this makes redundant, deleted in the same step where the
         backend can (the Hub's one commit), else retired (compaction.py) and purged later."""
-        files, delete = dict(files), ()
+        files, delete, record_path = dict(files), (), None
         if replaced and self.backend.deletes_atomically:
             delete = tuple(replaced)
         elif replaced:
-            path, record = compaction.retired_record(list(replaced))
-            files[path] = record
+            record_path, record = compaction.retired_record(list(replaced))
+            files[record_path] = record
         self.backend.publish(files, refs, self.state, message, delete=delete, progress=progress)
-        if replaced and not delete:
-            self._move_to_attic(replaced)
+        if record_path is not None:
+            compaction.retired_at(self.url, record_path)
+            self._move_to_attic(list(replaced), record_path)
 
-    def _move_to_attic(self, retired) -> None:
-        """Retired packs and catalogs out of the listed folders, where the backend can move
-        them (published first: the record, not the move, is what retires a file, so a move
-        that fails or never happens leaves a file that is listed and still retired; the next
-        push's purge moves it)."""
-        movable_paths = [p for p in retired if movable(p)]
-        if not (self.backend.moves_retired and movable_paths):
+    def _move_to_attic(self, retired: list[str], record: str | None = None) -> None:
+        """Retired files out of the listed folders, then ``record`` (which names them), where
+        the backend can move them. Published first: the record, not the move, is what retires
+        a file, so a move that fails or never happens leaves files that are listed and still
+        retired (the record stays listed with them); the next push's purge moves them."""
+        if not self.backend.moves_retired:
             return
         try:
-            self.backend.move_to_attic(movable_paths)
+            self.backend.move_to_attic([p for p in retired if movable(p)])
+            if record is not None:
+                self.backend.move_to_attic([record])
         except RemoteError as exc:  # (the files stay where they are, retired all the same)
             log.debug("%s: retired files left in place (%s)", self.url, exc)
 
@@ -586,8 +598,13 @@ class RemoteRepository:
         """Delete what retired records older than the grace period list, when nothing the
         refs reach still needs it; the number of files deleted. Retired files still listed
         (a push that stopped before moving them) go to the attic first."""
-        if self.backend.deletes_atomically or not self.state.retired:
+        if self.backend.deletes_atomically:
             return 0
         if self.backend.moves_retired:
-            self._move_to_attic(sorted(self.contents.retired & self.state.files))
+            if left := sorted(self.contents.retired & self.state.files):
+                self._move_to_attic(left)
+            if not (self.state.retired or compaction.purge_due(self.url)):
+                return 0
+        elif not self.state.retired:
+            return 0
         return compaction.purge(self)

@@ -381,6 +381,12 @@ class S3Remote(Remote):
             with s3_errors(self._what(path)):
                 self.client.delete_object(Bucket=bucket, Key=self._key(path))
 
+    def attic_names(self, folder: str) -> list[str]:
+        under = self._key(attic_path(folder.rstrip("/") + "/"))
+        with s3_errors(self._what()):
+            pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.location.bucket, Prefix=under)
+            return [o["Key"][len(under):] for page in pages for o in page.get("Contents", ()) if "/" not in o["Key"][len(under):]]
+
     def publish(self, files, refs, expected: RemoteState, message: str, delete=(), progress=None) -> None:
         progress = upload_progress(progress, files)
         for path, content in files.items():  # objects first: immutable, so an existing one is kept
@@ -460,10 +466,10 @@ class S3Remote(Remote):
         key, bucket = self._key(path), self.location.bucket
         with s3_errors(self._what(path)):
             upload_id = self.client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
-        sent = 0
+        sent = copied = 0
 
         def send(numbered) -> dict:
-            nonlocal sent
+            nonlocal sent, copied
             number, (kind, *where) = numbered
             if kind == "send":
                 start, end = where
@@ -491,6 +497,8 @@ class S3Remote(Remote):
             etag = result["CopyPartResult"]["ETag"]
             if etag.strip('"') != want:
                 raise _CopyMismatch(source)
+            with self._count_lock:
+                copied += length
             return {"PartNumber": number, "ETag": etag}
 
         try:
@@ -508,6 +516,7 @@ class S3Remote(Remote):
         if not self._exists(path, size):
             raise RemoteError(f"remote pack {path} did not come out as composed (its size differs)")
         self.bytes_uploaded += sent
+        self.bytes_copied += copied
         return sent
 
     def _abort(self, key: str, upload_id: str) -> None:
