@@ -151,6 +151,9 @@ def synthetic_steps(steps: int, megabytes: float, cal: dict, seed: int = 0):
             r = torch.rand(bits.numel(), generator=g)
             changed = torch.where(was, r < p_again, r < p_new)
             k = int(changed.sum())
+            if k == 0:  # (a small tensor may draw no change at all; multinomial refuses zero samples)
+                prev[name] = torch.zeros(bits.numel(), dtype=torch.int32)
+                continue
             mags = torch.multinomial(dist, k, replacement=True, generator=g).to(torch.int32) + 1
             sign = torch.where(torch.rand(k, generator=g) < 0.5, 1, -1).to(torch.int32)
             keep = was[changed] & (torch.rand(k, generator=g) < p_same)
