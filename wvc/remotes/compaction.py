@@ -220,21 +220,24 @@ def purge(repository) -> int:
     listed_at = now
     records = {**repository.attic_records(), **contents.retired_records}
     grace = grace_seconds()
-    old = [r for r in records if now - int(r.split("-")[0]) >= grace]
-    young = [int(r.split("-")[0]) for r in records if r not in old]
-    _RETIRED_SINCE[repository.url] = (min(young) if young else None, listed_at)
+    times = {r: int(r.split("-")[0]) for r in records}
+    old = [r for r in records if now - times[r] >= grace]
+    # (until the old ones are gone, they are what is due: a purge that stops or declines
+    # leaves them due at the next push)
+    _RETIRED_SINCE[repository.url] = (min(times.values()) if times else None, listed_at)
     if not old:
         return 0
     doomed = {p for r in old for p in records[r] if p.startswith(("packs/", "catalogs/", "pruned/"))}
     live = [s for s in contents.segments if doomed.isdisjoint(s.files)]
     if not _refs_covered(repository, live):
-        _RETIRED_SINCE[repository.url] = (min(int(r.split("-")[0]) for r in records), listed_at)
         return 0  # a push that raced the retirement relies on a retired segment: keep it all
     # (each file is listed where a move did not happen, or in the attic; deleting an absent
     # file is no error)
     paths = sorted(doomed) + [f"retired/{r}.json" for r in old]
     attic = [attic_path(p) for p in paths if movable(p)] if backend.moves_retired else []
     backend.delete([p for p in paths if p in state.files] + attic)
+    young = [t for r, t in times.items() if r not in old]
+    _RETIRED_SINCE[repository.url] = (min(young) if young else None, listed_at)
     return len(paths)
 
 
