@@ -127,10 +127,11 @@ def test_retired_files_leave_the_listing_and_a_reader_listed_before_still_reads_
     assert len(copy.log()) == 40 and tree_digests(copy.root) == tree_digests(repo.root)
 
 
-def test_retired_files_a_push_left_listed_are_moved_by_the_next(tmp_path, monkeypatch):
+@pytest.mark.parametrize("failure", ["remote", "os"])
+def test_retired_files_a_push_left_listed_are_moved_by_the_next(tmp_path, monkeypatch, failure):
     """The record retires a file, the move only hides it: a push that stopped after
-    publishing (here: whose move failed) leaves retired files listed, still retired, and
-    the next push moves them."""
+    publishing (here: whose move failed, as the remote said or as the file system did) has
+    landed, leaves retired files listed, still retired, and the next push moves them."""
     from wvc.errors import RemoteError
     from wvc.remotes.path import PathRemote
     from wvc.remotes.repository import RemoteRepository
@@ -142,11 +143,14 @@ def test_retired_files_a_push_left_listed_are_moved_by_the_next(tmp_path, monkey
     trainer.push_steps(f"step {i}" for i in range(3))
 
     def fail(self, paths):
+        if failure == "os":
+            raise PermissionError(13, "simulated: the attic cannot be written")
         raise RemoteError("simulated: the move did not happen")
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(PathRemote, "move_to_attic", fail)
-        trainer.push_steps(["step 3"])  # compacts
+        trainer.push_steps(["step 3"])  # compacts, and lands
+        assert open_remote(url).state().refs["refs/heads/main"] == repo.refs.head_commit()
     remote = RemoteRepository.open(open_remote(url))
     left = remote.contents.retired & remote.state.files
     assert left and all(p.startswith(("packs/", "catalogs/")) for p in left)

@@ -591,7 +591,7 @@ class RemoteRepository:
             self.backend.move_to_attic([p for p in retired if movable(p)])
             if record is not None:
                 self.backend.move_to_attic([record])
-        except RemoteError as exc:  # (the files stay where they are, retired all the same)
+        except (RemoteError, OSError) as exc:  # (the push has landed: the files stay where they are, retired all the same)
             log.debug("%s: retired files left in place (%s)", self.url, exc)
 
     def purge(self) -> int:
