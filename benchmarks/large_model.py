@@ -38,21 +38,12 @@ from pathlib import Path
 import torch
 
 from . import cases as C
+from .long_run import move_bits
 
 RESULTS = Path(__file__).parent / "results"
 # the real bf16 run's step (benchmarks/results/long_run_1000_step_blocks.json's calibration)
 CHANGED, P_AGAIN, P_SAME = 0.0261, 0.9544, 0.9976
 ULPS = [0.6, 0.25, 0.1, 0.05]  # |move| of 1, 2, 3, 4 units in the last place
-
-
-def _ordered(bits: torch.Tensor) -> torch.Tensor:
-    """bf16 bits (int16) -> int32 in the floats' order (so +-1 is one unit in the last place)."""
-    b = bits.to(torch.int32)
-    return torch.where(b < 0, -(b & 0x7FFF), b)
-
-
-def _unordered(o: torch.Tensor) -> torch.Tensor:
-    return torch.where(o < 0, (-o) | -0x8000, o).to(torch.int16)
 
 
 def model(gb: float, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -72,31 +63,7 @@ def step(state: dict, prev: dict, g: torch.Generator) -> None:
     """Move ``state`` one step in place; ``prev``: each element's move at the step before (-1, 0, 1)."""
     dist = torch.tensor(ULPS, dtype=torch.float64)
     for name, t in state.items():
-        bits = t.view(torch.int16).reshape(-1)
-        was = prev.get(name)
-        r = torch.rand(bits.numel(), generator=g)
-        if was is None:
-            changed = r < CHANGED
-        else:
-            moved = was != 0
-            frac = moved.float().mean().item()
-            p_new = max(0.0, (CHANGED - frac * P_AGAIN) / max(1e-9, 1 - frac))
-            changed = torch.where(moved, r < P_AGAIN, r < p_new)
-        k = int(changed.sum())
-        if k == 0:  # (multinomial refuses zero samples)
-            prev[name] = torch.zeros(bits.numel(), dtype=torch.int8)
-            continue
-        mags = torch.multinomial(dist, k, replacement=True, generator=g).to(torch.int32) + 1
-        sign = torch.where(torch.rand(k, generator=g) < 0.5, 1, -1).to(torch.int32)
-        if was is not None:
-            keep = (was[changed] != 0) & (torch.rand(k, generator=g) < P_SAME)
-            sign = torch.where(keep, was[changed].to(torch.int32), sign)
-        o = _ordered(bits)
-        o[changed] += mags * sign
-        bits.copy_(_unordered(o))
-        moves = torch.zeros(bits.numel(), dtype=torch.int8)
-        moves[changed] = sign.to(torch.int8)
-        prev[name] = moves
+        prev[name] = move_bits(t.view(torch.int16).reshape(-1), prev.get(name), CHANGED, dist, P_AGAIN, P_SAME, g)
 
 
 def save(state: dict, path: Path) -> str:

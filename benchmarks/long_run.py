@@ -120,6 +120,36 @@ class Calibration:
                 "p_same_sign": self.same_sign[0] / max(1, self.same_sign[1])}
 
 
+def move_bits(bits: torch.Tensor, was: torch.Tensor | None, target: float, dist: torch.Tensor, p_again: float,
+              p_same: float, g: torch.Generator) -> torch.Tensor:
+    """Move bf16 ``bits`` (int16, in place) one calibrated step: ``target`` of the elements by
+    1, 2, ... units in the last place (``dist``), an element that moved at the step before
+    again with ``p_again``, the same way with ``p_same``. ``was``: each element's direction at
+    the step before (int8 -1, 0, 1; None: no step before). Returns this step's directions."""
+    r = torch.rand(bits.numel(), generator=g)
+    if was is None:
+        changed = r < target
+    else:
+        moved = was != 0
+        frac = moved.float().mean().item()
+        p_new = max(0.0, (target - frac * p_again) / max(1e-9, 1 - frac))  # fresh changes make up the rest
+        changed = torch.where(moved, r < p_again, r < p_new)
+    directions = torch.zeros(bits.numel(), dtype=torch.int8)
+    k = int(changed.sum())
+    if k == 0:  # (a small tensor may draw no change at all; multinomial refuses zero samples)
+        return directions
+    mags = torch.multinomial(dist, k, replacement=True, generator=g).to(torch.int32) + 1
+    sign = torch.where(torch.rand(k, generator=g) < 0.5, 1, -1).to(torch.int32)
+    if was is not None:
+        keep = (was[changed] != 0) & (torch.rand(k, generator=g) < p_same)
+        sign = torch.where(keep, was[changed].to(torch.int32), sign)
+    o = _ordered(bits)
+    o[changed] += mags * sign
+    bits.copy_(_unordered(o))
+    directions[changed] = sign.to(torch.int8)
+    return directions
+
+
 def synthetic_steps(steps: int, megabytes: float, cal: dict, seed: int = 0):
     """(step, state dict) of a bf16 model moved as the calibration says."""
     g = torch.Generator().manual_seed(seed)
@@ -137,31 +167,13 @@ def synthetic_steps(steps: int, megabytes: float, cal: dict, seed: int = 0):
                 torch.randn(shape, generator=g) * 0.02
             state[n] = w.to(torch.bfloat16)
     dist = torch.tensor(cal["ulp_distribution"][1:], dtype=torch.float64)
-    p_again, p_same = cal["p_again"], cal["p_same_sign"]
-    prev = {n: torch.zeros(t.numel(), dtype=torch.int32) for n, t in state.items()}
+    prev = {n: torch.zeros(t.numel(), dtype=torch.int8) for n, t in state.items()}
     yield 0, state
     for step in range(1, steps + 1):
         target = cal["changed_start"] + (cal["changed_end"] - cal["changed_start"]) * min(1.0, step / max(1, steps))
         for name, t in state.items():
-            bits = t.view(torch.int16).reshape(-1)
-            was = prev[name] != 0
-            frac_was = was.float().mean().item()
-            # fresh changes make up the rest of the target fraction
-            p_new = max(0.0, (target - frac_was * p_again) / max(1e-9, 1 - frac_was))
-            r = torch.rand(bits.numel(), generator=g)
-            changed = torch.where(was, r < p_again, r < p_new)
-            k = int(changed.sum())
-            if k == 0:  # (a small tensor may draw no change at all; multinomial refuses zero samples)
-                prev[name] = torch.zeros(bits.numel(), dtype=torch.int32)
-                continue
-            mags = torch.multinomial(dist, k, replacement=True, generator=g).to(torch.int32) + 1
-            sign = torch.where(torch.rand(k, generator=g) < 0.5, 1, -1).to(torch.int32)
-            keep = was[changed] & (torch.rand(k, generator=g) < p_same)
-            sign = torch.where(keep, torch.sign(prev[name][changed]).to(torch.int32), sign)
-            delta = torch.zeros(bits.numel(), dtype=torch.int32)
-            delta[changed] = mags * sign
-            state[name] = _unordered(_ordered(bits) + delta).view(torch.bfloat16).reshape(t.shape)
-            prev[name] = delta
+            prev[name] = move_bits(t.view(torch.int16).reshape(-1), prev[name], target, dist, cal["p_again"],
+                                   cal["p_same_sign"], g)
         yield step, state
 
 

@@ -217,14 +217,13 @@ def purge(repository) -> int:
     those listed and those in the attic (their files moved there)."""
     contents, state, backend = repository.contents, repository.state, repository.backend
     now = time.time()
-    listed_at = now
     records = {**repository.attic_records(), **contents.retired_records}
     grace = grace_seconds()
     times = {r: int(r.split("-")[0]) for r in records}
     old = [r for r in records if now - times[r] >= grace]
     # (until the old ones are gone, they are what is due: a purge that stops or declines
     # leaves them due at the next push)
-    _RETIRED_SINCE[repository.url] = (min(times.values()) if times else None, listed_at)
+    _RETIRED_SINCE[repository.url] = (min(times.values()) if times else None, now)
     if not old:
         return 0
     doomed = {p for r in old for p in records[r] if p.startswith(("packs/", "catalogs/", "pruned/"))}
@@ -237,7 +236,7 @@ def purge(repository) -> int:
     attic = [attic_path(p) for p in paths if movable(p)] if backend.moves_retired else []
     backend.delete([p for p in paths if p in state.files] + attic)
     young = [t for r, t in times.items() if r not in old]
-    _RETIRED_SINCE[repository.url] = (min(young) if young else None, listed_at)
+    _RETIRED_SINCE[repository.url] = (min(young) if young else None, now)
     return len(paths)
 
 

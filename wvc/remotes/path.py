@@ -157,8 +157,6 @@ class PathRemote(Remote):
 
     def move_to_attic(self, paths) -> None:
         for path in paths:
-            if not movable(path):
-                raise ValueError(f"{path} does not move to the attic")
             target = self._file(attic_path(path))
             target.parent.mkdir(parents=True, exist_ok=True)
             try:

@@ -205,28 +205,25 @@ class S3Remote(Remote):
     # -- reading -----------------------------------------------------------------------------
     def _list(self) -> dict[str, str]:
         """path (under the prefix) -> ETag of every object but the attic's (interface.ATTIC).
-        Keys are listed in byte order, so the attic's come together: the listing stops at the
-        first and goes on after the last (``StartAfter`` "attic0": "0" follows "/"), one more
-        request rather than a page per thousand retired files."""
+        Keys are listed in byte order, so the attic's come together: at the first, the listing
+        goes on after the last (``StartAfter`` "attic0": "0" follows "/"), one more request
+        rather than a page per thousand retired files."""
         out = {}
-        attic = self._key(ATTIC)
+        n, attic = len(self.location.prefix), self._key(ATTIC)
+
+        def pages(**after):
+            return self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.location.bucket, Prefix=self.location.prefix, **after)
+
         with s3_errors(self._what()):
-            paginator = self.client.get_paginator("list_objects_v2")
-            after = None
-            while True:
-                extra = {"StartAfter": after} if after else {}
-                for page in paginator.paginate(Bucket=self.location.bucket, Prefix=self.location.prefix, **extra):
-                    contents = page.get("Contents", ())
-                    if after is None and any(obj["Key"].startswith(attic) for obj in contents):
-                        for obj in contents:
-                            if obj["Key"] < attic:
-                                out[obj["Key"][len(self.location.prefix):]] = obj["ETag"]
-                        after = attic[:-1] + "0"
-                        break
-                    for obj in contents:
-                        out[obj["Key"][len(self.location.prefix):]] = obj["ETag"]
-                else:
-                    return out
+            listing = (obj for page in pages() for obj in page.get("Contents", ()))
+            for obj in listing:
+                if obj["Key"].startswith(attic):
+                    listing = (o for page in pages(StartAfter=attic[:-1] + "0") for o in page.get("Contents", ()))
+                    out.update((o["Key"][n:], o["ETag"]) for o in listing)
+                    break
+                out[obj["Key"][n:]] = obj["ETag"]
+        return out
 
     def _get(self, path: str, byte_range: str | None = None):
         """GetObject; a retired pack or catalog that moved since it was listed is read from
@@ -369,8 +366,6 @@ class S3Remote(Remote):
     def move_to_attic(self, paths) -> None:
         bucket = self.location.bucket
         for path in paths:
-            if not movable(path):
-                raise ValueError(f"{path} does not move to the attic")
             try:
                 with s3_errors(self._what(path)):
                     # (CopyObject takes at most 5 GB: a larger pack stays listed, retired by its record)
