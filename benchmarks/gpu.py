@@ -205,7 +205,7 @@ def table(results: list[dict]) -> str:
 def auto_choice(codec_device: str) -> dict:
     """What ``device="auto"`` picks here for device tensors and for host tensors, and the
     trial times it picked on (wvc/ops/device_choice.py)."""
-    from wvc import device_choice
+    from wvc.codec import device_choice
 
     if not codec_device.startswith("cuda"):
         return {}

@@ -257,7 +257,7 @@ def run(name: str, steps_iter, work: Path, *, hub_url: str | None, checkout_ever
         server=None, deadline: float | None = None, publisher: bool = False, bucket_url: str | None = None,
         s3_url: str | None = None):
     from wvc import Repo
-    from wvc.publisher import Publisher
+    from wvc.integrations.publisher import Publisher
     import wvc
 
     repo = Repo.init(work / f"repo-{name}")

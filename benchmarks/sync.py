@@ -139,7 +139,7 @@ def run_sync(name: str, steps_iter, n_steps: int, max_chain: int, work: Path, ur
     from safetensors.torch import save_file
 
     from wvc import Repo
-    from wvc.publisher import Publisher
+    from wvc.integrations.publisher import Publisher
 
     from .baselines import bitx
 

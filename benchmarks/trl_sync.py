@@ -55,7 +55,7 @@ def _changed(prev: dict, cur: dict) -> int:
 
 
 def run_model(name: str, spec: dict, steps: int, work: Path, lr: float, anchor_every: int) -> dict:
-    from wvc.publisher import KEEP_BYTES as DEFAULT_KEEP_BYTES
+    from wvc.integrations.publisher import KEEP_BYTES as DEFAULT_KEEP_BYTES
 
     import torch
     from safetensors.torch import save_file

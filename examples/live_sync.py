@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 import wvc
-from wvc.publisher import Publisher
+from wvc.integrations.publisher import Publisher
 
 
 def policy() -> torch.nn.Module:

@@ -27,7 +27,7 @@ def _bits(sd: dict) -> dict:
 def test_a_publisher_pushes_every_step_to_a_bucket_and_a_follower_gets_each_exactly(tmp_path, monkeypatch):
     """100 steps, each published and pushed (flush: the trainer waits for the push, as a run
     slower than its pushes does), each reaching a follower in another thread bit-exact."""
-    from wvc.publisher import Publisher
+    from wvc.integrations.publisher import Publisher
     from wvc.remotes import open_remote
 
     monkeypatch.setenv("WVC_CACHE", str(tmp_path / "cache"))

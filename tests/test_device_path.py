@@ -1,5 +1,5 @@
 """The device path (#22), exercised on the CPU with the ``torch-cpu`` backend: a commit from a
-state dict batched through codec/batched.py and device_copy.py writes the C path's payloads
+state dict batched through codec/batched.py and codec/device_copy.py writes the C path's payloads
 byte for byte; many chunks travel and are transformed per pass, not one at a time; loads and
 follower updates copy a batch at a time; ``device="auto"`` picks the faster path measured.
 What needs a GPU (CUDA streams, pinned memory, the speed) is measured by benchmarks/gpu.py."""
@@ -8,11 +8,12 @@ import pytest
 import torch
 
 import wvc
-from wvc import Repo, device_copy
+from wvc import Repo
+from wvc.codec import device_copy
 from wvc.codec import Method, batched
-from wvc import device_choice
+from wvc.codec import device_choice
 from wvc.errors import CorruptObject
-from wvc.tensors import tensors_on_device
+from wvc.read.tensors import tensors_on_device
 
 from .conftest import random_tensor
 
@@ -310,7 +311,7 @@ def test_data_location_tells_device_host_and_files_apart():
 def mirrored(monkeypatch):
     """The follower treats host tensors as it treats device ones: host copies of their
     chunks, and patches of only the changed elements (how the patch path runs here)."""
-    from wvc import follower as follower_module
+    from wvc.read import follower as follower_module
 
     monkeypatch.setattr(follower_module, "_mirrored", lambda tensor: True)
     return follower_module

@@ -188,7 +188,7 @@ def test_a_file_replaced_between_header_and_data_is_committed_as_one_version(tmp
     replacement = tmp_path / "new.safetensors"
     save_file({"w": torch.ones(512, dtype=torch.bfloat16)}, str(replacement))
     assert replacement.stat().st_size == path.stat().st_size  # same size: only the bytes tell
-    import wvc.snapshot as snapshot
+    import wvc.worktree.snapshot as snapshot
 
     real, calls = snapshot.st.read_header, []
 

@@ -11,9 +11,9 @@ from safetensors.torch import save_file
 from tests.conftest import sha256
 from wvc import Repo, ids
 from wvc.errors import CorruptObject, FormatError
-from wvc.versions import TREE_FORMAT, Commit, Tree
+from wvc.model.versions import TREE_FORMAT, Commit, Tree
 from wvc.store.refs import HEADS
-from wvc.worktree import content_id
+from wvc.worktree.scan import content_id
 
 CHUNK = 4096  # small, so every tensor and blob below spans several chunks
 

@@ -172,7 +172,7 @@ def test_an_interrupt_while_applying_leaves_every_tensor_at_the_old_version(publ
     """A KeyboardInterrupt (or any error) after some tensors were written: those get their
     old bytes back, so the follower still holds the old commit whole; the next update
     reaches the tip."""
-    from wvc import follower as follower_module
+    from wvc.read import follower as follower_module
 
     first, _ = publisher.step("step 0")
     given = None if own else {k: torch.zeros_like(v) for k, v in publisher.sd.items()}
@@ -199,13 +199,13 @@ def test_an_interrupt_while_applying_leaves_every_tensor_at_the_old_version(publ
 
 
 def test_a_run_publishing_every_step_under_hub_quotas_loses_nothing(tmp_path, hub_env, monkeypatch):
-    """A run commits every step through wvc.publisher with the Hub's quotas on (in
+    """A run commits every step through wvc.integrations.publisher with the Hub's quotas on (in
     miniature: 3 commits and 40 requests per 2 s) while a follower polls: every step is
     committed locally, pushes coalesce to the rate, every version the follower reaches is
     bit-exact, nothing failed for good, and the server never admitted more than its quotas."""
     import threading
 
-    from wvc.publisher import Publisher as BackgroundPublisher
+    from wvc.integrations.publisher import Publisher as BackgroundPublisher
     from wvc.testing.hub import Quota
 
     monkeypatch.setenv("WVC_CACHE", str(tmp_path / "cache"))
@@ -252,7 +252,7 @@ def test_a_run_publishing_every_step_under_hub_quotas_loses_nothing(tmp_path, hu
 def test_kept_keyframes_stay_within_their_budget(tmp_path, monkeypatch):
     """A tensor rewritten whole every step leaves a new keyframe each time; the old ones
     are dropped, least recently used first, beyond the budget (here once the weights)."""
-    from wvc import follower as follower_module
+    from wvc.read import follower as follower_module
 
     monkeypatch.setattr(follower_module, "KEYFRAME_BUDGET", 1)
     monkeypatch.setenv("WVC_CACHE", str(tmp_path / "cache"))

@@ -1,7 +1,7 @@
 """The commit graph (store/graph.py): walks are iterative, merge bases are deterministic."""
 
 from wvc import Repo
-from wvc.versions import Commit, Tree
+from wvc.model.versions import Commit, Tree
 
 
 def _graph_with(tmp_path, edges: dict[str, tuple[str, ...]]):

@@ -16,7 +16,7 @@ from hypothesis import strategies as hs
 
 from wvc import Repo
 from wvc.errors import FormatError
-from wvc.versions import Commit, Tree, canonical_json
+from wvc.model.versions import Commit, Tree, canonical_json
 
 from .conftest import repo_state, tree_digests
 

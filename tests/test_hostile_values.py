@@ -113,7 +113,7 @@ def _forge_place(repo, tensor: str, chunk: str):
     import dataclasses
     import time
 
-    from wvc.versions import Commit, Tree
+    from wvc.model.versions import Commit, Tree
 
     tree = repo.tree_of("HEAD")
     f = tree.files[0]

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from wvc import allocator, fsutil
+from wvc.codec import allocator
+from wvc import fsutil
 
 
 def test_durable_writes_start_writeback_per_stretch_and_keep_every_byte(tmp_path, monkeypatch):
@@ -181,7 +182,7 @@ def test_checkout_through_direct_writes_is_byte_identical(repo, monkeypatch):
 
 def test_the_writer_works_ahead_by_bytes_not_by_chunk_count(repo, monkeypatch):
     from wvc.formats.dtypes import BYTES
-    from wvc.store import pool
+    from wvc.codec import pool
 
     monkeypatch.setattr(pool, "IN_FLIGHT_BYTES", 64 * 1024)
     writer = repo.store.writer()

@@ -210,7 +210,7 @@ def test_an_s3_listing_steps_over_the_attic_however_many_files_it_holds(tmp_path
 
 def _push_format_1(repo: Repo, url: str) -> None:
     """What wvc wrote before format 2: a pack with its .idx, one file a commit and a tree."""
-    from wvc.versions import canonical_json
+    from wvc.model.versions import canonical_json
     from wvc.remotes.interface import commit_path, pack_path, tree_path
     from wvc.store.packs import PackWriter, pack_filename
 

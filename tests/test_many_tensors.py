@@ -81,7 +81,7 @@ def test_a_commit_still_skips_the_chunks_the_store_holds(two_versions):
 def test_small_chunks_are_coded_many_to_a_pool_task(two_versions, tmp_path, monkeypatch):
     """A commit and a checkout of 300 small tensors hand the pool a task per ~32 of them, not
     one each (a hand-off each cost more CPU than coding the chunk); the bytes are the same."""
-    from wvc.store import pool as codec_pool
+    from wvc.codec import pool as codec_pool
 
     repo, root = two_versions
     submitted = []
@@ -179,7 +179,7 @@ def test_pack_offsets_need_no_system_call_per_object(two_versions, monkeypatch, 
 def test_the_codec_pool_size_can_be_set_for_machines_with_more_cores(monkeypatch):
     """One thread per core up to 4 by default; WVC_CODEC_THREADS (1-64) sets it, so that a
     16-core machine can be measured with 16; nonsense falls back to the default."""
-    from wvc.store import pool as codec_pool
+    from wvc.codec import pool as codec_pool
 
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
@@ -197,7 +197,7 @@ def test_the_codec_pool_fits_the_cpus_the_process_may_use(monkeypatch):
     launcher pinning each rank) gets a pool of that many threads, not of the machine's: a
     2-CPU pod on a 64-core host ran 4 codec threads on 2 CPUs. Where affinity is unknown,
     the machine's count."""
-    from wvc.store import pool as codec_pool
+    from wvc.codec import pool as codec_pool
 
     monkeypatch.delenv("WVC_CODEC_THREADS", raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
@@ -219,7 +219,8 @@ def test_chunks_come_out_in_order_across_row_batches(two_versions, monkeypatch):
     """get_many looks rows up a batch at a time as it hands chunks out (the pool starts on
     the first FIRST_ROWS while the rest are looked up): every chunk in the order asked, a
     chunk asked twice, in two batches, given twice."""
-    from wvc.store import chunks, pool
+    from wvc.store import chunks
+    from wvc.codec import pool
 
     repo, _ = two_versions
     head = repo.commit("step").commit
@@ -252,7 +253,7 @@ def test_a_stored_header_that_disagrees_with_its_tree_is_refused(two_versions, t
     import dataclasses
 
     from wvc.errors import CorruptObject
-    from wvc.materialize import write_file
+    from wvc.worktree.materialize import write_file
 
     repo, root = two_versions
     entry = next(e for e in repo.tree_of(repo.log()[0].id).files if e.tensors)

@@ -117,7 +117,7 @@ MERGEKIT = {  # our strategy -> (mergekit method, its inputs, base index, its pa
 def test_each_strategy_equals_mergekit_bit_for_bit(forked, strategy):
     from mergekit.merge_methods.api import merge_tensors
 
-    from wvc.merge_methods import tensor_seed
+    from wvc.model.merge_methods import tensor_seed
 
     repo, base, ours, theirs = _conflicting(forked)
     res = repo.merge("exp", strategy=strategy, weights=(0.7, 0.3), density=0.6, lam=0.8, seed=11, t=0.3)
@@ -259,7 +259,7 @@ def test_methods_agree_with_mergekit_on_tensors_larger_than_its_chunks(strategy)
     wvc rounds the same way (the other methods have no chunking)."""
     from mergekit.merge_methods.api import merge_tensors
 
-    from wvc.merge_methods import MergeParameters, merge_tensor, tensor_seed
+    from wvc.model.merge_methods import MergeParameters, merge_tensor, tensor_seed
 
     g = torch.Generator().manual_seed(5)
     base = (torch.randn(3000, 1000, generator=g) * 0.02).to(torch.bfloat16)

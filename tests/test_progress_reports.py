@@ -60,7 +60,7 @@ def test_a_publishers_background_push_keeps_huggingface_hubs_bars_out_and_restor
 
     hf_tqdm = importlib.import_module("huggingface_hub.utils.tqdm")
 
-    from wvc.publisher import Publisher
+    from wvc.integrations.publisher import Publisher
 
     enable_progress_bars()
     disable_progress_bars("some.group.of.the.user")  # a setting of the user's own, to be kept

@@ -20,10 +20,10 @@ from wvc import Repo
 from wvc.api import clone as clone_repo
 from wvc.cli import main
 from wvc.ops.changes import changes_of
-from wvc.view import open_version
+from wvc.read.view import open_version
 from wvc.errors import InvalidArgument, VersionPruned
 from wvc.ops.prune import KeepPolicy
-from wvc.publisher import Publisher
+from wvc.integrations.publisher import Publisher
 from wvc.store.refs import TAGS
 
 DRIVER = Path(__file__).parent / "crash_driver.py"
@@ -322,7 +322,7 @@ def test_remote_prune_and_what_clones_and_readers_see(tmp_path, remote_url, hub_
 
 def test_remote_prune_races_a_push_and_a_follower_reaches_the_tip(tmp_path, monkeypatch):
     from wvc.ops import remote_gc
-    from wvc.follower import Follower
+    from wvc.read.follower import Follower
 
     remote = str(tmp_path / "remote")
     repo = Repo.init(tmp_path / "r")
@@ -432,7 +432,7 @@ def test_a_kept_version_is_re_encoded_against_the_kept_version_before(tmp_path):
 
 def test_more_kept_versions_than_max_chain_stay_within_it_and_off_the_keyframe(tmp_path):
     """24 kept versions of a drifting run cannot all be chained on the one before within
-    max_chain (8). Before the layout by estimated cost (ops/kept_layout.py), the ninth
+    max_chain (8). Before the layout by estimated cost (store/kept_layout.py), the ninth
     kept version went onto the nearest link that stays whatever its depth: chains of 10
     links. Each kept version must now be within max_chain, and a delta on the run's kept
     versions (not a keyframe of its own). (What the layout saves is measured by

@@ -30,11 +30,11 @@ def _own_public_members(cls):
 def test_every_public_class_function_and_method_has_a_docstring():
     import wvc
     from wvc.api import Repo
-    from wvc.follower import Follower, follow
+    from wvc.read.follower import Follower, follow
     from wvc.integrations.dcp import WvcStorageReader, WvcStorageWriter
     from wvc.integrations.transformers import WvcCallback
-    from wvc.publisher import Publisher
-    from wvc.view import VersionView, open_version, snapshot_download
+    from wvc.integrations.publisher import Publisher
+    from wvc.read.view import VersionView, open_version, snapshot_download
 
     missing = []
     for cls in (Repo, VersionView, Follower, Publisher, WvcCallback, WvcStorageWriter, WvcStorageReader):

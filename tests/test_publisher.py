@@ -1,9 +1,9 @@
-"""wvc.publisher.Publisher: snapshots committed and pushed in the background."""
+"""wvc.integrations.publisher.Publisher: snapshots committed and pushed in the background."""
 
 import torch
 
 from wvc import Repo, api
-from wvc.publisher import Publisher, push_wait, snapshot_state_dict
+from wvc.integrations.publisher import Publisher, push_wait, snapshot_state_dict
 
 
 def model_steps(n, seed=0):
@@ -132,7 +132,7 @@ def test_a_flush_returns_only_after_the_committed_snapshots_buffers_are_back(tmp
     """CI found the reuse above failing now and then: the worker marked the job finished
     before it gave the buffers back, so a flush could return in between and the next
     snapshot allocated. Inside ``give`` the job must still count as unfinished."""
-    from wvc.publisher import SnapshotBuffers
+    from wvc.integrations.publisher import SnapshotBuffers
 
     seen = []
     real = SnapshotBuffers.give

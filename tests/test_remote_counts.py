@@ -9,7 +9,7 @@ import time
 
 import zstandard
 
-from wvc.versions import MAX_TREE_FILES, Commit, FileEntry, Tree
+from wvc.model.versions import MAX_TREE_FILES, Commit, FileEntry, Tree
 from wvc.remotes.catalog import MAGIC, catalog_name
 from wvc.remotes.interface import MAX_REMOTE_REFS, commit_path, tree_path
 

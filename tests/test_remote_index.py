@@ -41,5 +41,5 @@ def test_the_index_kept_up_to_date_is_the_index_built_from_scratch(tmp_path, mon
     repo.remote_gc("origin")  # a rewrite drops the branch's objects: built again
     check(url)
     assert sum(u is not None for u in updated) >= 20  # (brought up to date, not built again)
-    held = MERGED_INDEXES.items[open_remote(url).url][1]
+    held = MERGED_INDEXES.last[open_remote(url).url][1]
     assert len(held) == len(RemoteRepository.open(open_remote(url)).index)

@@ -110,14 +110,14 @@ def test_a_process_parses_each_remote_catalog_once(tmp_path):
 
     repo = wvc.Repo.init(tmp_path / "src", chunk_bytes=CHUNK)
     repo.remote_add("origin", str(tmp_path / "remote"))
-    before = PARSED_CATALOGS.parsed
+    before = PARSED_CATALOGS.made
     for step in range(6):
         repo.commit(f"step {step}", _model(step))
         repo.push("origin", "main")
         wvc.open(str(tmp_path / "remote"), "main").tensor("small")
     catalogs = len(list((tmp_path / "remote" / "catalogs").iterdir()))
     made = 6 + 1  # one a push, and the compaction that merged four of them
-    assert PARSED_CATALOGS.parsed - before <= made, (PARSED_CATALOGS.parsed - before, catalogs)
+    assert PARSED_CATALOGS.made - before <= made, (PARSED_CATALOGS.made - before, catalogs)
 
 
 def test_a_listing_sorts_each_path_by_what_its_name_says_and_ignores_the_rest():

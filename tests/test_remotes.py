@@ -192,7 +192,7 @@ def pushed_and_empty(tmp_path, remote_url) -> tuple[Repo, Repo]:
 
 def test_malicious_remotes_get_clear_errors_and_change_nothing(tmp_path, remote_url, hub):
     from wvc import ids
-    from wvc.versions import Commit, canonical_json
+    from wvc.model.versions import Commit, canonical_json
 
     repo, target = pushed_and_empty(tmp_path, remote_url)
 

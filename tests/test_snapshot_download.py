@@ -44,7 +44,7 @@ def test_a_fine_tune_of_a_base_repository_downloads_loads_and_is_cached(tmp_path
     for name, t in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[name], t), name
 
-    import wvc.materialize as materialize
+    import wvc.worktree.materialize as materialize
 
     writes = []
     real = materialize.write_file

@@ -59,7 +59,7 @@ def test_a_followers_step_costs_the_same_on_re_anchored_steps(tmp_path, remote_u
     run.step(0)
     follower = wvc.follow(remote_url)
     follower.update()
-    import wvc.follower as module
+    import wvc.read.follower as module
 
     def no_ordinary_read(*args, **kwargs):
         raise AssertionError("the follower listed the remote and read catalogs")
@@ -158,7 +158,7 @@ def test_a_follower_that_fell_behind_catches_up_by_records(tmp_path, monkeypatch
     follower = wvc.follow(url)
     follower.update()
     commits = [run.step(i) for i in range(1, 5)]
-    import wvc.follower as module
+    import wvc.read.follower as module
 
     monkeypatch.setattr(module, "open_remote_version", lambda *a, **k: pytest.fail("read the ordinary way"))
     update = follower.update()
@@ -333,10 +333,9 @@ def test_a_push_after_a_plain_commit_decodes_what_the_push_before_decoded_once(t
     Publisher keeping raw chunks, each push decoded those chains again; the chunks recent
     pushes decoded are kept (bounded), so a long run's pushes decode a link or so a chunk."""
     import wvc.store.chunks as chunks_module
-    from wvc.ops import step_records
 
     def links_decoded(root, recent_bytes: int) -> int:
-        monkeypatch.setattr(step_records, "RECENT_BYTES", recent_bytes)
+        monkeypatch.setattr(chunks_module, "RECENT_DECODED_BYTES", recent_bytes)
         run = Run(root, str(root.parent / f"{root.name}-remote"))
         counted, pushing = [0], [False]
         real = chunks_module.decode_links
@@ -363,7 +362,7 @@ def test_a_push_after_a_plain_commit_decodes_what_the_push_before_decoded_once(t
         monkeypatch.setattr(chunks_module, "decode_links", real)
         return counted[0]
 
-    default = step_records.RECENT_BYTES
+    default = chunks_module.RECENT_DECODED_BYTES
     without = links_decoded(tmp_path / "a", 0)
     kept = links_decoded(tmp_path / "b", default)
     assert without > 0 and kept <= without / 2, (kept, without)

@@ -1,4 +1,4 @@
-"""Tree deltas (tree_diff.py): a remote catalog stores a step's tree as the chunk ids that
+"""Tree deltas (model/tree_diff.py): a remote catalog stores a step's tree as the chunk ids that
 changed against its parent's tree, so a step's metadata is proportional to what changed, and
 every reader still gets (and checks) the whole tree."""
 
@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import wvc
-from wvc import Repo, ids, tree_diff
+from wvc import Repo, ids
+from wvc.model import tree_diff
 from wvc.remotes import open_remote
 from wvc.remotes.catalog import Catalog, catalog_name, catalog_path, parse_catalog
 from wvc.remotes.repository import RemoteRepository

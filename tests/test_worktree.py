@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import save_file
 
 from wvc.errors import UncommittedChanges
-from wvc.worktree import RACY_MARGIN_NS
+from wvc.worktree.scan import RACY_MARGIN_NS
 
 from .conftest import sha256
 
@@ -42,7 +42,7 @@ def test_wvcignore_excludes_paths(repo):
 
 
 def test_ignore_patterns_from_the_file_and_the_caller_combine(repo, tmp_path):
-    from wvc.worktree import scan
+    from wvc.worktree.scan import scan
 
     for name in ("a.txt", "b.log", "c.tmp"):
         (repo.root / name).write_text(name)
@@ -77,7 +77,7 @@ def test_file_symlinks_commit_their_content_and_directory_symlinks_are_reported(
     res = repo.commit("c")
     assert [f.path for f in repo.tree_of("HEAD").files] == ["link", "real.txt"]
     assert res.linked_files == ["link"] and res.skipped_symlinks == ["dangling", "dirlink"]
-    from wvc.view import open_version
+    from wvc.read.view import open_version
 
     assert open_version(repo.root).read_file("link") == b"the file's content"
     st = repo.status()
@@ -89,7 +89,7 @@ def test_stat_cache_avoids_rehashing_unchanged_files(repo, monkeypatch):
     age(repo.root / "big.bin")
     repo.commit("c")
     repo.status()  # records trustworthy entries
-    import wvc.worktree as wt
+    import wvc.worktree.scan as wt
 
     calls = []
     real = wt.content_id
@@ -120,7 +120,7 @@ def test_unchanged_shards_are_not_reread_on_commit(repo, monkeypatch):
     repo.commit("one")
     repo.status()
     save_file({"w": torch.randn(256)}, str(repo.root / "s1.safetensors"))
-    import wvc.snapshot as snap
+    import wvc.worktree.snapshot as snap
 
     read = []
     real = snap.Snapshotter._safetensors_file

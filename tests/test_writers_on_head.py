@@ -12,7 +12,7 @@ import torch.distributed.checkpoint as dcp
 from wvc import Repo
 from wvc.errors import NothingToCommit
 from wvc.integrations.dcp import WvcStorageWriter
-from wvc.publisher import Publisher
+from wvc.integrations.publisher import Publisher
 
 from .conftest import tree_digests
 from .test_everyday import run

@@ -22,19 +22,19 @@ def __getattr__(name: str):
 
         return getattr(api, name)
     if name == "open":  # wvc.open(url_or_path, rev), as the spec names it
-        from .view import open_version
+        from .read.view import open_version
 
         return open_version
     if name == "follow":  # apply each new version of a branch to a dict of tensors
-        from .follower import follow
+        from .read.follower import follow
 
         return follow
     if name == "TensorStream":  # repo.commit(msg, TensorStream(pairs)): tensors one at a time
-        from .snapshot import TensorStream
+        from .worktree.snapshot import TensorStream
 
         return TensorStream
     if name == "snapshot_download":  # a version as a plain directory, for from_pretrained
-        from .view import snapshot_download
+        from .read.view import snapshot_download
 
         return snapshot_download
     raise AttributeError(f"module 'wvc' has no attribute {name!r}")

@@ -121,7 +121,7 @@ class Repo(Repository):
         """Three-way merge of ``rev`` into HEAD (docs/merge.md); conflicts refuse it unless a
         ``strategy`` (ours, theirs, linear, task-arithmetic, ties, dare-linear, dare-ties, slerp)
         settles them."""
-        from .merge_methods import MergeParameters
+        from .model.merge_methods import MergeParameters
         from .ops import merge
 
         params = MergeParameters(weights[0], weights[1], density, lam, seed, t)
@@ -136,7 +136,7 @@ class Repo(Repository):
 
     def load_state_dict(self, rev: str = "HEAD", *, device: str = "cpu", lazy: bool = False):
         """Every tensor of version ``rev`` by name, on ``device`` (``lazy``: decoded on first access)."""
-        from . import tensors
+        from .read import tensors
 
         return tensors.load_state_dict(self, rev, device=device, lazy=lazy)
 

@@ -566,7 +566,7 @@ def text_diffs(repo, rev_a, rev_b, files) -> None:
     """A unified diff of each changed text file (configs, tokenizer JSON) up to 1 MiB a side."""
     import difflib
 
-    from .view import VersionView
+    from .read.view import VersionView
 
     texts = [f["path"] for f in files if f["status"] == "modified" and f["path"].endswith(TEXT_SUFFIXES)]
     if not texts:
@@ -1145,7 +1145,7 @@ def cache():
 @json_option
 def cache_list(as_json):
     """List cached versions: tree, size, when made, and the URL@REV that named each."""
-    from .cache import cache_root, entries
+    from .read.cache import cache_root, entries
 
     found = entries(cache_root())
     if as_json:
@@ -1173,7 +1173,7 @@ def _finite(value, option: str):
 @json_option
 def cache_prune(days, everything, dry_run, as_json):
     """Remove cached versions (they are downloaded again when asked for)."""
-    from .cache import cache_root, prune
+    from .read.cache import cache_root, prune
 
     res = prune(cache_root(), older_than_days=days, everything=everything, dry_run=dry_run)
     if as_json:
@@ -1187,7 +1187,7 @@ def cache_prune(days, everything, dry_run, as_json):
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write to FILE instead of stdout.")
 def cat(spec, output):
     """Write one file of a version (REV:PATH, e.g. main~2:config.json) to stdout or FILE."""
-    from .view import open_version
+    from .read.view import open_version
 
     rev, sep, path = spec.partition(":")
     if not sep or not path:

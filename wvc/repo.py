@@ -18,9 +18,9 @@ from .basemodel.record import BaseRef, current
 from . import ids
 from .errors import FormatError, InvalidArgument, NotARepository, RepositoryExists, VersionPruned
 from .fsutil import file_lock, fsync_dir, umask
-from .versions import Commit, Tree, check_chunk_bytes
+from .model.versions import Commit, Tree, check_chunk_bytes
 from .remotes import lazy_remote_name
-from .revparse import resolve
+from .store.revparse import resolve
 from .store.chains import MAX_CHAIN_LIMIT, MAX_CHAIN_LINKS
 from .store.database import Database, has_rows, peek_config
 from .store.external import ExternalFiles
@@ -196,7 +196,7 @@ class Repository:
 
     # -- reading ---------------------------------------------------------------------------
     def resolve(self, rev: str) -> str:
-        """The commit id a REV names (wvc/revparse.py)."""
+        """The commit id a REV names (wvc/store/revparse.py)."""
         return resolve(self.refs, self.graph, rev)
 
     def read_commit(self, commit_id: str) -> Commit:

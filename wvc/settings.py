@@ -7,7 +7,7 @@ tests/test_architecture.py holds both). The README lists the ``WVC_*`` ones from
 Three are read once, at import, because they size or choose something made once per
 process: ``WVC_NO_NATIVE`` (whether the C kernels are loaded at all: codec/native.py,
 codec/step.py; both paths write the same bytes), ``WVC_CODEC_THREADS`` (the codec pool:
-store/pool.py) and ``WVC_DEVICE_BATCH_MB`` (device_copy.py); ``VARIABLES`` says so of each.
+codec/pool.py) and ``WVC_DEVICE_BATCH_MB`` (codec/device_copy.py); ``VARIABLES`` says so of each.
 
 A switch (``switch``) reads the same way everywhere: ``1``, ``true``, ``yes``, ``on`` turn it
 on, ``0``, ``false``, ``no``, ``off`` turn it off, unset or empty leaves its default; anything
@@ -34,7 +34,7 @@ VARIABLES = {
     "WVC_COMPACT_FANOUT": "segments a remote tier holds before a push merges them (default 4; 0: never compact)",
     "WVC_REMOTE_GRACE_SECONDS": "seconds a retired remote file is kept before a push deletes it (default 3600)",
     "WVC_BUCKET_STALE_SECONDS": "seconds after which a bucket push's unconfirmed ref update counts as crashed (default 30)",
-    "WVC_MALLOC_TUNING": "0: leave glibc's malloc thresholds alone (default: raised at the first encode, allocator.py)",
+    "WVC_MALLOC_TUNING": "0: leave glibc's malloc thresholds alone (default: raised at the first encode, codec/allocator.py)",
     "WVC_NO_NATIVE": "1: never load the C kernels (the numpy path; same bytes, slower); read at import",
     "WVC_NO_WHOLE_PAYLOADS": "1: encode and decode stream by stream, not whole payloads in C (same bytes)",
     "WVC_SYSTEM_ZSTD": "0: decode with the bundled zstd, never the system's libzstd (codec/native.py)",

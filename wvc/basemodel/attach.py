@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .. import ids
 from ..errors import BaseModelError, MissingObject, WvcError
-from ..versions import Tree
+from ..model.versions import Tree
 from ..progress import NULL, Progress
 from ..store.graph import CommitGraph
 from ..store.refs import HEADS
@@ -57,7 +57,7 @@ def resolve(spec: str, *, chunk_bytes: int, paths: list[str] | None = None, prog
                 hint = f" (a model on the Hub is written hf://{spec})"
             raise BaseModelError(f"base directory {root} does not exist{hint}")
         if paths is None:
-            from ..worktree import scan
+            from ..worktree.scan import scan
 
             if (root / "wvc.json").is_file():  # a directory remote's marker
                 raise BaseModelError(f"base directory {root} is a wvc remote, not a model: `wvc clone {root}` "

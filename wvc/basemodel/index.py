@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import ids
-from ..layout import file_chunks
-from ..versions import Tree
+from ..model.layout import file_chunks
+from ..model.versions import Tree
 from ..progress import NULL, Progress
-from ..snapshot import Snapshotter
+from ..worktree.snapshot import Snapshotter
 
 
 class _NoStatCache:

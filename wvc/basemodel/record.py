@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from .. import ids
 from ..errors import BaseModelError
-from ..versions import Commit, canonical_json
+from ..model.versions import Commit, canonical_json
 
 HUB_SCHEME = "hf://"
 BASE_AUTHOR = "wvc"

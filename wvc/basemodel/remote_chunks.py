@@ -6,7 +6,7 @@ from pathlib import Path
 
 from .. import ids
 from ..errors import BaseModelError, CorruptObject, RemoteError
-from ..versions import Tree
+from ..model.versions import Tree
 from .download import hub_cache_dir
 from .index import chunk_locations
 from .record import BaseRef, parse_hub

@@ -13,7 +13,7 @@ each part is cheapest:
   exactly as the chunk alone would be), one plane split; a SPARSE chunk's nonzero deltas are
   found by one ``nonzero`` over the batch and only they cross to the host;
 - **the planes go to the host** in one copy per group (into pinned memory, on the copy
-  stream, see :mod:`wvc.device_copy`), where zstd codes them on the codec pool: zstd has no
+  stream, see :mod:`wvc.codec.device_copy`), where zstd codes them on the codec pool: zstd has no
   device implementation in the given dependencies, so the format is unchanged.
 
 Chunks the device pass does not take (those below MIN_SAMPLED, where the encoder tries every
@@ -55,7 +55,7 @@ def encode_on_device(chunks: list[DeviceChunk], *, level: int, submit, copy) -> 
 
     ``submit(fn)`` runs host work (zstd) on the codec pool and returns a Future; ``copy(t)``
     starts a device-to-host copy of tensor ``t`` and returns a function that waits for it
-    and gives a numpy array (:meth:`wvc.device_copy.DeviceCopies.to_host`). The device work
+    and gives a numpy array (:meth:`wvc.codec.device_copy.DeviceCopies.to_host`). The device work
     of every group is queued before the first copy is waited for, so the device runs the
     later groups while the host compresses the earlier ones."""
     import torch

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from .. import settings
 from ..errors import CorruptObject
+from ..formats.dtypes import value_order
 from .container import STEP_WIDTHS, step_supports  # the format's bounds on ULP_STEP payloads
 
 try:
@@ -306,7 +307,7 @@ class _Layout(_Steps):
 
 
 def _ordered(v, sign: int):
-    return v ^ ((v & sign != 0) * (sign - 1))
+    return value_order(v, sign.bit_length())
 
 
 def _encode_py(x, b, g, width: int, shift: int) -> bytes:

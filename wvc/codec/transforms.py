@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import CorruptObject
-from ..formats.dtypes import DType
+from ..formats.dtypes import DType, value_order
 from . import native, step
 from .container import (ENTROPY_SAMPLE_STRIDE, INCOMPRESSIBLE_BITS, PACKED_BELOW, ROTATED, Method, compress_stream,
                         pack, pack_step, peek, step_bits, stream_bytes, zstd_parameters)
@@ -50,9 +50,7 @@ class Encoded:
         return self.method.uses_base
 
 
-def _ordered(x, bits: int):
-    """Sign-magnitude float bits -> integers in value order (an involution)."""
-    return x ^ ((x >> (bits - 1)) & ((1 << (bits - 1)) - 1))
+_ordered = value_order  # sign-magnitude float bits -> integers in value order (an involution)
 
 
 def _zigzag(d, bits: int):

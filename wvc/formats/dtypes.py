@@ -60,3 +60,23 @@ def by_torch_dtype(torch_dtype) -> DType:
             return dt
     raise UnsupportedTensor(f"torch dtype {name} has no safetensors equivalent: wvc cannot store it "
                             "(convert the tensor, e.g. a complex one to torch.view_as_real)")
+
+
+# -- float bit patterns as numbers ------------------------------------------------------------
+# A float's bits are sign-magnitude; the codecs and the diff want them as integers whose order
+# is the values' order. Both work on numpy arrays, torch tensors and Python ints alike.
+
+def value_order(x, bits: int):
+    """``bits``-wide float bit patterns (as signed or unsigned integers of any wider type) ->
+    integers in the values' order: a negative value's magnitude bits are flipped. A bijection
+    (an involution: applied twice it gives ``x`` back), so -0.0 sits just below +0.0; the
+    delta codecs rely on it to be lossless."""
+    return x ^ (-((x >> (bits - 1)) & 1) & ((1 << (bits - 1)) - 1))
+
+
+def ulp_position(x, bits: int):
+    """``bits``-wide float bit patterns (signed integers) -> their position in units in the
+    last place: -0.0 and +0.0 are both 0, so the difference of two is their distance in ULPs
+    (``wvc diff``'s measure). Not a bijection: for measuring, never for coding."""
+    sign = x >> (bits - 1)  # 0, or -1 for a negative value (arithmetic shift)
+    return (x ^ (sign & ((1 << (bits - 1)) - 1))) - sign

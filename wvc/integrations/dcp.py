@@ -40,15 +40,15 @@ from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, W
 from torch.futures import Future
 
 from ..api import Repo
-from ..device_choice import commit_device
+from ..codec.device_choice import commit_device
 from ..errors import FormatError
 from ..formats import dcp_layout as layout_format
 from ..formats.dtypes import BYTES, DTYPES, by_torch_dtype
-from ..layout import chunk_spans, tensor_spans
-from ..versions import Commit, FileEntry, Tree, check_metadata
+from ..model.layout import chunk_spans, tensor_spans
+from ..model.versions import Commit, FileEntry, Tree, check_metadata
 from ..ops.commit import default_author
 from ..progress import NULL
-from ..snapshot import Snapshotter
+from ..worktree.snapshot import Snapshotter
 from ..store.refs import HEADS
 
 
@@ -208,7 +208,7 @@ def _record(repo, w: WvcStorageWriter, metadata: Metadata, results) -> tuple[str
     repo.record([(new, tree, stored)], packs=packs, ref=HEADS + branch, expected=parent,  # CAS
                 reason=f"dcp save: {new.summary}")
     if branch == repo.refs.head_branch():  # HEAD's new version: the working tree follows it
-        from ..ops.follow_worktree import follow_commit
+        from ..worktree.follow import follow_commit
 
         follow_commit(repo, parent_tree, tree)
     return new.id, stored
@@ -234,7 +234,7 @@ class WvcStorageReader(StorageReader):
     def view(self):
         """The version being loaded (a VersionView of the repository or remote)."""
         if self._view is None:
-            from ..view import open_version
+            from ..read.view import open_version
 
             self._view = open_version(self.source, self.rev)
             if layout_format.METADATA_PATH not in self._view.tree.by_path():
@@ -366,7 +366,7 @@ def _pieces(entry, shard: layout_format.Shard, req, chunk_bytes: int):
 
 
 def _read_whole_region(view, entry, req):
-    from ..tensors import tensor_from_chunks
+    from ..read.tensors import tensor_from_chunks
 
     part = tensor_from_chunks(view, entry, "cpu")
     for dim, (offset, length) in enumerate(zip(req.storage_offsets, req.lengths)):

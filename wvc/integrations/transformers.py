@@ -13,7 +13,7 @@ alone; and the tokenizer), nothing carried over from an earlier checkpoint. Comm
 a branch of their own per run, carry the step, epoch and that step's metrics as metadata,
 and never move the repository's checked-out working tree.
 
-Training waits only while the weights are copied (``wvc.publisher``): hashing, encoding,
+Training waits only while the weights are copied (``wvc.integrations.publisher``): hashing, encoding,
 committing and pushing run in the background, with a bounded queue that coalesces to the
 newest step when it falls behind (the commit records the steps it skipped). Pushes are
 rate-bounded for the Hub (``push_interval``), retried with back-off, flushed at train end
@@ -37,7 +37,7 @@ try:
 except ImportError as exc:  # the callback is for Trainer runs: say how to get what it needs
     raise ImportError("wvc.integrations.transformers needs transformers: pip install 'wvc[train]'") from exc
 
-from ..publisher import Publisher
+from .publisher import Publisher
 
 log = logging.getLogger("wvc")
 
@@ -116,7 +116,7 @@ class WvcCallback(TrainerCallback):
         self.every_n_steps = every_n_steps
         self.commit_on_save = on_save
         self.branch = branch
-        # the Publisher's settings (wvc/publisher.py says what each does)
+        # the Publisher's settings (wvc/integrations/publisher.py says what each does)
         self.publisher_options = dict(push_to=push_to, remote=remote, device=device, max_pending=max_pending,
                                       push_interval=push_interval, max_push_attempts=max_push_attempts,
                                       retry_seconds=retry_seconds, keep=keep, prune_remote=prune_remote)

@@ -40,11 +40,11 @@ from pathlib import Path
 
 from .. import ids
 from ..api import Repo
-from ..cache import cache_root
+from ..read.cache import cache_root
 from ..errors import InvalidArgument, NonFastForward, NothingToCommit, RemoteNotFound, WeightSyncError
 from ..remotes import open_remote
-from ..publisher import KEEP_BYTES
-from ..snapshot import TensorStream
+from .publisher import KEEP_BYTES
+from ..worktree.snapshot import TensorStream
 from .vllm.server_client import ServerError, VllmServer
 
 log = logging.getLogger("wvc.trl")

@@ -10,12 +10,12 @@ checkout of each commit.
 
 from __future__ import annotations
 
-import collections
 
 from ..errors import RevisionNotFound
+from ..lru import LRUCache
 from ..progress import NULL, Progress
 from ..store.changes import ChangeStats, TensorChange
-from ..versions import Tree
+from ..model.versions import Tree, first_parents
 from .diff import diff
 
 CACHE_BYTES = 256 << 20  # decoded chunks kept between consecutive commits
@@ -23,47 +23,32 @@ CACHE_BYTES = 256 << 20  # decoded chunks kept between consecutive commits
 
 def first_parent_history(repo, rev: str = "HEAD", limit: int | None = None) -> list[str]:
     """The commits from ``rev`` back along first parents, oldest first (at most ``limit``)."""
-    commit = repo.resolve(rev)
-    out = []
-    while commit is not None and (limit is None or len(out) < limit):
-        out.append(commit)
-        parents = repo.read_commit(commit).parents
-        commit = parents[0] if parents else None
-    return out[::-1]
+    return first_parents(repo.read_commit, repo.resolve(rev), limit)[::-1]
 
 
 class _ChunkCache:
-    """Decoded chunks by id, least recently used dropped first, bounded in bytes. ``prefetch``
-    hands a commit's chunks to the codec pool (their chains looked up here, on the calling
-    thread: the pool only decodes), so the next commit decodes while this one is compared."""
+    """Decoded chunks by id, bounded in bytes. ``prefetch`` hands a commit's chunks to the
+    codec pool (their chains looked up here, on the calling thread: the pool only decodes), so
+    the next commit decodes while this one is compared."""
 
     def __init__(self, store, max_bytes: int = CACHE_BYTES):
-        self.store, self.max_bytes, self.size = store, max_bytes, 0
-        self.items: collections.OrderedDict[str, bytes] = collections.OrderedDict()
+        self.store = store
+        self.decoded: LRUCache[str, bytes] = LRUCache(max_bytes, weight=len)
         self.pending: dict[str, object] = {}  # id -> Future of its bytes
 
     def prefetch(self, chunk_ids) -> None:
-        from ..store.pool import pool
+        from ..codec.pool import pool
 
         for chunk_id in dict.fromkeys(chunk_ids):
-            if chunk_id not in self.items and chunk_id not in self.pending:
+            if chunk_id not in self.decoded and chunk_id not in self.pending:
                 self.pending[chunk_id] = pool().submit(self.store.decode_chain, self.store.chain(chunk_id))
 
-    def _keep(self, chunk_id: str, raw: bytes) -> None:
-        if len(raw) <= self.max_bytes and chunk_id not in self.items:
-            self.items[chunk_id] = raw
-            self.size += len(raw)
-            while self.size > self.max_bytes:
-                self.size -= len(self.items.popitem(last=False)[1])
-
     def __call__(self, chunk_id: str) -> bytes:
-        raw = self.items.get(chunk_id)
-        if raw is not None:
-            self.items.move_to_end(chunk_id)
-            return raw
-        future = self.pending.pop(chunk_id, None)
-        raw = future.result() if future is not None else self.store.get(chunk_id)
-        self._keep(chunk_id, raw)
+        raw = self.decoded.get(chunk_id)
+        if raw is None:
+            future = self.pending.pop(chunk_id, None)
+            raw = future.result() if future is not None else self.store.get(chunk_id)
+            self.decoded.put(chunk_id, raw)
         return raw
 
 

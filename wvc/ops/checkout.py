@@ -17,11 +17,11 @@ from pathlib import Path
 from .. import ids
 from ..errors import MissingEntry, PathInTheWay, UncommittedChanges
 from ..fsutil import resolve_inside, selected
-from ..versions import Tree
+from ..model.versions import Tree
 from ..progress import NULL, Progress
 from ..store.refs import HEADS, MERGE_HEAD, MERGE_RECIPE
-from ..worktree import StatCache, scan
-from ..materialize import write_file
+from ..worktree.scan import StatCache, scan
+from ..worktree.materialize import write_file
 
 
 @dataclass(frozen=True)

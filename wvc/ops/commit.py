@@ -17,12 +17,12 @@ from pathlib import Path
 
 from .. import settings
 from ..errors import ConcurrentUpdate, InvalidArgument, NothingToCommit, PackMissing, StaleWrite
-from ..device_choice import commit_device, data_location
-from ..versions import Commit, Tree, check_metadata
+from ..codec.device_choice import commit_device, data_location
+from ..model.versions import Commit, Tree, check_metadata
 from ..progress import NULL, Progress
 from ..store.refs import HEADS, MERGE_HEAD, MERGE_RECIPE
-from ..worktree import StatCache, scan
-from ..snapshot import STATE_DICT_PATH, Snapshotter, TensorStream
+from ..worktree.scan import StatCache, scan
+from ..worktree.snapshot import STATE_DICT_PATH, Snapshotter, TensorStream
 
 
 RECORD_ATTEMPTS = 3  # encodings of one commit, each refused only if a prune re-encoded its bases meanwhile
@@ -203,7 +203,7 @@ def _commit(repo, message, source, *, author, metadata, allow_empty, device, sta
 
     repo.record([(new, tree, writer.stored_bytes)], packs=[(pack, rows)], during=move_refs)
     if root != repo.root and (branch is None or branch == repo.refs.head_branch()):
-        from .follow_worktree import follow_commit  # HEAD's new version came from elsewhere
+        from ..worktree.follow import follow_commit  # HEAD's new version came from elsewhere
 
         follow_commit(repo, parent_tree, tree, progress)
     result = CommitResult(new.id, tree.id, parents, tree.logical_bytes, writer.stored_bytes, len(rows))

@@ -12,12 +12,12 @@ import os
 from dataclasses import dataclass
 
 from ..formats import safetensors as st
-from ..formats.dtypes import DTYPES
+from ..formats.dtypes import DTYPES, ulp_position
 from ..fsutil import selected
-from ..layout import chunk_spans
-from ..versions import FileEntry, TensorEntry
+from ..model.layout import chunk_spans
+from ..model.versions import FileEntry, TensorEntry
 from ..progress import NULL, Progress
-from ..worktree import scan
+from ..worktree.scan import scan
 from .status import working_hashes
 
 
@@ -172,8 +172,7 @@ def ordered_bits(bits, width: int):
         s = torch.where(s >= 128, s - 256, s)
     else:
         s = bits
-    sign = s >> (8 * width - 1)  # 0, or -1 for a negative value (arithmetic shift)
-    return ((s ^ (sign & ((1 << (8 * width - 1)) - 1))) - sign).to(torch.int64)  # branch-free
+    return ulp_position(s, 8 * width).to(torch.int64)
 
 
 def _max_ulps(bits_a, bits_b, width: int) -> int:

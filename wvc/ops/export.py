@@ -21,7 +21,7 @@ from ..formats import safetensors as st
 from ..formats.dtypes import DTYPES
 from ..fsutil import atomic_write, atomic_writer, resolve_inside
 from ..progress import NULL, Progress
-from ..materialize import file_blocks, write_file
+from ..worktree.materialize import file_blocks, write_file
 
 INDEX_NAME = "model.safetensors.index.json"
 DEFAULT_MAX_SHARD_BYTES = 5_000_000_000  # transformers' default "5GB"
@@ -153,7 +153,7 @@ def _tensor_blocks(repo, source: _Source):
         return
     import torch
 
-    from ..tensors import tensor_from_chunks
+    from ..read.tensors import tensor_from_chunks
 
     dtype = getattr(torch, DTYPES[source.dtype].torch_name)
     full = torch.empty(source.shape, dtype=dtype)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from .. import ids
 from ..errors import RemoteError
 from ..fsutil import fsync_dir, make_work_dir, sweep_work_dirs
-from ..versions import Commit, Tree
+from ..model.versions import Commit, Tree
 from ..progress import NULL, Progress
 from ..remotes import lazy_remote_name
 from ..remotes.interface import MAX_PACK_BYTES, pack_path

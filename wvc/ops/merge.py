@@ -4,7 +4,7 @@ Plan first, write nothing: for every path and, in a safetensors file both sides 
 every tensor chunk: unchanged on one side -> the other side's, bit for bit; the same change
 on both -> it; different changes -> a conflict. With no strategy any conflict refuses the
 merge and nothing changes. A strategy resolves conflicting tensors (``ours``/``theirs``
-also whole files); computed tensors (merge_methods.py) are encoded as new chunks, deltas
+also whole files); computed tensors (model/merge_methods.py) are encoded as new chunks, deltas
 against our side's. Then the merge commit (two parents, the recipe in its metadata) is
 recorded, the working tree is switched to it like a checkout, and the branch moves last,
 by compare-and-swap. ``no_commit`` writes the result into the working tree instead and
@@ -21,14 +21,14 @@ from .. import ids
 from ..codec.devices import resolve_device
 from ..errors import InvalidArgument, MergeInProgress, NothingToCommit, UncommittedChanges, WvcError
 from ..formats.dtypes import DTYPES
-from ..merge_methods import COMPUTED, TAKE_SIDE, MergeParameters, merge_tensor
-from ..layout import chunk_spans
-from ..versions import Commit, FileEntry, TensorEntry, Tree
+from ..model.merge_methods import COMPUTED, TAKE_SIDE, MergeParameters, merge_tensor
+from ..model.layout import chunk_spans
+from ..model.versions import Commit, FileEntry, TensorEntry, Tree
 from ..progress import NULL, Progress
 from ..store.refs import HEADS, MERGE_HEAD, MERGE_RECIPE
 from .checkout import switch_worktree
 from .commit import default_author
-from ..materialize import write_file
+from ..worktree.materialize import write_file
 from .status import status
 
 FLOAT_KINDS = ("float",)
@@ -269,7 +269,7 @@ def _fill_computed(repo, plan: _Plan, b_tree, o_tree, t_tree, strategy, params, 
         return plan.files
     import torch
 
-    from ..tensors import tensor_from_chunks
+    from ..read.tensors import tensor_from_chunks
 
     b, o, t = b_tree.by_path(), o_tree.by_path(), t_tree.by_path()
     files = dict(plan.files)

@@ -6,7 +6,7 @@ are kept, and it is marked in `pruned_commits`; reading its weights (checkout, e
 diff, merge, open) raises VersionPruned naming the nearest kept versions. The chunks only
 pruned versions used are freed. A chunk a kept version needs whose delta chain runs through
 a freed chunk is re-encoded against the same place in another kept version of the run, as
-the kept versions' layout by estimated cost has it (ops/kept_layout.py), else against the
+the kept versions' layout by estimated cost has it (store/kept_layout.py), else against the
 nearest link of its chain that stays, or as a keyframe.
 
 Order (docs/design.md, "prune"): 1. the change statistics of the commits to prune and of
@@ -27,8 +27,9 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from .. import ids, tree_diff
-from ..versions import finite_number
+from .. import ids
+from ..model import tree_diff
+from ..model.versions import finite_number, first_parents
 from ..codec.container import Method
 from ..errors import ConcurrentUpdate, InvalidArgument, WvcError
 from ..formats.dtypes import BYTES, DTYPES
@@ -37,7 +38,7 @@ from ..remotes import lazy_remote_name
 from ..store.packs import PackWriter, copy_payloads, pack_filename
 from ..store.refs import HEADS, TAGS
 from ..store.rows import ObjectRow
-from . import kept_layout
+from ..store import kept_layout
 from .changes import ensure_changes, first_parent_history
 from .maintenance import PRUNED_PACKS as RETIRED_PACKS, _pack_bytes, _ref_tips, reflog_expire_seconds
 
@@ -480,7 +481,7 @@ def _plan(repo, pruned: set[str], run=()) -> _Plan:
 def _write_pack(repo, plan: _Plan, progress: Progress):
     """Step 2: re-encode, copy the live payloads of the packs that lose one; make it durable."""
     from .. import codec
-    from ..store import pool as codec_pool
+    from ..codec import pool as codec_pool
 
     store = repo.store
     chains = {o: store.chain(o, known=plan.rows) for o, _ in plan.reencode}
@@ -610,18 +611,13 @@ def _remote_prune_once(repo, remote, remote_name: str, branch: str, policy: Keep
     import tempfile
     from pathlib import Path
 
-    from ..versions import canonical_json
+    from ..model.versions import canonical_json
     from .remote_gc import Cut
 
     tip = remote.refs.get(HEADS + branch)
     if tip is None:
         raise InvalidArgument(f"{remote_name} has no branch {branch!r}")
-    run, cursor = [], tip
-    while cursor is not None:
-        run.append(cursor)
-        parents = remote.commit(cursor).parents
-        cursor = parents[0] if parents else None
-    run.reverse()
+    run = first_parents(remote.commit, tip)[::-1]
     metadata = {c: remote.commit(c).metadata for c in run}
     contents = remote.contents
     already = remote.pruned

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from .. import ids
 from ..errors import DetachedHead, NonFastForward, RevisionNotFound
-from ..versions import Commit, Tree
+from ..model.versions import Commit, Tree
 from ..progress import NULL, Progress
 from ..store.refs import HEADS
 from .checkout import switch_worktree

@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import ids, tree_diff
+from .. import ids
+from ..model import tree_diff
 from ..basemodel.record import base_json
 from ..errors import DetachedHead, NonFastForward, RevisionNotFound, VersionPruned, WvcError
 from ..fsutil import sweep_work_dirs, work_dir
@@ -161,7 +162,7 @@ def delete_remote_ref(repo, remote_name: str, name: str) -> dict:
 
 def _stored_trees(repo, remote, new_commits: list[str]) -> dict[str, bytes]:
     """The new commits' trees as the catalog stores them: a tree delta of the first parent's
-    tree (tree_diff.py) where the remote or this push holds that tree, only chunk ids
+    tree (model/tree_diff.py) where the remote or this push holds that tree, only chunk ids
     changed, the chain stays within MAX_DELTA_DEPTH and its deltas together stay smaller
     than the whole tree; else the whole tree. A step of a 250,000-chunk model that changes
     1% of its chunks then sends 2,500 ids, not 250,000 (docs/design.md, "Tree deltas")."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..worktree import StatCache, scan
+from ..worktree.scan import StatCache, scan
 
 
 @dataclass

@@ -12,13 +12,13 @@ payload is not much smaller.
 
 from __future__ import annotations
 
-import weakref
 
-from .. import tree_diff
+from ..model import tree_diff
+from ..model.versions import first_parents
 from ..codec import Method, encode
 from ..formats.dtypes import DTYPES
 from ..remotes import steps
-from ..remotes.transfer import DecodedCache
+from ..lru import LRUCache
 
 BYTES = DTYPES["U8"]
 STEP_GAIN = 0.8  # a step payload replaces a stored delta only if it is at most this share of it
@@ -43,21 +43,13 @@ def dropped_records(repo, tip: str, pushed: int, others=()) -> list[str]:
     fall out of the newest ``KEEP`` first-parent steps now (older ones were replaced by the
     pushes before), unless among the newest ``KEEP`` of another branch (``others``: their
     tips on the remote)."""
-    walked = _first_parents(repo, tip, pushed + 2 * steps.KEEP)
+    walked = first_parents(repo.read_commit, tip, pushed + 2 * steps.KEEP)
     keep = set(walked[: steps.KEEP])
     for other in others:
         if repo.graph.has_commit(other):
-            keep.update(_first_parents(repo, other, steps.KEEP))
+            keep.update(first_parents(repo.read_commit, other, steps.KEEP))
     return [c for c in walked[steps.KEEP :] if c not in keep]
 
-
-def _first_parents(repo, commit: str, n: int) -> list[str]:
-    out = []
-    while commit is not None and len(out) < n:
-        out.append(commit)
-        parents = repo.read_commit(commit).parents
-        commit = parents[0] if parents else None
-    return out
 
 
 def build_record(repo, commit_id: str, locate) -> bytes | None:
@@ -83,7 +75,7 @@ def build_record(repo, commit_id: str, locate) -> bytes | None:
         if cid in held or cid in done:
             continue
         done.add(cid)
-        decoded = _Decoded(recent_decoded(repo.store))  # this place's versions decoded so far: they share chains
+        decoded = _Decoded(repo.store.recent_decoded)  # this place's versions decoded so far: they share chains
         place = (path, tensor, index)
         base, context = old[place], older.get(place)
         if context == base:
@@ -145,27 +137,11 @@ def _dtypes(tree) -> dict:
     return {(f.path, t.name): DTYPES[t.dtype] for f in tree.files for t in f.tensors}
 
 
-RECENT_BYTES = 64 << 20  # chunks the step records of a repository's pushes keep decoded for the next push's
-_RECENT: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # ObjectStore -> DecodedCache
-
-
-def recent_decoded(store) -> DecodedCache:
-    """The chunks recent pushes' records (and prunes' layouts) decoded, for this store (ids
-    name the bytes, so nothing goes stale): this push's chunk is the next step's base, then
-    its context, and an anchor is the base of the steps after it. Without them a push that a plain commit came
-    before (no Publisher keeping raw chunks) decoded the parent's and grandparent's whole
-    chains again: two thirds of a push's time in `benchmarks/long_run.py`."""
-    cache = _RECENT.get(store)
-    if cache is None:
-        cache = _RECENT[store] = DecodedCache(RECENT_BYTES)
-    return cache
-
-
 class _Decoded:
     """One place's decoded versions (``ObjectStore.get_from``'s ``known``), backed by the
     store's recent ones."""
 
-    def __init__(self, recent: DecodedCache):
+    def __init__(self, recent: LRUCache[str, bytes]):
         self.mine: dict[str, bytes] = {}
         self.recent = recent
 

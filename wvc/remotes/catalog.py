@@ -10,7 +10,7 @@ merges segments, so the count of files stays bounded however many pushes there w
 File: zstd frame of ``b"WVCCAT\\x01\\n"``, u32 JSON length, canonical JSON
 ``{"pack": name or null, "entries": [...], "objects": [[kind, id, length], ...]}``,
 then the objects' bytes back to back in that order. A kind is ``commit``, ``tree`` (its
-canonical bytes) or ``tree-delta`` (the tree stored as a diff of another: tree_diff.py);
+canonical bytes) or ``tree-delta`` (the tree stored as a diff of another: model/tree_diff.py);
 ``trees`` holds both stored forms, told apart by the delta's magic. Named by the blake3 (PACK context) of
 the whole file, like a pack. Untrusted when read: the decompressed size is bounded, every
 field checked (entries as a pack index is, store/packs.parse_index), and every commit and
@@ -25,14 +25,14 @@ from dataclasses import dataclass, field
 
 from .. import ids
 from ..errors import CorruptObject
-from ..versions import canonical_json
+from ..model.versions import canonical_json
 from ..formats import bounded_json
 from ..store.packs import MAX_INDEX_BYTES, PackEntry, parse_index
-from ..tree_diff import is_delta
+from ..model.tree_diff import is_delta
 
 MAGIC = b"WVCCAT\x01\n"
 MAX_CATALOG_BYTES = 1 << 30  # decompressed; a catalog holds trees, which grow with the model
-KINDS = ("commit", "tree", "tree-delta")  # a tree delta: a tree stored as a diff of another (tree_diff.py)
+KINDS = ("commit", "tree", "tree-delta")  # a tree delta: a tree stored as a diff of another (model/tree_diff.py)
 
 
 @dataclass

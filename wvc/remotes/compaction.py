@@ -26,7 +26,7 @@ from pathlib import Path
 
 from .. import settings
 from ..errors import CorruptObject, WvcError
-from ..versions import canonical_json
+from ..model.versions import canonical_json
 from ..store.packs import (MAGIC, XET_BOUNDARY, PackWriter, copy_payloads, marked_payload_end, pack_filename,
                            read_pack_index, read_payload)
 from .catalog import Catalog

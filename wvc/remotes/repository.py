@@ -15,7 +15,6 @@ store over its transport).
 
 from __future__ import annotations
 
-import collections
 import functools
 import json
 import logging
@@ -24,11 +23,13 @@ import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import ids, tree_diff
+from .. import ids
+from ..model import tree_diff
 from ..errors import CorruptObject, RemoteError, WvcError
 from ..formats import bounded_json
 from ..fsutil import atomic_write
-from ..versions import Commit, Tree
+from ..lru import LRUCache
+from ..model.versions import Commit, Tree
 from ..store.chains import close_over_bases
 from ..store.packs import MAX_INDEX_BYTES, PackEntry, parse_index
 from . import compaction, steps
@@ -43,39 +44,11 @@ PARSED_TREES = tree_diff.MAX_DELTA_DEPTH + 8  # verified trees an operation keep
 PARSED_CACHE_BYTES = 256 << 20  # parsed catalogs a process keeps (what they hold in memory, about)
 
 
-class _ParsedCatalogs:
-    """Catalogs already parsed in this process, by name (a name is the hash of the bytes, so
-    a hit is the same verified catalog): a process that pushes or follows every step (the
-    Publisher, a follower) parsed every catalog of the remote again at each operation, most of
-    a push's time late in a long run. Least recently used dropped first, bounded in bytes."""
-
-    def __init__(self, max_bytes: int = PARSED_CACHE_BYTES):
-        import collections
-        import threading
-
-        self.max_bytes, self.size, self.lock = max_bytes, 0, threading.Lock()
-        self.items: "collections.OrderedDict[str, tuple[Catalog, int]]" = collections.OrderedDict()
-        self.parsed = 0  # catalogs parsed from bytes (tests count them)
-
-    def get(self, name: str, load) -> Catalog:
-        with self.lock:
-            hit = self.items.get(name)
-            if hit is not None:
-                self.items.move_to_end(name)
-                return hit[0]
-        catalog = load()
-        with self.lock:
-            self.parsed += 1
-            held = catalog.held_bytes
-            if name not in self.items and held <= self.max_bytes:
-                self.items[name] = (catalog, held)
-                self.size += held
-                while self.size > self.max_bytes:
-                    self.size -= self.items.popitem(last=False)[1][1]
-        return catalog
-
-
-PARSED_CATALOGS = _ParsedCatalogs()
+# Catalogs already parsed in this process, by name (a name is the hash of the bytes, so a hit
+# is the same verified catalog): a process that pushes or follows every step (the Publisher, a
+# follower) parsed every catalog of the remote again at each operation, most of a push's time
+# late in a long run. Bounded by what the catalogs hold in memory.
+PARSED_CATALOGS: LRUCache[str, Catalog] = LRUCache(PARSED_CACHE_BYTES, weight=lambda cat: cat.held_bytes)
 
 
 class _MergedIndexes:
@@ -89,24 +62,15 @@ class _MergedIndexes:
     KEEP = 4  # remotes
 
     def __init__(self):
-        import collections
-        import threading
-
-        self.lock = threading.Lock()
-        self.items: "collections.OrderedDict[str, tuple]" = collections.OrderedDict()
+        self.last: LRUCache[str, tuple] = LRUCache(self.KEEP)  # url -> the last listing's segments and dicts
 
     def build(self, url: str, segments: list) -> tuple[dict, dict, dict]:
         keyed = {(seg.catalog, seg.pack): seg for seg in segments}
-        with self.lock:
-            last = self.items.get(url)
+        last = self.last.get(url)
         made = self._update(last, keyed) if last is not None else None
         if made is None:
             made = self._scratch(segments)
-        with self.lock:
-            self.items[url] = (keyed, *made)
-            self.items.move_to_end(url)
-            while len(self.items) > self.KEEP:
-                self.items.popitem(last=False)
+        self.last.put(url, (keyed, *made))
         return made
 
     @staticmethod
@@ -157,7 +121,7 @@ MERGED_INDEXES = _MergedIndexes()
 LISTED_SEGMENTS: "weakref.WeakValueDictionary[str, Segment]" = weakref.WeakValueDictionary()
 # retired/ records read in this process, by (remote, record): a record is written once under
 # a fresh name (time and random), and a pusher or follower lists the same ones for an hour
-RETIRED_SEEN: dict[tuple[str, str], list[str]] = {}
+RETIRED_SEEN: LRUCache[tuple[str, str], list[str]] = LRUCache(100_000)
 RECORD_NAME = re.compile(r"^([0-9]{10}-[0-9a-f]{16})\.json$")
 
 
@@ -256,8 +220,8 @@ class RemoteRepository:
         self._contents: RemoteContents | None = None
         self._commits: dict[str, tuple[Commit, bytes]] = {}  # verified, with the bytes they came as
         # verified trees, newest last: reading a history in order resolves each tree delta
-        # (tree_diff.py) from the tree before it, not from the chain's whole tree
-        self._trees: "collections.OrderedDict[str, Tree]" = collections.OrderedDict()
+        # (model/tree_diff.py) from the tree before it, not from the chain's whole tree
+        self._trees: LRUCache[str, Tree] = LRUCache(PARSED_TREES)
 
     @classmethod
     def open(cls, backend: Remote, cache_dir: Path | None = None, *, create: bool = False) -> "RemoteRepository":
@@ -321,9 +285,7 @@ class RemoteRepository:
             raise RemoteError(f"{self.url} is missing tree {ids.short(tid)}")
         tree, built = tree_diff.resolve(tid, lambda t: first if t == tid else self.stored_tree(t), self._trees.get,
                                         f"remote {self.url}")
-        if tid in self._trees:  # (found there: the newest again)
-            self._trees.move_to_end(tid)
-        tree_diff.remember(self._trees, built, PARSED_TREES)
+        tree_diff.remember(self._trees, built)
         return tree
 
     def stored_tree(self, tid: str) -> bytes | None:
@@ -394,7 +356,7 @@ class RemoteRepository:
             # hour); nothing changes a listed segment (gc and prune build new ones: ``only``)
             seg = LISTED_SEGMENTS.get(name)
             if seg is None:
-                cat = PARSED_CATALOGS.get(name, lambda n=name: self._immutable(
+                cat = PARSED_CATALOGS.get_or_make(name, lambda n=name: self._immutable(
                     catalog_path(n), f"{n}.cat", MAX_CATALOG_BYTES, f"remote catalog {n[:12]}",
                     lambda d: parse_catalog(d, n)))
                 seg = LISTED_SEGMENTS[name] = cat.derived(lambda c=cat, n=name: _segment_of(n, c))
@@ -457,9 +419,7 @@ class RemoteRepository:
             except (ValueError, KeyError, TypeError, RecursionError, CorruptObject) as exc:  # (absurd nesting, density)
                 raise RemoteError(f"remote retired record {record} is malformed") from exc
             out[record] = paths
-            if len(RETIRED_SEEN) >= 100_000:
-                RETIRED_SEEN.clear()
-            RETIRED_SEEN[(self.url, record)] = paths
+            RETIRED_SEEN.put((self.url, record), paths)
         return out
 
     def _pruned_commits(self) -> set[str]:

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from .. import ids
 from ..errors import CorruptObject, FormatError
 from ..formats import bounded_json
-from ..tree_diff import check_changes
-from ..versions import MAX_PAYLOAD, MAX_RAW_CHUNK, MAX_TREE_BYTES, canonical_json
+from ..model.tree_diff import check_changes
+from ..model.versions import MAX_PAYLOAD, MAX_RAW_CHUNK, MAX_TREE_BYTES, canonical_json
 
 MAGIC = b"WVCSTEP\x01\n"
 PREFIX = "steps/"
@@ -127,7 +127,7 @@ def fetch(backend, commit_id: str) -> StepRecord | None:
 
 
 def _fetch_ranges(backend, path: str, commit_id: str) -> StepRecord:
-    from ..versions import Commit
+    from ..model.versions import Commit
 
     import zstandard
 
@@ -174,7 +174,7 @@ def build(commit: str, parent: str, commit_bytes: bytes, tree_bytes: bytes | Non
 def parse(data: bytes, commit_id: str) -> StepRecord:
     """A record read from a remote (untrusted): every field bounded and typed; the commit
     bytes checked against ``commit_id``. Raises CorruptObject."""
-    from ..versions import Commit
+    from ..model.versions import Commit
 
     import zstandard
 

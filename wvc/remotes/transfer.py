@@ -11,13 +11,13 @@ bytes, so a clone's memory does not grow with the model.
 
 from __future__ import annotations
 
-import collections
 import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from .. import ids
+from ..lru import LRUCache
 from ..errors import CorruptObject, MissingObject, RemoteError, WvcError
 from ..fsutil import fsync_dir, make_work_dir, sweep_work_dirs
 from ..progress import NULL, Progress
@@ -32,40 +32,9 @@ COALESCE_GAP = 256 << 10  # a range fetch reads through gaps up to this size rat
 MAX_REQUEST = 64 << 20
 
 
-class DecodedCache:
-    """Decoded chunks by id, least recently used dropped first, bounded in bytes."""
-
-    def __init__(self, max_bytes: int):
-        self.max_bytes = max_bytes
-        self.items: collections.OrderedDict[str, bytes] = collections.OrderedDict()
-        self.size = 0
-
-    def __contains__(self, oid: str) -> bool:
-        return oid in self.items
-
-    def get(self, oid: str) -> bytes | None:
-        raw = self.items.get(oid)
-        if raw is not None:
-            self.items.move_to_end(oid)
-        return raw
-
-    def __getitem__(self, oid: str) -> bytes:  # (a mapping, for ObjectStore.get_from's known links)
-        raw = self.get(oid)
-        if raw is None:
-            raise KeyError(oid)
-        return raw
-
-    def __setitem__(self, oid: str, raw: bytes) -> None:
-        self.put(oid, raw)
-
-    def put(self, oid: str, raw: bytes) -> None:
-        if oid in self.items or len(raw) > self.max_bytes:
-            return
-        self.items[oid] = raw
-        self.size += len(raw)
-        while self.size > self.max_bytes:
-            _, old = self.items.popitem(last=False)
-            self.size -= len(old)
+def decoded_cache(max_bytes: int) -> LRUCache[str, bytes]:
+    """Decoded chunks by id, bounded in bytes."""
+    return LRUCache(max_bytes, weight=len)
 
 
 # -- verifying downloaded packs ------------------------------------------------------------------
@@ -102,7 +71,7 @@ def verify_packs(store: ObjectStore, packs: list[tuple[str, Path]],
         for e in entries:
             by_id.setdefault(e.id, _Link(e.id, e.base, name, path, e))
     is_base = {e.base for _, entries in per_pack for e in entries if e.base}
-    cache = DecodedCache(cache_bytes)
+    cache = decoded_cache(cache_bytes)
     depth: dict[str, int] = {}  # every object of this fetch decoded so far
     files: dict[Path, object] = {}
 
@@ -263,7 +232,7 @@ class RemoteChunks:
         self.remote = remote
         self.index = index
         self.base_chunks = base_chunks
-        self.cache = DecodedCache(cache_bytes)
+        self.cache = decoded_cache(cache_bytes)
         # chunk bytes the caller already holds (a follower's current tensors: anything with
         # ``in`` and ``[]``): a delta chain stops there instead of fetching its base
         self.held = held

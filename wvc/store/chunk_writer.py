@@ -1,6 +1,6 @@
 """The chunk writer: collects the new chunks of one operation (a commit, a merge, a DCP
 rank's save) into one pack, deduplicating by id and encoding new chunks against their delta
-base on the codec pool (store/pool.py), on the host or, for a batch of device tensors, on
+base on the codec pool (codec/pool.py), on the host or, for a batch of device tensors, on
 the device. It inserts no rows: the caller records them with the tree and commit in one
 transaction once the pack is durable (Repository.record).
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from .. import ids
 from . import anchors
-from . import pool as codec_pool
+from ..codec import pool as codec_pool
 from .packs import PackWriter
 from .rows import ObjectRow
 
@@ -180,7 +180,7 @@ class ChunkWriter:
         """Offer a batch of chunks that live on a torch device (a commit from device memory);
         returns their ids. ``items``: (host copy of the bytes, the bytes on the device as a
         uint8 tensor, dtype, base id or None); ``copies``: the operation's
-        :class:`~wvc.device_copy.DeviceCopies`.
+        :class:`~wvc.codec.device_copy.DeviceCopies`.
 
         The same payloads as :meth:`put`, computed where each part is cheapest: the ids
         hashed from the host copies on the pool; each new chunk's base decoded (or taken

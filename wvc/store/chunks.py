@@ -15,8 +15,9 @@ from typing import Protocol
 
 from .. import ids
 from ..errors import CorruptObject, MissingObject, PackMissing
+from ..lru import LRUCache
 from ..progress import NULL, Progress
-from . import pool as codec_pool
+from ..codec import pool as codec_pool
 from .chains import MAX_CHAIN_LINKS, decode_links, resolve_chain
 from .chunk_writer import DEFAULT_MAX_CHAIN, ChunkWriter
 from .database import Database
@@ -25,6 +26,7 @@ from .packs import PackReader, PackWriter, copy_payloads, pack_filename
 from .rows import ObjectRow
 
 ROW_BATCH = 500  # ids per query (SQLite before 3.32 binds at most 999 parameters)
+RECENT_DECODED_BYTES = 64 << 20  # chunks the step records of a repository's pushes keep decoded for the next push's
 FIRST_ROWS = 16  # ids of get_many's first query: enough to start the pool, quick to answer
 
 
@@ -77,6 +79,12 @@ class ObjectStore:
         # anchors that later versions are encoded against (store/anchors.py)
         self.anchor_chunks: dict[str, bytes] = {}
         self.anchor_bytes = 0
+        # The chunks recent pushes' step records (and prunes' layouts) decoded (ids name the
+        # bytes, so nothing goes stale): a push's chunk is the next step's base, then its
+        # context, and an anchor is the base of the steps after it. Without them a push that a
+        # plain commit came before (no Publisher keeping raw chunks) decoded the parent's and
+        # grandparent's whole chains again: two thirds of a push's time in benchmarks/long_run.py.
+        self.recent_decoded: LRUCache[str, bytes] = LRUCache(RECENT_DECODED_BYTES, weight=len)
 
     def keep_recent(self, nbytes: int) -> None:
         """Keep each commit's raw chunks, up to ``nbytes``, for the next one (see above)."""

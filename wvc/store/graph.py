@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import heapq
 
-from .. import ids, tree_diff
+from .. import ids
+from ..model import tree_diff
 from ..errors import RevisionNotFound
-from ..versions import Commit, Tree
+from ..lru import LRUCache
+from ..model.versions import Commit, Tree
 from .database import Database
 
 UNKNOWN = None  # stored bytes of a commit whose objects arrived without that figure
 
 
-# A tree is stored whole or as a tree delta of its first parent's tree (tree_diff.py): at most
+# A tree is stored whole or as a tree delta of its first parent's tree (model/tree_diff.py): at most
 # LOCAL_DELTA_DEPTH deltas from a whole one, so reading a tree out of order applies at most that
 # many; read in order (fsck, a push, a follower), each applies one, from the parsed trees kept.
 LOCAL_DELTA_DEPTH = 16
@@ -30,14 +32,10 @@ TREE_CACHE = LOCAL_DELTA_DEPTH + 8  # parsed trees kept (ids and chunk lists, no
 
 class CommitGraph:
     def __init__(self, db: Database):
-        import collections
-        import threading
-
         self.db = db
         # parsed trees by id (immutable values; a tree of 250,000 chunks takes a second to
         # parse, and a push with its followers' step records reads the last three versions')
-        self._trees: "collections.OrderedDict[str, Tree]" = collections.OrderedDict()
-        self._trees_lock = threading.Lock()
+        self._trees: LRUCache[str, Tree] = LRUCache(TREE_CACHE)
 
     # -- reading -----------------------------------------------------------------------------
     def has_commit(self, commit_id: str) -> bool:
@@ -53,25 +51,17 @@ class CommitGraph:
         return Commit.from_bytes(data)
 
     def read_tree(self, tree_id: str) -> Tree:
-        with self._trees_lock:
-            cached = self._trees.get(tree_id)
-            if cached is not None:
-                self._trees.move_to_end(tree_id)
+        cached = self._trees.get(tree_id)
         if cached is not None and self.has_tree(tree_id):  # (gc may have dropped it since)
             return cached
         if not self.has_tree(tree_id):
             raise RevisionNotFound(f"tree {ids.short(tree_id)} is not in this repository")
-        tree, built = tree_diff.resolve(tree_id, self.stored_tree, self._cached, "this repository")
-        with self._trees_lock:
-            tree_diff.remember(self._trees, built, TREE_CACHE)
+        tree, built = tree_diff.resolve(tree_id, self.stored_tree, self._trees.get, "this repository")
+        tree_diff.remember(self._trees, built)
         return tree
 
-    def _cached(self, tree_id: str) -> Tree | None:
-        with self._trees_lock:
-            return self._trees.get(tree_id)
-
     def stored_tree(self, tree_id: str) -> bytes | None:
-        """A tree as stored: its canonical bytes, or a tree delta (tree_diff.py)."""
+        """A tree as stored: its canonical bytes, or a tree delta (model/tree_diff.py)."""
         return self.db.one("SELECT data FROM trees WHERE id = ?", (tree_id,))
 
     def _head(self, tree_id: str):

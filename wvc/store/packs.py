@@ -30,7 +30,7 @@ from .. import ids
 from ..errors import CorruptObject, PackMissing
 from ..formats import bounded_json
 from ..fsutil import PACK_WRITEBACK_BYTES, TEMP_PREFIX, EarlyWriteback, claim_temp, file_mode, fsync_dir
-from ..versions import MAX_PAYLOAD, MAX_RAW_CHUNK, canonical_json
+from ..model.versions import MAX_PAYLOAD, MAX_RAW_CHUNK, canonical_json
 
 MAGIC = b"WVCPACK\x01"
 END = b"WVCPEND\x01"

@@ -12,7 +12,7 @@ from ..errors import InvalidArgument, VersionPruned
 from ..ops.changes import changes_of, ensure_changes, first_parent_history, missing_changes
 from ..ops.diff import diff
 from ..store.refs import HEADS, TAGS
-from ..versions import finite_number
+from ..model.versions import finite_number
 
 REMOTES = "refs/remotes/"
 METRICS = {"rel_l2": "relative L2 change", "fraction": "fraction of elements changed", "ulps": "max |delta| in ULPs"}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from .. import ids
 from ..api import Repo, clone
-from ..cache import cache_root
+from ..read.cache import cache_root
 from ..progress import NULL
 
 

@@ -16,7 +16,7 @@ import weakref
 from dataclasses import dataclass, field
 
 from ...errors import EngineUnusable, WvcError
-from ...follower import Update
+from ...read.follower import Update
 
 # each worker's follower, by worker: vLLM's worker is not ours to add attributes to, and the
 # follower (with its host copy of the weights) goes when the worker does

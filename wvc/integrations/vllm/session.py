@@ -1,6 +1,6 @@
 """One vLLM worker following a wvc branch: a follower's host copy, and the engine it feeds.
 
-The follower (wvc/follower.py) keeps the version in checkpoint form in host memory: one
+The follower (wvc/read/follower.py) keeps the version in checkpoint form in host memory: one
 copy of the model's checkpoint bytes beside the engine's own weights (on a GPU the engine's
 are in device memory; on the CPU backend that is a second copy in RAM). Each update is
 fetched and verified whole into that copy first (a failure there leaves the copy and the
@@ -16,7 +16,7 @@ import logging
 from pathlib import Path
 
 from ...errors import EngineUnusable, InvalidArgument
-from ...follower import Follower
+from ...read.follower import Follower
 
 log = logging.getLogger("wvc.vllm")
 

@@ -13,14 +13,14 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import ConcurrentUpdate, InvalidArgument, SafetensorsFormatError, UnsupportedTensor
-from .formats import safetensors as st
-from .formats.dtypes import BYTES, DTYPES, by_torch_dtype
-from .layout import chunk_spans
-from .versions import FileEntry, TensorEntry, Tree
-from .progress import Progress
-from .store.chunk_writer import ChunkWriter
-from .worktree import StatCache, is_executable
+from ..errors import ConcurrentUpdate, InvalidArgument, SafetensorsFormatError, UnsupportedTensor
+from ..formats import safetensors as st
+from ..formats.dtypes import BYTES, DTYPES, by_torch_dtype
+from ..model.layout import chunk_spans
+from ..model.versions import FileEntry, TensorEntry, Tree
+from ..progress import Progress
+from ..store.chunk_writer import ChunkWriter
+from .scan import StatCache, is_executable
 
 STATE_DICT_PATH = "model.safetensors"
 
@@ -253,7 +253,7 @@ class Snapshotter:
         on the host are hashed where they are and copied up instead."""
         import torch
 
-        from .device_copy import DeviceCopies
+        from ..codec.device_copy import DeviceCopies
 
         device = "cpu" if self.writer.device == "torch-cpu" else self.writer.device
         copies = DeviceCopies(device)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 import time
 
-from .codec.devices import resolve_device
+from .devices import resolve_device
 
 _CHOSEN: dict[tuple[str, str], str] = {}
 MEASURED: dict[tuple[str, str], dict[str, float]] = {}  # (device, source kind) -> path -> best seconds
@@ -72,10 +72,10 @@ def _trial(device: str, location: str):
     """One run of a path on the synthetic step: a function returning its payloads."""
     import torch
 
-    from .formats.dtypes import DTYPES
-    from .store.pool import pool
-    from .codec import encode
-    from .codec.transforms import chosen_method
+    from ..formats.dtypes import DTYPES
+    from .pool import pool
+    from . import encode
+    from .transforms import chosen_method
 
     bf16 = DTYPES["BF16"]
     g = torch.Generator().manual_seed(0)
@@ -102,7 +102,7 @@ def _trial(device: str, location: str):
         return run
 
     from .device_copy import DeviceCopies
-    from .codec.batched import DeviceChunk, encode_on_device
+    from .batched import DeviceChunk, encode_on_device
 
     def run():  # what Snapshotter._device_tensors and ChunkWriter.put_device_batch do
         copies = DeviceCopies(where)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import re
 from typing import Callable
 
-from . import ids
-from .errors import RevisionNotFound
-from .store.graph import CommitGraph
-from .store.refs import HEADS, TAGS, Refs
+from .. import ids
+from ..errors import RevisionNotFound
+from .graph import CommitGraph
+from .refs import HEADS, TAGS, Refs
 
 _SUFFIX = re.compile(r"(~\d*|\^\d*)$")
 _REFLOG = re.compile(r"^(.*)@\{(\d{1,9})\}$")

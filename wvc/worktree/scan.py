@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from . import ids
-from .errors import UnsafePath, WvcError
-from .formats import safetensors as st
-from .fsutil import TEMP_PREFIX, folded_clashes, reserved_name, validate_relpath
-from .layout import chunk_spans
-from .versions import FileEntry, TensorEntry
+from .. import ids
+from ..errors import UnsafePath, WvcError
+from ..formats import safetensors as st
+from ..fsutil import TEMP_PREFIX, folded_clashes, reserved_name, validate_relpath
+from ..model.layout import chunk_spans
+from ..model.versions import FileEntry, TensorEntry
 
 if TYPE_CHECKING:
     import pathspec

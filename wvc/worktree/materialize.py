@@ -12,13 +12,13 @@ import os
 from pathlib import Path
 from typing import Iterator
 
-from . import ids
-from .errors import CorruptObject
-from .formats import safetensors as st
-from .fsutil import atomic_writer
-from .versions import FileEntry
-from .progress import NULL, Progress
-from .store.chunks import ObjectStore
+from .. import ids
+from ..errors import CorruptObject
+from ..formats import safetensors as st
+from ..fsutil import atomic_writer
+from ..model.versions import FileEntry
+from ..progress import NULL, Progress
+from ..store.chunks import ObjectStore
 
 
 def check_header(entry: FileEntry, header_bytes: bytes) -> st.SafetensorsHeader:

@@ -19,7 +19,7 @@ is what the tests exercise without a device.
 
 from __future__ import annotations
 
-from . import settings
+from .. import settings
 
 
 def _batch_bytes() -> int:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from .errors import InvalidArgument
+from ..errors import InvalidArgument
 
 TAKE_SIDE = ("ours", "theirs")
 COMPUTED = ("linear", "task-arithmetic", "ties", "dare-linear", "dare-ties", "slerp")

@@ -23,14 +23,15 @@ from dataclasses import dataclass, field
 from itertools import zip_longest
 from pathlib import Path
 
-from . import ids, tree_diff
-from .codec.devices import resolve_device
-from .errors import CorruptObject, InvalidArgument, MissingObject, RemoteNotFound, RevisionNotFound, WvcError
-from .formats.dtypes import DTYPES
-from .layout import tensor_spans
+from .. import ids
+from ..model import tree_diff
+from ..codec.devices import resolve_device
+from ..errors import CorruptObject, InvalidArgument, MissingObject, RemoteNotFound, RevisionNotFound, WvcError
+from ..formats.dtypes import DTYPES
+from ..model.layout import tensor_spans
 from .cache import cache_root
-from .remotes import open_remote, steps
-from .remotes.interface import pack_path
+from ..remotes import open_remote, steps
+from ..remotes.interface import pack_path
 from .view import VersionView, open_remote_version, open_version
 
 POLL_SECONDS = (0.5, 5.0)  # first and longest wait between polls of update(timeout=...)
@@ -103,7 +104,7 @@ class _Keyframes:
         return data
 
     def put(self, oid: str, raw: bytes) -> None:
-        from .fsutil import atomic_write
+        from ..fsutil import atomic_write
 
         if oid in self:
             (self.root / oid).touch()  # still in use: the last to be pruned
@@ -152,8 +153,8 @@ class _RecordChunks:
         self.payloads: dict[str, bytes] = {}
 
     def prefetch(self, object_ids) -> None:
-        from .remotes.transfer import read_payloads
-        from .store.packs import PackEntry
+        from ..remotes.transfer import read_payloads
+        from ..store.packs import PackEntry
 
         wanted, carried = {}, {}
         area = self.record.data_path()  # (a large record: its own payloads are read as needed too)
@@ -176,7 +177,7 @@ class _RecordChunks:
         return c.length if c is not None else 0
 
     def __call__(self, oid: str) -> bytes:
-        from .store.chains import decode_verified
+        from ..store.chains import decode_verified
 
         c = self.chunks.get(oid)
         if c is None:
@@ -307,7 +308,7 @@ def _patch(before, after, width: int) -> _Patch | None:
 
 class _Uploads:
     """What each write puts into its region, on the region's device: the writes from the one
-    asked for on, up to a batch's bytes, go up in one copy (wvc/device_copy.py); a patch is
+    asked for on, up to a batch's bytes, go up in one copy (wvc/codec/device_copy.py); a patch is
     applied to a copy of the region's current bytes."""
 
     def __init__(self, writes: list):
@@ -315,7 +316,7 @@ class _Uploads:
 
     def __getitem__(self, k: int):
         if k not in self.ready:
-            from .device_copy import DeviceCopies
+            from ..codec.device_copy import DeviceCopies
 
             device = self.writes[k][2].device
             if device not in self.lanes:
@@ -444,7 +445,7 @@ class Follower:
         return Update(tip, first, sorted(changed), backend.bytes_downloaded, time.perf_counter() - t0, patches)
 
     def _tree_of(self, record):
-        from .versions import Commit, Tree
+        from ..model.versions import Commit, Tree
 
         commit = Commit.from_bytes(record.commit_bytes, record.commit)  # (parse checked it; the tree id from it)
         if record.tree_bytes is not None:
@@ -539,7 +540,7 @@ class Follower:
         included), every tensor gets its old bytes back before the exception goes on. New
         tensors (the follower's own, or a changed shape) are filled aside and swapped in at
         the end. The new bytes reach each device in one copy per batch of chunks (pinned, on
-        the copy stream: wvc/device_copy.py). Returns the replaced chunks' old bytes by id, and
+        the copy stream: wvc/codec/device_copy.py). Returns the replaced chunks' old bytes by id, and
         (with ``patches``) each changed tensor's changed element indices (None: all of it)."""
         import torch
 

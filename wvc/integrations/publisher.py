@@ -17,7 +17,7 @@ remote, run at most once per ``push_interval`` seconds: the Hub has an hourly co
 per repository, a directory or object-storage remote has none.
 
 Onto the branch the repository's HEAD is on, each commit is HEAD's new version and the
-working tree follows it (ops/follow_worktree.py: the model file is written out after each
+working tree follows it (worktree/follow.py: the model file is written out after each
 commit); a branch of its own (``run/<name>``, as the Trainer callback uses) writes nothing
 but the repository.
 
@@ -43,7 +43,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .api import Repo
+from ..api import Repo
 
 log = logging.getLogger("wvc")
 
@@ -204,7 +204,7 @@ class Publisher:
                  quiet_hub: bool = True, keep=None, prune_every: int | None = None, prune_remote: bool = False):
         if max_pending < 1:
             raise ValueError("max_pending must be at least 1")
-        from .ops.prune import KeepPolicy
+        from ..ops.prune import KeepPolicy
 
         self.keep = KeepPolicy.of(keep) if keep is not None else None  # (a bad policy fails here, not mid-run)
         # pruning batches: one pass re-encodes what the kept versions need once, not every step
@@ -378,7 +378,7 @@ class Publisher:
         try:
             with contextlib.ExitStack() as stack:
                 if job.write_files is not None:
-                    from .fsutil import sweep_work_dirs, work_dir
+                    from ..fsutil import sweep_work_dirs, work_dir
 
                     sweep_work_dirs(repo.wvc_dir)
                     source = stack.enter_context(work_dir(repo.wvc_dir, "publish"))

@@ -17,19 +17,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import ids
-from .basemodel.remote_chunks import RemoteBaseChunks
-from .codec.devices import resolve_device
+from .. import ids
+from ..basemodel.remote_chunks import RemoteBaseChunks
+from ..codec.devices import resolve_device
 from .cache import cache_root
-from .errors import MissingEntry, MissingObject, RevisionNotFound, VersionPruned
-from .versions import Tree
-from .revparse import match_prefix, resolve_with
-from .materialize import file_blocks
-from .basemodel.remote import base_directory, remote_base
+from ..errors import MissingEntry, MissingObject, RevisionNotFound, VersionPruned
+from ..model.versions import Tree
+from ..store.revparse import match_prefix, resolve_with
+from ..worktree.materialize import file_blocks
+from ..basemodel.remote import base_directory, remote_base
 from .tensors import tensor_from_chunks
-from .remotes import open_remote
-from .remotes.repository import RemoteRepository
-from .remotes.transfer import RemoteChunks
+from ..remotes import open_remote
+from ..remotes.repository import RemoteRepository
+from ..remotes.transfer import RemoteChunks
 
 
 class VersionView:
@@ -48,7 +48,7 @@ class VersionView:
         self._entries = {t.name: t for f in tree.files for t in f.tensors}
         self.tensors = {n: (t.dtype, t.shape) for n, t in self._entries.items()}
 
-    # the two reads materialize.py and tensors.py need from a store
+    # the two reads worktree/materialize.py and read/tensors.py need from a store
     def get(self, chunk_id: str) -> bytes:
         """One chunk's bytes, verified."""
         return self._get(chunk_id)
@@ -87,7 +87,7 @@ def open_version(url_or_path, rev: str = "HEAD", *, base_dir=None) -> VersionVie
     directory), in the same REV grammar as the CLI (``main~2``, ``HEAD~1``, a tag, an id
     prefix). ``base_dir``: for a remote whose base model is a directory, where that model is
     on this machine (a path the remote records is never read)."""
-    from .api import Repo
+    from ..api import Repo
 
     url_or_path = _hub_id_or_path(url_or_path)
     path = Path(str(url_or_path))
@@ -157,9 +157,9 @@ def snapshot_download(url_or_path, revision: str = "main", *, cache_dir=None, pr
     import shutil
     import tempfile
 
-    from .materialize import write_file
-    from .progress import NULL
-    from .fsutil import resolve_inside, umask
+    from ..worktree.materialize import write_file
+    from ..progress import NULL
+    from ..fsutil import resolve_inside, umask
 
     from .cache import cached_tree, offline, remember
 

@@ -34,7 +34,7 @@ def keep_chunk_buffers() -> bool:
 
 
 def _apply() -> bool:
-    from . import settings
+    from .. import settings
 
     if not sys.platform.startswith("linux") or not settings.switch("WVC_MALLOC_TUNING", True):
         return False

@@ -27,14 +27,12 @@ keyframe (its chain outweighed it) can still move onto a kept neighbour.
 from __future__ import annotations
 
 import math
-import threading
-from collections import OrderedDict
 from functools import lru_cache
 
 import numpy as np
 
-from ..formats.dtypes import DTYPES
-from .step_records import recent_decoded
+from ..formats.dtypes import DTYPES, value_order
+from ..lru import LRUCache
 
 MAX_VERSIONS = 64  # the dynamic program's n (n^3 * max_chain steps; 0.16 s at 64 with its pruning)
 SAMPLED_PLACES = 4  # places each pair of versions is compared at
@@ -110,36 +108,15 @@ def _sample(raw: bytes, width: int, kind: str):
     signed = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}.get(width, np.int8)
     x = np.frombuffer(raw, dtype=signed, count=len(raw) // np.dtype(signed).itemsize)
     x = x[::max(1, x.size // SAMPLED_ELEMENTS)].astype(np.int64)
-    if kind == "float":  # sign-magnitude bits -> value order (codec/transforms._ordered)
-        bits = 8 * width
-        x = x ^ ((x >> (bits - 1)) & ((1 << (bits - 1)) - 1))
+    if kind == "float":
+        x = value_order(x, 8 * width)
     return x.astype(np.int32) if width <= 2 else x
 
 
-class _Recent:
-    """A bounded map, least recently used dropped first: what a prune applied as the run goes
-    (every few commits) sampled and estimated, so the next one does it only for what is new."""
-
-    def __init__(self, size: int):
-        self.size, self.items, self.lock = size, OrderedDict(), threading.Lock()
-
-    def get(self, key):
-        with self.lock:
-            value = self.items.get(key)
-            if value is not None:
-                self.items.move_to_end(key)
-            return value
-
-    def put(self, key, value) -> None:
-        with self.lock:
-            self.items[key] = value
-            self.items.move_to_end(key)
-            while len(self.items) > self.size:
-                self.items.popitem(last=False)
-
-
-_SAMPLES = _Recent(SAMPLES_KEPT)
-_ESTIMATES = _Recent(ESTIMATES_KEPT)
+# what a prune applied as the run goes (every few commits) sampled and estimated, so the next
+# one does it only for what is new
+_SAMPLES: LRUCache = LRUCache(SAMPLES_KEPT)
+_ESTIMATES: LRUCache = LRUCache(ESTIMATES_KEPT)
 
 
 def kept_parents(store, versions: list, dtypes: dict[str, str], rows, needs, max_depth: int,
@@ -168,7 +145,7 @@ def kept_parents(store, versions: list, dtypes: dict[str, str], rows, needs, max
     picked = [pool[round(i * (len(pool) - 1) / max(1, SAMPLED_PLACES - 1))] for i in range(min(SAMPLED_PLACES, len(pool)))]
     picked = list(dict.fromkeys(picked))
 
-    known = recent_decoded(store)  # the places' chains share links (and pushes decoded some)
+    known = store.recent_decoded  # the places' chains share links (and pushes decoded some)
 
     def sample(chunk: str):
         found = _SAMPLES.get(chunk)

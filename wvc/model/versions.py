@@ -13,10 +13,10 @@ from functools import cached_property
 from dataclasses import dataclass, field, replace
 
 from .layout import chunk_spans  # noqa: F401 - (trees check their chunk counts with it)
-from . import ids
-from .errors import FormatError
-from .formats.dtypes import DTYPES
-from .fsutil import folded_clashes, validate_relpath
+from .. import ids
+from ..errors import FormatError
+from ..formats.dtypes import DTYPES
+from ..fsutil import folded_clashes, validate_relpath
 
 FORMAT = 1  # commits
 # 3: an entry may say "executable": true; 2: a file's hash is its content id
@@ -239,6 +239,17 @@ class Commit:
         if not isinstance(raw["metadata"], dict):
             raise FormatError("commit metadata must be an object")
         return cls(raw["tree"], tuple(parents), raw["author"], raw["timestamp"], raw["message"], raw["metadata"])
+
+
+def first_parents(read_commit, commit_id: str | None, limit: int | None = None) -> list[str]:
+    """``commit_id`` and its first parents, newest first (at most ``limit``): the one walk of a
+    run's line, through ``read_commit(id) -> Commit`` (a repository's or a remote's)."""
+    out: list[str] = []
+    while commit_id is not None and (limit is None or len(out) < limit):
+        out.append(commit_id)
+        parents = read_commit(commit_id).parents
+        commit_id = parents[0] if parents else None
+    return out
 
 
 def finite_number(value) -> float | None:

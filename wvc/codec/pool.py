@@ -10,7 +10,8 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from .. import allocator, settings
+from . import allocator
+from .. import settings
 
 
 def usable_cpus() -> int:

@@ -17,10 +17,10 @@ import os
 
 from ..errors import LockedError
 from ..fsutil import resolve_inside
-from ..versions import Tree
+from ..model.versions import Tree
 from ..progress import NULL, Progress
-from ..worktree import StatCache
-from ..materialize import write_file
+from .scan import StatCache
+from .materialize import write_file
 
 
 def follow_commit(repo, parent_tree: Tree | None, new_tree: Tree, progress: Progress = NULL) -> None:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .codec.devices import resolve_device
-from .errors import CorruptObject
-from .formats.dtypes import DTYPES
-from .materialize import tensor_bytes
+from ..codec.devices import resolve_device
+from ..errors import CorruptObject
+from ..formats.dtypes import DTYPES
+from ..worktree.materialize import tensor_bytes
 
 
 def tensor_from_chunks(store, entry, device: str):
@@ -26,12 +26,12 @@ def tensor_from_chunks(store, entry, device: str):
 def tensors_on_device(store, entries: dict, device: str, batch_bytes: int | None = None) -> dict:
     """Tensor entries decoded on the host (every chunk hash-checked, decoded ahead on the
     codec pool) and copied to ``device`` a batch at a time, through pinned memory and the
-    copy stream (wvc/device_copy.py): a copy per chunk, not one per tensor through pageable
+    copy stream (wvc/codec/device_copy.py): a copy per chunk, not one per tensor through pageable
     memory, and the host decodes the next chunks while a batch crosses."""
     import torch
 
-    from .device_copy import DeviceCopies
-    from .store.pool import pool
+    from ..codec.device_copy import DeviceCopies
+    from ..codec.pool import pool
 
     copies = DeviceCopies(device, batch_bytes)
     out, flats = {}, []

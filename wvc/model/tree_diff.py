@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import json
 
-from . import ids
-from .errors import CorruptObject, FormatError
+from .. import ids
+from ..errors import CorruptObject, FormatError
 from .versions import MAX_TREE_BYTES, FileEntry, Tree, TensorEntry, canonical_json
 
 DELTA_MAGIC = b"WVCTREEDELTA\x01\n"
@@ -187,11 +187,8 @@ def resolve(tree_id: str, stored, known, where: str = "remote") -> tuple[Tree, l
     return tree, built
 
 
-def remember(cache, built: list[tuple[str, Tree]], limit: int) -> None:
-    """Keep the trees :func:`resolve` built in ``cache`` (an OrderedDict, newest last) of at
-    most ``limit``, their canonical bytes dropped (a chain's trees share their chunk ids)."""
+def remember(cache, built: list[tuple[str, Tree]]) -> None:
+    """Keep the trees :func:`resolve` built in ``cache`` (an ``LRUCache``), their canonical
+    bytes dropped (a chain's trees share their chunk ids)."""
     for tid, tree in built:
-        cache[tid] = tree.forget_bytes()
-        cache.move_to_end(tid)
-    while len(cache) > limit:
-        cache.popitem(last=False)
+        cache.put(tid, tree.forget_bytes())

@@ -20,9 +20,9 @@ import shutil
 import time
 from pathlib import Path
 
-from . import settings
-from . import ids
-from .fsutil import atomic_write
+from .. import settings
+from .. import ids
+from ..fsutil import atomic_write
 
 CACHE_ENV = "WVC_CACHE"
 

@@ -8,15 +8,15 @@ of its tree entry covers.
   covers the same elements, so it lines up with chunk *i* of the same tensor in the parent
   commit, which is what makes per-chunk deltas work.
 
-Writers (snapshot.py, integrations/dcp.py), readers that rebuild files or tensors
-(materialize.py, follower.py), the working-tree hash (worktree.py) and a base model's
+Writers (worktree/snapshot.py, integrations/dcp.py), readers that rebuild files or tensors
+(worktree/materialize.py, read/follower.py), the working-tree hash (worktree/scan.py) and a base model's
 index (basemodel/index.py) all cut files through these functions.
 """
 
 from __future__ import annotations
 
-from .errors import CorruptObject
-from .formats.dtypes import DTYPES
+from ..errors import CorruptObject
+from ..formats.dtypes import DTYPES
 
 SAFETENSORS_PREFIX = 8  # the header's length, u64 little-endian, before the header
 
