@@ -51,7 +51,7 @@ def test_a_publisher_pushes_every_step_to_a_bucket_and_a_follower_gets_each_exac
         log = list(reversed(repo.log("main")))
     assert [e.metadata["step"] for e in log] == list(range(100)) and got == [e.id for e in log]
     remote = open_remote(url)
-    remote.state()
+    remote.listing()
     assert int(remote.head[:12]) == 99  # one ref update a step: 100 pushes
 
 
@@ -109,7 +109,7 @@ def test_two_pushers_racing_on_one_bucket_ref_exactly_one_wins(tmp_path, hub):
             loser = next(p for p, (kind, _) in outcome.items() if kind != "won")
             from wvc.remotes import open_remote
 
-            assert open_remote(url).state().refs["refs/heads/main"] == mine[winner]
+            assert open_remote(url).listing().refs["refs/heads/main"] == mine[winner]
             for path, commit in mine.items():  # both commits are still there locally
                 with Repo.open(path) as repo:
                     assert repo.refs.head_commit() == commit
@@ -349,5 +349,5 @@ def test_a_ref_log_entry_at_the_largest_twelve_digit_seq_does_not_wedge_pushes(t
     from wvc.remotes import open_remote
 
     remote = open_remote(url)
-    remote.state()
+    remote.listing()
     assert remote.head.startswith("1000000000001-")

@@ -23,7 +23,7 @@ def stored(repo) -> int:
 def push_run(root, url, steps=120):
     """A 1 MB bf16 tensor, 2.5% of it moving a step, a commit and a push a step: returns
     (repository, bytes uploaded, pushes that compacted, bytes of followers' step records)."""
-    from wvc.remotes import steps as records
+    from wvc.remotes.layout import step_path
 
     repo = Repo.init(root)
     repo.remote_add("origin", url)
@@ -37,7 +37,7 @@ def push_run(root, url, steps=120):
         res = repo.push()
         uploaded += res.uploaded_bytes
         compacting += bool(res.files_replaced)
-        record = Path(url) / records.record_path(commit)
+        record = Path(url) / step_path(commit)
         recorded += record.stat().st_size if record.exists() else 0
     return repo, uploaded, compacting, recorded
 

@@ -17,6 +17,7 @@ import torch
 import zstandard
 
 import wvc
+from wvc.remotes.layout import step_path
 from wvc.remotes import steps
 from wvc.remotes.catalog import MAGIC, catalog_name
 
@@ -90,7 +91,7 @@ def test_a_dense_catalog_header_is_refused_before_it_can_amplify(tmp_path):
 
 
 def _replace_record(remote, commit, record: bytes, *, size: int | None = None):
-    path = remote / steps.record_path(commit)
+    path = remote / step_path(commit)
     path.write_bytes(record)
     if size is not None:
         with open(path, "r+b") as fh:
@@ -99,7 +100,7 @@ def _replace_record(remote, commit, record: bytes, *, size: int | None = None):
 
 def test_a_huge_sparse_step_record_is_read_by_ranges_and_the_follower_is_exact(tmp_path):
     repo, remote, commits = _run(tmp_path)
-    path = remote / steps.record_path(commits[-1])
+    path = remote / step_path(commits[-1])
     assert path.exists()
     honest, honest_peak = _reader("follow", remote, commits[0])
     _replace_record(remote, commits[-1], path.read_bytes(), size=int(1.5 * (1 << 30)))
@@ -111,7 +112,7 @@ def test_a_huge_sparse_step_record_is_read_by_ranges_and_the_follower_is_exact(t
 
 def test_step_record_ranges_of_200_mib_are_decoded_as_they_arrive(tmp_path):
     repo, remote, commits = _run(tmp_path)
-    record = steps.parse((remote / steps.record_path(commits[-1])).read_bytes(), commits[-1])
+    record = steps.parse((remote / step_path(commits[-1])).read_bytes(), commits[-1])
     honest, honest_peak = _reader("follow", remote, commits[0])
     big = "ab" * 32
     with open(remote / "packs" / f"pack-{big}.pack", "wb") as fh:

@@ -18,7 +18,7 @@ from wvc import codec, ids
 from wvc.codec.container import Method
 from wvc.formats.dtypes import BYTES
 from wvc.model.versions import Commit, FileEntry, Tree, canonical_json
-from wvc.remotes.interface import commit_path, pack_path, tree_path
+from wvc.remotes.layout import commit_path, pack_path, tree_path
 from wvc.store.chains import MAX_CHAIN_LINKS
 from wvc.store.packs import END, MAGIC, PackEntry
 

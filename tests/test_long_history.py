@@ -101,7 +101,7 @@ def test_retired_files_leave_the_listing_and_a_reader_listed_before_still_reads_
     early = wvc.open(url)  # a reader that listed one segment, and reads its pack lazily
     first = repo.refs.head_commit()
     backend = open_remote(url)
-    listed_then = backend.state()
+    listed_then = backend.listing()
     trainer.push_steps(f"step {i}" for i in range(1, 40))
 
     remote = RemoteRepository.open(open_remote(url))
@@ -150,7 +150,7 @@ def test_retired_files_a_push_left_listed_are_moved_by_the_next(tmp_path, monkey
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(PathRemote, "move_to_attic", fail)
         trainer.push_steps(["step 3"])  # compacts, and lands
-        assert open_remote(url).state().refs["refs/heads/main"] == repo.refs.head_commit()
+        assert open_remote(url).listing().refs["refs/heads/main"] == repo.refs.head_commit()
     remote = RemoteRepository.open(open_remote(url))
     left = remote.contents.retired & remote.state.files
     assert left and all(p.startswith(("packs/", "catalogs/")) for p in left)
@@ -203,7 +203,7 @@ def test_an_s3_listing_steps_over_the_attic_however_many_files_it_holds(tmp_path
     for i in range(1100):  # more than a page of retired files
         client.put_object(Bucket=bucket, Key=f"{prefix}/attic/packs/pack-{i:064x}.pack", Body=b"x")
     client.put_object(Bucket=bucket, Key=f"{prefix}/README.md", Body=b"before the attic in key order")
-    listed = open_remote(url).state().files
+    listed = open_remote(url).listing().files
     everything = set(RemoteFiles(url, None).paths())
     assert set(listed) == {p for p in everything if not p.startswith("attic/")} and "README.md" in listed
 
@@ -211,11 +211,11 @@ def test_an_s3_listing_steps_over_the_attic_however_many_files_it_holds(tmp_path
 def _push_format_1(repo: Repo, url: str) -> None:
     """What wvc wrote before format 2: a pack with its .idx, one file a commit and a tree."""
     from wvc.model.versions import canonical_json
-    from wvc.remotes.interface import commit_path, pack_path, tree_path
+    from wvc.remotes.layout import commit_path, pack_path, tree_path
     from wvc.store.packs import PackWriter, pack_filename
 
     remote = open_remote(url)
-    state = remote.state(create=True)
+    state = remote.listing(create=True)
     head = repo.refs.head_commit()
     commits = repo.graph.ancestors(head)
     chunks = {c for cid in commits for c in repo.read_tree(repo.read_commit(cid).tree).chunk_ids()}
@@ -363,7 +363,7 @@ def test_gc_remote_frees_a_deleted_branch_and_nothing_reachable(tmp_path, kind, 
     repo.push()
     before = clone(url, tmp_path / "before")
     remote = open_remote(url)
-    state = remote.state()
+    state = remote.listing()
     remote.publish({}, {"refs/heads/exp": None}, state, "delete exp")  # the branch is deleted on the remote
 
     dry = json.loads(cli(repo.root, "gc", "--remote", "origin", "--dry-run", "--json").output)

@@ -11,7 +11,7 @@ import zstandard
 
 from wvc.model.versions import MAX_TREE_FILES, Commit, FileEntry, Tree
 from wvc.remotes.catalog import MAGIC, catalog_name
-from wvc.remotes.interface import MAX_REMOTE_REFS, commit_path, tree_path
+from wvc.remotes.layout import MAX_REMOTE_REFS, commit_path, tree_path
 
 from .test_everyday import run
 

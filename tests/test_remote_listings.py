@@ -29,15 +29,15 @@ def _pushed(tmp_path, url: str):
 
 @pytest.fixture
 def dir_listings(monkeypatch):
-    """How many times a directory remote was listed (PathRemote.state calls)."""
+    """How many times a directory remote was listed (PathRemote.listing calls)."""
     calls = []
-    original = PathRemote.state
+    original = PathRemote.listing
 
     def counted(self, *args, **kwargs):
         calls.append(self.url)
         return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(PathRemote, "state", counted)
+    monkeypatch.setattr(PathRemote, "listing", counted)
     return calls
 
 
@@ -121,17 +121,16 @@ def test_a_process_parses_each_remote_catalog_once(tmp_path):
 
 
 def test_a_listing_sorts_each_path_by_what_its_name_says_and_ignores_the_rest():
-    """listing_state parses each listed path once (memoised across listings): what a path
+    """The layout map parses each listed path once (memoised across listings): what a path
     is must come from its whole name, the same on every listing."""
-    from wvc.remotes.interface import listing_state
+    from wvc.remotes.layout import sorted_listing
 
     h = "ab" * 32
     paths = [f"catalogs/{h}.cat", f"catalogs/{h}.cat.tmp", "catalogs/xyz.cat", f"packs/pack-{h}.pack",
              f"packs/pack-{'cd' * 32}.idx", f"packs/pack-{'cd' * 32}.pack", f"retired/0000000001-{'e' * 16}.json",
              "retired/1-2.json", f"pruned/0000000002-{'f' * 16}.json", f"steps/{h}.step", f"other/{h}.cat"]
     for _ in range(2):  # the second listing is served by the memo
-        state = listing_state({}, None, paths, None)
-        assert state.catalogs == [h]
-        assert state.packs == ["cd" * 32]  # a format-1 pack: its .idx is listed
-        assert state.retired == [f"0000000001-{'e' * 16}"] and state.pruned == [f"0000000002-{'f' * 16}"]
-        assert state.files == frozenset(paths)
+        named = sorted_listing(paths)
+        assert named["catalog"] == [h]
+        assert named["idx"] == ["cd" * 32]  # a format-1 pack: its .idx is listed
+        assert named["retired"] == [f"0000000001-{'e' * 16}"] and named["pruned"] == [f"0000000002-{'f' * 16}"]

@@ -287,11 +287,11 @@ def test_a_hub_error_on_a_path_with_404_in_it_is_not_taken_for_a_missing_file(hu
     from wvc.remotes import open_remote
 
     repo_remote = open_remote("hf://team/err404")
-    repo_remote.state(create=True)
+    repo_remote.listing(create=True)
     path = "objects/trees/40/" + "404" + "a" * 61  # hex ids contain "404" about 1.5% of the time
     assert repo_remote.read(path, 1 << 20) is None  # really missing: None
     _write_remote_file("hf://team/err404", hub, path, b"{}")
-    repo_remote.state()
+    repo_remote.listing()
     assert repo_remote.read(path, 1 << 20) == b"{}"
     hub.fail["resolve"] = 1  # the next file read is refused (403)
     with pytest.raises(RemoteError, match="403"):

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import wvc
+from wvc.remotes.layout import commit_of_step_path, step_path
 from wvc import Repo
 from wvc.remotes import open_remote, steps
 
@@ -46,7 +47,7 @@ pytestmark = pytest.mark.usefixtures("hub_env")
 
 
 def record_names(url: str) -> list[str]:
-    return sorted(p for p in open_remote(url).state().files if steps.commit_of_path(p))
+    return sorted(p for p in open_remote(url).listing().files if commit_of_step_path(p))
 
 
 @pytest.fixture(autouse=True)
@@ -109,7 +110,7 @@ def test_step_context_survives_a_re_anchor_for_followers(tmp_path):
         update = follower.update()
         assert same(follower.state_dict, run.repo.load_state_dict(commit))
         got[i] = update.downloaded_bytes
-        record = steps.parse((tmp_path / "remote" / steps.record_path(commit)).read_bytes(), commit)
+        record = steps.parse((tmp_path / "remote" / step_path(commit)).read_bytes(), commit)
         contexts += sum(c.context is not None and c.pack is None for c in record.chunks)
         if run.reanchored(commit):
             anchors.append(i)
@@ -146,7 +147,7 @@ def test_a_keyframe_written_when_a_chain_outweighs_it_reaches_a_follower_as_its_
         assert update.commit == commit and same(follower.state_dict, repo.load_state_dict(commit))
     chunk = repo.tree_of(commit).files[0].tensors[0].chunks[0]
     assert repo.store.row(chunk).base is None  # stored whole: the case this is about
-    record = steps.parse((tmp_path / "remote" / steps.record_path(commit)).read_bytes(), commit)
+    record = steps.parse((tmp_path / "remote" / step_path(commit)).read_bytes(), commit)
     assert [c.pack for c in record.chunks] == [None]  # a step payload, in the record
     assert update.downloaded_bytes < 0.25 * repo.store.row(chunk).length
 
@@ -181,7 +182,7 @@ def test_a_missing_or_damaged_record_falls_back_to_the_ordinary_read(tmp_path, d
             break
         follower.update()
     assert run.reanchored(commit)
-    path = tmp_path / "remote" / steps.record_path(commit)
+    path = tmp_path / "remote" / step_path(commit)
     data = path.read_bytes()
     record = steps.parse(data, commit)
     carried = [c for c in record.chunks if c.pack is None]
@@ -208,7 +209,7 @@ def test_step_records_are_refused_when_malformed(tmp_path):
     run = Run(tmp_path / "run", url, n=1 << 12)
     run.step(0)
     commit = run.step(1)
-    data = (tmp_path / "remote" / steps.record_path(commit)).read_bytes()
+    data = (tmp_path / "remote" / step_path(commit)).read_bytes()
     assert steps.parse(data, commit).commit == commit
     with pytest.raises(CorruptObject):
         steps.parse(data, run.repo.resolve("main~1"))  # read for another commit
@@ -248,7 +249,7 @@ def test_gc_remote_drops_records_of_unreachable_commits(tmp_path, remote_url):
     run.repo.commit("exp 1", source={"w": run.w + 1}, branch="exp")
     run.repo.commit("exp 2", source={"w": run.w + 2}, branch="exp")
     run.repo.push(branch="exp")
-    exp_records = set(record_names(url)) - {steps.record_path(c) for c in
+    exp_records = set(record_names(url)) - {step_path(c) for c in
                                             [run.repo.resolve("main"), run.repo.resolve("main~1")]}
     assert len(exp_records) == 2
     run.repo.delete_remote_branch("origin", "exp")
@@ -279,14 +280,14 @@ def test_blob_changes_go_by_record_and_a_new_file_by_the_ordinary_read(tmp_path)
     save_file({"w": w}, str(repo.root / "model.safetensors"))
     one = repo.commit("1").commit
     repo.push()
-    assert (tmp_path / "remote" / steps.record_path(one)).exists()
+    assert (tmp_path / "remote" / step_path(one)).exists()
     assert follower.update().commit == one and same(follower.state_dict, repo.load_state_dict(one))
     (repo.root / "tokenizer.json").write_text("{}")  # a new file: no record, the usual read
     w[:100] += 1
     save_file({"w": w}, str(repo.root / "model.safetensors"))
     two = repo.commit("2").commit
     repo.push()
-    assert not (tmp_path / "remote" / steps.record_path(two)).exists()
+    assert not (tmp_path / "remote" / step_path(two)).exists()
     assert follower.update().commit == two and same(follower.state_dict, repo.load_state_dict(two))
 
 
@@ -319,7 +320,7 @@ def test_a_record_reads_only_its_own_bytes_and_the_payloads_it_names(tmp_path):
         commit = step(i)
         update = follower.update()
         assert same(follower.state_dict, repo.load_state_dict(commit))
-        path = tmp_path / "remote" / steps.record_path(commit)
+        path = tmp_path / "remote" / step_path(commit)
         record = steps.parse(path.read_bytes(), commit)
         named = sum(c.length for c in record.chunks if c.pack is not None)
         mixed += any(c.pack is None for c in record.chunks) and named > 0

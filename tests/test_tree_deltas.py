@@ -11,7 +11,8 @@ import wvc
 from wvc import Repo, ids
 from wvc.model import tree_diff
 from wvc.remotes import open_remote
-from wvc.remotes.catalog import Catalog, catalog_name, catalog_path, parse_catalog
+from wvc.remotes.catalog import Catalog, catalog_name, parse_catalog
+from wvc.remotes.layout import catalog_path
 from wvc.remotes.repository import RemoteRepository
 
 from tests.test_hostile_remotes import one_line_error, run_wvc

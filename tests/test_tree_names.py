@@ -14,7 +14,7 @@ from wvc.errors import FormatError, UnsafePath
 from wvc.formats.dtypes import BYTES
 from wvc.fsutil import reserved_name, validate_relpath
 from wvc.model.versions import Commit, FileEntry, Tree
-from wvc.remotes.interface import commit_path, pack_path, tree_path
+from wvc.remotes.layout import commit_path, pack_path, tree_path
 
 from .conftest import tree_digests
 from .test_everyday import run

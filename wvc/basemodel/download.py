@@ -36,7 +36,7 @@ def download_hub(url: str, paths: list[str] | None = None, progress: Progress = 
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     from ..remotes.hub import HubRemote, hub_errors
-    from ..remotes.interface import is_wvc_layout
+    from ..remotes.layout import is_wvc_layout
 
     repo_id, rev = parse_hub(url)
     remote = HubRemote(repo_id)

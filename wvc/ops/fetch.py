@@ -17,7 +17,8 @@ from ..fsutil import fsync_dir, make_work_dir, sweep_work_dirs
 from ..model.versions import Commit, Tree
 from ..progress import NULL, Progress
 from ..remotes import lazy_remote_name
-from ..remotes.interface import MAX_PACK_BYTES, pack_path
+from ..remotes.interface import MAX_PACK_BYTES
+from ..remotes.layout import pack_path
 from ..remotes.transfer import verify_packs
 from ..store.graph import UNKNOWN
 from ..store.packs import pack_filename

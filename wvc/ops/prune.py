@@ -607,11 +607,11 @@ def remote_prune(repo, remote_name: str, branch: str | None = None, keep=None, *
 
 def _remote_prune_once(repo, remote, remote_name: str, branch: str, policy: KeepPolicy, dry_run: bool,
                        progress: Progress) -> PruneResult:
-    import secrets
     import tempfile
     from pathlib import Path
 
     from ..model.versions import canonical_json
+    from ..remotes.layout import new_record_name, pruned_path
     from .remote_gc import Cut
 
     tip = remote.refs.get(HEADS + branch)
@@ -634,10 +634,10 @@ def _remote_prune_once(repo, remote, remote_name: str, branch: str, policy: Keep
     result.bytes_before, result.bytes_after = stored, stored - cut.bytes_freed
     if dry_run or not (to_prune or cut.dead or cut.partial):
         return result
-    record = f"pruned/{int(time.time()):010d}-{secrets.token_hex(8)}.json"
+    record = pruned_path(new_record_name())
     with tempfile.TemporaryDirectory(prefix="wvc-remote-prune-", dir=repo.wvc_dir) as tmp:
         remote.rewrite(cut.dead + cut.partial, cut.kept(live_objects, live_commits, live_trees),
                        f"wvc prune {branch}: {len(to_prune)} versions, {cut.objects_removed} objects removed",
                        Path(tmp), progress, extra={record: canonical_json({"commits": sorted(pruned)})},
-                       replaced=[f"pruned/{r}.json" for r in remote.state.pruned])
+                       replaced=[pruned_path(r) for r in remote.state.pruned])
     return result

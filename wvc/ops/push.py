@@ -13,8 +13,8 @@ from ..basemodel.record import base_json
 from ..errors import DetachedHead, NonFastForward, RevisionNotFound, VersionPruned, WvcError
 from ..fsutil import sweep_work_dirs, work_dir
 from ..progress import NULL, Progress
-from ..remotes import steps
 from ..remotes.catalog import Catalog
+from ..remotes.layout import step_path
 from ..store.chains import resolve_chain
 from ..store.packs import PackWriter, copy_payloads, pack_filename
 from ..store.refs import HEADS, TAGS
@@ -122,7 +122,7 @@ def push(repo, remote_name: str = "origin", branch: str | None = None, *, force:
                     except (WvcError, ValueError, KeyError):  # (e.g. a version whose chunks a prune dropped)
                         data = None
                     if data is not None:
-                        built[steps.record_path(cid)] = data
+                        built[step_path(cid)] = data
                 others = [t for r, t in state.refs.items() if r.startswith(HEADS) and r != primary]
                 return built, step_records.dropped_records(repo, tip, len(new_commits), others)
             except WvcError:  # (a history this repository holds only in part): no record is no harm, a

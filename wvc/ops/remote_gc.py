@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..errors import RemoteError
 from ..progress import NULL, Progress
-from ..remotes import steps
+from ..remotes.layout import commit_of_step_path
 from .remote_config import open_remote_repository
 
 
@@ -50,7 +50,7 @@ def remote_gc(repo, remote_name: str, *, dry_run: bool = False, progress: Progre
     rewriting = bool(cut.dead or cut.partial)
     # followers' step records (remotes/steps.py) of commits no ref reaches, or naming packs
     # this rewrite replaces: shortcuts that no longer lead anywhere, deleted (not retired)
-    stale = [p for p in remote.state.files if (c := steps.commit_of_path(p)) is not None
+    stale = [p for p in remote.state.files if (c := commit_of_step_path(p)) is not None
              and (rewriting or c not in live_commits)]
     if dry_run:
         return result

@@ -31,7 +31,7 @@ from ..formats.dtypes import DTYPES
 from ..model.layout import tensor_spans
 from .cache import cache_root
 from ..remotes import open_remote, steps
-from ..remotes.interface import pack_path
+from ..remotes.layout import pack_path
 from .view import VersionView, open_remote_version, open_version
 
 POLL_SECONDS = (0.5, 5.0)  # first and longest wait between polls of update(timeout=...)

@@ -40,8 +40,9 @@ from .. import settings
 from ..errors import CorruptObject, NonFastForward, RemoteNotFound
 from ..formats import bounded_json
 from .hub import HubRemote, RateLimited, RemoteFileNotFound, _transport_errors, backs_off, hub_errors
-from .interface import (BASE_RECORD, MAX_BASE_RECORD, RemoteChanged, RemoteError, RemoteState, content_size,
-                        is_wvc_layout, listing_state, not_a_wvc_remote, parse_refs, retries_reads, upload_progress)
+from .interface import (Listing, RemoteChanged, RemoteError, content_size, not_a_wvc_remote, retries_reads,
+                        upload_progress)
+from .layout import is_wvc_layout, parse_refs
 
 REFLOG = "reflog/"
 # seq: 12 digits or more (a remote may have written any number: the next one always matches)
@@ -210,7 +211,7 @@ class BucketRemote(HubRemote):
         return parse_refs({r: c.encode() for r, c in refs.items()})  # names and commit ids checked there
 
     # -- Remote ------------------------------------------------------------------------------------
-    def state(self, create: bool = False) -> RemoteState:
+    def listing(self, create: bool = False) -> Listing:
         try:
             listing = self._list()
         except RemoteNotFound:
@@ -224,8 +225,7 @@ class BucketRemote(HubRemote):
             raise not_a_wvc_remote(self.url, paths, "push" if create else "read")
         self.head = self._head(listing)
         refs = self._entry(self.head) if self.head else {}
-        base = self.read(BASE_RECORD, MAX_BASE_RECORD) if BASE_RECORD in listing else None
-        return listing_state(refs, self.head or "", paths, base)
+        return Listing(refs, self.head or "", frozenset(paths))
 
     def read_ref(self, ref: str) -> str | None:
         head = self._head(self._list(REFLOG))
@@ -235,7 +235,7 @@ class BucketRemote(HubRemote):
         if paths:
             self._batch(delete=[self._key(p) for p in paths])
 
-    def publish(self, files, refs, expected: RemoteState, message: str, delete=(), progress=None) -> None:
+    def publish(self, files, refs, expected: Listing, message: str, delete=(), progress=None) -> None:
         if delete:
             raise RemoteError("a bucket cannot delete files atomically with a ref update")
         progress = upload_progress(progress, files)
@@ -247,7 +247,7 @@ class BucketRemote(HubRemote):
         self.bytes_uploaded += sent
         self._move_refs(refs, expected)
 
-    def _move_refs(self, refs: dict, expected: RemoteState) -> None:
+    def _move_refs(self, refs: dict, expected: Listing) -> None:
         head, current = expected.version or None, dict(expected.refs)
         stale = self.stale
         deadline = time.monotonic() + 2 * stale

@@ -128,7 +128,3 @@ def parse_catalog(data: bytes, name: str) -> Catalog:
     if cursor != len(body):
         raise CorruptObject(f"{where} has trailing bytes")
     return catalog
-
-
-def catalog_path(name: str) -> str:
-    return f"catalogs/{name}.cat"

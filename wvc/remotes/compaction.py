@@ -19,7 +19,6 @@ a retired one; then nothing is deleted yet).
 from __future__ import annotations
 
 import os
-import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,9 @@ from ..model.versions import canonical_json
 from ..store.packs import (MAGIC, XET_BOUNDARY, PackWriter, copy_payloads, marked_payload_end, pack_filename,
                            read_pack_index, read_payload)
 from .catalog import Catalog
-from .interface import MAX_PACK_BYTES, MAX_SMALL_OBJECT, Remote, attic_path, commit_path, movable, pack_path, tree_path
+from .interface import MAX_PACK_BYTES, MAX_SMALL_OBJECT, Remote
+from .layout import (CATALOGS, PACKS, PRUNED, attic_path, commit_path, movable, new_record_name, pack_path, record_time,
+                     retired_path, tree_path)
 
 FANOUT = 4
 # Tier 0 is the one tier that is not geometric: a merge of tier-0 segments can stay in tier 0,
@@ -184,8 +185,7 @@ def _recipe(merged: Path, checksum: str, size: int, ranges) -> Recipe:
 
 def retired_record(paths: list[str]) -> tuple[str, bytes]:
     """A record of files replaced at this moment (deleted after the grace period)."""
-    name = f"{int(time.time()):010d}-{secrets.token_hex(8)}"
-    return f"retired/{name}.json", canonical_json({"paths": sorted(paths)})
+    return retired_path(new_record_name()), canonical_json({"paths": sorted(paths)})
 
 
 # When each remote's oldest retirement comes out of its grace period, as this process last
@@ -197,7 +197,7 @@ _RETIRED_SINCE: dict[str, tuple[float | None, float]] = {}
 def retired_at(url: str, record_path: str) -> None:
     """Note a retirement this process published (``record_path``: retired/<time>-...)."""
     oldest, listed = _RETIRED_SINCE.get(url, (None, 0.0))
-    when = float(record_path[len("retired/"):].split("-")[0])
+    when = record_time(record_path)
     _RETIRED_SINCE[url] = (when if oldest is None else min(oldest, when), listed)
 
 
@@ -226,13 +226,13 @@ def purge(repository) -> int:
     _RETIRED_SINCE[repository.url] = (min(times.values()) if times else None, now)
     if not old:
         return 0
-    doomed = {p for r in old for p in records[r] if p.startswith(("packs/", "catalogs/", "pruned/"))}
+    doomed = {p for r in old for p in records[r] if p.startswith((PACKS, CATALOGS, PRUNED))}
     live = [s for s in contents.segments if doomed.isdisjoint(s.files)]
     if not _refs_covered(repository, live):
         return 0  # a push that raced the retirement relies on a retired segment: keep it all
     # (each file is listed where a move did not happen, or in the attic; deleting an absent
     # file is no error)
-    paths = sorted(doomed) + [f"retired/{r}.json" for r in old]
+    paths = sorted(doomed) + [retired_path(r) for r in old]
     attic = [attic_path(p) for p in paths if movable(p)] if backend.moves_retired else []
     backend.delete([p for p in paths if p in state.files] + attic)
     young = [t for r, t in times.items() if r not in old]

@@ -17,8 +17,9 @@ from pathlib import Path
 
 from .. import settings
 from ..errors import RemoteFileTooLarge, RemoteNotFound, WvcError
-from .interface import (BASE_RECORD, HUB_STARTERS, MAX_BASE_RECORD, Remote, RemoteChanged, RemoteError, RemoteState,
-                        TransientError, check_ref_count, content_size, is_wvc_layout, local_write_errors, upload_progress, listing_state, not_a_wvc_remote, parse_refs, retries_reads)
+from .interface import (Listing, Remote, RemoteChanged, RemoteError, TransientError, content_size, local_write_errors,
+                        not_a_wvc_remote, retries_reads, upload_progress)
+from .layout import HUB_STARTERS, check_ref_count, is_wvc_layout, parse_refs
 
 HUB_BRANCH = "main"
 
@@ -189,7 +190,7 @@ class HubRemote(Remote):
 
     @backs_off
     @retries_reads
-    def state(self, create: bool = False) -> RemoteState:
+    def listing(self, create: bool = False) -> Listing:
         from huggingface_hub import errors
 
         with hub_errors(self.url):
@@ -208,8 +209,7 @@ class HubRemote(Remote):
         if not is_wvc_layout(paths) and any(p not in HUB_STARTERS for p in paths):
             raise not_a_wvc_remote(self.url, paths, "push" if create else "read")
         refs = parse_refs({p: self.read(p, 256) or b"" for p in check_ref_count(self.url, paths)})
-        base = self.read(BASE_RECORD, MAX_BASE_RECORD) if BASE_RECORD in paths else None
-        return listing_state(refs, self.sha, paths, base)
+        return Listing(refs, self.sha, frozenset(paths))
 
     def file_url(self, path: str) -> str:
         """Where a file is read (``/resolve/``, pinned to our snapshot)."""
@@ -283,7 +283,7 @@ class HubRemote(Remote):
         with local_write_errors(dest), open(dest, "wb") as fh:  # each attempt from the start
             self._get(path, limit, fh.write)
 
-    def publish(self, files, refs, expected: RemoteState, message: str, delete=(), progress=None) -> None:
+    def publish(self, files, refs, expected: Listing, message: str, delete=(), progress=None) -> None:
         from huggingface_hub import CommitOperationAdd, CommitOperationDelete
 
         progress = upload_progress(progress, files)

@@ -1,19 +1,11 @@
-"""The remote interface and layout. Remotes hold plain files, so any store can hold them:
-
-    wvc.json                              {"format": 1}
-    base.json                             the base model, if any: {"url", "tree", "commit"} (basemodel/record.py)
-    packs/pack-<hex>.pack, .idx           immutable packs (see store/packs.py) and their index
-    catalogs/<hex>.cat                    format 2: a segment's catalog (remotes/catalog.py)
-    retired/, pruned/, steps/             records: retired files, pruned versions, followers' steps
-    attic/<path>                          retired files moved out of the listing (``moves_retired``)
-    objects/commits/<2 hex>/<id>          format 1: immutable commit objects (canonical bytes)
-    objects/trees/<2 hex>/<id>            format 1: immutable tree objects
-    refs/heads/<branch>, refs/tags/<tag>  the only mutable files: a commit id and a newline
+"""The backend interface: what a remote must do with plain files (list them with the refs,
+read one within a bound, read a range, download, publish files and refs by compare-and-swap,
+delete), and the retries and errors every backend shares. Where each file goes is the layout
+map's (``remotes/layout.py``); what the files mean is the remote repository's
+(``remotes/repository.py``).
 
 A push uploads objects first and moves refs last, as one compare-and-swap (``publish``):
-the refs must still be what the pusher read (``RemoteState.version``), else it is
-refused. Every name read from a remote is validated before use; every object is
-hash-verified by the caller before it enters a local store.
+the refs must still be what the pusher read (``Listing.version``), else it is refused.
 """
 
 from __future__ import annotations
@@ -22,7 +14,6 @@ import contextlib
 import functools
 import os
 import random
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,39 +21,12 @@ from pathlib import Path
 from .. import ids
 from ..errors import NonFastForward, NotAWvcRemote, RemoteChanged, RemoteError  # noqa: F401 - the backends' vocabulary
 from ..store.refs import check_ref_name
+from .layout import HUB_STARTERS, MAX_REF_BYTES
 
-FORMAT = 1
-MAX_REF_BYTES = 200
-# Each ref is a file read per listing (a GET on the Hub) and a row in a clone's database: a
-# remote with 100,000 branches made a clone take 98 s. Runs make branches (run/<name>), so
-# the bound is generous; past it, `wvc push --delete` or `gc --remote` is the way back.
-MAX_REMOTE_REFS = 10_000
 MAX_PACK_BYTES = 64 << 30  # one pack a push (or a compaction) writes
 MAX_SMALL_OBJECT = 128 << 20  # commits and trees (versions.MAX_TREE_BYTES)
 MAX_BASE_RECORD = 64 << 10
-BASE_RECORD = "base.json"
-_PACK = re.compile(r"^pack-([0-9a-f]{64})\.(pack|idx)$")
-_CATALOG = re.compile(r"^catalogs/([0-9a-f]{64})\.cat$")
-_RETIRED = re.compile(r"^retired/([0-9]{10}-[0-9a-f]{16})\.json$")
-_PRUNED = re.compile(r"^pruned/([0-9]{10}-[0-9a-f]{16})\.json$")
 MAX_PRUNED_RECORD = 64 << 20  # a pruned/ record: ~70 bytes a commit id
-# Where a backend that can move files (``Remote.moves_retired``) keeps what compaction (or gc,
-# or prune) replaced while it waits out the grace period, and the retired/ record naming it
-# once every file moved: out of the folders every push lists, so a push's listing holds the
-# live segments (O(log pushes)), not every segment and record of the last hour. A reader that
-# listed such a file before it moved reads it here instead.
-ATTIC = "attic/"
-MOVABLE = ("packs/", "catalogs/", "pruned/", "retired/")
-
-
-def attic_path(path: str) -> str:
-    """Where a retired file (or a record whose files all moved) waits out the grace period."""
-    return ATTIC + path
-
-
-def movable(path: str) -> bool:
-    """Whether ``path`` moves to the attic when it is retired (and is looked for there)."""
-    return path.startswith(MOVABLE)
 
 
 def upload_progress(progress, files):
@@ -123,61 +87,12 @@ def retries_reads(method):
 
 
 @dataclass
-class RemoteState:
+class Listing:
+    """What a backend lists: plain files, and the refs with what a compare-and-swap checks."""
     refs: dict[str, str]  # "refs/heads/main" -> commit id
     version: str | None  # what publish's compare-and-swap checks (hub commit sha, or refs digest)
-    packs: list[str] = field(default_factory=list)  # names of packs with a format-1 .idx
-    base: bytes | None = None  # base.json as stored (untrusted: basemodel/record.py parses it)
+    files: frozenset = frozenset()  # every path listed (what a pinned reader may read), the attic's aside
     tokens: dict[str, str] = field(default_factory=dict)  # per-ref compare-and-swap tokens (S3 ETags)
-    catalogs: list[str] = field(default_factory=list)  # format 2: one a segment (remotes/catalog.py)
-    retired: list[str] = field(default_factory=list)  # retired/ records: files compaction replaced
-    files: frozenset = frozenset()  # every path listed (what a pinned reader may read)
-    pruned: list[str] = field(default_factory=list)  # pruned/ records: commits whose weights `prune --remote` dropped
-
-
-_LISTED: dict[str, tuple[str, str] | None] = {}  # path -> (kind, name) or None: listing_state's parse, memoised
-_LISTED_MAX = 1 << 20
-_NAMED = (("catalog", _CATALOG), ("retired", _RETIRED), ("pruned", _PRUNED))
-
-
-def _listed(path: str) -> tuple[str, str] | None:
-    """(kind, name) of a listed path that names a ``catalog``, a ``retired`` or ``pruned``
-    record, or an ``idx`` (a format-1 pack's index); None for any other. Memoised: a long
-    run's remote lists the same thousands of files, most of them waiting out the grace hour,
-    at every push and every poll."""
-    try:
-        return _LISTED[path]
-    except KeyError:
-        pass
-    found = next(((kind, m.group(1)) for kind, pattern in _NAMED if (m := pattern.match(path))), None)
-    if found is None and path.startswith("packs/") and (m := _PACK.match(path.rpartition("/")[2])) and m.group(2) == "idx":
-        found = ("idx", m.group(1))
-    if len(_LISTED) >= _LISTED_MAX:
-        _LISTED.clear()
-    _LISTED[path] = found
-    return found
-
-
-def listing_state(refs, version, paths, base, tokens=None) -> RemoteState:
-    """A RemoteState from a backend's listing of every path."""
-    paths = frozenset(paths)
-    named: dict[str, list[str]] = {"catalog": [], "retired": [], "pruned": [], "idx": []}
-    for p in paths:
-        if (found := _listed(p)) is not None:
-            named[found[0]].append(found[1])
-    return RemoteState(refs, version, sorted(set(named["idx"])), base, tokens or {}, sorted(named["catalog"]),
-                       sorted(named["retired"]), paths, sorted(named["pruned"]))
-
-
-# What a wvc remote holds at its top level; on the Hub also the files every repository
-# starts with. Anything else is someone else's content.
-WVC_TOP = ("wvc.json", BASE_RECORD, "refs/", "packs/", "catalogs/", "retired/", "pruned/", "steps/", "objects/", ATTIC)
-HUB_STARTERS = (".gitattributes", "README.md")
-
-
-def is_wvc_layout(paths) -> bool:
-    """Whether a listing holds any wvc state (a marker, refs, packs or catalogs)."""
-    return any(p == t or (t.endswith("/") and p.startswith(t)) for p in paths for t in WVC_TOP)
 
 
 def not_a_wvc_remote(url: str, paths, verb: str) -> "NotAWvcRemote":
@@ -194,44 +109,6 @@ def not_a_wvc_remote(url: str, paths, verb: str) -> "NotAWvcRemote":
                          f"use `wvc init --base {url}`")
 
 
-def commit_path(cid: str) -> str:
-    return f"objects/commits/{cid[:2]}/{cid}"
-
-
-def tree_path(tid: str) -> str:
-    return f"objects/trees/{tid[:2]}/{tid}"
-
-
-def pack_path(name: str, ext: str = "pack") -> str:
-    return f"packs/pack-{name}.{ext}"
-
-
-def check_ref_count(url: str, paths) -> list[str]:
-    """The refs/ paths of a listing, refused before any is read when there are too many."""
-    refs = [p for p in paths if p.startswith("refs/")]
-    if len(refs) > MAX_REMOTE_REFS:
-        raise RemoteError(f"{url} has {len(refs)} refs, more than wvc reads ({MAX_REMOTE_REFS}); delete old "
-                          "branches there (`wvc push --delete REMOTE BRANCH`)")
-    return refs
-
-
-def parse_refs(files: dict[str, bytes]) -> dict[str, str]:
-    """refs/... file contents -> validated {ref: commit id}."""
-    if len(files) > MAX_REMOTE_REFS:
-        raise RemoteError(f"remote has more than {MAX_REMOTE_REFS} refs")
-    refs = {}
-    for path, data in files.items():
-        kind, _, name = path.partition("/")[2].partition("/")
-        if not path.startswith("refs/") or kind not in ("heads", "tags"):
-            continue
-        check_ref_name(name, "remote ref")
-        value = data.strip().decode("ascii", "replace")
-        if len(data) > MAX_REF_BYTES or not ids.is_object_id(value):
-            raise RemoteError(f"remote ref {path} does not hold a commit id")
-        refs[path] = value
-    return refs
-
-
 class Remote:
     """A backend: small-file reads, whole and ranged pack reads, and atomic publish."""
 
@@ -240,7 +117,9 @@ class Remote:
     bytes_uploaded: int = 0
     bytes_copied: int = 0  # server-side copies compose made (no byte crossed the network)
 
-    def state(self) -> RemoteState:
+    def listing(self, create: bool = False) -> Listing:
+        """Every file (the attic's aside) with the refs, read together; ``create``: make an
+        empty remote a wvc remote first (its marker), refusing one that holds other content."""
         raise NotImplementedError
 
     def read_ref(self, ref: str) -> str | None:
@@ -271,7 +150,7 @@ class Remote:
     # backends retire replaced files and delete them after a grace period (remotes/compaction.py).
     deletes_atomically = False
 
-    def publish(self, files: dict[str, Path | bytes], refs: dict[str, str | None], expected: RemoteState,
+    def publish(self, files: dict[str, Path | bytes], refs: dict[str, str | None], expected: Listing,
                 message: str, delete: tuple[str, ...] = (), progress=None) -> None:
         """Upload ``files``, then set ``refs`` (None deletes) iff the remote is still ``expected``;
         ``delete`` (only where ``deletes_atomically``) goes in the same step; ``progress``

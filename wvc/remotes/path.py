@@ -19,9 +19,9 @@ from pathlib import Path
 
 from ..errors import RemoteFileTooLarge
 from ..fsutil import TEMP_PREFIX, atomic_write, atomic_writer, file_mode, fsync_dir, validate_relpath
-from .interface import (BASE_RECORD, FORMAT, MAX_BASE_RECORD, MAX_REF_BYTES, Remote, RemoteChanged, RemoteError,
-                        RemoteState, attic_path, check_ref_count, content_size, listing_state, local_write_errors,
-                        movable, parse_refs, upload_progress)
+from .interface import Listing, Remote, RemoteChanged, RemoteError, content_size, local_write_errors, upload_progress
+from .layout import (BASE_RECORD, FORMAT, LISTED_FOLDERS, MARKER, MAX_REF_BYTES, attic_path, check_ref_count, movable,
+                     parse_refs)
 
 LOCK = "refs.lock"
 LOCK_STALE_SECONDS = 600
@@ -76,7 +76,7 @@ class PathRemote(Remote):
         return self.root.joinpath(*validate_relpath(path).split("/"))
 
     def _ensure(self, create: bool) -> None:
-        marker = self.root / "wvc.json"
+        marker = self.root / MARKER
         if marker.is_file():
             return
         if not create:
@@ -100,12 +100,13 @@ class PathRemote(Remote):
                     files[p.relative_to(self.root).as_posix()] = _read_at_most(p, MAX_REF_BYTES + 1)
         return parse_refs(files)
 
-    def state(self, create: bool = False) -> RemoteState:
+    def listing(self, create: bool = False) -> Listing:
         self._ensure(create)
         refs = self._refs()
-        paths = [f"{d}/{name}" for d in ("packs", "catalogs", "retired", "pruned", "steps")
-                 for name in _names(self.root / d) if not name.startswith(TEMP_PREFIX)]
-        return listing_state(refs, _refs_version(refs), paths, self.read(BASE_RECORD, MAX_BASE_RECORD))
+        paths = [name for name in (MARKER, BASE_RECORD) if (self.root / name).is_file()]
+        paths += [f"{d}{name}" for d in LISTED_FOLDERS
+                  for name in _names(self.root / d) if not name.startswith(TEMP_PREFIX)]
+        return Listing(refs, _refs_version(refs), frozenset(paths))
 
     def _open(self, path: str):
         """``path`` opened (_open_regular), or, for a retired pack or catalog that moved since
@@ -214,7 +215,7 @@ class PathRemote(Remote):
         self.bytes_copied += copied
         return sent
 
-    def publish(self, files, refs, expected: RemoteState, message: str, delete=(), progress=None) -> None:
+    def publish(self, files, refs, expected: Listing, message: str, delete=(), progress=None) -> None:
         self._ensure(create=True)
         progress = upload_progress(progress, files)
         for path, content in files.items():  # objects first: immutable, so rewriting is harmless

@@ -16,9 +16,7 @@ store over its transport).
 from __future__ import annotations
 
 import functools
-import json
 import logging
-import re
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,10 +30,11 @@ from ..lru import LRUCache
 from ..model.versions import Commit, Tree
 from ..store.chains import close_over_bases
 from ..store.packs import MAX_INDEX_BYTES, PackEntry, parse_index
-from . import compaction, steps
-from .catalog import MAX_CATALOG_BYTES, Catalog, catalog_name, catalog_path, parse_catalog, segment_size
-from .interface import (BASE_RECORD, MAX_PRUNED_RECORD, MAX_SMALL_OBJECT, Remote, RemoteState, commit_path, movable,
-                        pack_path, tree_path)
+from . import compaction
+from .catalog import MAX_CATALOG_BYTES, Catalog, catalog_name, parse_catalog, segment_size
+from . import layout
+from .interface import MAX_BASE_RECORD, MAX_PRUNED_RECORD, MAX_SMALL_OBJECT, Listing, Remote
+from .layout import BASE_RECORD, catalog_path, commit_path, movable, pack_path, retired_path, pruned_path, step_path, tree_path
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +121,6 @@ LISTED_SEGMENTS: "weakref.WeakValueDictionary[str, Segment]" = weakref.WeakValue
 # retired/ records read in this process, by (remote, record): a record is written once under
 # a fresh name (time and random), and a pusher or follower lists the same ones for an hour
 RETIRED_SEEN: LRUCache[tuple[str, str], list[str]] = LRUCache(100_000)
-RECORD_NAME = re.compile(r"^([0-9]{10}-[0-9a-f]{16})\.json$")
 
 
 @dataclass
@@ -207,6 +205,27 @@ def verified(parse, data: bytes, expected: str, what: str):
         raise CorruptObject(f"remote {what} {ids.short(expected)} is corrupt: {exc}") from exc
 
 
+@dataclass
+class RemoteState(Listing):
+    """A listing as the remote repository reads it (``RemoteRepository.open``): its files
+    sorted by kind (``layout.sorted_listing``) and the base record."""
+    packs: list[str] = field(default_factory=list)  # names of packs with a format-1 .idx
+    base: bytes | None = None  # base.json as stored (untrusted: basemodel/record.py parses it)
+    catalogs: list[str] = field(default_factory=list)  # format 2: one a segment (remotes/catalog.py)
+    retired: list[str] = field(default_factory=list)  # retired/ records: files compaction replaced
+    pruned: list[str] = field(default_factory=list)  # pruned/ records: commits whose weights `prune --remote` dropped
+
+
+def read_state(backend: Remote, create: bool = False) -> RemoteState:
+    """One listing of ``backend``, read as the format sees it: its files sorted by kind and
+    the base record (read only when listed)."""
+    listing = backend.listing(create=create)
+    base = backend.read(layout.BASE_RECORD, MAX_BASE_RECORD) if layout.BASE_RECORD in listing.files else None
+    named = layout.sorted_listing(listing.files)
+    return RemoteState(listing.refs, listing.version, listing.files, listing.tokens, packs=named["idx"], base=base,
+                       catalogs=named["catalog"], retired=named["retired"], pruned=named["pruned"])
+
+
 class RemoteRepository:
     """One remote, as wvc's format sees it, pinned to one listing (``state``).
 
@@ -226,7 +245,7 @@ class RemoteRepository:
     @classmethod
     def open(cls, backend: Remote, cache_dir: Path | None = None, *, create: bool = False) -> "RemoteRepository":
         """List ``backend`` once (``create``: make it a wvc remote if it is empty)."""
-        return cls(backend, backend.state(create=True) if create else backend.state(), cache_dir)
+        return cls(backend, read_state(backend, create), cache_dir)
 
     @property
     def url(self) -> str:
@@ -397,7 +416,7 @@ class RemoteRepository:
         """What each record in the attic lists: retirements whose files all moved there."""
         if not self.backend.moves_retired:
             return {}
-        names = [m.group(1) for n in self.backend.attic_names("retired") if (m := RECORD_NAME.match(n))]
+        names = [r for n in self.backend.attic_names("retired") if (r := layout.record_of_name(n))]
         return self._retired_records(sorted(names))
 
     def _retired_records(self, names=None) -> dict[str, list[str]]:
@@ -409,7 +428,7 @@ class RemoteRepository:
             if known is not None:
                 out[record] = known
                 continue
-            data = self.backend.read(f"retired/{record}.json", MAX_RETIRED_RECORD)
+            data = self.backend.read(retired_path(record), MAX_RETIRED_RECORD)
             if data is None:
                 continue  # deleted by a purge since the listing
             try:
@@ -427,7 +446,7 @@ class RemoteRepository:
         union and replaces the ones it read)."""
         out: set[str] = set()
         for record in self.state.pruned:
-            data = self.backend.read(f"pruned/{record}.json", MAX_PRUNED_RECORD)
+            data = self.backend.read(pruned_path(record), MAX_PRUNED_RECORD)
             if data is None:
                 continue  # replaced by a prune since the listing
             try:
@@ -477,7 +496,7 @@ class RemoteRepository:
         if step_records is not None:
             records, old = step_records(self._locator(catalog))
             files.update(records)
-            dropped = [p for p in map(steps.record_path, old) if p in self.state.files]
+            dropped = [p for p in map(step_path, old) if p in self.state.files]
         # A step record is only ever a shortcut (a follower that misses one reads the version
         # the usual way), so an old one is deleted at once, not retired for the grace period.
         atomic = self.backend.deletes_atomically

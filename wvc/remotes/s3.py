@@ -32,9 +32,9 @@ from pathlib import Path
 
 from .. import settings
 from ..errors import RemoteChanged, RemoteError, RemoteFileTooLarge
-from .interface import (ATTIC, BASE_RECORD, FORMAT, MAX_BASE_RECORD, MAX_REF_BYTES, Remote, RemoteState, TransientError,
-                        attic_path, check_ref_count, content_size, listing_state, local_write_errors, movable, parse_refs,
-                        retries_reads, upload_progress)
+from .interface import (Listing, Remote, TransientError, content_size, local_write_errors, retries_reads,
+                        upload_progress)
+from .layout import ATTIC, FORMAT, MARKER, MAX_REF_BYTES, attic_path, check_ref_count, movable, parse_refs
 
 MULTIPART_THRESHOLD = 64 << 20
 PART_BYTES = 16 << 20  # S3 wants parts of at least 5 MiB (but the last) and at most 10,000 of them
@@ -252,14 +252,14 @@ class S3Remote(Remote):
         return data, resp.get("ETag", "")
 
     @retries_reads
-    def state(self, create: bool = False) -> RemoteState:
+    def listing(self, create: bool = False) -> Listing:
         listing = self._list()
-        if "wvc.json" not in listing:
+        if MARKER not in listing:
             if not create:
                 raise RemoteError(f"{self.url} is not a wvc remote (no wvc.json)")
             if listing:
                 raise RemoteError(f"{self.url} holds other objects and is not a wvc remote")
-            self._put("wvc.json", f'{{"format": {FORMAT}}}'.encode(), if_none_match=True, exist_ok=True)
+            self._put(MARKER, f'{{"format": {FORMAT}}}'.encode(), if_none_match=True, exist_ok=True)
         files, tokens = {}, {}
         for path in check_ref_count(self.url, listing):
             try:
@@ -273,9 +273,8 @@ class S3Remote(Remote):
         # pushers and gc, starved). Objects only appear before the refs that need them, so
         # this listing holds every catalog the refs read above rely on.
         listing = self._list()
-        base = self.read(BASE_RECORD, MAX_BASE_RECORD) if BASE_RECORD in listing else None
         version = hashlib.sha256(repr(sorted(tokens.items())).encode()).hexdigest()
-        return listing_state(refs, version, listing, base, {r: tokens[r] for r in refs})
+        return Listing(refs, version, frozenset(listing), {r: tokens[r] for r in refs})
 
     @retries_reads
     def read(self, path: str, limit: int) -> bytes | None:
@@ -382,7 +381,7 @@ class S3Remote(Remote):
             pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.location.bucket, Prefix=under)
             return [o["Key"][len(under):] for page in pages for o in page.get("Contents", ()) if "/" not in o["Key"][len(under):]]
 
-    def publish(self, files, refs, expected: RemoteState, message: str, delete=(), progress=None) -> None:
+    def publish(self, files, refs, expected: Listing, message: str, delete=(), progress=None) -> None:
         progress = upload_progress(progress, files)
         for path, content in files.items():  # objects first: immutable, so an existing one is kept
             size = content_size(content)

@@ -39,25 +39,14 @@ from .. import ids
 from ..errors import CorruptObject, FormatError
 from ..formats import bounded_json
 from ..model.tree_diff import check_changes
+from .layout import step_path
 from ..model.versions import MAX_PAYLOAD, MAX_RAW_CHUNK, MAX_TREE_BYTES, canonical_json
 
 MAGIC = b"WVCSTEP\x01\n"
-PREFIX = "steps/"
 KEEP = 8  # records a push keeps of its branch: the newest first-parent steps
 MAX_HEADER = 64 << 20  # decompressed
 MAX_RECORD = 4 << 30  # a step of a very large model carries its re-anchored chunks' step payloads
 MAX_CHUNKS = 1 << 20
-
-
-def record_path(commit_id: str) -> str:
-    return f"{PREFIX}{commit_id}.step"
-
-
-def commit_of_path(path: str) -> str | None:
-    """The commit a listed ``steps/`` file is the record of (None: not a record's name)."""
-    if path.startswith(PREFIX) and path.endswith(".step") and ids.is_object_id(path[len(PREFIX):-5]):
-        return path[len(PREFIX):-5]
-    return None
 
 
 @dataclass(frozen=True)
@@ -118,7 +107,7 @@ def fetch(backend, commit_id: str) -> StepRecord | None:
     if it is not a valid record."""
     from ..errors import RemoteFileTooLarge
 
-    path = record_path(commit_id)
+    path = step_path(commit_id)
     try:
         data = backend.read(path, WHOLE_READ)
     except RemoteFileTooLarge:

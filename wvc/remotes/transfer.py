@@ -25,7 +25,8 @@ from ..store.chains import decode_links, resolve_chain
 from ..store.chunks import ObjectStore
 from ..store.rows import ObjectRow
 from ..store.packs import PackEntry, PackWriter, copy_payloads, pack_filename, read_pack_index, read_payload
-from .interface import Remote, pack_path
+from .interface import Remote
+from .layout import pack_path
 VERIFY_CACHE_BYTES = 16 << 20  # decoded delta bases kept while verifying a fetch
 VIEW_CACHE_BYTES = 64 << 20  # decoded chunks a remote view keeps
 COALESCE_GAP = 256 << 10  # a range fetch reads through gaps up to this size rather than open another request
