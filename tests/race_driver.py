@@ -48,9 +48,9 @@ def steps(repo, state: Path, n: int, branch: str) -> None:
 
 
 def hold_after_pack() -> None:
-    from wvc.ops import prune as prune_op
+    from wvc.store import prune_plan
 
-    real = prune_op._write_pack
+    real = prune_plan.write_pack
 
     def held(*args, **kwargs):
         out = real(*args, **kwargs)
@@ -58,7 +58,7 @@ def hold_after_pack() -> None:
         sys.stdin.readline()
         return out
 
-    prune_op._write_pack = held
+    prune_plan.write_pack = held
 
 
 def hold_before_record() -> None:

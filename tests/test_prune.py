@@ -115,6 +115,9 @@ def test_policy_rules(tmp_path):
     repo.create_tag("v-step-7", run[7])
     res = repo.prune(keep={"tagged": True, "best": ["eval_loss:min", "eval_loss:max"]}, dry_run=True)
     assert res.dry_run and pack_bytes(repo) > 0 and not repo.graph.pruned()  # a dry run changes nothing
+    # each kept version says which rules keep it (restic's KeepReason): what a dry run is for
+    assert res.kept_reasons == {run[0]: ["best eval_loss (max)"], run[7]: ["tagged", "ref tags/v-step-7"],
+                                run[23]: ["best eval_loss (min)"], run[39]: ["ref main", "HEAD"]}
     res = repo.prune(keep={"tagged": True, "best": ["eval_loss:min", "eval_loss:max"]})
     kept = {run[7], run[23], run[0], run[39]}  # tag, best min, best max (step 0: 530 > step 39's 257), tip
     assert set(run) - set(res.pruned_commits) == kept
@@ -156,6 +159,9 @@ def test_cli_prune_json_and_refusals(tmp_path):
     assert out.exit_code == 0, out.output
     data = json.loads(out.output)
     assert data["pruned"] == 9 and data["kept"] == 3 and data["bytes_freed"] > 0
+    assert data["kept_reasons"] == {run[9]: ["last 3"], run[10]: ["last 3"], run[11]: ["last 3", "ref main", "HEAD"]}
+    dry = cli.invoke(main, ["-C", str(repo.root), "prune", "--keep-last", "1", "--dry-run"])
+    assert dry.exit_code == 0 and "Kept by: last 1 (1), ref main (1), HEAD (1)" in dry.output, dry.output
     none = cli.invoke(main, ["-C", str(repo.root), "prune"])
     assert none.exit_code != 0 and "say what to keep" in none.output and "Traceback" not in none.output
     assert open_version(repo.root, run[-1]).files
@@ -171,6 +177,7 @@ def test_branches_and_refs_keep_what_they_reach(tmp_path):
     side = run_steps(repo, 5, branch="side", seed=1)
     res = repo.prune("main", keep={"last": 1})
     assert run[12] not in res.pruned_commits  # where "side" leaves main: a merge needs it as its base
+    assert res.kept_reasons[run[12]] == ["fork point of side"]
     assert set(res.pruned_commits) == set(run[:-1]) - {run[12]}
     merged = repo.merge("side", strategy="linear")  # the merge base's weights are there
     assert merged.commit
@@ -181,20 +188,20 @@ def test_branches_and_refs_keep_what_they_reach(tmp_path):
 
 
 def test_a_ref_moved_onto_a_version_during_the_prune_keeps_it(tmp_path, monkeypatch):
-    from wvc.ops import prune as prune_mod
+    from wvc.store import prune_plan
 
     repo = Repo.init(tmp_path / "r")
     digests = run_steps(repo, 20)
     run = list(digests)
-    original = prune_mod._write_pack
+    original = prune_plan.write_pack
 
-    def racing(repo_, plan, progress):
-        out = original(repo_, plan, progress)
+    def racing(store, plan, progress):
+        out = original(store, plan, progress)
         with Repo.open(repo.root) as other:  # another process tags step 5 while the new pack is written
             other.create_tag("keep-me", run[5])
         return out
 
-    monkeypatch.setattr(prune_mod, "_write_pack", racing)
+    monkeypatch.setattr(prune_plan, "write_pack", racing)
     res = repo.prune(keep={"last": 2})
     assert run[5] not in res.pruned_commits and run[5] not in repo.graph.pruned()
     assert repo.refs.get(TAGS + "keep-me") == run[5]

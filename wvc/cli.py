@@ -7,6 +7,7 @@ imports torch: ``--help``, ``log`` and ``status`` stay fast.
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import os
@@ -1035,6 +1036,9 @@ def prune(branch, keep_last, keep_every, keep_tagged, keep_best, remote_name, dr
                f"({res.kept} keep their weights, {res.already_pruned} pruned before); "
                f"{'would free' if dry_run else 'freed'} {human(res.bytes_freed)}, "
                f"{plural(res.chunks_reencoded, 'chunk')} re-encoded for the kept versions")
+    reasons = collections.Counter(why for whys in res.kept_reasons.values() for why in whys)
+    if reasons:  # why the kept ones keep their weights (each version is counted under each of its reasons)
+        click.echo("Kept by: " + ", ".join(f"{why} ({n})" for why, n in reasons.most_common()))
 
 
 @main.command()

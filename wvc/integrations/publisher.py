@@ -204,7 +204,7 @@ class Publisher:
                  quiet_hub: bool = True, keep=None, prune_every: int | None = None, prune_remote: bool = False):
         if max_pending < 1:
             raise ValueError("max_pending must be at least 1")
-        from ..ops.prune import KeepPolicy
+        from ..model.keep_policy import KeepPolicy
 
         self.keep = KeepPolicy.of(keep) if keep is not None else None  # (a bad policy fails here, not mid-run)
         # pruning batches: one pass re-encodes what the kept versions need once, not every step

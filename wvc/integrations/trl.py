@@ -72,7 +72,7 @@ class WvcWeightTransfer:
     def __init__(self, remote: str, servers: Iterable[str] = (), branch: str = "main", *, repo=None,
                  start=None, keep=None, prune_every: int | None = None, timeout: float = 1800.0,
                  device: str = "auto", keep_bytes: int = KEEP_BYTES):
-        from ..ops.prune import KeepPolicy
+        from ..model.keep_policy import KeepPolicy
         from ..store.refs import check_ref_name
 
         check_ref_name(branch)
