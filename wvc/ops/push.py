@@ -10,15 +10,14 @@ from pathlib import Path
 from .. import ids
 from ..model import tree_diff
 from ..basemodel.record import base_json
-from ..errors import DetachedHead, NonFastForward, RevisionNotFound, VersionPruned, WvcError
+from ..errors import DetachedHead, NonFastForward, RevisionNotFound, VersionPruned
 from ..fsutil import sweep_work_dirs, work_dir
 from ..progress import NULL, Progress
 from ..remotes.catalog import Catalog
-from ..remotes.layout import step_path
 from ..store.chains import resolve_chain
 from ..store.packs import PackWriter, copy_payloads, pack_filename
 from ..store.refs import HEADS, TAGS
-from . import step_records
+from ..remotes import step_records
 from .remote_config import REMOTES, open_remote_repository
 from ..basemodel.remote import check_same_base, remote_base
 
@@ -113,25 +112,11 @@ def push(repo, remote_name: str = "origin", branch: str | None = None, *, force:
         pack_file, catalog = _new_segment(repo, remote, wanted, new_commits, Path(tmp), progress)
         tip = updates.get(primary) if primary is not None and primary.startswith(HEADS) else None
 
-        def records(locate):  # followers' step records (remotes/steps.py) for the newest steps
-            built = {}
-            try:
-                for cid in step_records.records_for(repo, tip, new_commits):
-                    try:
-                        data = step_records.build_record(repo, cid, locate)
-                    except (WvcError, ValueError, KeyError):  # (e.g. a version whose chunks a prune dropped)
-                        data = None
-                    if data is not None:
-                        built[step_path(cid)] = data
-                others = [t for r, t in state.refs.items() if r.startswith(HEADS) and r != primary]
-                return built, step_records.dropped_records(repo, tip, len(new_commits), others)
-            except WvcError:  # (a history this repository holds only in part): no record is no harm, a
-                return built, []  # record being a shortcut; followers read the version the usual way
-
+        others = [t for r, t in state.refs.items() if r.startswith(HEADS) and r != primary]
         replaced = remote.push_segment(
             pack_file, catalog, dict(updates), f"wvc push {name} {ids.short(local or next(iter(updates.values())))}",
             Path(tmp), base_record=base_json(ours) if ours is not None else None, progress=progress,
-            step_records=records if tip is not None else None)
+            step_records=step_records.for_push(repo, tip, new_commits, others) if tip is not None else None)
     with repo.db.write():
         for ref, target in updates.items():
             if ref.startswith(HEADS):

@@ -12,16 +12,42 @@ payload is not much smaller.
 
 from __future__ import annotations
 
-
+from ..errors import WvcError
 from ..model import tree_diff
 from ..model.versions import first_parents
 from ..codec import Method, encode
 from ..formats.dtypes import DTYPES
-from ..remotes import steps
+from . import steps
+from .layout import step_path
 from ..lru import LRUCache
 
 BYTES = DTYPES["U8"]
 STEP_GAIN = 0.8  # a step payload replaces a stored delta only if it is at most this share of it
+
+
+def for_push(repo, tip: str, new_commits, others) -> "callable":
+    """What ``RemoteRepository.push_segment`` calls, given where each chunk will be
+    (``locate``), for the records a push of ``new_commits`` onto ``tip`` publishes and the
+    commits whose records it replaces; ``others``: the remote's other branch tips (their
+    records stay). A record is a shortcut (a follower without one reads the version the
+    usual way), so a version none can be built for gets none, and a history this repository
+    holds only in part gets none at all."""
+
+    def records(locate) -> tuple[dict[str, bytes], list[str]]:
+        built = {}
+        try:
+            for cid in records_for(repo, tip, new_commits):
+                try:
+                    data = build_record(repo, cid, locate)
+                except (WvcError, ValueError, KeyError):  # (e.g. a version whose chunks a prune dropped)
+                    data = None
+                if data is not None:
+                    built[step_path(cid)] = data
+            return built, dropped_records(repo, tip, len(new_commits), others)
+        except WvcError:
+            return built, []
+
+    return records
 
 
 def records_for(repo, tip: str, new_commits) -> list[str]:
