@@ -208,50 +208,72 @@ def test_no_sql_outside_the_store(path):
     assert not found, found
 
 
-def _design_layers() -> list[set[str]]:
-    """docs/design.md's Layers table: per row (bottom to top), the module paths it names
-    (``store/chunks``; ``ops/*``; ``ui/`` or ``integrations/vllm`` with a parenthesized list
-    of members)."""
-    text = (PACKAGE.parent / "docs" / "design.md").read_text()
-    table = text[text.index("## Layers"):]
-    table = table[table.index("| layer |"):]
-    rows = []
-    for line in table.splitlines()[2:]:
-        if not line.startswith("|"):
-            break
-        rows.append(line)
-    out = []
-    for row in rows:
-        cell = row.split("|")[2]
-        names: set[str] = set()
-        for m in re.finditer(r"`([^`]+)`(?:\s*\(([^)`]*)\))?", cell):
-            name, members = m.group(1).strip(), m.group(2)
-            if " " in name or "=" in name:
-                continue  # a setting or a phrase, not a module
-            base = name.rstrip("/").removesuffix(".c")
-            names.add(base)
-            if members and (name.endswith("/") or "/" in name or name in ("ui", "integrations")):
-                names |= {f"{base}/{w.strip()}" for w in members.split(",")
-                          if re.fullmatch(r"[a-z_]+", w.strip())}
-        out.append(names)
-    return out
+# Each layer's name and job, as the design's table shows them beside the layer's modules.
+LAYER_JOBS = [
+    ("basics", "every error class, blake3 ids, progress reporting, the one bounded cache, every environment "
+               "variable (read when used; three at import)"),
+    ("formats", "atomic writes and path checks; the safetensors header; JSON from an untrusted source, parsed "
+                "within bounds; how a DCP save lies in a tree"),
+    ("object model, codec", "versions and their ids, how a file lays out as chunks, tree deltas, the merge "
+                            "arithmetic, which versions a prune keeps and why; chunk bytes <-> payloads (the "
+                            "methods, the C kernels, the device path, the codec pool)"),
+    ("storage", "SQLite and its migrations, packs, delta chains, the chunk store and writer, the anchor and "
+                "re-encoding policies, a prune's plan, the commit graph, refs, REV syntax; the working-tree "
+                "scan and stat cache; the cache of downloaded versions"),
+    ("working tree, remotes", "files or a state dict -> chunks and a tree, and back; the working tree following "
+                              "a commit made elsewhere; tensors out of a version; the remote layout map, the "
+                              "backend interface and four backends, the remote repository, catalogs, step "
+                              "records, compaction, transfers, a lazy clone's chunk supply"),
+    ("base models", "a history on a base model: its record, the Hub cache, where each chunk lies in its files"),
+    ("composition root", "`Repository`: opens `.wvc/`, builds the parts, records versions; runs no verb"),
+    ("operations", "one module a verb (prune: which versions no policy prunes, and the crash-safe steps)"),
+    ("API", "`wvc.Repo` (a facade: the verbs and the queries users ask) and `wvc.clone`"),
+    ("consumers", "reading versions (`wvc.open`, `wvc.snapshot_download`, `wvc.follow`), a training loop's and "
+                  "an inference engine's side (Publisher, Trainer callback, DCP, vLLM, TRL), the demo, "
+                  "`wvc ui` and `wvc plot`"),
+    ("interface", "click commands (formatting only); `wvc/__init__` loads `wvc.Repo` and `wvc.open` on first use"),
+    ("test servers", "the local Hub, its Xet CAS and buckets, for tests and benchmarks: written from the "
+                     "protocols, they import no product module and none imports them"),
+]
+TABLE_HEAD = "| layer | modules | job |"
 
 
-def test_every_module_is_in_design_md_s_layer_table_on_its_layer():
-    """The contract's table names every module on the row of the layer this test holds it to
-    (issue 52: it had missed six modules)."""
-    rows = _design_layers()
-    assert len(rows) == len(LAYERS)
-    missing, misplaced = [], []
-    for path in SOURCES:
-        rel = path.relative_to(PACKAGE).with_suffix("")
-        if rel.name == "__init__" and rel.parent != Path("."):
-            continue  # a package's own __init__: the package is named by its modules
-        name = "wvc/__init__" if rel == Path("__init__") else str(rel)
-        forms = {name, str(rel.parent) + "/*"} if rel.parent != Path(".") else {name}
-        found = [i for i, names in enumerate(rows) if forms & names]
-        if not found:
-            missing.append(name)
-        elif layer_of(module_name(path)) not in found:
-            misplaced.append(f"{name}: table row {found}, layer {layer_of(module_name(path))}")
-    assert not missing and not misplaced, {"missing": missing, "misplaced": misplaced}
+def layer_table() -> str:
+    """docs/design.md's Layers table, made from LAYERS and the modules on disk: each layer's
+    modules, loose ones first, then by folder."""
+    rows = [TABLE_HEAD, "|---|---|---|"]
+    for i, (name, job) in enumerate(LAYER_JOBS):
+        groups: dict[str, list[str]] = {}
+        for path in SOURCES:
+            rel = path.relative_to(PACKAGE).with_suffix("")
+            if rel.name == "__init__" and rel.parent != Path(".") or layer_of(module_name(path)) != i:
+                continue  # (a package's own __init__: the package is named by its modules)
+            folder = "" if rel.parent == Path(".") else rel.parent.as_posix() + "/"
+            groups.setdefault(folder, []).append("wvc/__init__" if rel == Path("__init__") else rel.name)
+        cells = [f"`{m}`" for m in groups.pop("", [])] + [f"`{f}` ({', '.join(ms)})" for f, ms in groups.items()]
+        rows.append(f"| {name} | {', '.join(cells)} | {job} |")
+    return "\n".join(rows) + "\n"
+
+
+DESIGN = PACKAGE.parent / "docs" / "design.md"
+
+
+def _table_in_design() -> tuple[int, int]:
+    text = DESIGN.read_text()
+    start = text.index(TABLE_HEAD)
+    return start, text.index("\n\n", start) + 1
+
+
+def test_design_md_s_layer_table_is_made_from_this_test_s_layers():
+    """The contract's table names every module on its layer, as this test holds it (issue 52:
+    the hand-written one had missed six modules). ``python tests/test_architecture.py``
+    writes it."""
+    assert len(LAYER_JOBS) == len(LAYERS)
+    start, end = _table_in_design()
+    assert DESIGN.read_text()[start:end] == layer_table(), "run `python tests/test_architecture.py` to write it"
+
+
+if __name__ == "__main__":  # write the table into docs/design.md
+    start, end = _table_in_design()
+    text = DESIGN.read_text()
+    DESIGN.write_text(text[:start] + layer_table() + text[end:])
