@@ -69,7 +69,7 @@ def measure(name: str, base_dir: Path, tuned_dir: Path, hub_url: str, tmp: Path)
     commit_s = time.perf_counter() - t
     repo.remote_add("origin", f"hf://team/ft-{n}")
     pushed = repo.push()
-    wvc_dir = sum(p.stat().st_size for p in repo.wvc_dir.rglob("*") if p.is_file())
+    wvc_dir = sum(p.stat().st_size for p in repo.internals.wvc_dir.rglob("*") if p.is_file())
 
     os.environ["HF_HUB_CACHE"] = str(tmp / f"clone-cache-{n}")
     copy = clone(f"hf://team/ft-{n}", tmp / f"clone-{n}")

@@ -191,8 +191,8 @@ def changed_elements(prev, cur) -> int:
 
 
 def tip_depth(repo, commit: str) -> int:
-    tree = repo.read_tree(repo.read_commit(commit).tree)
-    rows = repo.store.rows(tree.chunk_ids())
+    tree = repo.internals.read_tree(repo.read_commit(commit).tree)
+    rows = repo.internals.store.rows(tree.chunk_ids())
     return max((r.depth for r in rows.values()), default=0)
 
 

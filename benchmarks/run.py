@@ -140,7 +140,7 @@ def _side_files_cost(repo_dir: Path, commit: str) -> int:
             if f.path == "model.safetensors":
                 continue
             for c in set(f.chunk_ids()) - known:
-                total += repo.store.row(c).length
+                total += repo.internals.store.row(c).length
         return total
 
 
@@ -167,7 +167,7 @@ def chain_checkout(scratch: Path, commits: int = 50, max_chain: int | None = Non
         t_commit += time.perf_counter() - t
         ids.append(res.commit)
         stored += res.stored_bytes
-    depth = repo.db.one("SELECT MAX(depth) FROM objects")
+    depth = repo.internals.db.one("SELECT MAX(depth) FROM objects")
     repo.close()
 
     def best(rev):

@@ -98,10 +98,10 @@ def chain(steps: int, mb: float, cal: dict, repeats: int, work: Path) -> dict:
         for _, state in synthetic_steps(steps, mb, cal, seed=2):
             commits.append(repo.commit("step", source=state).commit)
             wanted.append(digest(state))
-        by_method = repo.store.bytes_by_method()
+        by_method = repo.internals.store.bytes_by_method()
         methods = {Method(k).name: n for k, (n, _) in by_method.items()}
-        tree = repo.read_tree(repo.read_commit(commits[-1]).tree)
-        depth = max(r.depth for r in repo.store.rows(tree.chunk_ids()).values())
+        tree = repo.internals.read_tree(repo.read_commit(commits[-1]).tree)
+        depth = max(r.depth for r in repo.internals.store.rows(tree.chunk_ids()).values())
         res = {"methods": methods, "tip_depth": depth, "stored_bytes": sum(b for _, b in by_method.values())}
         for name, commit, want in (("first", commits[0], wanted[0]), ("tip", commits[-1], wanted[-1])):
             dest = work / "co"

@@ -41,7 +41,7 @@ def synthetic_history(path: Path, commits: int = 200, tensors: int = 100):
 
 
 def measure(repo, scratch: Path) -> dict:
-    commits = first_parent_history(repo, "HEAD")
+    commits = first_parent_history(repo.internals, "HEAD")
     t = time.perf_counter()
     for c in commits:
         out = scratch / "out"
@@ -49,9 +49,9 @@ def measure(repo, scratch: Path) -> dict:
         shutil.rmtree(out)
     checkout_s = time.perf_counter() - t
     t = time.perf_counter()
-    ensure_changes(repo, commits)
+    ensure_changes(repo.internals, commits)
     changes_s = time.perf_counter() - t
-    srv = server.Server(repo, 0).start()
+    srv = server.Server(repo.internals, 0).start()
     try:
         t = time.perf_counter()
         page = urllib.request.urlopen(srv.url + "changes", timeout=300).read()

@@ -52,7 +52,7 @@ def main():
     print("base:", repo.base().url)
 
     # "training": every weight moves a little (a full fine-tune, bf16)
-    base_dir = Path(repo.db.get_config("base.dir"))  # the huggingface_hub cache snapshot
+    base_dir = repo.base_dir()  # the huggingface_hub cache snapshot
     weights = load_file(str(base_dir / "model.safetensors"))
     tuned = {k: (v.float() + 1e-3 * torch.randn(v.shape) * v.float().abs().mean()).to(torch.bfloat16)
              for k, v in weights.items()}

@@ -111,16 +111,16 @@ def test_a_run_stores_the_hierarchy_and_every_version_checks_out_exactly(tmp_pat
     commits = [repo.commit(f"step {i}", source=bf16_state(v)).commit for i, v in enumerate(versions)]
     chunks = [chunk_of(repo, c) for c in commits]
     for s in range(1, len(commits)):
-        r = repo.store.row(chunks[s])
+        r = repo.internals.store.row(chunks[s])
         assert r.base == chunks[s - anchors.span(s)], s
         assert r.depth <= repo.max_chain
     # depth is the sum of the position's base-4 digits: 21 = 111 -> 3, 16 = 100 -> 1, 15 = 33 -> 6
-    assert [repo.store.row(chunks[s]).depth for s in (21, 16, 15)] == [3, 1, 6]
-    assert set(repo.store.anchor_positions(chunks)) == set(chunks[1:])
+    assert [repo.internals.store.row(chunks[s]).depth for s in (21, 16, 15)] == [3, 1, 6]
+    assert set(repo.internals.store.anchor_positions(chunks)) == set(chunks[1:])
     # a push's step records read a chunk, its parent's and the grandparent's: one chain decoded
     known: dict = {}
     for s in (19, 18, 20):
-        assert repo.store.get_from(chunks[s], known) == repo.store.get(chunks[s])
+        assert repo.internals.store.get_from(chunks[s], known) == repo.internals.store.get(chunks[s])
     assert {chunks[s] for s in (20, 19, 18, 17, 16, 0)} <= set(known)  # 19 -> 18 -> 17 -> 16 -> 0; 20 on 16
     reopened = Repo.open(tmp_path / "r")
     for commit, v in zip(commits, versions):
@@ -139,7 +139,7 @@ def test_a_long_run_stores_less_than_re_anchoring_to_the_keyframe(tmp_path, monk
         for i, v in enumerate(versions):
             repo.commit(f"step {i}", source={"w": bf16_state(v)["w"]})
         total = sum(e.stored_bytes for e in repo.log()[:-1])  # every step, the first keyframe aside
-        depth = max(r.depth for r in repo.store.rows(repo.store.object_ids()).values())
+        depth = max(r.depth for r in repo.internals.store.rows(repo.internals.store.object_ids()).values())
         return total, depth
 
     hierarchy, depth = stored(tmp_path / "hierarchy")
@@ -159,9 +159,9 @@ def test_gc_and_prune_leave_no_position_behind(tmp_path):
     for i in range(12):
         w[i::50] += 1e-2
         repo.commit(f"step {i}", source={"w": w.clone()}, metadata={"step": i})
-    assert repo.store.anchor_positions(repo.store.object_ids())
+    assert repo.internals.store.anchor_positions(repo.internals.store.object_ids())
     repo.prune("main", keep={"every": 5, "last": 1})
     repo.gc(grace_seconds=0)
-    positions = repo.db.query("SELECT id FROM anchor_positions")
-    assert {o for (o,) in positions} <= set(repo.store.object_ids())
+    positions = repo.internals.db.query("SELECT id FROM anchor_positions")
+    assert {o for (o,) in positions} <= set(repo.internals.store.object_ids())
     assert repo.fsck().errors == []

@@ -83,11 +83,11 @@ def test_finetune_of_hub_base_pushes_only_the_delta_and_clones_byte_identically(
     repo = Repo.init(tmp_path / "ft", base=f"hf://{name}")
     ref = repo.base()
     assert ref.url.startswith(f"hf://{name}@") and len(ref.url.rpartition("@")[2]) == 40  # pinned to the sha
-    assert repo.refs.head_commit() == ref.commit
-    cached = Path(repo.db.get_config("base.dir"))
+    assert repo.head() == ref.commit
+    cached = Path(repo.internals.db.get_config("base.dir"))
     assert cached.is_relative_to(tmp_path / "hf-cache")  # huggingface_hub's own cache
     assert sorted(p.name for p in cached.iterdir()) == sorted(BASE_FILES)  # the pickle duplicate is skipped
-    assert dir_bytes(repo.wvc_dir) < base_size / 10  # indexed, not copied
+    assert dir_bytes(repo.internals.wvc_dir) < base_size / 10  # indexed, not copied
 
     fine_tune(base_folder, repo.root)
     result = repo.commit("fine-tune")
@@ -100,14 +100,14 @@ def test_finetune_of_hub_base_pushes_only_the_delta_and_clones_byte_identically(
     assert pushed.uploaded_bytes < result.stored_bytes + 64 << 10  # the delta, commits and trees: none of the base
     remote_files = HfApi(endpoint=hub.base_url, token=TOKEN).list_repo_files("team/finetune")
     assert not any(f.endswith(".safetensors") for f in remote_files)
-    assert dir_bytes(repo.wvc_dir) < base_size / 4
+    assert dir_bytes(repo.internals.wvc_dir) < base_size / 4
 
     # elsewhere: a fresh huggingface_hub cache; the base comes from its own Hub repo
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "other-cache"))
     copy = clone("hf://team/finetune", tmp_path / "copy")
     assert tree_digests(copy.root) == digests
     assert copy.base() == ref
-    assert dir_bytes(copy.wvc_dir) < base_size / 4
+    assert dir_bytes(copy.internals.wvc_dir) < base_size / 4
     copy.checkout(ref.commit)  # the base itself, from the cache
     assert {f: sha256(copy.root / f) for f in BASE_FILES} == {f: sha256(base_folder / f) for f in BASE_FILES}
     assert copy.fsck().ok
@@ -264,7 +264,7 @@ def test_lazy_clone_downloads_only_the_versions_it_uses(tmp_path, hub, cli):
     assert r.exit_code == 0, r.output
     info = json.loads(r.output)
     lazy = Repo.open(tmp_path / "lazy")
-    head = repo.refs.head_commit()
+    head = repo.head()
     assert info["commit"] == head and tree_digests(lazy.root) == digests[head]
     full_bytes = full.stats()["stored_bytes"]
     lazy_bytes = lazy.stats()["stored_bytes"]
@@ -320,7 +320,7 @@ def test_a_remote_never_chooses_a_local_directory_to_read(tmp_path):
     from wvc.basemodel.record import base_commit
 
     base_folder, repo, remote = pushed_on_dir_base(tmp_path)
-    tip = repo.refs.head_commit()
+    tip = repo.head()
     r = subprocess.run([sys.executable, "-m", "wvc", "clone", str(remote), "copy"], cwd=tmp_path,
                        capture_output=True, text=True)
     assert r.returncode == 1 and "--base-dir" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
@@ -346,7 +346,7 @@ def test_a_remote_never_chooses_a_local_directory_to_read(tmp_path):
     moved = tmp_path / "my-copy-of-base"
     shutil.copytree(base_folder, moved)
     copy = clone(str(remote), tmp_path / "copy", base_dir=moved)
-    assert copy.refs.head_commit() == tip and copy.base() == repo.base()
+    assert copy.head() == tip and copy.base() == repo.base()
     assert copy.fsck().ok
     assert tree_digests(copy.root) == tree_digests(repo.root)
     assert wvc.open(str(remote), "main", base_dir=moved).read_file("model.safetensors") == \

@@ -112,7 +112,7 @@ def test_two_pushers_racing_on_one_bucket_ref_exactly_one_wins(tmp_path, hub):
             assert open_remote(url).listing().refs["refs/heads/main"] == mine[winner]
             for path, commit in mine.items():  # both commits are still there locally
                 with Repo.open(path) as repo:
-                    assert repo.refs.head_commit() == commit
+                    assert repo.head() == commit
             with Repo.open(loser) as repo:  # and the loser can pull and push on top
                 repo.pull(rebase=True)
                 repo.push()
@@ -132,14 +132,14 @@ def test_a_push_killed_at_any_request_leaves_the_bucket_readable_and_the_next_pu
     repo.commit("base")
     repo.remote_add("origin", url)
     repo.push()
-    head = repo.refs.head_commit()
+    head = repo.head()
     # how many requests one push makes
     save_file({"w": torch.ones(256, 256)}, str(repo.root / "model.safetensors"))
     repo.commit("probe")
     before = len(hub.requests)
     repo.push()
     per_push = len(hub.requests) - before
-    head = repo.refs.head_commit()
+    head = repo.head()
     repo.close()
     push = [sys.executable, "-m", "wvc", "push"]
     for k in range(1, per_push + 1):
@@ -162,11 +162,11 @@ def test_a_push_killed_at_any_request_leaves_the_bucket_readable_and_the_next_pu
             hub.on_request = None
         assert proc.returncode == -signal.SIGKILL, (k, proc.returncode)  # killed mid-push, not finished
         state = clone(url, tmp_path / f"reader{k}")  # readable: the old head, or the new one if it was confirmed
-        assert state.refs.head_commit() in (head, new) and state.fsck().ok
+        assert state.head() in (head, new) and state.fsck().ok
         with Repo.open(tmp_path / "m") as r:
             r.push()  # completes (a leftover proposal is stale after WVC_BUCKET_STALE_SECONDS)
         again = clone(url, tmp_path / f"after{k}")
-        assert again.refs.head_commit() == new and tree_digests(again.root) == tree_digests(tmp_path / "m")
+        assert again.head() == new and tree_digests(again.root) == tree_digests(tmp_path / "m")
         head = new
 
 
@@ -254,7 +254,7 @@ def test_a_rate_limited_confirm_is_not_resent_after_its_lease_and_one_push_wins(
     assert not hub.bucket_faults  # a confirm was refused
     assert sorted(outcome.values()) == ["NonFastForward", "won"], outcome
     winner = next(commit for path, _, commit in pushers if outcome[path] == "won")
-    assert clone(url, tmp_path / "reader").refs.head_commit() == winner
+    assert clone(url, tmp_path / "reader").head() == winner
     assert all(len(v) == 1 for v in _counting_confirmations(url).values())
 
 
@@ -282,7 +282,8 @@ def test_pushers_under_throttled_and_late_confirms_land_or_fail_never_both(tmp_p
                     q.put((path, branch))
                 outcome = {(p, b): (kind, msg) for p, b, kind, msg in (results.get(timeout=300) for _ in range(n))}
                 hub.bucket_faults[:] = []
-                refs = clone(url, tmp_path / f"reader-n{n}-t{trial}").refs.list("refs/remotes/origin/")
+                refs = {b.removeprefix("origin/"): c
+                        for b, c in clone(url, tmp_path / f"reader-n{n}-t{trial}").remote_branches().items()}
                 for path, branch, commit in pushers:
                     kind, msg = outcome[(path, branch)]
                     if kind == "won":
@@ -338,14 +339,14 @@ def test_a_ref_log_entry_at_the_largest_twelve_digit_seq_does_not_wedge_pushes(t
     import json
 
     repo, url = _bucket_with_one_push(tmp_path, "seq")
-    refs = {"refs/heads/main": repo.refs.head_commit()}
+    refs = {"refs/heads/main": repo.head()}
     _plant_entry(hub, url, "999999999999-0123456789abcdef",
                  json.dumps({"format": 1, "seq": 999999999999, "prev": None, "refs": refs}).encode())
     for k in (1, 2):
         save_file({"w": torch.full((64, 64), float(k))}, str(repo.root / "model.safetensors"))
         repo.commit(f"after {k}")
         repo.push()
-        assert clone(url, tmp_path / f"reader{k}").refs.head_commit() == repo.refs.head_commit()
+        assert clone(url, tmp_path / f"reader{k}").head() == repo.head()
     from wvc.remotes import open_remote
 
     remote = open_remote(url)

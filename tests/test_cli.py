@@ -152,7 +152,7 @@ def test_checkout_head_restores_files_and_stays_on_the_branch(model_dir, cli):
     assert cli(model_dir, "checkout", "HEAD", "--force").exit_code == 0
     assert (model_dir / "model.safetensors").read_bytes() == committed
     with Repo.open(model_dir) as repo:
-        assert repo.refs.head_branch() == "main"
+        assert repo.head_branch() == "main"
     save_file({"w": torch.zeros(64, 64).to(torch.bfloat16)}, str(model_dir / "model.safetensors"))
     assert cli(model_dir, "commit", "-m", "after").exit_code == 0
     with Repo.open(model_dir) as repo:  # the commit moved the branch, not a detached HEAD

@@ -320,7 +320,7 @@ for source in sys.argv[2:]:
     repo.commit("step", source=source)
 for back in range(len(sys.argv) - 2):
     repo.checkout(f"HEAD~{back}", output=f"{sys.argv[1]}-out{back}", force=True)
-print("methods:", sorted(m for (m,) in repo.db.conn.execute("SELECT DISTINCT method FROM objects")))
+print("methods:", sorted(m for (m,) in repo.internals.db.conn.execute("SELECT DISTINCT method FROM objects")))
 print("numpy imported:", "numpy" in sys.modules)
 """
 

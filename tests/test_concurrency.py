@@ -61,9 +61,9 @@ def test_gc_beside_commits_keeps_everything_reachable(tmp_path):
     for k in range(3):  # unreachable history for gc to remove while commits run
         save_file({"w": np.random.default_rng(k).standard_normal((64, 256)).astype(np.float16)}, str(src / "model.safetensors"))
         repo.commit(f"junk {k}", source=src, branch="junk")
-    repo.db.conn.execute("UPDATE packs SET created_at = created_at - 7200")  # old enough to collect
+    repo.internals.db.conn.execute("UPDATE packs SET created_at = created_at - 7200")  # old enough to collect
     repo.commit("base", source=src, branch="main", allow_empty=True)
-    repo.refs.delete("refs/heads/junk", "test")
+    repo.internals.refs.delete("refs/heads/junk", "test")
     procs = start_committers(repo.root, 2, 4, tmp_path)
     gcs = 0
     while any(p.poll() is None for p in procs):
@@ -79,7 +79,7 @@ def test_gc_beside_commits_keeps_everything_reachable(tmp_path):
     assert repo.fsck().ok
     for i, commit in enumerate(reported):
         repo.checkout(commit, output=tmp_path / f"out{i}")
-    assert not repo.db.query("SELECT 1 FROM commits WHERE id IN (SELECT id FROM commits WHERE data LIKE '%junk%')")
+    assert not repo.internals.db.query("SELECT 1 FROM commits WHERE id IN (SELECT id FROM commits WHERE data LIKE '%junk%')")
 
 
 @pytest.mark.parametrize("kind", ["path", "s3"])

@@ -165,9 +165,9 @@ def test_loading_from_a_hub_remote_downloads_about_one_copy_spread_over_ranks(tm
     assert codes == [0, 0] and all(all(r["equal"].values()) for r in reports)
     per_rank = [r["downloaded_bytes"] for r in reports]
     # one copy of the commit: every chunk its tree names, with the delta bases it needs
-    stored = sum(repo.store.row(c).length for c in repo.tree_of("HEAD").chunk_ids())
-    bases = {repo.store.row(c).base for c in repo.tree_of("HEAD").chunk_ids()} - {None}
-    one_copy = stored + sum(repo.store.row(b).length for b in bases)
+    stored = sum(repo.internals.store.row(c).length for c in repo.tree_of("HEAD").chunk_ids())
+    bases = {repo.internals.store.row(c).base for c in repo.tree_of("HEAD").chunk_ids()} - {None}
+    one_copy = stored + sum(repo.internals.store.row(b).length for b in bases)
     assert sum(per_rank) <= 1.2 * one_copy + 64 * 1024, (per_rank, one_copy)
     assert min(per_rank) > 0.2 * sum(per_rank), per_rank  # each rank read about its share
 

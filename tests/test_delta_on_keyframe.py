@@ -158,7 +158,7 @@ def test_a_damaged_delta_is_named_as_before(tmp_path):
     """When the one pass fails (here: a flipped byte in a delta's stream), the link-by-link
     decode runs again, every link checked, and names the object at fault."""
     repo, commit, _ = _fine_tune(tmp_path)
-    store = repo.store
+    store = repo.internals.store
     row = next(r for r in (store.chain(oid) for (oid,) in store.db.query("SELECT id FROM objects WHERE depth = 1"))
                if r[0].method == int(Method.ULP_EXP))[0]
     pack = store.reader.directory / pack_filename(row.pack)
@@ -187,7 +187,7 @@ def test_a_longer_chain_decodes_its_bottom_pair_in_one_pass(tmp_path, monkeypatc
     save_file(step, str(model / "model.safetensors"))
     third = repo.commit("third").commit
     expected = (model / "model.safetensors").read_bytes()
-    store = repo.store
+    store = repo.internals.store
     depths = [d for (d,) in store.db.query("SELECT depth FROM objects")]
     assert max(depths) == 2
     pairs = []

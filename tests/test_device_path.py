@@ -86,7 +86,7 @@ def uploads(monkeypatch):
 
 
 def _payloads(repo):
-    store = repo.store
+    store = repo.internals.store
     return {oid: (row.method, row.base, bytes(store.reader.read(row.pack, row.offset, row.length)))
             for oid, row in store.rows(store.object_ids()).items()}
 
@@ -176,7 +176,7 @@ def test_a_failure_inside_a_device_batch_leaves_the_repository_as_it_was(tmp_pat
     versions = _versions()
     repo = Repo.init(tmp_path / "r", chunk_bytes=CHUNK)
     repo.commit("v0", source=versions[0], device="torch-cpu")
-    head, objects = repo.refs.head_commit(), repo.store.count_objects()
+    head, objects = repo.head(), repo.internals.store.count_objects()
     calls = {"n": 0}
     real = batched.compress_stream
 
@@ -189,10 +189,10 @@ def test_a_failure_inside_a_device_batch_leaves_the_repository_as_it_was(tmp_pat
     monkeypatch.setattr(batched, "compress_stream", fail_late)
     with pytest.raises(OSError):
         repo.commit("v1", source=versions[1], device="torch-cpu")
-    assert repo.refs.head_commit() == head and repo.store.count_objects() == objects
+    assert repo.head() == head and repo.internals.store.count_objects() == objects
     monkeypatch.setattr(batched, "compress_stream", real)
     done = repo.commit("v1", source=versions[1], device="torch-cpu")
-    assert repo.refs.head_commit() == done.commit
+    assert repo.head() == done.commit
     repo.close()
 
 
@@ -209,7 +209,7 @@ def test_loads_onto_a_device_copy_a_batch_at_a_time_and_check_sizes(tmp_path, mo
         return real(self, regions, parts, map)
 
     monkeypatch.setattr(device_copy.DeviceCopies, "into", count)
-    got = tensors_on_device(repo.store, entries, "cpu", batch_bytes=2 << 20)
+    got = tensors_on_device(repo.internals.store, entries, "cpu", batch_bytes=2 << 20)
     assert all(torch.equal(got[k].view(torch.uint8), versions[0][k].contiguous().view(torch.uint8)) for k in entries)
     chunks = sum(len(e.chunks) for e in entries.values())
     total = sum(e.nbytes for e in entries.values())
@@ -218,7 +218,7 @@ def test_loads_onto_a_device_copy_a_batch_at_a_time_and_check_sizes(tmp_path, mo
     e = entries["embed"]
     short = type(e)(e.name, e.dtype, e.shape, e.chunks[:-1])
     with pytest.raises(CorruptObject):
-        tensors_on_device(repo.store, {"embed": short}, "cpu")
+        tensors_on_device(repo.internals.store, {"embed": short}, "cpu")
     repo.close()
 
 

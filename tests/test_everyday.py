@@ -282,7 +282,7 @@ def test_a_checkout_that_fails_midway_keeps_head_and_a_rerun_finishes_it(tmp_pat
     monkeypatch.setattr(co, "write_file", fail_second)
     with pytest.raises(OSError):
         repo.checkout(v1)
-    assert repo.log()[0].message == "v2" and repo.refs.head_branch() == "main"  # HEAD did not move
+    assert repo.log()[0].message == "v2" and repo.head_branch() == "main"  # HEAD did not move
     monkeypatch.undo()
     repo.checkout(v1)  # no --force needed: what the failed run wrote is the target's
     assert tree_digests(repo.root) == digests_v1 and repo.status().clean
@@ -291,7 +291,7 @@ def test_a_checkout_that_fails_midway_keeps_head_and_a_rerun_finishes_it(tmp_pat
 # -- 6. working-tree lock ---------------------------------------------------------------------------
 def test_a_commit_waits_for_the_working_tree_lock_and_says_who_holds_it(repo):
     (repo.root / "w.bin").write_text("w")
-    with repo.worktree_lock("checkout"):
+    with repo.internals.worktree_lock("checkout"):
         r = run(repo.root, "commit", "-m", "c", env={"WVC_LOCK_TIMEOUT": "0.3"}, check=False)
     assert r.returncode == 1 and "locked by wvc checkout (pid" in r.stderr and r.stderr.count("\n") == 1
     run(repo.root, "commit", "-m", "c")
@@ -419,7 +419,7 @@ def test_branch_delete_refuses_an_unmerged_branch_and_force_moves(tmp_path):
     repo.checkout("main")
     with pytest.raises(WvcError, match="not merged"):
         repo.delete_branch("exp")
-    assert repo.refs.get("refs/heads/exp") == exp
+    assert repo.internals.refs.get("refs/heads/exp") == exp
     old, new = repo.force_branch("exp", "main")
     assert old == exp and new == repo.resolve("main")
     assert repo.resolve("exp@{1}") == exp  # the reflog remembers where it was

@@ -101,4 +101,4 @@ def test_checkout_write_failure_leaves_files_whole(model_repo, cli, monkeypatch)
     monkeypatch.undo()
     assert (model_repo.root / "model.safetensors").read_bytes() == original  # old file intact
     assert not [p for p in model_repo.root.iterdir() if p.name.startswith(".wvc-tmp")]
-    assert model_repo.refs.head_branch() == "main"
+    assert model_repo.head_branch() == "main"

@@ -85,11 +85,11 @@ def _as_format_1(repo, commit_id: str, *, lie_about: str | None = None) -> str:
     old_tree = Tree(tuple(files), tree.chunk_bytes, format=1)
     assert Tree.from_bytes(old_tree.to_bytes()) == old_tree  # format 1 parses, hashes unchecked
     commit = Commit(old_tree.id, (), "a", 0, "made by an older wvc")
-    with repo.db.write():
-        repo.db.conn.execute("INSERT INTO trees VALUES (?, ?)", (old_tree.id, old_tree.to_bytes()))
-        repo.db.conn.execute("INSERT INTO commits VALUES (?, ?, ?, ?, ?)",
+    with repo.internals.db.write():
+        repo.internals.db.conn.execute("INSERT INTO trees VALUES (?, ?)", (old_tree.id, old_tree.to_bytes()))
+        repo.internals.db.conn.execute("INSERT INTO commits VALUES (?, ?, ?, ?, ?)",
                              (commit.id, old_tree.id, 0, 0, commit.to_bytes()))
-        repo.refs.set(HEADS + "old", commit.id, None, "test: format 1")
+        repo.internals.refs.set(HEADS + "old", commit.id, None, "test: format 1")
     return commit.id
 
 
@@ -136,9 +136,9 @@ def test_a_base_recorded_in_tree_format_1_still_attaches_and_a_changed_one_is_re
                      for f in tree.files), tree.chunk_bytes, format=1)
     recorded = BaseRef(str(base_folder), old.id, base_commit(str(base_folder), old.id).id)  # as an older wvc
     second = Repo.init(tmp_path / "b")
-    ref = attach(second, str(base_folder), expected=recorded, expected_tree=old)
+    ref = attach(second.internals, str(base_folder), expected=recorded, expected_tree=old)
     assert (ref.tree, ref.commit) == (recorded.tree, recorded.commit)  # the history's ids hold
     assert second.tree_of(ref.commit).format == 1
     (base_folder / "config.json").write_text("{}")
     with pytest.raises(BaseError, match="does not match the one this history was made from"):
-        attach(Repo.init(tmp_path / "c"), str(base_folder), expected=recorded, expected_tree=old)
+        attach(Repo.init(tmp_path / "c").internals, str(base_folder), expected=recorded, expected_tree=old)

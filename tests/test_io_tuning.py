@@ -185,7 +185,7 @@ def test_the_writer_works_ahead_by_bytes_not_by_chunk_count(repo, monkeypatch):
     from wvc.codec import pool
 
     monkeypatch.setattr(pool, "IN_FLIGHT_BYTES", 64 * 1024)
-    writer = repo.store.writer()
+    writer = repo.internals.store.writer()
     seen = []
     real_drain = writer._drain_one
 
@@ -198,12 +198,12 @@ def test_the_writer_works_ahead_by_bytes_not_by_chunk_count(repo, monkeypatch):
     with writer:
         ids = [writer.put(big, BYTES)] + [writer.put(s, BYTES) for s in smalls]
         pack, rows = writer.finish()
-        repo.store.insert_rows(pack, rows)
+        repo.internals.store.insert_rows(pack, rows)
     # small chunks queue up behind the big one instead of stalling at a fixed count ...
     assert max(n for n, _ in seen) > 4
     # ... and what is in flight stays within the byte bound plus the chunk just offered
     assert max(b for _, b in seen) < 64 * 1024 + 60 * 1024
-    assert [repo.store.get(i) for i in ids] == [big, *smalls]
+    assert [repo.internals.store.get(i) for i in ids] == [big, *smalls]
 
 
 @needs_o_direct

@@ -50,7 +50,7 @@ def test_a_clone_killed_while_making_its_repository_is_redone(tmp_path, mode):
     assert [p.name for p in dest.iterdir() if p.name.startswith(".wvc-tmp")] == []
     assert tree_digests(dest) == tree_digests(src.root)
     with Repo.open(dest) as copy:
-        assert copy.refs.head_commit() == src.refs.head_commit()
+        assert copy.head() == src.head()
 
 
 def test_a_directory_with_the_users_files_is_still_refused(tmp_path):

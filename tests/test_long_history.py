@@ -99,7 +99,7 @@ def test_retired_files_leave_the_listing_and_a_reader_listed_before_still_reads_
     repo.remote_add("origin", url)
     trainer.push_steps(["step 0"])
     early = wvc.open(url)  # a reader that listed one segment, and reads its pack lazily
-    first = repo.refs.head_commit()
+    first = repo.head()
     backend = open_remote(url)
     listed_then = backend.listing()
     trainer.push_steps(f"step {i}" for i in range(1, 40))
@@ -150,7 +150,7 @@ def test_retired_files_a_push_left_listed_are_moved_by_the_next(tmp_path, monkey
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(PathRemote, "move_to_attic", fail)
         trainer.push_steps(["step 3"])  # compacts, and lands
-        assert open_remote(url).listing().refs["refs/heads/main"] == repo.refs.head_commit()
+        assert open_remote(url).listing().refs["refs/heads/main"] == repo.head()
     remote = RemoteRepository.open(open_remote(url))
     left = remote.contents.retired & remote.state.files
     assert left and all(p.startswith(("packs/", "catalogs/")) for p in left)
@@ -216,14 +216,14 @@ def _push_format_1(repo: Repo, url: str) -> None:
 
     remote = open_remote(url)
     state = remote.listing(create=True)
-    head = repo.refs.head_commit()
-    commits = repo.graph.ancestors(head)
-    chunks = {c for cid in commits for c in repo.read_tree(repo.read_commit(cid).tree).chunk_ids()}
-    writer = PackWriter(tmp := repo.wvc_dir)
+    head = repo.head()
+    commits = repo.internals.graph.ancestors(head)
+    chunks = {c for cid in commits for c in repo.internals.read_tree(repo.read_commit(cid).tree).chunk_ids()}
+    writer = PackWriter(tmp := repo.internals.wvc_dir)
     for oid in sorted(chunks):
-        for row in repo.store.chain(oid):
+        for row in repo.internals.store.chain(oid):
             if row.id not in {e.id for e in writer.entries}:
-                writer.add(row.id, repo.store.reader.read(row.pack, row.offset, row.length), row.raw_size,
+                writer.add(row.id, repo.internals.store.reader.read(row.pack, row.offset, row.length), row.raw_size,
                            row.method, row.base)
     entries = list(writer.entries)
     name, _ = writer.finish()
@@ -232,7 +232,7 @@ def _push_format_1(repo: Repo, url: str) -> None:
     for cid in commits:
         commit = repo.read_commit(cid)
         files[commit_path(cid)] = commit.to_bytes()
-        files[tree_path(commit.tree)] = repo.read_tree(commit.tree).to_bytes()
+        files[tree_path(commit.tree)] = repo.internals.read_tree(commit.tree).to_bytes()
     remote.publish(files, {"refs/heads/main": head}, state, "format 1")
 
 
@@ -297,7 +297,7 @@ def test_compaction_failing_at_any_step_leaves_the_remote_valid(tmp_path, monkey
     trainer = TinyTrainer(repo)
     repo.remote_add("origin", url)
     trainer.push_steps(f"step {i}" for i in range(3))
-    last_good = repo.refs.head_commit()
+    last_good = repo.head()
     trainer.commit("step 3")  # this push compacts
 
     def crash(*args, **kwargs):
@@ -305,7 +305,7 @@ def test_compaction_failing_at_any_step_leaves_the_remote_valid(tmp_path, monkey
 
     if where == "while purging":
         repo.push()  # compacted; the next push purges what it retired
-        last_good = repo.refs.head_commit()
+        last_good = repo.head()
         trainer.commit("step 4")
     with pytest.MonkeyPatch.context() as mp:  # the crash, and nothing else, is undone after it
         if where == "after merging":
@@ -333,12 +333,12 @@ def test_compaction_failing_at_any_step_leaves_the_remote_valid(tmp_path, monkey
             repo.push()
     if where != "while purging":
         check = clone(url, tmp_path / "check")
-        assert check.refs.head_commit() == last_good and check.fsck().ok
+        assert check.head() == last_good and check.fsck().ok
     monkeypatch.setenv("WVC_REMOTE_GRACE_SECONDS", "0")
     trainer.commit("after the crash")
     repo.push()
     copy = clone(url, tmp_path / "copy")
-    assert copy.refs.head_commit() == repo.refs.head_commit()
+    assert copy.head() == repo.head()
     assert tree_digests(copy.root) == tree_digests(repo.root) and copy.fsck().ok
 
 

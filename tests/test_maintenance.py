@@ -29,22 +29,22 @@ def test_fsck_detects_every_single_byte_corruption_in_a_pack(repo):
             corrupted = bytearray(data)
             corrupted[pos] ^= 0x40
             pack.write_bytes(corrupted)
-            repo.store.reader.close()
+            repo.internals.store.reader.close()
             assert not repo.fsck().ok, f"flip at {pos} of {pack.name} not found"
         pack.write_bytes(data)
-    repo.store.reader.close()
+    repo.internals.store.reader.close()
     assert repo.fsck().ok
 
 
 def test_reads_of_corrupted_objects_fail_loudly(repo):
     commits = commit_steps(repo, 2)
     first = next(iter(commits))
-    row = repo.db.query("SELECT pack, offset, length FROM objects WHERE depth = 0 ORDER BY length DESC LIMIT 1")[0]
+    row = repo.internals.db.query("SELECT pack, offset, length FROM objects WHERE depth = 0 ORDER BY length DESC LIMIT 1")[0]
     pack = repo.root / ".wvc" / "packs" / f"pack-{row[0]}.pack"
     data = bytearray(pack.read_bytes())
     data[row[1] + row[2] - 1] ^= 0xFF  # the last byte of the biggest keyframe payload
     pack.write_bytes(data)
-    repo.store.reader.close()
+    repo.internals.store.reader.close()
     with pytest.raises(CorruptObject):
         repo.checkout(first, output=repo.root.parent / "out", force=True)
 
@@ -57,7 +57,7 @@ def test_a_corrupt_keyframe_is_named_when_a_delta_on_it_is_read(repo):
 
     commits = commit_steps(repo, 2)
     second = list(commits)[1]
-    keyframe = repo.db.query(
+    keyframe = repo.internals.db.query(
         "SELECT k.id, k.pack, k.offset, k.length FROM objects d JOIN objects k ON d.base = k.id "
         "WHERE d.depth = 1 ORDER BY k.length DESC LIMIT 1")[0]
     pack = repo.root / ".wvc" / "packs" / f"pack-{keyframe[1]}.pack"
@@ -67,7 +67,7 @@ def test_a_corrupt_keyframe_is_named_when_a_delta_on_it_is_read(repo):
     assert stored, "the keyframe should keep its noisy low-mantissa plane unencoded"
     data[keyframe[2] + stored[0]] ^= 0x01  # still a valid payload: it decodes, to wrong bytes
     pack.write_bytes(data)
-    repo.store.reader.close()
+    repo.internals.store.reader.close()
     with pytest.raises(CorruptObject, match=ids.short(keyframe[0])):
         repo.checkout(second, output=repo.root.parent / "out", force=True)
 
@@ -99,7 +99,7 @@ def test_crash_between_pack_and_transaction_leaves_repo_unchanged(repo, monkeypa
     def crash(*a, **k):
         raise KeyboardInterrupt("simulated crash after the pack is durable")
 
-    monkeypatch.setattr(repo.store, "insert_rows", crash)
+    monkeypatch.setattr(repo.internals.store, "insert_rows", crash)
     with pytest.raises(KeyboardInterrupt):
         repo.commit("doomed")
     monkeypatch.undo()
@@ -119,7 +119,7 @@ def test_concurrent_commit_to_same_branch_is_refused(repo, monkeypatch):
     commit_steps(repo, 1)
     other = Repo.open(repo.root)
     (repo.root / "x.txt").write_text("x")
-    real_finish = type(repo.store.writer()).finish
+    real_finish = type(repo.internals.store.writer()).finish
 
     raced = []
 
@@ -132,7 +132,7 @@ def test_concurrent_commit_to_same_branch_is_refused(repo, monkeypatch):
             other.commit("the other writer wins", source={"w": torch.zeros(2)})
         return out
 
-    monkeypatch.setattr(type(repo.store.writer()), "finish", finish_then_race)
+    monkeypatch.setattr(type(repo.internals.store.writer()), "finish", finish_then_race)
     with pytest.raises(ConcurrentUpdate):
         repo.commit("loser")
     assert repo.log()[0].message == "the other writer wins"

@@ -31,7 +31,7 @@ class Queries:
 
     def __init__(self, repo):
         self.statements: list[str] = []
-        repo.db.conn.set_trace_callback(self.statements.append)
+        repo.internals.db.conn.set_trace_callback(self.statements.append)
 
     def row_lookups(self) -> int:
         """Statements that read object rows by id: one id each, or a batch."""
@@ -125,7 +125,7 @@ def test_chains_of_every_depth_resolve_from_the_batched_rows(tmp_path):
     for step in range(6):
         many_tensor_model(root, steps=step)
         saved.append((repo.commit(f"step {step}").commit, (root / "model.safetensors").read_bytes()))
-    assert repo.db.one("SELECT MAX(depth) FROM objects") >= 3
+    assert repo.internals.db.one("SELECT MAX(depth) FROM objects") >= 3
     for k, (commit, data) in enumerate(saved):
         out = tmp_path / f"out{k}"
         queries = Queries(repo)
@@ -239,7 +239,7 @@ def test_chunks_come_out_in_order_across_row_batches(two_versions, monkeypatch):
         return real_submit(*args)
 
     monkeypatch.setattr(pool.pool(), "submit", submit)
-    got = list(repo.store.get_many(asked))
+    got = list(repo.internals.store.get_many(asked))
     assert [ids.chunk_id(b) for b in got] == asked
     # the first decode went to the pool after the first batch's lookups (its ids, their
     # bases), not after all of them (before: every row was looked up first)
@@ -261,8 +261,8 @@ def test_a_stored_header_that_disagrees_with_its_tree_is_refused(two_versions, t
     forged = dataclasses.replace(entry, tensors=(first, *entry.tensors[1:]))
     target = tmp_path / "out" / "model.safetensors"
     with pytest.raises(CorruptObject, match="disagree"):
-        write_file(repo.store, forged, target)
+        write_file(repo.internals.store, forged, target)
     assert not target.exists() and list(target.parent.iterdir()) == []
-    write_file(repo.store, entry, target)  # (the true entry: written, byte-identical)
+    write_file(repo.internals.store, entry, target)  # (the true entry: written, byte-identical)
     many_tensor_model(tmp_path / "base")
     assert target.read_bytes() == (tmp_path / "base" / "model.safetensors").read_bytes()

@@ -160,14 +160,14 @@ def test_shape_or_dtype_changes_on_both_sides_are_settled_only_by_taking_a_side(
 
 def test_merging_itself_an_ancestor_or_a_descendant(forked):
     repo, base = forked
-    first = repo.refs.head_commit()
+    first = repo.head()
     assert repo.merge("main").status == "up-to-date"
     save(repo, {**base, "a": nudge(base["a"], 1)}, "ahead")
     assert repo.merge("exp").status == "up-to-date"  # exp is an ancestor of main
     repo.checkout("exp")
     res = repo.merge("main")
-    assert res.status == "fast-forward" and repo.refs.head_commit() == repo.branches()["main"] != first
-    assert repo.refs.head_branch() == "exp" and repo.status().clean
+    assert res.status == "fast-forward" and repo.head() == repo.branches()["main"] != first
+    assert repo.head_branch() == "exp" and repo.status().clean
 
 
 def test_a_criss_cross_history_picks_one_merge_base_and_says_so(tmp_path):
@@ -178,9 +178,9 @@ def test_a_criss_cross_history_picks_one_merge_base_and_says_so(tmp_path):
     save(repo, {**base, "a": nudge(base["a"], 1)}, "main: a")
     repo.checkout("x")
     save(repo, {**base, "b": nudge(base["b"], 2)}, "x: b")
-    x1 = repo.refs.head_commit()
+    x1 = repo.head()
     repo.checkout("main")
-    m1 = repo.refs.head_commit()
+    m1 = repo.head()
     repo.merge("x")  # main = M(m1, x1)
     repo.checkout("x")
     repo.create_branch("y", x1)
@@ -196,9 +196,9 @@ def test_a_criss_cross_history_picks_one_merge_base_and_says_so(tmp_path):
 
 def test_no_commit_writes_the_result_and_the_next_commit_is_the_merge(forked):
     repo, base, ours, theirs = _conflicting(forked)
-    head = repo.refs.head_commit()
+    head = repo.head()
     res = repo.merge("exp", strategy="linear", no_commit=True)
-    assert res.status == "written" and repo.refs.head_commit() == head
+    assert res.status == "written" and repo.head() == head
     assert not repo.status().clean
     done = repo.commit("merge by hand")
     assert repo.read_commit(done.commit).parents == (head, repo.branches()["exp"])
@@ -246,7 +246,7 @@ def test_pull_merge_merges_a_diverged_upstream(tmp_path):
     with pytest.raises(WvcError, match="pull --merge"):
         b.pull()
     res = b.pull(merge=True)
-    assert res["merged"] and len(b.read_commit(b.refs.head_commit()).parents) == 2
+    assert res["merged"] and len(b.read_commit(b.head()).parents) == 2
     merged = load_file(str(b.root / "model.safetensors"))
     assert torch.equal(merged["a"].view(torch.int16), nudge(base["a"], 1).view(torch.int16))
     assert torch.equal(merged["c"].view(torch.int16), nudge(base["c"], 2).view(torch.int16))

@@ -100,7 +100,7 @@ def test_a_pruned_version_is_refused_naming_the_nearest_kept_ones(tmp_path):
         with pytest.raises(VersionPruned):
             reader()
     # its change statistics were kept before its weights went
-    assert changes_of(repo, run[13]) and changes_of(repo, run[20])
+    assert changes_of(repo.internals, run[13]) and changes_of(repo.internals, run[20])
     # the CLI: one line, non-zero, no traceback
     cli = CliRunner().invoke(main, ["-C", str(repo.root), "checkout", run[13][:12]])
     assert cli.exit_code != 0 and "was pruned" in cli.output and "Traceback" not in cli.output
@@ -114,7 +114,7 @@ def test_policy_rules(tmp_path):
     run = list(run_steps(repo, 40, metrics=lambda s: float((s - 23) ** 2) + 1.0))
     repo.create_tag("v-step-7", run[7])
     res = repo.prune(keep={"tagged": True, "best": ["eval_loss:min", "eval_loss:max"]}, dry_run=True)
-    assert res.dry_run and pack_bytes(repo) > 0 and not repo.graph.pruned()  # a dry run changes nothing
+    assert res.dry_run and pack_bytes(repo) > 0 and not repo.pruned()  # a dry run changes nothing
     # each kept version says which rules keep it (restic's KeepReason): what a dry run is for
     assert res.kept_reasons == {run[0]: ["best eval_loss (max)"], run[7]: ["tagged", "ref tags/v-step-7"],
                                 run[23]: ["best eval_loss (min)"], run[39]: ["ref main", "HEAD"]}
@@ -127,7 +127,7 @@ def test_policy_rules(tmp_path):
     other = Repo.init(tmp_path / "o")
     run2 = list(run_steps(other, 12, start=95))
     other.prune(keep="every=100")
-    assert {run2[5], run2[-1]} == set(run2) - other.graph.pruned()  # step 100, and the tip
+    assert {run2[5], run2[-1]} == set(run2) - other.pruned()  # step 100, and the tip
 
 
 def _state(root) -> dict:
@@ -147,7 +147,7 @@ def test_a_bad_policy_is_refused_before_anything_changes(tmp_path, bad):
         repo.prune(keep=bad)
     with pytest.raises(InvalidArgument):
         Publisher(repo.root, "main", keep=bad)
-    assert _state(repo.root) == before and not repo.graph.pruned()
+    assert _state(repo.root) == before and not repo.pruned()
     assert all(version_digest(repo, c) == d for c, d in digests.items())
 
 
@@ -203,8 +203,8 @@ def test_a_ref_moved_onto_a_version_during_the_prune_keeps_it(tmp_path, monkeypa
 
     monkeypatch.setattr(prune_plan, "write_pack", racing)
     res = repo.prune(keep={"last": 2})
-    assert run[5] not in res.pruned_commits and run[5] not in repo.graph.pruned()
-    assert repo.refs.get(TAGS + "keep-me") == run[5]
+    assert run[5] not in res.pruned_commits and run[5] not in repo.pruned()
+    assert repo.internals.refs.get(TAGS + "keep-me") == run[5]
     for c in (run[5], run[-1], run[-2]):
         assert version_digest(repo, c) == digests[c]
     assert repo.fsck().ok
@@ -224,7 +224,7 @@ def test_push_refuses_pruned_commits_the_remote_lacks_and_a_clone_gets_what_was_
     clone = clone_repo(str(tmp_path / "remote"), tmp_path / "c")
     for c in run:
         assert version_digest(clone, c) == digests[c]
-    assert not set(more) & set(clone.graph.commit_ids())
+    assert not set(more) & set(clone.internals.graph.commit_ids())
 
 
 def test_publisher_keep_prunes_as_it_goes_and_never_what_is_unpushed(tmp_path):
@@ -243,7 +243,7 @@ def test_publisher_keep_prunes_as_it_goes_and_never_what_is_unpushed(tmp_path):
         assert repo.fsck().ok
     # the remote got every version before it was pruned here
     clone = clone_repo(str(remote), tmp_path / "c", branch="run/a")
-    assert len(clone.log("run/a")) == 31 and not clone.graph.pruned()
+    assert len(clone.log("run/a")) == 31 and not clone.pruned()
     first = open_version(clone.root, clone.log("run/a")[-1].id).tensor("w")
     assert float(first.sum()) == 256.0  # step 0: one row of ones
 
@@ -266,7 +266,7 @@ def test_prune_killed_at_every_write_point_stays_consistent_and_a_rerun_finishes
             kills += 1
             with Repo.open(root) as repo:
                 assert repo.fsck().errors == [], f"after a kill at {func}:{n}"
-                pruned = repo.graph.pruned()
+                pruned = repo.pruned()
                 assert pruned in (set(), set(run[:25]) - set(run[::10]) - set(run[-3:]))
                 for c in run:
                     if c not in pruned:
@@ -276,7 +276,7 @@ def test_prune_killed_at_every_write_point_stays_consistent_and_a_rerun_finishes
             assert r.returncode == 0, r.stderr[-800:]
             with Repo.open(root) as repo:
                 assert repo.fsck().errors == []
-                assert repo.graph.pruned() == set(run) - set(run[::10]) - set(run[-3:])
+                assert repo.pruned() == set(run) - set(run[::10]) - set(run[-3:])
                 for c in set(run[::10]) | set(run[-3:]):
                     assert version_digest(repo, c) == digests[c]
                 repo.gc(grace_seconds=0)
@@ -301,7 +301,7 @@ def test_remote_prune_and_what_clones_and_readers_see(tmp_path, remote_url, hub_
     assert res.bytes_after < 0.65 * res.bytes_before
     kept = set(run[::50]) | set(run[-3:])
     clone = clone_repo(remote_url, tmp_path / "c")
-    assert clone.graph.pruned() == set(run) - kept and len(clone.log("main")) == 100
+    assert clone.pruned() == set(run) - kept and len(clone.log("main")) == 100
     assert clone.fsck().errors == []
     for c in kept:
         assert version_digest(clone, c) == digests[c]
@@ -323,7 +323,7 @@ def test_remote_prune_and_what_clones_and_readers_see(tmp_path, remote_url, hub_
     repo.create_tag("revived", run[5])
     repo.push("origin", "main", tags=True)
     fresh = clone_repo(remote_url, tmp_path / "c2")
-    assert run[5] not in fresh.graph.pruned() and version_digest(fresh, run[5]) == digests[run[5]]
+    assert run[5] not in fresh.pruned() and version_digest(fresh, run[5]) == digests[run[5]]
     assert repo.remote_gc("origin").objects_removed == 0
 
 
@@ -357,7 +357,7 @@ def test_remote_prune_races_a_push_and_a_follower_reaches_the_tip(tmp_path, monk
     assert len(calls) == 2 and res.versions == 32
     run = list(digests) + list(extra)
     clone = clone_repo(remote, tmp_path / "c")
-    assert clone.graph.pruned() == set(run[:-2])
+    assert clone.pruned() == set(run[:-2])
     update = follower.update()
     assert update is not None and update.commit == list(extra)[-1]
     tip = open_version(remote, "main")
@@ -404,7 +404,7 @@ def test_prune_on_a_base_model_keeps_the_base_and_the_kept_fine_tunes_exact(tmp_
     for c in run[-2:]:
         assert version_digest(repo, c) == digests[c]
     base_root = repo.log()[-1]
-    assert base_root.id not in repo.graph.pruned() and open_version(repo.root, base_root.id).files  # the base's own version
+    assert base_root.id not in repo.pruned() and open_version(repo.root, base_root.id).files  # the base's own version
     assert repo.fsck().errors == []
 
 
@@ -417,7 +417,7 @@ def test_a_kept_version_is_re_encoded_against_the_kept_version_before(tmp_path):
     digests = run_steps(repo, 60)
     run = list(digests)
     res = repo.prune("main", keep={"every": 10, "last": 3})
-    kept = [c for c in run if not repo.graph.is_pruned(c)]
+    kept = [c for c in run if not repo.is_pruned(c)]
     assert kept == run[::10] + run[-3:]
 
     def chunk(commit):
@@ -425,7 +425,7 @@ def test_a_kept_version_is_re_encoded_against_the_kept_version_before(tmp_path):
 
     rebased = 0
     for older, newer in zip(kept, kept[1:]):
-        row = repo.store.row(chunk(newer))
+        row = repo.internals.store.row(chunk(newer))
         if row.base == chunk(older):
             rebased += 1
         assert row.depth <= repo.max_chain
@@ -454,11 +454,11 @@ def test_more_kept_versions_than_max_chain_stay_within_it_and_off_the_keyframe(t
         commit = repo.commit(f"step {s}", source={"w": w.clone()}, metadata={"step": s}).commit
         digests[commit] = version_digest(repo, commit)
     repo.prune("main", keep={"every": 10, "last": 10})
-    kept = [c for c in digests if not repo.graph.is_pruned(c)]
+    kept = [c for c in digests if not repo.is_pruned(c)]
     assert len(kept) == 24
     seen = set()
     for c in kept:
-        rows = repo.store.rows(repo.tree_of(c).chunk_ids())
+        rows = repo.internals.store.rows(repo.tree_of(c).chunk_ids())
         assert max(r.depth for r in rows.values()) <= repo.max_chain
         new = {o: r for o, r in rows.items() if o not in seen}
         seen |= set(rows)
@@ -485,9 +485,9 @@ def test_kept_versions_whose_tensors_change_at_different_steps_stay_within_max_c
         commit = repo.commit(f"step {s}", source={"w": w.clone(), "v": v.clone()}, metadata={"step": s}).commit
         digests[commit] = version_digest(repo, commit)
     repo.prune("main", keep={"every": 10, "last": 10})
-    kept = [c for c in digests if not repo.graph.is_pruned(c)]
+    kept = [c for c in digests if not repo.is_pruned(c)]
     for c in kept:
-        rows = repo.store.rows(repo.tree_of(c).chunk_ids())
+        rows = repo.internals.store.rows(repo.tree_of(c).chunk_ids())
         assert max(r.depth for r in rows.values()) <= repo.max_chain, c
         assert version_digest(repo, c) == digests[c]
     assert repo.fsck().errors == []

@@ -52,8 +52,8 @@ def test_a_merge_refuses_a_chunk_gc_removed_between_its_plan_and_its_record(tmp_
         repo.merge("other", strategy="linear")
     assert repo.resolve("main") == ours  # nothing recorded, the branch where it was
     head = repo.tree_of(repo.resolve("HEAD"))
-    assert head.chunk_ids() <= repo.store.present(head.chunk_ids())
-    assert not merged_chunks <= repo.store.present(merged_chunks)  # the race really removed some
+    assert head.chunk_ids() <= repo.internals.store.present(head.chunk_ids())
+    assert not merged_chunks <= repo.internals.store.present(merged_chunks)  # the race really removed some
     assert repo.fsck().ok
 
     monkeypatch.setattr(merge_op, "MergeResult", real)  # retried, the merge writes them again

@@ -31,7 +31,7 @@ def test_reset_to_head_at_1_undoes_a_merge(tmp_path):
     assert not any(e["message"].startswith("checkout: moving to") and e["new"] == merged for e in entries)
     run(repo.root, "reset", "--hard", "HEAD@{1}")
     with Repo.open(repo.root) as again:
-        assert again.refs.head_commit() == before and again.refs.head_branch() == "main"
+        assert again.head() == before and again.head_branch() == "main"
     assert not (repo.root / "notes.txt").exists()
 
 
@@ -51,4 +51,4 @@ def test_reset_to_head_at_1_undoes_a_fast_forward_pull(tmp_path):
     assert all("back on" not in e["message"] for e in entries)
     run(copy.root, "reset", "--hard", "HEAD@{1}")
     with Repo.open(copy.root) as again:
-        assert again.refs.head_commit() == first
+        assert again.head() == first

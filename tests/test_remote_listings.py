@@ -76,7 +76,7 @@ def _lazy_read_of_the_first_version(path):
     repo = wvc.Repo.open(path)
     old = repo.resolve("HEAD~2")
     chunks = next(t for f in repo.tree_of(old).files for t in f.tensors if t.name == "big").chunks
-    assert len(chunks) == 8 and not any(repo.store.has(c) for c in chunks)
+    assert len(chunks) == 8 and not any(repo.internals.store.has(c) for c in chunks)
     got = wvc.open(path, old).tensor("big")
     assert np.array_equal(got.numpy().view(np.uint32), _model(0)["big"].numpy().view(np.uint32))
 

@@ -46,9 +46,9 @@ def test_hub_urls_with_a_revision_clone_and_fetch_as_of_it(tmp_path, hub_env):
     later = repo.commit("later").commit
     repo.push()
     copy = clone(f"{url}@{sha_then}", tmp_path / "then")
-    assert copy.refs.head_commit() == commits[0]
+    assert copy.head() == commits[0]
     now = clone(f"{url}@main", tmp_path / "now")
-    assert now.refs.head_commit() == later
+    assert now.head() == later
     r = run(tmp_path / "then", "remote", "add", "pinned", f"{url}@{sha_then}")
     r = run(tmp_path / "then", "fetch", "pinned")
     assert "Traceback" not in r.stderr and "internal error" not in r.stderr

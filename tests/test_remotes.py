@@ -149,10 +149,10 @@ def test_interrupted_push_leaves_remote_refs_and_next_push_completes(tmp_path, r
     elif not remote_url.startswith("hf://"):
         monkeypatch.setattr(PathRemote, "_lock", real_lock)
     other = clone(remote_url, tmp_path / "b")
-    assert other.refs.head_commit() == repo.log()[1].id  # still the first commit
+    assert other.head() == repo.log()[1].id  # still the first commit
     repo.push()
     other.pull()
-    assert other.refs.head_commit() == repo.refs.head_commit()
+    assert other.head() == repo.head()
 
 
 def test_corrupted_object_on_remote_is_detected_and_nothing_enters(tmp_path, remote_url, hub):
@@ -215,8 +215,8 @@ def test_malicious_remotes_get_clear_errors_and_change_nothing(tmp_path, remote_
     _write_remote_file(remote_url, hub, "refs/heads/evil", ("ab" * 32 + "\n").encode())
     attempt(RemoteError, "missing commit")
     # a ref name that is not a valid branch name
-    _write_remote_file(remote_url, hub, "refs/heads/evil", repo.refs.head_commit().encode())
-    _write_remote_file(remote_url, hub, "refs/heads/a..b", repo.refs.head_commit().encode())
+    _write_remote_file(remote_url, hub, "refs/heads/evil", repo.head().encode())
+    _write_remote_file(remote_url, hub, "refs/heads/a..b", repo.head().encode())
     attempt(InvalidRefName, "invalid")
 
 
@@ -259,7 +259,7 @@ def test_truncated_pack_and_oversized_ref_are_refused(tmp_path, remote_url, hub)
     with pytest.raises(RemoteError):
         target.fetch()
     assert repo_state(target.root) == before
-    _write_remote_file(remote_url, hub, "refs/heads/huge", repo.refs.head_commit().encode())
+    _write_remote_file(remote_url, hub, "refs/heads/huge", repo.head().encode())
     files = RemoteFiles(remote_url, hub)
     pack = next(p for p in files.paths() if p.endswith(".pack"))
     files.write(pack, files.read(pack)[:-100])

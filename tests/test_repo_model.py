@@ -70,7 +70,7 @@ class RepoMachine(RuleBasedStateMachine):
         self.commits[res.commit] = dict(self.files)
         self.made.append(res.commit)
         self.head = res.commit
-        branch = self.repo.refs.head_branch()
+        branch = self.repo.head_branch()
         if branch:
             self.branches[branch] = res.commit
 

@@ -72,7 +72,7 @@ def test_delta_chains_are_bounded_and_still_exact(tmp_path):
         w += torch.randn(4096) * 1e-4
         save_file({"w": w.to(torch.bfloat16)}, str(repo.root / "model.safetensors"))
         digests[repo.commit(f"step {step}").commit] = tree_digests(repo.root)
-    depths = [d for (d,) in repo.db.query("SELECT depth FROM objects")]
+    depths = [d for (d,) in repo.internals.db.query("SELECT depth FROM objects")]
     assert max(depths) <= 3
     assert 0 < depths.count(0) < len(depths)  # keyframes exist, but most chunks are deltas
     for commit_id, d in digests.items():

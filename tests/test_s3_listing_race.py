@@ -35,4 +35,4 @@ def test_a_push_between_the_listing_and_the_refs_is_read_consistently(tmp_path, 
     fetched = b.fetch()
     assert raced and fetched.refs["main"] == tip
     b.pull()
-    assert b.refs.head_commit() == tip and b.fsck().ok
+    assert b.head() == tip and b.fsck().ok

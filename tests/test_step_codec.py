@@ -179,7 +179,7 @@ def bf16_state(bits: bytes) -> dict:
 
 
 def methods_of(repo) -> dict:
-    return {m: count for m, (count, _) in repo.store.bytes_by_method().items()}
+    return {m: count for m, (count, _) in repo.internals.store.bytes_by_method().items()}
 
 
 STEP_WRITTEN = int(Method.STEP_BLOCKS)  # the step coder commits write

@@ -40,7 +40,7 @@ class Run:
         """Whether the commit's chunk is stored against something other than its parent's."""
         parent = self.repo.read_commit(commit).parents[0]
         new, old = (self.repo.tree_of(c).files[0].tensors[0].chunks for c in (commit, parent))
-        return any(self.repo.store.row(x).base != p for x, p in zip(new, old) if x != p)
+        return any(self.repo.internals.store.row(x).base != p for x, p in zip(new, old) if x != p)
 
 
 pytestmark = pytest.mark.usefixtures("hub_env")
@@ -118,7 +118,7 @@ def test_step_context_survives_a_re_anchor_for_followers(tmp_path):
     median = statistics.median(got.values())
     for i in anchors:
         assert got[i] <= 1.3 * median and got.get(i + 1, median) <= 1.3 * median, (got, anchors)
-    methods = {Method(run.repo.store.row(run.repo.tree_of(e.id).files[0].tensors[0].chunks[0]).method)
+    methods = {Method(run.repo.internals.store.row(run.repo.tree_of(e.id).files[0].tensors[0].chunks[0]).method)
                for e in run.repo.log()}
     assert Method.STEP_BLOCKS in methods  # the case this is about
 
@@ -146,10 +146,10 @@ def test_a_keyframe_written_when_a_chain_outweighs_it_reaches_a_follower_as_its_
         update = follower.update()
         assert update.commit == commit and same(follower.state_dict, repo.load_state_dict(commit))
     chunk = repo.tree_of(commit).files[0].tensors[0].chunks[0]
-    assert repo.store.row(chunk).base is None  # stored whole: the case this is about
+    assert repo.internals.store.row(chunk).base is None  # stored whole: the case this is about
     record = steps.parse((tmp_path / "remote" / step_path(commit)).read_bytes(), commit)
     assert [c.pack for c in record.chunks] == [None]  # a step payload, in the record
-    assert update.downloaded_bytes < 0.25 * repo.store.row(chunk).length
+    assert update.downloaded_bytes < 0.25 * repo.internals.store.row(chunk).length
 
 
 def test_a_follower_that_fell_behind_catches_up_by_records(tmp_path, monkeypatch):

@@ -162,7 +162,7 @@ def test_a_damaged_chunk_is_still_damaged_and_the_system_decoder_stays(tmp_path)
     from .test_delta_on_keyframe import _fine_tune
 
     repo, _, _ = _fine_tune(tmp_path)
-    store = repo.store
+    store = repo.internals.store
     (oid,) = next(iter(store.db.query("SELECT id FROM objects WHERE depth = 1 LIMIT 1")))
     row = store.chain(oid)[0]
     pack = store.reader.directory / pack_filename(row.pack)

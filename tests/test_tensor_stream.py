@@ -112,7 +112,7 @@ def test_a_stream_that_does_not_fit_the_parent_records_nothing(tmp_path, bad):
     pairs.insert(2, ("extra.weight", torch.zeros(3)) if bad == "unknown" else ("embed.weight", torch.zeros(3, 80)))
     with pytest.raises(InvalidArgument, match="extra.weight" if bad == "unknown" else "shape"):
         repo.commit("step", wvc.TensorStream(iter(pairs)))
-    assert repo.refs.head_commit() == head
+    assert repo.head() == head
     assert [c.id for c in repo.log()] == [head]
 
 

@@ -56,7 +56,7 @@ def test_callback_commits_every_save_exactly_and_pushes_them_all(tmp_path, hub_e
         assert sha(out / "config.json") == sha(saved / "config.json")
     assert cb.push_errors == []
     copy = clone("hf://team/run", tmp_path / "copy", branch="run/tiny")
-    assert copy.refs.head_commit() == cb.commits[-1]["commit"]
+    assert copy.head() == cb.commits[-1]["commit"]
     assert [e.id for e in copy.log()] == [c["commit"] for c in reversed(cb.commits)]
 
 
@@ -66,7 +66,7 @@ def test_push_failures_are_retried_and_never_block_or_lose_commits(tmp_path, hub
     tiny_trainer(tmp_path / "out", cb).train()
     assert len(cb.push_errors) >= 1
     copy = clone("hf://team/flaky", tmp_path / "copy", branch="run/flaky")
-    assert copy.refs.head_commit() == cb.commits[-1]["commit"]
+    assert copy.head() == cb.commits[-1]["commit"]
 
 
 def test_every_n_steps_commits_from_memory(tmp_path):

@@ -49,7 +49,7 @@ def stepping_repo(tmp_path, steps: int, changed: int = 40):
 
 def test_a_step_sends_the_chunk_ids_it_changed_and_a_clone_gets_every_version_exact(tmp_path):
     repo, url, commits = stepping_repo(tmp_path, 3)
-    whole = len(repo.graph.tree_bytes(repo.read_commit(commits[-1]).tree))
+    whole = len(repo.internals.graph.tree_bytes(repo.read_commit(commits[-1]).tree))
     stored = {}
     for cat in catalogs(url):
         stored.update(cat.trees)
@@ -62,12 +62,12 @@ def test_a_step_sends_the_chunk_ids_it_changed_and_a_clone_gets_every_version_ex
         assert len(changes) == 40
         assert len(data) < whole / 20  # 40 of 4,096 chunk ids, not all of them
     clone = wvc.clone(url, tmp_path / "b")
-    assert tree_diff.is_delta(clone.graph.stored_tree(repo.read_commit(commits[1]).tree))  # (fetched into a delta)
+    assert tree_diff.is_delta(clone.internals.graph.stored_tree(repo.read_commit(commits[1]).tree))  # (fetched into a delta)
     for cid in commits:
         repo.checkout(cid, force=True)
         clone.checkout(cid, force=True)
         assert digest_dir(tmp_path / "b") == digest_dir(tmp_path / "a")
-        assert clone.graph.tree_bytes(clone.read_commit(cid).tree) == repo.graph.tree_bytes(repo.read_commit(cid).tree)
+        assert clone.internals.graph.tree_bytes(clone.read_commit(cid).tree) == repo.internals.graph.tree_bytes(repo.read_commit(cid).tree)
 
 
 def test_a_chain_of_tree_deltas_is_bounded_and_every_version_reads_back(tmp_path, monkeypatch):
@@ -82,7 +82,7 @@ def test_a_chain_of_tree_deltas_is_bounded_and_every_version_reads_back(tmp_path
     remote = RemoteRepository.open(open_remote(url))
     for cid in reversed(commits):  # newest first, as a fetch walks
         tid = repo.read_commit(cid).tree
-        assert remote.tree(tid).to_bytes() == repo.graph.tree_bytes(tid)
+        assert remote.tree(tid).to_bytes() == repo.internals.graph.tree_bytes(tid)
 
 
 def test_a_whole_tree_is_stored_when_more_than_chunk_ids_changed(tmp_path):
@@ -136,33 +136,33 @@ def test_remote_gc_keeps_the_trees_kept_deltas_are_read_from(tmp_path):
     repo.remote_gc("origin")
     clone = wvc.clone(url, tmp_path / "b")
     for cid in commits:
-        assert clone.graph.tree_bytes(clone.read_commit(cid).tree) == repo.graph.tree_bytes(repo.read_commit(cid).tree)
+        assert clone.internals.graph.tree_bytes(clone.read_commit(cid).tree) == repo.internals.graph.tree_bytes(repo.read_commit(cid).tree)
 
 
 def test_the_local_database_keeps_a_step_tree_as_a_delta_and_reads_every_version_back(tmp_path):
     repo, _, commits = stepping_repo(tmp_path, 4)
-    whole = len(repo.graph.tree_bytes(repo.read_commit(commits[0]).tree))
+    whole = len(repo.internals.graph.tree_bytes(repo.read_commit(commits[0]).tree))
     trees = [repo.read_commit(c).tree for c in commits]
-    stored = [repo.graph.stored_tree(t) for t in trees]
+    stored = [repo.internals.graph.stored_tree(t) for t in trees]
     assert not tree_diff.is_delta(stored[0])
     assert all(tree_diff.is_delta(d) and len(d) < whole / 20 for d in stored[1:])
     fresh = Repo.open(tmp_path / "a")  # nothing cached: every delta resolved from the database
     for tid in reversed(trees):
-        assert fresh.read_tree(tid).id == tid
-        assert ids.digest(ids.TREE, fresh.graph.tree_bytes(tid)) == tid
+        assert fresh.internals.read_tree(tid).id == tid
+        assert ids.digest(ids.TREE, fresh.internals.graph.tree_bytes(tid)) == tid
     assert fresh.fsck().errors == []
 
 
 def test_a_kept_delta_keeps_the_tree_it_is_read_from(tmp_path):
     repo, _, commits = stepping_repo(tmp_path, 2)
-    graph = repo.graph
+    graph = repo.internals.graph
     first, second = (repo.read_commit(c).tree for c in commits)
-    with repo.db.write():
+    with repo.internals.db.write():
         graph.delete_commits([commits[0], commits[1]])
         graph.delete_unreferenced_trees(keep=[second])  # the first tree: no commit, but the second's base
     assert graph.has_tree(first)
-    assert Repo.open(tmp_path / "a").read_tree(second).id == second
-    with repo.db.write():
+    assert Repo.open(tmp_path / "a").internals.read_tree(second).id == second
+    with repo.internals.db.write():
         graph.delete_unreferenced_trees()
     assert not graph.has_tree(first) and not graph.has_tree(second)
 
@@ -175,12 +175,12 @@ def test_a_wvc_that_predates_tree_deltas_refuses_the_repository_once_one_is_stor
 
     repo = Repo.init(tmp_path / "a")
     repo.commit("first", source={"w": torch.zeros(4096)})
-    assert repo.db.get_config("format") == "1"  # one whole tree: what any wvc reads
+    assert repo.internals.db.get_config("format") == "1"  # one whole tree: what any wvc reads
     repo.close()
     _, _, commits = stepping_repo(tmp_path / "b", 2)
     again = Repo.open(tmp_path / "b" / "a")
-    assert tree_diff.is_delta(again.graph.stored_tree(again.read_commit(commits[1]).tree))
-    assert again.db.get_config("format") == "2"
+    assert tree_diff.is_delta(again.internals.graph.stored_tree(again.read_commit(commits[1]).tree))
+    assert again.internals.db.get_config("format") == "2"
     again.close()
     monkeypatch.setattr(wvc.repo, "FORMATS", ("1",))  # the check as it was before tree deltas
     Repo.open(tmp_path / "a").close()

@@ -107,22 +107,22 @@ def test_a_repository_an_older_wvc_made_with_deeper_chains_stays_readable(tmp_pa
     objects = [keyframe(raws[0])] + [delta(raws[i], raws[i - 1]) for i in range(1, len(raws))]
 
     def store_chain(repo):
-        writer = PackWriter(repo.store.packs_dir)
+        writer = PackWriter(repo.internals.store.packs_dir)
         entries = [writer.add(oid, payload, raw_size, method, base) for oid, payload, raw_size, method, base in objects]
         name, size = writer.finish()
-        with repo.db.write():
-            repo.store.insert_rows((name, size), [ObjectRow(e.id, name, e.offset, e.length, e.raw_size, e.method,
+        with repo.internals.db.write():
+            repo.internals.store.insert_rows((name, size), [ObjectRow(e.id, name, e.offset, e.length, e.raw_size, e.method,
                                                             e.base, depth) for depth, e in enumerate(entries)])
 
     deep = Repo.init(tmp_path / "deep")
-    with deep.db.write():
-        deep.db.set_config("max_chain", "5000")  # what `init --max-chain 5000` recorded before
+    with deep.internals.db.write():
+        deep.internals.db.set_config("max_chain", "5000")  # what `init --max-chain 5000` recorded before
     deep.close()
     deep = Repo.open(tmp_path / "deep")
     store_chain(deep)
-    assert deep.store.get(objects[-1][0]) == raws[-1]
+    assert deep.internals.store.get(objects[-1][0]) == raws[-1]
 
     plain = Repo.init(tmp_path / "plain")  # the same chain in a repository of today's bound
     store_chain(plain)
     with pytest.raises(CorruptObject, match="deeper than"):
-        plain.store.get(objects[-1][0])
+        plain.internals.store.get(objects[-1][0])

@@ -187,36 +187,36 @@ def test_every_hub_operation_on_the_xet_and_lfs_paths(tmp_path, hub, monkeypatch
     assert bool(cas) == (path != "lfs")  # the pack went up through Xet, or through LFS and nothing else
 
     copy = clone(url, tmp_path / "b")  # clone; the base again from its own repo
-    assert tree_digests(copy.root) == digests[repo.refs.head_commit()]
+    assert tree_digests(copy.root) == digests[repo.head()]
     for commit, expected in digests.items():
         copy.checkout(commit)
         assert tree_digests(copy.root) == expected
     copy.checkout("main")
 
     lazy = clone(url, tmp_path / "lazy", lazy=True)
-    assert tree_digests(lazy.root) == digests[repo.refs.head_commit()]
+    assert tree_digests(lazy.root) == digests[repo.head()]
 
     view = wvc.open(url, "main")
     assert torch.equal(view.tensor("layer1.weight").view(torch.int16), _weights(2)["layer1.weight"].view(torch.int16))
     snap = wvc.snapshot_download(url)
     assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in snap.iterdir() if p.is_file()} == \
-        {k: v for k, v in digests[repo.refs.head_commit()].items() if "/" not in k}
+        {k: v for k, v in digests[repo.head()].items() if "/" not in k}
 
     follower = wvc.follow(url)
-    assert follower.update(timeout=30).commit == repo.refs.head_commit()
+    assert follower.update(timeout=30).commit == repo.head()
     fine_tune(base_folder, repo.root, seed=9)
     digests[repo.commit("step 3").commit] = tree_digests(repo.root)
     repo.push("origin", "main")
-    assert follower.update(timeout=30).commit == repo.refs.head_commit()
+    assert follower.update(timeout=30).commit == repo.head()
     assert all(torch.equal(v.view(torch.uint8) if v.dtype == torch.bool else v, follower.state_dict[k])
-               for k, v in repo.load_state_dict(repo.refs.head_commit()).items())
+               for k, v in repo.load_state_dict(repo.head()).items())
 
     copy.fetch("origin")
     copy.pull("origin")
-    assert tree_digests(copy.root) == digests[repo.refs.head_commit()]
+    assert tree_digests(copy.root) == digests[repo.head()]
 
     # gc --remote: a branch pushed and deleted on the remote leaves its commit unreachable there
-    main_head = repo.refs.head_commit()
+    main_head = repo.head()
     repo.create_branch("exp")
     repo.checkout("exp")
     fine_tune(base_folder, repo.root, seed=11)
@@ -227,7 +227,7 @@ def test_every_hub_operation_on_the_xet_and_lfs_paths(tmp_path, hub, monkeypatch
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["commits_removed"] == 1
     again = clone(url, tmp_path / "c")
-    assert again.refs.head_commit() == main_head and tree_digests(again.root) == digests[main_head]
+    assert again.head() == main_head and tree_digests(again.root) == digests[main_head]
     assert again.fsck().ok
 
 

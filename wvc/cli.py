@@ -295,11 +295,11 @@ def init(path, branch, base, chunk_size, max_chain, as_json):
     if as_json:
         emit_json({"path": str(repo.root), "branch": branch, "base": ref.to_json() if ref else None})
     elif ref is None:
-        click.echo(f"Initialized empty wvc repository in {repo.wvc_dir}")
+        click.echo(f"Initialized empty wvc repository in {repo.internals.wvc_dir}")
     else:
-        size = repo.read_tree(ref.tree).logical_bytes
-        click.echo(f"Initialized wvc repository in {repo.wvc_dir} on base {ref.url} "
-                   f"({human(size)}, read in place from {repo.db.get_config('base.dir')}); "
+        size = repo.internals.read_tree(ref.tree).logical_bytes
+        click.echo(f"Initialized wvc repository in {repo.internals.wvc_dir} on base {ref.url} "
+                   f"({human(size)}, read in place from {repo.internals.db.get_config('base.dir')}); "
                    f"{branch} is at the base commit {ref.commit[:12]}. Put the fine-tuned files here and "
                    f"`wvc commit`; `wvc checkout {branch}` writes the base's own files here")
     if max_chain == 0 and not as_json:  # allowed, and costly: say so
@@ -403,7 +403,7 @@ def commit(message, author, allow_empty, amend, meta, meta_json, device, as_json
     if as_json:
         return emit_json({**res.to_json(), "seconds": round(time.perf_counter() - t0, 3)})
     ratio = ratio_note(res.logical_bytes, res.stored_bytes)
-    click.echo(f"[{repo.refs.head_branch() or 'detached'} {res.commit[:12]}] {message.splitlines()[0] if message else ''}")
+    click.echo(f"[{repo.head_branch() or 'detached'} {res.commit[:12]}] {message.splitlines()[0] if message else ''}")
     click.echo(f"  {human(res.logical_bytes)} of files, {human(res.stored_bytes)} stored{ratio}")
     if res.linked_files:
         its = "its" if len(res.linked_files) == 1 else "their"
@@ -426,7 +426,7 @@ def commit(message, author, allow_empty, amend, meta, meta_json, device, as_json
 @json_option
 def log(revs, oneline, graph, all_refs, max_count, stat, as_json):
     """Show the commit history: `log [REV | A..B] [^REV...] [-- PATH...]`."""
-    from .ops.history import changed_files, graph_lines
+    from .ops.history import graph_lines
 
     repo = open_repo()
     revs, paths = split_paths(revs)
@@ -437,11 +437,11 @@ def log(revs, oneline, graph, all_refs, max_count, stat, as_json):
     entries = repo.log(rev, max_count, all_refs=all_refs, exclude=tuple(r[1:] for r in revs if r.startswith("^")),
                        paths=tuple(repo_paths(repo, paths)))
     if not entries and rev == "HEAD" and not all_refs and not paths and (others := repo.branches()):
-        click.echo(f"{repo.refs.head_branch() or 'HEAD'} has no commits yet; other branches have: "
+        click.echo(f"{repo.head_branch() or 'HEAD'} has no commits yet; other branches have: "
                    + ", ".join(sorted(others)[:5]) + (" ..." if len(others) > 5 else "")
                    + f" (`wvc log {sorted(others)[0]}` or `wvc log --all`)", err=True)
     if as_json:
-        return emit_json({"commits": [{**e.to_json(), **({"files": changed_files(repo, e.id)} if stat else {})}
+        return emit_json({"commits": [{**e.to_json(), **({"files": repo.changed_files(e.id)} if stat else {})}
                                       for e in entries]})
     rows = graph_lines(entries) if graph else [("", e) for e in entries]
     for prefix, e in rows:
@@ -456,7 +456,7 @@ def log(revs, oneline, graph, all_refs, max_count, stat, as_json):
         if oneline:
             click.echo(f"{pad}{click.style(e.id[:12], fg='yellow')}{refs} {summary}")
             if stat:
-                echo_stat(changed_files(repo, e.id), "".join("|" if c in "*|" else " " for c in prefix) + " ")
+                echo_stat(repo.changed_files(e.id), "".join("|" if c in "*|" else " " for c in prefix) + " ")
             continue
         cont = "".join("|" if c in "*|" else " " for c in prefix) + " " if prefix else ""
         click.echo(f"{pad}{click.style('commit ' + e.id, fg='yellow')}{refs}")
@@ -471,7 +471,7 @@ def log(revs, oneline, graph, all_refs, max_count, stat, as_json):
             click.echo(f"{cont}    {line}")
         click.echo(cont)
         if stat:
-            echo_stat(changed_files(repo, e.id), cont)
+            echo_stat(repo.changed_files(e.id), cont)
 
 
 @main.command()
@@ -480,14 +480,12 @@ def log(revs, oneline, graph, all_refs, max_count, stat, as_json):
 @json_option
 def show(rev, stat, as_json):
     """Show one commit: message, metadata and files."""
-    from .ops.history import changed_files
-
     repo = open_repo()
     if ":" in rev:
         raise click.UsageError(f"show takes a commit; for one file of a version: `wvc cat {rev}`")
     info = repo.show(rev)
     if stat:
-        info["changed"] = changed_files(repo, info["commit"])
+        info["changed"] = repo.changed_files(info["commit"])
     if as_json:
         return emit_json(info)
     click.echo(f"commit {info['commit']}")
@@ -580,7 +578,7 @@ def text_diffs(repo, rev_a, rev_b, files) -> None:
             return p.read_bytes() if p.is_file() and p.stat().st_size <= MAX_TEXT_DIFF_BYTES else None
         if rev not in views:
             commit = repo.resolve(rev)
-            views[rev] = VersionView(commit, repo.tree_of(commit), repo.store.get)
+            views[rev] = VersionView(commit, repo.tree_of(commit), repo.internals.store.get)
         entry = views[rev].tree.by_path().get(path)
         return views[rev].read_file(path) if entry is not None and entry.size <= MAX_TEXT_DIFF_BYTES else None
 
@@ -609,7 +607,7 @@ def switch(name, start, create, force, as_json):
         repo.create_branch(name, start or "HEAD")
     elif start is not None:
         raise click.UsageError("START needs -c")
-    elif repo.refs.get("refs/heads/" + name) is None:
+    elif repo.internals.refs.get("refs/heads/" + name) is None:
         raise click.UsageError(f"no branch {name!r} (`wvc switch -c {name}` creates it; "
                                f"`wvc checkout {name}` checks out any revision)")
     res = repo.checkout(name, force=force, progress=BarProgress())
@@ -703,7 +701,7 @@ def _ref_command(kind: str):
                 show_current=False):
         repo = open_repo()
         if show_current:
-            current = repo.refs.head_branch()
+            current = repo.head_branch()
             return emit_json({"current": current}) if as_json else (click.echo(current) if current else None)
         if rename:
             target = repo.rename_branch(*rename)
@@ -729,7 +727,7 @@ def _ref_command(kind: str):
                 f"Created {kind} {name} at {target[:12]}"
             )
         refs = getattr(repo, plural)()
-        current = repo.refs.head_branch() if kind == "branch" else None
+        current = repo.head_branch() if kind == "branch" else None
         remote = repo.remote_branches() if show_all and kind == "branch" else {}
         if as_json:
             return emit_json({plural: refs, "current": current, **({"remote": remote} if show_all else {})})
@@ -846,7 +844,7 @@ def push(remote_name, branch, force, tags, delete, as_json):
         return emit_json(res.to_json())
     if res.tags:
         click.echo(f"{plural(len(res.tags), 'tag')} -> {remote_name}: " + ", ".join(t[len('refs/tags/'):] for t in res.tags))
-    if branch is not None and repo.refs.get("refs/tags/" + branch) and repo.refs.get("refs/heads/" + branch) is None:
+    if branch is not None and repo.internals.refs.get("refs/tags/" + branch) and repo.internals.refs.get("refs/heads/" + branch) is None:
         return None if res.tags else click.echo(f"tag {branch} is on {remote_name} already")
     if res.old == res.new or (tags and branch is None):
         return None if res.tags else click.echo(f"{remote_name}/{res.branch} is up to date")
@@ -1098,8 +1096,8 @@ def ui_command(source, port, no_browser, revs, limit):
     from .ui import server
 
     repo = open_repo() if source is None else _ui_copy_of(source)
-    server.prepare(repo, list(revs) or None, limit, BarProgress())
-    srv = server.Server(repo, port, source or "")
+    server.prepare(repo.internals, list(revs) or None, limit, BarProgress())
+    srv = server.Server(repo.internals, port, source or "")
     click.echo(f"wvc ui: serving {srv.url} (read-only, loopback only; Ctrl-C stops)")
     if not no_browser:
         webbrowser.open(srv.url)
@@ -1132,7 +1130,7 @@ def plot_command(kind, rev_range, output, metric, branches, limit, as_json):
 
     from .ui import plot
 
-    text, numbers = plot.picture(open_repo(), kind, rev_range, metric=metric, branches=list(branches) or None,
+    text, numbers = plot.picture(open_repo().internals, kind, rev_range, metric=metric, branches=list(branches) or None,
                                  limit=limit, progress=BarProgress())
     plot.write(text, Path(output))
     if as_json:

@@ -21,6 +21,7 @@ from .fsutil import file_lock, fsync_dir, umask
 from .model.versions import Commit, Tree, check_chunk_bytes
 from .remotes import lazy_remote_name
 from .store.revparse import resolve
+from .store import config_keys
 from .store.chains import MAX_CHAIN_LIMIT, MAX_CHAIN_LINKS
 from .store.database import Database, has_rows, peek_config
 from .store.external import ExternalFiles
@@ -103,8 +104,10 @@ class Repository:
             try:
                 db.migrate()
                 with db.write():
-                    for key, value in {"format": FORMAT_VERSION, "chunk_bytes": str(chunk_bytes),
-                                       "max_chain": str(max_chain), "HEAD": "ref: " + HEADS + branch,
+                    for key, value in {config_keys.FORMAT: FORMAT_VERSION,
+                                       config_keys.CHUNK_BYTES: str(chunk_bytes),
+                                       config_keys.MAX_CHAIN: str(max_chain),
+                                       config_keys.HEAD: "ref: " + HEADS + branch,
                                        **(settings or {})}.items():
                         db.set_config(key, value)
             finally:
@@ -129,7 +132,7 @@ class Repository:
                     raise FormatError(f"{candidate / WVC_DIR} was left by an interrupted `wvc init`: "
                                       "run `wvc init` again")
                 repo = cls(candidate)
-                fmt = repo.db.get_config("format")
+                fmt = repo.db.get_config(config_keys.FORMAT)
                 if fmt not in FORMATS:
                     repo.close()
                     raise FormatError(f"repository format {fmt!r} is not supported by this wvc")
@@ -178,12 +181,12 @@ class Repository:
     @property
     def chunk_bytes(self) -> int:
         """The chunk size new files are split into (a tree keeps the one it was made with)."""
-        return int(self.db.get_config("chunk_bytes", str(DEFAULT_CHUNK_BYTES)))
+        return int(self.db.get_config(config_keys.CHUNK_BYTES, str(DEFAULT_CHUNK_BYTES)))
 
     @property
     def max_chain(self) -> int:
         """How many deltas a chain may hold before a chunk is stored whole again."""
-        return int(self.db.get_config("max_chain", str(DEFAULT_MAX_CHAIN)))
+        return int(self.db.get_config(config_keys.MAX_CHAIN, str(DEFAULT_MAX_CHAIN)))
 
     def base(self) -> BaseRef | None:
         """The base model this history starts from, or None."""
@@ -275,7 +278,7 @@ def _interrupted_init(wvc_dir: Path) -> bool:
     db = wvc_dir / "wvc.db"
     if not db.is_file():  # killed between mkdir and the database: nothing but empty folders
         return wvc_dir.is_dir() and all(p.is_dir() and not any(p.iterdir()) for p in wvc_dir.iterdir())
-    has_config, fmt = peek_config(db, "format")
+    has_config, fmt = peek_config(db, config_keys.FORMAT)
     if has_config and fmt is not None:
         return False
     return not has_rows(db, "refs") and not has_rows(db, "commits")

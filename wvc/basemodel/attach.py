@@ -6,6 +6,7 @@ import re
 
 from pathlib import Path
 
+from ..store import config_keys
 from .. import ids
 from ..errors import BaseModelError, MissingObject, WvcError
 from ..model.versions import Tree
@@ -33,7 +34,7 @@ def locate(db) -> Path:
     base = current(db)
     if base is None:
         raise MissingObject("this repository has no base")
-    recorded = Path(db.get_config("base.dir") or "/nonexistent")
+    recorded = Path(db.get_config(config_keys.BASE_DIR) or "/nonexistent")
     if recorded.is_dir():
         return recorded
     if not base.is_hub:
@@ -96,8 +97,8 @@ def attach(repo, spec: str, *, expected: BaseRef | None = None, expected_tree: T
                         f"{ids.short(tree.id)}, the remote recorded {ids.short(expected.tree)} (base files changed?)")
     commit = base_commit(url, tree.id)
     def settings():
-        for key, value in (("base.url", url), ("base.tree", tree.id), ("base.commit", commit.id),
-                           ("base.dir", str(root))):
+        for key, value in ((config_keys.BASE_URL, url), (config_keys.BASE_TREE, tree.id),
+                           (config_keys.BASE_COMMIT, commit.id), (config_keys.BASE_DIR, str(root))):
             repo.db.set_config(key, value)
 
     branch = repo.refs.head_branch() if set_branch else None

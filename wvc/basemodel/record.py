@@ -11,6 +11,7 @@ import json
 import re
 from dataclasses import dataclass
 
+from ..store import config_keys
 from .. import ids
 from ..errors import BaseModelError
 from ..model.versions import Commit, canonical_json
@@ -67,10 +68,10 @@ def base_commit(url: str, tree_id: str) -> Commit:
 
 def current(db) -> BaseRef | None:
     """The base recorded in a repository's database, or None."""
-    url = db.get_config("base.url")
+    url = db.get_config(config_keys.BASE_URL)
     if url is None:
         return None
-    return BaseRef(url, db.get_config("base.tree"), db.get_config("base.commit"))
+    return BaseRef(url, db.get_config(config_keys.BASE_TREE), db.get_config(config_keys.BASE_COMMIT))
 
 
 def base_json(ref: BaseRef) -> bytes:

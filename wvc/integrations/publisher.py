@@ -344,7 +344,7 @@ class Publisher:
                 self._pending.clear()
                 self._cond.notify_all()
             return
-        repo.store.keep_recent(self.keep_bytes)
+        repo.internals.store.keep_recent(self.keep_bytes)
         try:
             while True:
                 with self._cond:
@@ -380,8 +380,8 @@ class Publisher:
                 if job.write_files is not None:
                     from ..fsutil import sweep_work_dirs, work_dir
 
-                    sweep_work_dirs(repo.wvc_dir)
-                    source = stack.enter_context(work_dir(repo.wvc_dir, "publish"))
+                    sweep_work_dirs(repo.internals.wvc_dir)
+                    source = stack.enter_context(work_dir(repo.internals.wvc_dir, "publish"))
                     job.write_files(job.snapshot, source)
                 else:
                     source = job.directory if job.directory is not None else job.snapshot
@@ -409,14 +409,14 @@ class Publisher:
         try:
             protect: set[str] = set()
             if self._pusher is not None:  # what the remote lacks keeps its weights until pushed
-                tip = repo.refs.get(f"refs/heads/{self.branch}")
-                pushed = repo.refs.get(f"refs/remotes/{self.remote}/{self.branch}")
-                stop = set(repo.graph.ancestors(pushed)) if pushed else set()
-                protect = set(repo.graph.ancestors(tip, stop=stop)) if tip else set()
+                tip = repo.internals.refs.get(f"refs/heads/{self.branch}")
+                pushed = repo.internals.refs.get(f"refs/remotes/{self.remote}/{self.branch}")
+                stop = set(repo.internals.graph.ancestors(pushed)) if pushed else set()
+                protect = set(repo.internals.graph.ancestors(tip, stop=stop)) if tip else set()
             res = repo.prune(self.branch, keep=self.keep, protect=protect)
             self._commits_unpruned = 0
             entry = {"pruned": res.pruned, "bytes_freed": res.bytes_freed, "seconds": time.perf_counter() - t}
-            if self.prune_remote and repo.refs.get(f"refs/remotes/{self.remote}/{self.branch}"):
+            if self.prune_remote and repo.internals.refs.get(f"refs/remotes/{self.remote}/{self.branch}"):
                 there = repo.remote_prune(self.remote, self.branch, keep=self.keep)
                 entry.update(remote_pruned=there.pruned, remote_bytes_freed=there.bytes_freed,
                              seconds=time.perf_counter() - t)

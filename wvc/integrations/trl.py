@@ -128,7 +128,7 @@ class WvcWeightTransfer:
         its namesakes one at a time (its files, shards, dtypes and frozen tensors kept)."""
         repo = self._open()
         t0 = time.perf_counter()
-        parent = repo.refs.get(HEADS + self.branch)
+        parent = repo.internals.refs.get(HEADS + self.branch)
         pairs = weights.items() if isinstance(weights, Mapping) else weights
         if parent is not None:
             pairs = iter(pairs)
@@ -206,8 +206,8 @@ class WvcWeightTransfer:
             repo = Repo.open(self.repo_path)
         else:
             repo = Repo.init(self.repo_path)
-        if repo.refs.head_branch() != STAGING_HEAD:
-            repo.refs.set_head("ref: " + HEADS + STAGING_HEAD, "wvc trl: staging")
+        if repo.head_branch() != STAGING_HEAD:
+            repo.internals.refs.set_head("ref: " + HEADS + STAGING_HEAD, "wvc trl: staging")
         urls = repo.remotes()
         if "origin" not in urls:
             repo.remote_add("origin", self.remote)
@@ -216,7 +216,7 @@ class WvcWeightTransfer:
                                   f"another directory")
         # each sync's raw chunks kept for the next (the Publisher's reason: an anchor step's
         # delta against an older version otherwise decodes its chain, 7-12 s a sync at 0.5B)
-        repo.store.keep_recent(self.keep_bytes)
+        repo.internals.store.keep_recent(self.keep_bytes)
         self._repo = repo
         self._catch_up(repo)
         return repo
@@ -230,11 +230,11 @@ class WvcWeightTransfer:
             there = None
         if there is None:
             return
-        here = repo.refs.get(HEADS + self.branch)
-        if here == there or (here is not None and there in set(repo.graph.ancestors(here))):
+        here = repo.internals.refs.get(HEADS + self.branch)
+        if here == there or (here is not None and there in set(repo.internals.graph.ancestors(here))):
             return  # up to date, or ahead (an earlier push that did not land is sent next time)
         repo.fetch("origin")
-        if here is not None and here not in set(repo.graph.ancestors(there)):
+        if here is not None and here not in set(repo.internals.graph.ancestors(there)):
             raise NonFastForward(f"{self.branch} on {self.remote} has commits the local repository "
                                  f"{self.repo_path} does not, and the other way round: use another branch")
         repo.force_branch(self.branch, there)
@@ -264,7 +264,7 @@ class WvcWeightTransfer:
                               metadata={"start": str(directory)}, device=self.device)
             commit = res.commit
         except NothingToCommit:
-            commit = repo.refs.get(HEADS + self.branch)  # the branch holds it already
+            commit = repo.internals.refs.get(HEADS + self.branch)  # the branch holds it already
         self.start_uploaded_bytes = self._push().uploaded_bytes
         return commit
 

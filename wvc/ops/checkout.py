@@ -19,7 +19,8 @@ from ..errors import MissingEntry, PathInTheWay, UncommittedChanges
 from ..fsutil import resolve_inside, selected
 from ..model.versions import Tree
 from ..progress import NULL, Progress
-from ..store.refs import HEADS, MERGE_HEAD, MERGE_RECIPE
+from ..store.config_keys import MERGE_HEAD, MERGE_RECIPE
+from ..store.refs import HEADS
 from ..worktree.scan import StatCache, scan
 from ..worktree.materialize import write_file
 

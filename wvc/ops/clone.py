@@ -8,7 +8,8 @@ from pathlib import Path
 
 from ..errors import PathInTheWay, RemoteError, RevisionNotFound
 from ..progress import NULL, Progress
-from ..remotes import LAZY_REMOTE_KEY, local_path, open_remote
+from ..remotes import local_path, open_remote
+from ..store.config_keys import CLONE_INCOMPLETE, LAZY_REMOTE as LAZY_REMOTE_KEY
 from ..remotes.repository import RemoteRepository
 from ..repo import INIT_PREFIX, Repository, remove_new_repository
 from ..store.database import peek_config
@@ -21,7 +22,6 @@ from .remote_config import index_cache, remote_add
 
 # Set when the clone's repository is created, cleared when the clone is done: a clone that
 # was killed (no chance to clean up) is recognised by it, and a re-run starts afresh.
-CLONE_INCOMPLETE = "clone.incomplete"
 
 
 def _interrupted_clone(target: Path) -> bool:

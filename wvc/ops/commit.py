@@ -20,7 +20,8 @@ from ..errors import ConcurrentUpdate, InvalidArgument, NothingToCommit, PackMis
 from ..codec.device_choice import commit_device, data_location
 from ..model.versions import Commit, Tree, check_metadata
 from ..progress import NULL, Progress
-from ..store.refs import HEADS, MERGE_HEAD, MERGE_RECIPE
+from ..store.config_keys import MERGE_HEAD, MERGE_RECIPE
+from ..store.refs import HEADS
 from ..worktree.scan import StatCache, scan
 from ..worktree.snapshot import STATE_DICT_PATH, Snapshotter, TensorStream
 

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from dataclasses import dataclass, field
 
+from ..store.config_keys import BASE_DIR, RETIRED_PACKS
 from .. import settings
 from .. import ids
 from ..errors import WvcError
@@ -31,7 +32,6 @@ from ..store.refs import HEADS, TAGS
 # As git's gc.reflogExpireUnreachable: a commit left behind by a reset, an amend, a deleted
 # branch or a rebase stays recoverable (`wvc reflog`, `main@{1}`) this long. WVC_REFLOG_EXPIRE_DAYS.
 REFLOG_EXPIRE_DAYS = 30
-PRUNED_PACKS = "prune.retired"  # config: packs a prune's transaction dropped, until their files are gone (ops/prune.py)
 
 
 def reflog_expire_seconds() -> int:
@@ -134,12 +134,12 @@ def _gc(repo, grace_seconds: int) -> GcResult:
     result.commits_removed = len(dead_commits)
     result.objects_removed = len(dead_ids - resurrected)
     result.packs_rewritten = len(dead_packs - kept_packs)
-    noted = repo.db.get_config(PRUNED_PACKS)  # a prune killed before unlinking them
+    noted = repo.db.get_config(RETIRED_PACKS)  # a prune killed before unlinking them
     pruned_packs = set(json.loads(noted)) - set(repo.store.pack_names()) if noted else set()
     with repo.db.write():  # no writer records a pack between the listing of known ones and the unlinks
         result.files_removed = _remove_leftovers(repo, now, grace_seconds, (dead_packs - kept_packs) | pruned_packs)
         if noted:
-            repo.db.delete_config(PRUNED_PACKS)
+            repo.db.delete_config(RETIRED_PACKS)
     result.bytes_after = _pack_bytes(repo)
     return result
 
@@ -278,7 +278,7 @@ def stats(repo) -> dict:
 
     return {
         "base": {**base.to_json(), "bytes": repo.read_tree(base.tree).logical_bytes,
-                 "dir": repo.db.get_config("base.dir")} if base else None,
+                 "dir": repo.db.get_config(BASE_DIR)} if base else None,
         "commits": commits,
         "branches": len(repo.refs.list(HEADS)),
         "tags": len(repo.refs.list(TAGS)),

@@ -25,7 +25,8 @@ from ..model.merge_methods import COMPUTED, TAKE_SIDE, MergeParameters, merge_te
 from ..model.layout import chunk_spans
 from ..model.versions import Commit, FileEntry, TensorEntry, Tree
 from ..progress import NULL, Progress
-from ..store.refs import HEADS, MERGE_HEAD, MERGE_RECIPE
+from ..store.config_keys import MERGE_HEAD, MERGE_RECIPE
+from ..store.refs import HEADS
 from .checkout import switch_worktree
 from .commit import default_author
 from ..worktree.materialize import write_file

@@ -41,7 +41,8 @@ from ..store.packs import pack_filename
 from ..store.prune_plan import StalePlan
 from ..store.refs import HEADS, TAGS
 from .changes import ensure_changes, first_parent_history
-from .maintenance import PRUNED_PACKS as RETIRED_PACKS, _pack_bytes, _ref_tips, reflog_expire_seconds
+from ..store.config_keys import BASE_COMMIT, RETIRED_PACKS
+from .maintenance import _pack_bytes, _ref_tips, reflog_expire_seconds
 
 __all__ = ["KeepPolicy", "PruneResult", "prune", "remote_prune"]
 
@@ -187,7 +188,7 @@ def _kept_reasons(repo, run: list[str], by_policy: dict[str, list[str]], protect
         keep(target, "ref " + ref.removeprefix("refs/").removeprefix("heads/"))
     if head := repo.refs.head_commit():
         keep(head, "HEAD")
-    if base := repo.db.get_config("base.commit"):
+    if base := repo.db.get_config(BASE_COMMIT):
         keep(base, "base model")
     for commit, ref in _fork_points(repo, run).items():
         keep(commit, f"fork point of {ref.removeprefix('refs/').removeprefix('heads/')}")
@@ -198,7 +199,7 @@ def _kept_reasons(repo, run: list[str], by_policy: dict[str, list[str]], protect
 
 def _always_kept(repo) -> set[str]:
     """What every ref and HEAD point at, and a base model's root."""
-    base = repo.db.get_config("base.commit")
+    base = repo.db.get_config(BASE_COMMIT)
     return _ref_tips(repo) | ({base} if base else set())
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 
 from ..errors import NoSuchRemote, RemoteExists
-from ..remotes import local_path, open_remote, remote_url, url_key
+from ..remotes import local_path, open_remote, remote_url
+from ..store.config_keys import remote_url_key as url_key
 from ..store.refs import check_ref_name
 
 REMOTES = "refs/remotes/"

@@ -94,7 +94,7 @@ def open_version(url_or_path, rev: str = "HEAD", *, base_dir=None) -> VersionVie
     if "://" not in str(url_or_path) and (path / ".wvc").is_dir():
         repo = Repo.open(path)
         commit_id = repo.resolve(rev)
-        return VersionView(commit_id, repo.tree_of(commit_id), repo.store.get)
+        return VersionView(commit_id, repo.tree_of(commit_id), repo.internals.store.get)
     return open_remote_version(str(url_or_path), rev, base_dir=base_dir)
 
 

@@ -7,6 +7,7 @@ chunks on first use. The verbs (push, fetch, pull, clone) are in ``wvc.ops``."""
 from __future__ import annotations
 
 from ..errors import RemoteError
+from ..store import config_keys
 
 
 def open_remote(url: str):
@@ -40,14 +41,9 @@ def local_path(url: str) -> str | None:
     return None if "://" in path else path
 
 
-def url_key(name: str) -> str:
-    """The repository config key of remote ``name``'s URL."""
-    return f"remote.{name}.url"
-
-
 def remote_url(db, name: str) -> str:
     """The URL of the remote ``name`` configured in a repository's database."""
-    url = db.get_config(url_key(name))
+    url = db.get_config(config_keys.remote_url_key(name))
     if url is None:
         from ..errors import NoSuchRemote
 
@@ -55,9 +51,6 @@ def remote_url(db, name: str) -> str:
     return url
 
 
-LAZY_REMOTE_KEY = "lazy.remote"
-
-
 def lazy_remote_name(db) -> str | None:
     """The remote a lazy clone fetches chunks from (remotes/lazy.py), or None for a complete repository."""
-    return db.get_config(LAZY_REMOTE_KEY)
+    return db.get_config(config_keys.LAZY_REMOTE)

@@ -15,6 +15,7 @@ from ..model import tree_diff
 from ..errors import RevisionNotFound
 from ..lru import LRUCache
 from ..model.versions import Commit, Tree
+from . import config_keys
 from .database import Database
 
 UNKNOWN = None  # stored bytes of a commit whose objects arrived without that figure
@@ -148,8 +149,8 @@ class CommitGraph:
             return
         whole = tree.to_bytes()
         stored = self._as_delta(tree, base, len(whole)) if base is not None and base != tree.id else None
-        if stored is not None and self.db.get_config("format") != TREE_DELTA_FORMAT:
-            self.db.set_config("format", TREE_DELTA_FORMAT)  # (the same transaction as the delta)
+        if stored is not None and self.db.get_config(config_keys.FORMAT) != TREE_DELTA_FORMAT:
+            self.db.set_config(config_keys.FORMAT, TREE_DELTA_FORMAT)  # (the same transaction as the delta)
         self.db.conn.execute("INSERT OR IGNORE INTO trees VALUES (?, ?)", (tree.id, stored or whole))
 
     def _as_delta(self, tree: Tree, base: str, whole: int) -> bytes | None:

@@ -12,15 +12,11 @@ from dataclasses import dataclass
 
 from .. import ids
 from ..errors import ConcurrentUpdate, InvalidRefName
+from . import config_keys
 from .database import Database
 
 HEADS = "refs/heads/"
 TAGS = "refs/tags/"
-HEAD_KEY = "HEAD"
-# config keys of a merge in progress: the other side's commit, and how it was merged (a merge
-# written with --no-commit waits there for the next commit, which takes both; any checkout drops it)
-MERGE_HEAD = "merge.head"
-MERGE_RECIPE = "merge.recipe"
 _BAD_CHARS = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]")
 
 
@@ -85,7 +81,7 @@ class Refs:
         self.db.conn.execute("INSERT OR REPLACE INTO refs VALUES (?, ?)", (ref, new))
         self.log(ref, current, new, message)
         if ref == self.head()[len("ref: "):] and current != new:  # HEAD moved with its branch
-            self.log(HEAD_KEY, current, new, message)
+            self.log(config_keys.HEAD, current, new, message)
 
     def delete(self, ref: str, message: str) -> None:
         current = self.get(ref)
@@ -100,20 +96,20 @@ class Refs:
 
     # HEAD is either "ref: refs/heads/<branch>" or a commit id (detached).
     def head(self) -> str:
-        return self.db.get_config(HEAD_KEY, "ref: " + HEADS + "main")
+        return self.db.get_config(config_keys.HEAD, "ref: " + HEADS + "main")
 
     def set_head(self, value: str, message: str) -> None:
         """Point HEAD at a branch ("ref: refs/heads/x") or a commit. HEAD's reflog records
         the commits it named before and after, as git's does (switching to a branch at the
         same commit is recorded too: `checkout: moving to x`)."""
         old = self.head_commit()
-        self.db.set_config(HEAD_KEY, value)
-        self.log(HEAD_KEY, old, self.head_commit(), message)
+        self.db.set_config(config_keys.HEAD, value)
+        self.log(config_keys.HEAD, old, self.head_commit(), message)
 
     def reflog_name(self, name: str) -> str:
         """The full ref whose reflog ``name`` means: HEAD, a full ref name, else the branch,
         tag or remote-tracking ref of that name (a deleted branch's: refs/heads/NAME)."""
-        if name == HEAD_KEY or name.startswith("refs/"):
+        if name == config_keys.HEAD or name.startswith("refs/"):
             return name
         return next((p + name for p in (HEADS, TAGS, "refs/remotes/") if self.get(p + name) is not None),
                     HEADS + name)

@@ -25,13 +25,13 @@ def _follow_remote(repo: Repo, progress=NULL) -> None:
     """Move the copy's branches to the remote's as just fetched: the views show local branches
     and HEAD, and a copy kept from an earlier start would show the remote as it was then
     (issue 49). Nothing here is the user's own work: the copy is a cache."""
-    head = repo.refs.head_branch()
+    head = repo.head_branch()
     for name, commit in repo.remote_branches().items():
         remote, _, branch = name.partition("/")
         if remote != "origin" or not branch:
             continue
         if branch == head:
-            if repo.refs.head_commit() != commit:
+            if repo.head() != commit:
                 repo.reset(commit, mode="hard", progress=progress)
-        elif repo.refs.get(f"refs/heads/{branch}") != commit:
+        elif repo.branches().get(branch) != commit:
             repo.force_branch(branch, commit)
