@@ -100,7 +100,7 @@ def simulate(steps: int, max_chain: int, policy: str) -> dict:
     half = range(steps // 2, steps + 1)
     stored = [rows[t].length for t in range(1, steps + 1)]
     costs = [chain_seconds(t) / seconds[0] for t in half]
-    return {"steps": steps, "max_chain": max_chain, "policy": policy, "fanout": anchors.FANOUT, "keyframe_bytes": rows[0].length,
+    return {"steps": steps, "max_chain": max_chain, "policy": policy, "fanout": anchors.ANCHOR_SPACING, "keyframe_bytes": rows[0].length,
             "step_median_bytes": median,
             "stored_mean_over_median": round(sum(stored) / len(stored) / median, 2),
             "stored_second_half_over_median": round(sum(rows[t].length for t in half) / len(half) / median, 2),

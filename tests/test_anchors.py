@@ -14,7 +14,7 @@ from .test_step_codec import adam_like_steps, bf16_state, needs_c
 
 
 def test_the_span_is_the_largest_power_of_the_fanout_dividing_the_position():
-    assert anchors.FANOUT == 4
+    assert anchors.ANCHOR_SPACING == 4
     assert [anchors.span(s) for s in (1, 2, 3, 4, 5, 8, 12, 16, 32, 48, 64, 80, 192, 256)] == \
         [1, 1, 1, 4, 1, 4, 4, 16, 16, 16, 64, 16, 64, 256]
 

@@ -28,7 +28,7 @@ def test_a_publisher_pushes_every_step_to_a_bucket_and_a_follower_gets_each_exac
     """100 steps, each published and pushed (flush: the trainer waits for the push, as a run
     slower than its pushes does), each reaching a follower in another thread bit-exact."""
     from wvc.integrations.publisher import Publisher
-    from wvc.remotes import open_remote
+    from wvc.remotes import open_backend
 
     monkeypatch.setenv("WVC_CACHE", str(tmp_path / "cache"))
     url = f"hf://buckets/team/steps-{tmp_path.name}/run"
@@ -50,7 +50,7 @@ def test_a_publisher_pushes_every_step_to_a_bucket_and_a_follower_gets_each_exac
     with Repo.open(tmp_path / "trainer") as repo:
         log = list(reversed(repo.log("main")))
     assert [e.metadata["step"] for e in log] == list(range(100)) and got == [e.id for e in log]
-    remote = open_remote(url)
+    remote = open_backend(url)
     remote.listing()
     assert int(remote.head[:12]) == 99  # one ref update a step: 100 pushes
 
@@ -107,9 +107,9 @@ def test_two_pushers_racing_on_one_bucket_ref_exactly_one_wins(tmp_path, hub):
             retractions.append(len(retracted))
             winner = next(p for p, (kind, _) in outcome.items() if kind == "won")
             loser = next(p for p, (kind, _) in outcome.items() if kind != "won")
-            from wvc.remotes import open_remote
+            from wvc.remotes import open_backend
 
-            assert open_remote(url).listing().refs["refs/heads/main"] == mine[winner]
+            assert open_backend(url).listing().refs["refs/heads/main"] == mine[winner]
             for path, commit in mine.items():  # both commits are still there locally
                 with Repo.open(path) as repo:
                     assert repo.head() == commit
@@ -172,10 +172,10 @@ def test_a_push_killed_at_any_request_leaves_the_bucket_readable_and_the_next_pu
 
 def _counting_confirmations(url: str) -> dict[int, list[str]]:
     """seq -> the entries whose confirmation counts, as every reader computes them."""
-    from wvc.remotes import open_remote
+    from wvc.remotes import open_backend
     from wvc.remotes.bucket import REFLOG, _seq
 
-    remote = open_remote(url)
+    remote = open_backend(url)
     _, confirmed = remote._log(remote._list(REFLOG))
     out: dict[int, list[str]] = {}
     for name in confirmed:
@@ -347,8 +347,8 @@ def test_a_ref_log_entry_at_the_largest_twelve_digit_seq_does_not_wedge_pushes(t
         repo.commit(f"after {k}")
         repo.push()
         assert clone(url, tmp_path / f"reader{k}").head() == repo.head()
-    from wvc.remotes import open_remote
+    from wvc.remotes import open_backend
 
-    remote = open_remote(url)
+    remote = open_backend(url)
     remote.listing()
     assert remote.head.startswith("1000000000001-")

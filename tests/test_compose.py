@@ -1,5 +1,5 @@
 """Compaction on a directory remote builds merged packs from the remote's own packs
-(Remote.compose): a long run uploads about what it stores, not each byte once per tier."""
+(Backend.compose): a long run uploads about what it stores, not each byte once per tier."""
 
 import os
 from pathlib import Path
@@ -10,7 +10,7 @@ import torch
 from wvc import Repo, clone
 from wvc.errors import RemoteError
 from wvc.remotes import compaction, steps
-from wvc.remotes.path import PathRemote
+from wvc.remotes.path import PathBackend
 
 from .conftest import tree_digests
 from .test_long_history import TinyTrainer
@@ -61,7 +61,7 @@ def test_a_directory_remote_receives_about_what_is_stored_over_many_compacting_p
 
     # the same run where the backend cannot compose: each byte is sent once per tier (2.5x
     # what is stored here, against 1.05x composed; 6.3x when tier 0 ran to 1 MiB)
-    monkeypatch.setattr(PathRemote, "composes", False)
+    monkeypatch.setattr(PathBackend, "composes", False)
     repo2, plain, _, _ = push_run(tmp_path / "b", str(tmp_path / "remote2"))
     assert plain > 2 * uploaded, (plain, uploaded)
     # ... once per tier, not once per merge: tier 0 is the one tier a merge can stay in,
@@ -127,7 +127,7 @@ def big_run(root, url, steps=4):
 def test_an_s3_remote_copies_what_it_holds_when_compacting(tmp_path, s3_env, monkeypatch):
     """UploadPartCopy: a merged pack's long ranges of the remote's own packs are copied on the
     server; only the new payloads, the index and the catalog are sent."""
-    from wvc.remotes.s3 import S3Remote
+    from wvc.remotes.s3 import S3Backend
 
     from .conftest import new_bucket
 
@@ -141,7 +141,7 @@ def test_an_s3_remote_copies_what_it_holds_when_compacting(tmp_path, s3_env, mon
         assert tree_digests(_checked_out(copy, entry.id, tmp_path / "out")) == \
             tree_digests(_checked_out(repo, entry.id, tmp_path / "want"))
 
-    monkeypatch.setattr(S3Remote, "composes", False)  # the same run, every merged pack sent whole
+    monkeypatch.setattr(S3Backend, "composes", False)  # the same run, every merged pack sent whole
     _, plain = big_run(tmp_path / "b", f"s3://{new_bucket()}/run")
     assert plain > 1.8 * uploaded, (plain, uploaded)
 

@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 
 from wvc import Repo, clone
 from wvc.errors import WvcError
-from wvc.remotes import compaction, open_remote
+from wvc.remotes import compaction, open_backend
 
 from .conftest import RemoteFiles, push_until_landed, tree_digests, url_of
 
@@ -100,11 +100,11 @@ def test_retired_files_leave_the_listing_and_a_reader_listed_before_still_reads_
     trainer.push_steps(["step 0"])
     early = wvc.open(url)  # a reader that listed one segment, and reads its pack lazily
     first = repo.head()
-    backend = open_remote(url)
+    backend = open_backend(url)
     listed_then = backend.listing()
     trainer.push_steps(f"step {i}" for i in range(1, 40))
 
-    remote = RemoteRepository.open(open_remote(url))
+    remote = RemoteRepository.open(open_backend(url))
     listed = [p for p in remote.state.files if p.startswith(("packs/", "catalogs/"))]
     assert [g.catalog for g in remote.contents.segments] == [g.catalog for g in remote.contents.live_segments]  # none retired
     assert len(listed) == 2 * len(remote.contents.segments) < 16, listed
@@ -133,7 +133,7 @@ def test_retired_files_a_push_left_listed_are_moved_by_the_next(tmp_path, monkey
     publishing (here: whose move failed, as the remote said or as the file system did) has
     landed, leaves retired files listed, still retired, and the next push moves them."""
     from wvc.errors import RemoteError
-    from wvc.remotes.path import PathRemote
+    from wvc.remotes.path import PathBackend
     from wvc.remotes.repository import RemoteRepository
 
     url = str(tmp_path / "remote")
@@ -148,10 +148,10 @@ def test_retired_files_a_push_left_listed_are_moved_by_the_next(tmp_path, monkey
         raise RemoteError("simulated: the move did not happen")
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(PathRemote, "move_to_attic", fail)
+        mp.setattr(PathBackend, "move_to_attic", fail)
         trainer.push_steps(["step 3"])  # compacts, and lands
-        assert open_remote(url).listing().refs["refs/heads/main"] == repo.head()
-    remote = RemoteRepository.open(open_remote(url))
+        assert open_backend(url).listing().refs["refs/heads/main"] == repo.head()
+    remote = RemoteRepository.open(open_backend(url))
     left = remote.contents.retired & remote.state.files
     assert left and all(p.startswith(("packs/", "catalogs/")) for p in left)
     assert len(remote.contents.live_segments) < len(remote.contents.segments)  # listed, and retired
@@ -167,15 +167,15 @@ def test_a_push_lists_the_attic_only_when_a_retirement_may_be_due(tmp_path, monk
     passed its grace period, or a grace period after the last listing (another process's
     retirements are younger than that), not at every push."""
     from wvc.remotes import compaction
-    from wvc.remotes.path import PathRemote
+    from wvc.remotes.path import PathBackend
 
     url = str(tmp_path / "remote")
     repo = Repo.init(tmp_path / "a")
     trainer = TinyTrainer(repo)
     repo.remote_add("origin", url)
     listings = []
-    real = PathRemote.attic_names
-    monkeypatch.setattr(PathRemote, "attic_names", lambda self, folder: listings.append(folder) or real(self, folder))
+    real = PathBackend.attic_names
+    monkeypatch.setattr(PathBackend, "attic_names", lambda self, folder: listings.append(folder) or real(self, folder))
     monkeypatch.setitem(compaction._RETIRED_SINCE, str(tmp_path / "remote"), (None, 0.0))  # never listed here
     trainer.push_steps(f"step {i}" for i in range(20))  # compacts several times
     assert len(listings) == 1  # the first push's, and no retirement has come of age since
@@ -203,7 +203,7 @@ def test_an_s3_listing_steps_over_the_attic_however_many_files_it_holds(tmp_path
     for i in range(1100):  # more than a page of retired files
         client.put_object(Bucket=bucket, Key=f"{prefix}/attic/packs/pack-{i:064x}.pack", Body=b"x")
     client.put_object(Bucket=bucket, Key=f"{prefix}/README.md", Body=b"before the attic in key order")
-    listed = open_remote(url).listing().files
+    listed = open_backend(url).listing().files
     everything = set(RemoteFiles(url, None).paths())
     assert set(listed) == {p for p in everything if not p.startswith("attic/")} and "README.md" in listed
 
@@ -214,7 +214,7 @@ def _push_format_1(repo: Repo, url: str) -> None:
     from wvc.remotes.layout import commit_path, pack_path, tree_path
     from wvc.store.packs import PackWriter, pack_filename
 
-    remote = open_remote(url)
+    remote = open_backend(url)
     state = remote.listing(create=True)
     head = repo.head()
     commits = repo.internals.graph.ancestors(head)
@@ -314,20 +314,20 @@ def test_compaction_failing_at_any_step_leaves_the_remote_valid(tmp_path, monkey
         elif where == "while publishing" and kind == "hub":
             hub.fail["commit"] = 1  # the Hub refuses the commit that adds the merged segment
         elif where == "while publishing":
-            from wvc.remotes.path import PathRemote
+            from wvc.remotes.path import PathBackend
 
-            mp.setattr(PathRemote, "_lock", crash)
+            mp.setattr(PathBackend, "_lock", crash)
         else:
-            from wvc.remotes.path import PathRemote
+            from wvc.remotes.path import PathBackend
 
             mp.setenv("WVC_REMOTE_GRACE_SECONDS", "0")
-            real_delete = PathRemote.delete
+            real_delete = PathBackend.delete
 
             def half_delete(self, paths):
                 real_delete(self, paths[:1])
                 crash()
 
-            mp.setattr(PathRemote, "delete", half_delete)
+            mp.setattr(PathBackend, "delete", half_delete)
         expected = "403" if (kind, where) == ("hub", "while publishing") else "simulated crash"
         with pytest.raises(WvcError, match=expected):
             repo.push()
@@ -362,7 +362,7 @@ def test_gc_remote_frees_a_deleted_branch_and_nothing_reachable(tmp_path, kind, 
     trainer.commit("main 1")
     repo.push()
     before = clone(url, tmp_path / "before")
-    remote = open_remote(url)
+    remote = open_backend(url)
     state = remote.listing()
     remote.publish({}, {"refs/heads/exp": None}, state, "delete exp")  # the branch is deleted on the remote
 

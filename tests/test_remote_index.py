@@ -5,12 +5,12 @@ hold what merging every segment gives, through compactions and a gc that drops o
 import torch
 
 from wvc import Repo
-from wvc.remotes import open_remote
+from wvc.remotes import open_backend
 from wvc.remotes.repository import MERGED_INDEXES, RemoteRepository
 
 
 def check(url: str) -> None:
-    remote = RemoteRepository.open(open_remote(url))
+    remote = RemoteRepository.open(open_backend(url))
     contents = remote.contents
     index, commits, trees = MERGED_INDEXES._scratch(contents.segments)
     assert contents.index.keys() == index.keys()
@@ -41,5 +41,5 @@ def test_the_index_kept_up_to_date_is_the_index_built_from_scratch(tmp_path, mon
     repo.remote_gc("origin")  # a rewrite drops the branch's objects: built again
     check(url)
     assert sum(u is not None for u in updated) >= 20  # (brought up to date, not built again)
-    held = MERGED_INDEXES.last[open_remote(url).url][1]
-    assert len(held) == len(RemoteRepository.open(open_remote(url)).index)
+    held = MERGED_INDEXES.last[open_backend(url).url][1]
+    assert len(held) == len(RemoteRepository.open(open_backend(url)).index)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import wvc
-from wvc.remotes.path import PathRemote
+from wvc.remotes.path import PathBackend
 
 CHUNK = 4096  # bytes: a 32 KiB float32 tensor is 8 chunks
 
@@ -29,15 +29,15 @@ def _pushed(tmp_path, url: str):
 
 @pytest.fixture
 def dir_listings(monkeypatch):
-    """How many times a directory remote was listed (PathRemote.listing calls)."""
+    """How many times a directory remote was listed (PathBackend.listing calls)."""
     calls = []
-    original = PathRemote.listing
+    original = PathBackend.listing
 
     def counted(self, *args, **kwargs):
         calls.append(self.url)
         return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(PathRemote, "listing", counted)
+    monkeypatch.setattr(PathBackend, "listing", counted)
     return calls
 
 

@@ -132,22 +132,22 @@ def test_interrupted_push_leaves_remote_refs_and_next_push_completes(tmp_path, r
     if remote_url.startswith("hf://"):
         hub.fail["commit"] = 1  # the server fails the atomic commit
     elif remote_url.startswith("s3://"):
-        from wvc.remotes.s3 import S3Remote
+        from wvc.remotes.s3 import S3Backend
 
-        real_put = S3Remote._put
-        monkeypatch.setattr(S3Remote, "_put", lambda self, path, *a, **k:
+        real_put = S3Backend._put
+        monkeypatch.setattr(S3Backend, "_put", lambda self, path, *a, **k:
                             crash() if path.startswith("refs/") else real_put(self, path, *a, **k))
     else:
-        from wvc.remotes.path import PathRemote
+        from wvc.remotes.path import PathBackend
 
-        real_lock = PathRemote._lock
-        monkeypatch.setattr(PathRemote, "_lock", crash)
+        real_lock = PathBackend._lock
+        monkeypatch.setattr(PathBackend, "_lock", crash)
     with pytest.raises(WvcError):
         repo.push()
     if remote_url.startswith("s3://"):
-        monkeypatch.setattr(S3Remote, "_put", real_put)
+        monkeypatch.setattr(S3Backend, "_put", real_put)
     elif not remote_url.startswith("hf://"):
-        monkeypatch.setattr(PathRemote, "_lock", real_lock)
+        monkeypatch.setattr(PathBackend, "_lock", real_lock)
     other = clone(remote_url, tmp_path / "b")
     assert other.head() == repo.log()[1].id  # still the first commit
     repo.push()
@@ -273,20 +273,20 @@ def test_creating_a_hub_remote_changes_nothing_process_wide(monkeypatch):
     from huggingface_hub import constants
     from huggingface_hub.utils import are_progress_bars_disabled, enable_progress_bars
 
-    from wvc.remotes import open_remote
+    from wvc.remotes import open_backend
 
     enable_progress_bars()
     monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", False)
     monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
-    open_remote("hf://team/anything")
+    open_backend("hf://team/anything")
     assert not are_progress_bars_disabled()
     assert constants.HF_HUB_DISABLE_XET is False
 
 
 def test_a_hub_error_on_a_path_with_404_in_it_is_not_taken_for_a_missing_file(hub):
-    from wvc.remotes import open_remote
+    from wvc.remotes import open_backend
 
-    repo_remote = open_remote("hf://team/err404")
+    repo_remote = open_backend("hf://team/err404")
     repo_remote.listing(create=True)
     path = "objects/trees/40/" + "404" + "a" * 61  # hex ids contain "404" about 1.5% of the time
     assert repo_remote.read(path, 1 << 20) is None  # really missing: None

@@ -160,7 +160,7 @@ KILLER = textwrap.dedent("""
     import os, signal, sys
     import wvc.remotes.s3 as s3
     s3.MULTIPART_THRESHOLD, s3.PART_BYTES, s3.PART_WORKERS = 6 << 20, 5 << 20, 1
-    real = s3.S3Remote._multipart
+    real = s3.S3Backend._multipart
     def killed_after_two_parts(self, path, source, size):
         upload_part = self.client.upload_part
         sent = []
@@ -171,7 +171,7 @@ KILLER = textwrap.dedent("""
             return upload_part(**kwargs)
         self.client.upload_part = counting
         return real(self, path, source, size)
-    s3.S3Remote._multipart = killed_after_two_parts
+    s3.S3Backend._multipart = killed_after_two_parts
     from wvc.api import Repo
     Repo.open(sys.argv[1]).push()
 """)

@@ -21,7 +21,7 @@ def test_a_push_between_the_listing_and_the_refs_is_read_consistently(tmp_path, 
     two_tensors(a.root / "model.safetensors", 5, 6)
     tip = a.commit("two").commit
 
-    real_list = s3.S3Remote._list
+    real_list = s3.S3Backend._list
     raced = []
 
     def list_then_race(self):
@@ -31,7 +31,7 @@ def test_a_push_between_the_listing_and_the_refs_is_read_consistently(tmp_path, 
             a.push()
         return listing
 
-    monkeypatch.setattr(s3.S3Remote, "_list", list_then_race)
+    monkeypatch.setattr(s3.S3Backend, "_list", list_then_race)
     fetched = b.fetch()
     assert raced and fetched.refs["main"] == tip
     b.pull()

@@ -11,7 +11,7 @@ import torch
 import wvc
 from wvc.remotes.layout import commit_of_step_path, step_path
 from wvc import Repo
-from wvc.remotes import open_remote, steps
+from wvc.remotes import open_backend, steps
 
 from .test_follow import same
 
@@ -47,7 +47,7 @@ pytestmark = pytest.mark.usefixtures("hub_env")
 
 
 def record_names(url: str) -> list[str]:
-    return sorted(p for p in open_remote(url).listing().files if commit_of_step_path(p))
+    return sorted(p for p in open_backend(url).listing().files if commit_of_step_path(p))
 
 
 @pytest.fixture(autouse=True)

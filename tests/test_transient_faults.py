@@ -78,7 +78,7 @@ def test_an_s3_body_cut_short_is_read_again_not_called_corrupt(tmp_path, s3_env,
 
     url = f"s3://{new_bucket()}/m"
     src = _pushed(tmp_path, url)
-    real_get = s3.S3Remote._get
+    real_get = s3.S3Backend._get
     cut = set()
 
     class Half:
@@ -103,7 +103,7 @@ def test_an_s3_body_cut_short_is_read_again_not_called_corrupt(tmp_path, s3_env,
             resp["Body"] = Half(resp["Body"])
         return resp
 
-    monkeypatch.setattr(s3.S3Remote, "_get", get_cut_once)
+    monkeypatch.setattr(s3.S3Backend, "_get", get_cut_once)
     copy = clone(url, tmp_path / "copy")
     assert any(p.startswith("catalogs/") for p in cut) and tree_digests(copy.root) == tree_digests(src.root)
     assert copy.fsck().ok

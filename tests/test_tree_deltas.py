@@ -10,7 +10,7 @@ import torch
 import wvc
 from wvc import Repo, ids
 from wvc.model import tree_diff
-from wvc.remotes import open_remote
+from wvc.remotes import open_backend
 from wvc.remotes.catalog import Catalog, catalog_name, parse_catalog
 from wvc.remotes.layout import catalog_path
 from wvc.remotes.repository import RemoteRepository
@@ -26,7 +26,7 @@ def digest_dir(path) -> dict:
 
 
 def catalogs(url: str) -> list[Catalog]:
-    remote = RemoteRepository.open(open_remote(url))
+    remote = RemoteRepository.open(open_backend(url))
     return [parse_catalog(remote.backend.read(catalog_path(c), 1 << 30), c) for c in remote.state.catalogs]
 
 
@@ -79,7 +79,7 @@ def test_a_chain_of_tree_deltas_is_bounded_and_every_version_reads_back(tmp_path
     depths = [tree_diff.chain(repo.read_commit(c).tree, lambda t: (len(stored[t]), stored[t]) if t in stored else None)[0]
               for c in commits]
     assert depths == [0, 1, 2, 3, 0, 1, 2, 3, 0, 1]
-    remote = RemoteRepository.open(open_remote(url))
+    remote = RemoteRepository.open(open_backend(url))
     for cid in reversed(commits):  # newest first, as a fetch walks
         tid = repo.read_commit(cid).tree
         assert remote.tree(tid).to_bytes() == repo.internals.graph.tree_bytes(tid)
@@ -100,7 +100,7 @@ def test_a_whole_tree_is_stored_when_more_than_chunk_ids_changed(tmp_path):
 
 def test_a_delta_whose_tree_is_not_its_id_is_refused_with_one_line(tmp_path):
     repo, url, commits = stepping_repo(tmp_path, 2)
-    remote = RemoteRepository.open(open_remote(url))
+    remote = RemoteRepository.open(open_backend(url))
     victim = repo.read_commit(commits[1]).tree
     for name in remote.state.catalogs:
         data = remote.backend.read(catalog_path(name), 1 << 30)
@@ -129,7 +129,7 @@ def test_malformed_tree_deltas_are_refused(forge):
 
 def test_remote_gc_keeps_the_trees_kept_deltas_are_read_from(tmp_path):
     repo, url, commits = stepping_repo(tmp_path, 4, changed=4)
-    remote = RemoteRepository.open(open_remote(url))
+    remote = RemoteRepository.open(open_backend(url))
     tip_tree = repo.read_commit(commits[-1]).tree
     trees = remote.tree_bases({tip_tree})
     assert trees == {repo.read_commit(c).tree for c in commits}  # the chain down to the whole tree

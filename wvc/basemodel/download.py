@@ -35,11 +35,11 @@ def download_hub(url: str, paths: list[str] | None = None, progress: Progress = 
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
-    from ..remotes.hub import HubRemote, hub_errors
+    from ..remotes.hub import HubBackend, hub_errors
     from ..remotes.layout import is_wvc_layout
 
     repo_id, rev = parse_hub(url)
-    remote = HubRemote(repo_id)
+    remote = HubBackend(repo_id)
     cache_dir = hub_cache_dir()
     sha = rev if re.fullmatch(r"[0-9a-f]{40}", rev) else None
     offline = settings.hf_offline()

@@ -50,11 +50,11 @@ class RemoteBaseChunks:
                 fh.seek(offset)
                 raw = fh.read(length)
         elif self.base.is_hub:
-            from ..remotes.hub import HubRemote
+            from ..remotes.hub import HubBackend
 
             if self.hub is None:
                 repo_id, sha = parse_hub(self.base.url, need_sha=True)
-                self.hub = HubRemote(repo_id, sha=sha)
+                self.hub = HubBackend(repo_id, sha=sha)
             try:
                 raw = self.hub.read_range(path, offset, length)
             except RemoteError as exc:

@@ -24,9 +24,13 @@ payloads written do not depend on what the system has. ``WVC_SYSTEM_ZSTD=0`` kee
 bundled decoder.
 """
 
+import logging
 import os
 import threading
+
 from .. import settings
+
+log = logging.getLogger(__name__)
 
 try:
     from . import _native as kernels
@@ -63,7 +67,8 @@ def _addresses(library: str, names) -> tuple[int, ...] | None:
     try:
         lib = ctypes.CDLL(library)
         return tuple(ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in names)
-    except (OSError, AttributeError, ValueError):
+    except (OSError, AttributeError, ValueError) as exc:
+        log.debug("zstd functions not found in %s (%s)", library, exc)
         return None
 
 

@@ -42,7 +42,7 @@ from .. import ids
 from ..api import Repo
 from ..read.cache import cache_root
 from ..errors import InvalidArgument, NonFastForward, NothingToCommit, RemoteNotFound, WeightSyncError
-from ..remotes import open_remote
+from ..remotes import open_backend
 from .publisher import KEEP_BYTES
 from ..worktree.snapshot import TensorStream
 from .vllm.server_client import ServerError, VllmServer
@@ -225,7 +225,7 @@ class WvcWeightTransfer:
         """Start from the remote's branch where it has one (a resumed run, or one whose local
         repository was lost): the next version is committed on top of it."""
         try:
-            there = open_remote(self.remote).read_ref(HEADS + self.branch)
+            there = open_backend(self.remote).read_ref(HEADS + self.branch)
         except RemoteNotFound:
             there = None
         if there is None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..errors import PathInTheWay, RemoteError, RevisionNotFound
 from ..progress import NULL, Progress
-from ..remotes import local_path, open_remote
+from ..remotes import local_path, open_backend
 from ..store.config_keys import CLONE_INCOMPLETE, LAZY_REMOTE as LAZY_REMOTE_KEY
 from ..remotes.repository import RemoteRepository
 from ..repo import INIT_PREFIX, Repository, remove_new_repository
@@ -44,7 +44,7 @@ def clone(url: str, directory=None, *, branch: str | None = None, lazy: bool = F
           progress: Progress = NULL) -> tuple[Repository, dict]:
     """``base_dir``: where this machine has the model a remote's directory base names (a
     remote's own record is never read as a local path: basemodel/remote.base_directory)."""
-    remote = open_remote(url)
+    remote = open_backend(url)
     if directory is None:
         directory = url.rstrip("/").rpartition("/")[2].removesuffix(".wvc") or "model"
     target = Path(directory)

@@ -35,7 +35,7 @@ class PushResult:
     logical_bytes: int = 0  # size of the pushed version's files: what a full upload would send
     files_replaced: int = 0  # remote files this push's compaction replaced
     tags: list[str] = field(default_factory=list)  # tag refs this push created or moved
-    copied_bytes: int = 0  # server-side copies its compaction made instead of uploading (Remote.compose)
+    copied_bytes: int = 0  # server-side copies its compaction made instead of uploading (Backend.compose)
 
     def to_json(self):
         return dict(self.__dict__)

@@ -5,14 +5,14 @@ from __future__ import annotations
 import os
 
 from ..errors import NoSuchRemote, RemoteExists
-from ..remotes import local_path, open_remote, remote_url
+from ..remotes import local_path, open_backend, remote_url
 from ..store.config_keys import remote_url_key as url_key
 from ..store.refs import check_ref_name
 
 REMOTES = "refs/remotes/"
 
 
-def anchored(repo, url: str) -> str:
+def absolute_url(repo, url: str) -> str:
     """A directory remote's path made absolute against the repository root (not the current
     directory: pushing from a subdirectory must reach the same remote); URLs unchanged."""
     path = local_path(url)
@@ -23,8 +23,8 @@ def anchored(repo, url: str) -> str:
 
 def remote_add(repo, name: str, url: str) -> None:
     check_ref_name(name, "remote")
-    url = anchored(repo, url)
-    open_remote(url)  # an unsupported or malformed URL is refused now, not at the first push
+    url = absolute_url(repo, url)
+    open_backend(url)  # an unsupported or malformed URL is refused now, not at the first push
     with repo.db.write():
         if repo.db.get_config(url_key(name)) is not None:
             raise RemoteExists(f"remote {name!r} already exists")
@@ -41,8 +41,8 @@ def remote_remove(repo, name: str) -> None:
 
 
 def remote_set_url(repo, name: str, url: str) -> None:
-    url = anchored(repo, url)
-    open_remote(url)
+    url = absolute_url(repo, url)
+    open_backend(url)
     with repo.db.write():
         if repo.db.get_config(url_key(name)) is None:
             raise NoSuchRemote(f"no remote named {name!r}")
@@ -70,7 +70,7 @@ def remotes(repo) -> dict[str, str]:
 
 
 def open_remote_named(repo, name: str):
-    return open_remote(anchored(repo, remote_url(repo.db, name)))  # (an older wvc stored paths as given)
+    return open_backend(absolute_url(repo, remote_url(repo.db, name)))  # (an older wvc stored paths as given)
 
 
 def open_remote_repository(repo, name: str, *, create: bool = False):

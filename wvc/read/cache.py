@@ -14,6 +14,7 @@ models cost on disk.
 
 from __future__ import annotations
 
+import logging
 import json
 import re
 import shutil
@@ -23,6 +24,8 @@ from pathlib import Path
 from .. import settings
 from .. import ids
 from ..fsutil import atomic_write
+
+log = logging.getLogger(__name__)
 
 CACHE_ENV = "WVC_CACHE"
 
@@ -66,7 +69,8 @@ def cached_tree(root: Path, url: str, rev: str) -> Path | None:
     if commit is None:
         try:
             commit = json.loads(_revisions_file(root, url).read_text())["revisions"].get(rev)
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.debug("version cache: no usable revisions file for %s (%s): not answered offline", url, exc)
             return None
     if not isinstance(commit, str) or not ids.is_object_id(commit):
         return None
@@ -93,7 +97,8 @@ def entries(root: Path) -> list[dict]:
             for rev, commit in data["revisions"].items():
                 if commit in commit_tree:
                     names.setdefault(commit_tree[commit], []).append(f"{data['url']}@{rev}")
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.debug("version cache: skipped an unreadable revisions file (%s)", exc)
             continue
     out = []
     for d in sorted((root / "trees").iterdir()) if (root / "trees").is_dir() else ():

@@ -18,6 +18,7 @@ completes the move.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from itertools import zip_longest
@@ -30,9 +31,11 @@ from ..errors import CorruptObject, InvalidArgument, MissingObject, RemoteNotFou
 from ..formats.dtypes import DTYPES
 from ..model.layout import tensor_spans
 from .cache import cache_root
-from ..remotes import open_remote, steps
+from ..remotes import open_backend, steps
 from ..remotes.layout import pack_path
 from .view import VersionView, open_remote_version, open_version
+
+log = logging.getLogger(__name__)
 
 POLL_SECONDS = (0.5, 5.0)  # first and longest wait between polls of update(timeout=...)
 RECORD_GAP = 4 << 10  # bytes a step record's range reads read through rather than open another request
@@ -430,15 +433,18 @@ class Follower:
                     return None
                 records.append(record)
                 commit = record.parent
-        except WvcError:
+        except WvcError as exc:
+            log.debug("follower: step records unusable (%s); reading the version the usual way", exc)
             return None
         first, changed, patches = self.commit, set(), {} if self._want_patches else None
         for record in reversed(records):
             try:
                 tree = self._tree_of(record)
                 moved = self._move(VersionView(record.commit, tree, _RecordChunks(record, backend, _Held(self))), t0)
-            except WvcError:
-                return None  # (the steps already applied stay: each was a whole version)
+            except WvcError as exc:  # (the steps already applied stay: each was a whole version)
+                log.debug("follower: step record of %s not applied (%s); reading the version the usual way",
+                          record.commit[:12], exc)
+                return None
             changed.update(moved.changed)
             if patches is not None:
                 _merge_patches(patches, moved.patches)
@@ -473,7 +479,7 @@ class Follower:
                 if named and rev == self.commit:
                     return None  # that version is what is held
                 if (rev is None or named) and not self._local and self.commit is not None:
-                    backend = open_remote(self.source)
+                    backend = open_backend(self.source)
                     # one small read when nothing is new; a commit named by its id is moved to by
                     # the records too (else an anchor step reads the drift since its anchor)
                     tip = rev if named else backend.read_ref("refs/heads/" + self.branch)

@@ -27,7 +27,7 @@ from ..store.revparse import match_prefix, resolve_with
 from ..worktree.materialize import file_blocks
 from ..basemodel.remote import base_directory, remote_base
 from .tensors import tensor_from_chunks
-from ..remotes import open_remote
+from ..remotes import open_backend
 from ..remotes.repository import RemoteRepository
 from ..remotes.transfer import RemoteChunks
 
@@ -103,7 +103,7 @@ def open_remote_version(url: str, rev: str, cache_dir: Path | None = None, *, ba
     """``cache_dir``: where the remote's immutable catalogs are kept once read (a follower
     polling a remote reads each catalog once). ``held`` and ``keep_keyframe``: a follower's
     chunks in hand and where it keeps keyframes (transfer.RemoteChunks)."""
-    remote = RemoteRepository.open(open_remote(url), cache_dir)
+    remote = RemoteRepository.open(open_backend(url), cache_dir)
 
     def read_commit(commit_id: str):
         return remote.commit(commit_id, f"{url} has no commit {ids.short(commit_id)}", RevisionNotFound)

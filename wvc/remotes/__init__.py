@@ -1,4 +1,4 @@
-"""Remotes: where repositories meet. One interface (``interface.Remote``), three backends:
+"""Remotes: where repositories meet. One interface (``interface.Backend``), three backends:
 a directory (``path``: a shared disk or NFS team folder), a Hugging Face Hub model repo
 (``hub``), a Hugging Face Storage Bucket (``bucket``: no commits, refs through a log) and an
 S3-protocol bucket (``s3``). ``transfer`` moves and verifies what crosses; ``lazy`` supplies a lazy clone's
@@ -10,28 +10,28 @@ from ..errors import RemoteError
 from ..store import config_keys
 
 
-def open_remote(url: str):
+def open_backend(url: str):
     """The backend for ``url``: ``hf://user/repo``, ``hf://buckets/namespace/bucket[/prefix]``,
     ``s3://bucket/prefix`` or a local path / ``file://`` URL."""
     if url.startswith("hf://buckets/"):
-        from .bucket import BucketRemote
+        from .bucket import BucketBackend
 
-        return BucketRemote.from_url(url)
+        return BucketBackend.from_url(url)
     if url.startswith("hf://"):
-        from .hub import HubRemote
+        from .hub import HubBackend
 
-        return HubRemote.from_url(url)
+        return HubBackend.from_url(url)
     if url.startswith("s3://"):
-        from .s3 import S3Remote  # boto3: imported only when an s3 remote is used
+        from .s3 import S3Backend  # boto3: imported only when an s3 remote is used
 
-        return S3Remote.from_url(url)
+        return S3Backend.from_url(url)
     path = local_path(url)
     if path is None:
         raise RemoteError(f"unsupported remote URL {url.removeprefix('file://')!r}: use hf://user/repo, "
                           "s3://bucket/prefix, a path or file:///path")
-    from .path import PathRemote
+    from .path import PathBackend
 
-    return PathRemote(path)
+    return PathBackend(path)
 
 
 def local_path(url: str) -> str | None:

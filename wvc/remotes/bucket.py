@@ -39,7 +39,7 @@ from datetime import datetime
 from .. import settings
 from ..errors import CorruptObject, NonFastForward, RemoteNotFound
 from ..formats import bounded_json
-from .hub import HubRemote, RateLimited, RemoteFileNotFound, _transport_errors, backs_off, hub_errors
+from .hub import HubBackend, RateLimited, RemoteFileNotFound, _transport_errors, backs_off, hub_errors
 from .interface import (Listing, RemoteChanged, RemoteError, content_size, not_a_wvc_remote, retries_reads,
                         upload_progress)
 from .layout import is_wvc_layout, parse_refs
@@ -72,13 +72,13 @@ def _time(value) -> float:
     return 0.0
 
 
-class BucketRemote(HubRemote):
+class BucketBackend(HubBackend):
     deletes_atomically = False  # a batch is not a transaction: replaced files are retired, then deleted
 
     def __init__(self, bucket_id: str, prefix: str = ""):
         from huggingface_hub import HfApi
 
-        self.repo_id = bucket_id  # (HubRemote's reads use repo_id only through file_url)
+        self.repo_id = bucket_id  # (HubBackend's reads use repo_id only through file_url)
         self.bucket_id, self.prefix = bucket_id, prefix.strip("/")
         self.revision, self.sha = None, None
         self.url = f"hf://buckets/{bucket_id}" + (f"/{self.prefix}" if self.prefix else "")
@@ -88,7 +88,7 @@ class BucketRemote(HubRemote):
         self.stale = settings.number("WVC_BUCKET_STALE_SECONDS", STALE_SECONDS)
 
     @classmethod
-    def from_url(cls, url: str) -> "BucketRemote":
+    def from_url(cls, url: str) -> "BucketBackend":
         rest = url[len("hf://buckets/"):].strip("/")
         parts = rest.split("/")
         if len(parts) < 2 or not all(parts) or any(p in (".", "..") for p in parts) or "@" in rest:
@@ -210,7 +210,7 @@ class BucketRemote(HubRemote):
             raise RemoteError(f"{self.url}: ref log entry {name} is malformed")
         return parse_refs({r: c.encode() for r, c in refs.items()})  # names and commit ids checked there
 
-    # -- Remote ------------------------------------------------------------------------------------
+    # -- Backend -----------------------------------------------------------------------------------
     def listing(self, create: bool = False) -> Listing:
         try:
             listing = self._list()
@@ -320,8 +320,8 @@ class BucketRemote(HubRemote):
                              "sourceRepoId": self.bucket_id})
         except RateLimited as exc:
             wait = exc.retry_after if exc.retry_after is not None else 1.0
-        except (RemoteError, *_transport_errors()):
-            pass  # (perhaps applied: the listing tells)
+        except (RemoteError, *_transport_errors()) as exc:  # (perhaps applied: the listing tells)
+            log.debug("bucket %s: confirm answered %s; the next listing tells whether it landed", self.url, exc)
         listing = self._list(REFLOG)
         entries, confirmed = self._log(listing)
         # (another counting entry at this seq or later cannot come of the protocol; if a
@@ -342,5 +342,5 @@ class BucketRemote(HubRemote):
         paths = [self._key(f"{REFLOG}{n}.{ext}") for n in drop for ext in ("ok", "json")]
         try:
             self._batch(delete=paths)
-        except RemoteError:
-            pass
+        except RemoteError as exc:
+            log.debug("bucket %s: old ref-log entries not deleted (%s); a later push deletes them", self.url, exc)

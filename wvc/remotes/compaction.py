@@ -18,6 +18,7 @@ a retired one; then nothing is deleted yet).
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -29,9 +30,11 @@ from ..model.versions import canonical_json
 from ..store.packs import (MAGIC, XET_BOUNDARY, PackWriter, copy_payloads, marked_payload_end, pack_filename,
                            read_pack_index, read_payload)
 from .catalog import Catalog
-from .interface import MAX_PACK_BYTES, MAX_SMALL_OBJECT, Remote
+from .interface import MAX_PACK_BYTES, MAX_SMALL_OBJECT, Backend
 from .layout import (CATALOGS, PACKS, PRUNED, attic_path, commit_path, movable, new_record_name, pack_path, record_time,
                      retired_path, tree_path)
+
+log = logging.getLogger(__name__)
 
 FANOUT = 4
 # Tier 0 is the one tier that is not geometric: a merge of tier-0 segments can stay in tier 0,
@@ -83,7 +86,7 @@ class Recipe:
     """How a merged pack is made of what the remote already holds: ``pieces`` are byte ranges
     ``(remote path, offset, length)`` of its packs, or bytes only the client has (the magic,
     this push's own payloads, the index and trailer); ``checksum`` and ``size`` what the
-    result must be. A backend that composes (Remote.compose) builds it without the ranges
+    result must be. A backend that composes (Backend.compose) builds it without the ranges
     being sent again."""
     pieces: list
     checksum: str
@@ -94,7 +97,7 @@ class Recipe:
         return sum(len(p) for p in self.pieces if isinstance(p, bytes))
 
 
-def merge_segments(remote: Remote, old: list, new_pack: Path | None, new: Catalog,
+def merge_segments(remote: Backend, old: list, new_pack: Path | None, new: Catalog,
                    work_dir: Path) -> tuple[Path | None, Catalog, Recipe | None]:
     """One segment holding ``new`` (its pack at ``new_pack``) and every object, commit and tree
     of ``old``: their packs are downloaded, checked against their checksums, and their
@@ -246,7 +249,8 @@ def _refs_covered(repository, live: list) -> bool:
     remote, contents = repository.backend, repository.contents
     try:
         commits, trees, objects = repository.reachable()
-    except WvcError:
+    except WvcError as exc:
+        log.debug("purge of %s skipped: what the refs reach could not be read (%s)", repository.url, exc)
         return False
     live_commits = {c for s in live for c in s.commits}
     live_trees = {t for s in live for t in s.trees}

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .. import settings
 from ..errors import RemoteFileTooLarge, RemoteNotFound, WvcError
-from .interface import (Listing, Remote, RemoteChanged, RemoteError, TransientError, content_size, local_write_errors,
+from .interface import (Listing, Backend, RemoteChanged, RemoteError, TransientError, content_size, local_write_errors,
                         not_a_wvc_remote, retries_reads, upload_progress)
 from .layout import HUB_STARTERS, check_ref_count, is_wvc_layout, parse_refs
 
@@ -154,7 +154,7 @@ def hub_errors(what: str):
                              f"({type(exc).__name__}); is HF_ENDPOINT a Hub?") from exc
 
 
-class HubRemote(Remote):
+class HubBackend(Backend):
     deletes_atomically = True  # one create_commit adds and deletes; readers pinned to a sha keep theirs
 
     def __init__(self, repo_id: str, revision: str | None = None, sha: str | None = None):
@@ -172,7 +172,7 @@ class HubRemote(Remote):
         self.sha = sha  # the snapshot our reads are pinned to (set by state(), or given: a base's commit)
 
     @classmethod
-    def from_url(cls, url: str) -> "HubRemote":
+    def from_url(cls, url: str) -> "HubBackend":
         repo_id, _, revision = url[len("hf://"):].strip("/").partition("@")
         parts = repo_id.split("/")
         if len(parts) != 2 or not all(parts) or any(p in (".", "..") for p in parts) or (_ and not revision):

@@ -109,7 +109,7 @@ def not_a_wvc_remote(url: str, paths, verb: str) -> "NotAWvcRemote":
                          f"use `wvc init --base {url}`")
 
 
-class Remote:
+class Backend:
     """A backend: small-file reads, whole and ranged pack reads, and atomic publish."""
 
     url: str

@@ -8,12 +8,12 @@
     retired/<time>-<16 hex>.json          files compaction, gc or prune replaced (remotes/compaction.py)
     pruned/<time>-<16 hex>.json           commits whose weights `prune --remote` dropped
     steps/<commit id>.step                a follower's step record (remotes/steps.py)
-    attic/<path>                          retired files moved out of the listing (``Remote.moves_retired``)
+    attic/<path>                          retired files moved out of the listing (``Backend.moves_retired``)
     packs/pack-<hex>.idx                  format 1: a pack's index
     objects/commits/<2 hex>/<id>          format 1: immutable commit objects (canonical bytes)
     objects/trees/<2 hex>/<id>            format 1: immutable tree objects
 
-A backend (``remotes/interface.Remote``) lists, reads and writes these as plain files; the
+A backend (``remotes/interface.Backend``) lists, reads and writes these as plain files; the
 remote repository (``remotes/repository.py``) is the one reader of what a listing means
 (:func:`sorted_listing`). Every name read from a remote is matched whole here before use.
 """

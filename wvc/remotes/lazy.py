@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..errors import MissingObject, RemoteError
 from ..progress import NULL, Progress
-from . import lazy_remote_name, open_remote, remote_url
+from . import lazy_remote_name, open_backend, remote_url
 from .repository import RemoteRepository
 from .transfer import fetch_objects
 
@@ -52,7 +52,7 @@ class LazyRemote:
             self._fetch(store, object_ids, progress)
 
     def _list(self, name: str) -> None:
-        self.pinned = RemoteRepository.open(open_remote(remote_url(self.db, name)), self.index_cache)
+        self.pinned = RemoteRepository.open(open_backend(remote_url(self.db, name)), self.index_cache)
 
     def _fetch(self, store, object_ids, progress: Progress) -> None:
         remote = self.pinned

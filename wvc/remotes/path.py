@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..errors import RemoteFileTooLarge
 from ..fsutil import TEMP_PREFIX, atomic_write, atomic_writer, file_mode, fsync_dir, validate_relpath
-from .interface import Listing, Remote, RemoteChanged, RemoteError, content_size, local_write_errors, upload_progress
+from .interface import Listing, Backend, RemoteChanged, RemoteError, content_size, local_write_errors, upload_progress
 from .layout import (BASE_RECORD, FORMAT, LISTED_FOLDERS, MARKER, MAX_REF_BYTES, attic_path, check_ref_count, movable,
                      parse_refs)
 
@@ -67,7 +67,7 @@ def _read_at_most(path: Path, n: int) -> bytes:
         return fh.read(n)
 
 
-class PathRemote(Remote):
+class PathBackend(Backend):
     def __init__(self, root: str):
         self.root = Path(root).expanduser().resolve()
         self.url = str(self.root)
@@ -171,7 +171,7 @@ class PathRemote(Remote):
     composes = True  # compaction copies ranges of the remote's own packs here instead of uploading them
 
     def compose(self, path: str, pieces: list, expected: tuple[str, int], local: Path | None = None) -> int:
-        """See Remote.compose: ranges copied on the remote's file system (``copy_file_range``:
+        """See Backend.compose: ranges copied on the remote's file system (``copy_file_range``:
         server-side on NFS 4.2, reflinked where the file system can), checked against the
         pack's checksum, fsynced, then renamed into place."""
         from ..store.packs import pack_checksum

@@ -1,6 +1,6 @@
 """The remote repository: wvc's remote format over a backend's plain files.
 
-A backend (``interface.Remote``: a directory, the Hub, S3) knows files only. This layer
+A backend (``interface.Backend``: a directory, the Hub, S3) knows files only. This layer
 alone knows what they mean: catalogs and segments (remotes/catalog.py), format-1 commit,
 tree and index files, the base record, retired records and compaction (its private
 policy, remotes/compaction.py), and what the refs reach. It is built once per operation
@@ -33,7 +33,7 @@ from ..store.packs import MAX_INDEX_BYTES, PackEntry, parse_index
 from . import compaction
 from .catalog import MAX_CATALOG_BYTES, Catalog, catalog_name, parse_catalog, segment_size
 from . import layout
-from .interface import MAX_BASE_RECORD, MAX_PRUNED_RECORD, MAX_SMALL_OBJECT, Listing, Remote
+from .interface import MAX_BASE_RECORD, MAX_PRUNED_RECORD, MAX_SMALL_OBJECT, Listing, Backend
 from .layout import BASE_RECORD, catalog_path, commit_path, movable, pack_path, retired_path, pruned_path, step_path, tree_path
 
 log = logging.getLogger(__name__)
@@ -216,7 +216,7 @@ class RemoteState(Listing):
     pruned: list[str] = field(default_factory=list)  # pruned/ records: commits whose weights `prune --remote` dropped
 
 
-def read_state(backend: Remote, create: bool = False) -> RemoteState:
+def read_state(backend: Backend, create: bool = False) -> RemoteState:
     """One listing of ``backend``, read as the format sees it: its files sorted by kind and
     the base record (read only when listed)."""
     listing = backend.listing(create=create)
@@ -232,7 +232,7 @@ class RemoteRepository:
     ``cache_dir``: where immutable files (catalogs, format-1 pack indexes) are kept once
     read and validated, so a later operation reads each only once."""
 
-    def __init__(self, backend: Remote, state: RemoteState, cache_dir: Path | None = None):
+    def __init__(self, backend: Backend, state: RemoteState, cache_dir: Path | None = None):
         self.backend = backend
         self.state = state
         self.cache_dir = cache_dir
@@ -243,7 +243,7 @@ class RemoteRepository:
         self._trees: LRUCache[str, Tree] = LRUCache(PARSED_TREES)
 
     @classmethod
-    def open(cls, backend: Remote, cache_dir: Path | None = None, *, create: bool = False) -> "RemoteRepository":
+    def open(cls, backend: Backend, cache_dir: Path | None = None, *, create: bool = False) -> "RemoteRepository":
         """List ``backend`` once (``create``: make it a wvc remote if it is empty)."""
         return cls(backend, read_state(backend, create), cache_dir)
 
@@ -504,8 +504,8 @@ class RemoteRepository:
         if dropped and not atomic:
             try:
                 self.backend.delete(dropped)
-            except RemoteError:
-                pass  # (left behind: harmless, listed until `gc --remote`)
+            except RemoteError as exc:  # (left behind: harmless, listed until `gc --remote`)
+                log.debug("%s: replaced step records not deleted (%s)", self.url, exc)
         self.purge()
         return len(replaced)
 

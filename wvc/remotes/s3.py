@@ -32,7 +32,7 @@ from pathlib import Path
 
 from .. import settings
 from ..errors import RemoteChanged, RemoteError, RemoteFileTooLarge
-from .interface import (Listing, Remote, TransientError, content_size, local_write_errors, retries_reads,
+from .interface import (Listing, Backend, TransientError, content_size, local_write_errors, retries_reads,
                         upload_progress)
 from .layout import ATTIC, FORMAT, MARKER, MAX_REF_BYTES, attic_path, check_ref_count, movable, parse_refs
 
@@ -129,7 +129,7 @@ def _client_error(what: str, exc) -> RemoteError:
 
 
 class _CopyMismatch(Exception):
-    """A server-side copy did not hold the client's bytes (see S3Remote.compose)."""
+    """A server-side copy did not hold the client's bytes (see S3Backend.compose)."""
 
 
 def _md5_of(fh, length: int) -> str:
@@ -144,7 +144,7 @@ def _md5_of(fh, length: int) -> str:
 
 
 def compose_parts(pieces: list, size: int, etags: dict[str, str]) -> list[tuple]:
-    """A multipart upload of a file made of ``pieces`` (Remote.compose): ``("copy", source,
+    """A multipart upload of a file made of ``pieces`` (Backend.compose): ``("copy", source,
     offset, length, position, etag)`` for a range of a source whose ETag is known (it was
     downloaded and checked) long enough to be a part, ``("send", start, end)`` for bytes sent
     from the client's copy. Every part but the last is at least MIN_PART bytes: a range sent
@@ -183,7 +183,7 @@ def compose_parts(pieces: list, size: int, etags: dict[str, str]) -> list[tuple]
     return parts
 
 
-class S3Remote(Remote):
+class S3Backend(Backend):
     def __init__(self, location: S3Location, url: str):
         self.location = location
         self.url = url
@@ -192,7 +192,7 @@ class S3Remote(Remote):
         self._downloaded: dict[str, str] = {}  # path -> ETag of each file download() fetched whole
 
     @classmethod
-    def from_url(cls, url: str) -> "S3Remote":
+    def from_url(cls, url: str) -> "S3Backend":
         location = S3Location.parse(url)
         return cls(location, f"s3://{location.bucket}/{location.prefix}".rstrip("/"))
 
@@ -443,7 +443,7 @@ class S3Remote(Remote):
     composes = True  # UploadPartCopy: ranges of the remote's own packs become parts without being sent
 
     def compose(self, path: str, pieces: list, expected: tuple[str, int], local: Path) -> int | None:
-        """See Remote.compose: a multipart upload whose parts are server-side copies
+        """See Backend.compose: a multipart upload whose parts are server-side copies
         (UploadPartCopy) of the ranges long enough to be a part (S3: at least 5 MiB but the
         last), the rest sent from ``local``. A copied part must come back with the ETag of
         the bytes the client has at that place (S3 and its clones give a copied part the MD5

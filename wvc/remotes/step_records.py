@@ -12,6 +12,7 @@ payload is not much smaller.
 
 from __future__ import annotations
 
+import logging
 from ..errors import WvcError
 from ..model import tree_diff
 from ..model.versions import first_parents
@@ -20,6 +21,8 @@ from ..formats.dtypes import DTYPES
 from . import steps
 from .layout import step_path
 from ..lru import LRUCache
+
+log = logging.getLogger(__name__)
 
 BYTES = DTYPES["U8"]
 STEP_GAIN = 0.8  # a step payload replaces a stored delta only if it is at most this share of it
@@ -39,12 +42,14 @@ def for_push(repo, tip: str, new_commits, others) -> "callable":
             for cid in records_for(repo, tip, new_commits):
                 try:
                     data = build_record(repo, cid, locate)
-                except (WvcError, ValueError, KeyError):  # (e.g. a version whose chunks a prune dropped)
+                except (WvcError, ValueError, KeyError) as exc:  # (e.g. a version whose chunks a prune dropped)
+                    log.debug("step records: none for %s (%s)", cid[:12], exc)
                     data = None
                 if data is not None:
                     built[step_path(cid)] = data
             return built, dropped_records(repo, tip, len(new_commits), others)
-        except WvcError:
+        except WvcError as exc:  # (a history this repository holds only in part)
+            log.debug("step records: none replaced (%s); followers read those versions the usual way", exc)
             return built, []
 
     return records

@@ -25,7 +25,7 @@ from ..store.chains import decode_links, resolve_chain
 from ..store.chunks import ObjectStore
 from ..store.rows import ObjectRow
 from ..store.packs import PackEntry, PackWriter, copy_payloads, pack_filename, read_pack_index, read_payload
-from .interface import Remote
+from .interface import Backend
 from .layout import pack_path
 VERIFY_CACHE_BYTES = 16 << 20  # decoded delta bases kept while verifying a fetch
 VIEW_CACHE_BYTES = 64 << 20  # decoded chunks a remote view keeps
@@ -170,7 +170,7 @@ def _wanted(object_ids, lookup, index: dict[str, tuple[str, PackEntry]], have) -
     return wanted
 
 
-def read_payloads(remote: Remote, wanted: dict[str, tuple[str, PackEntry]], gap: int = COALESCE_GAP,
+def read_payloads(remote: Backend, wanted: dict[str, tuple[str, PackEntry]], gap: int = COALESCE_GAP,
                   path_of=pack_path):
     """(entry, payload) of each wanted object, read with one range request per span of
     neighbouring entries in a pack (one commit's objects lie side by side in its pack).
@@ -186,7 +186,7 @@ def read_payloads(remote: Remote, wanted: dict[str, tuple[str, PackEntry]], gap:
                 yield e, data[e.offset - start : e.offset - start + e.length]
 
 
-def fetch_objects(store: ObjectStore, remote: Remote, index: dict[str, tuple[str, PackEntry]],
+def fetch_objects(store: ObjectStore, remote: Backend, index: dict[str, tuple[str, PackEntry]],
                   object_ids, work_dir: Path, progress: Progress = NULL) -> int:
     """Make ``object_ids`` and the delta bases they need local, by range reads into the
     remote's packs: written into one new pack, verified like any fetch, recorded in one
@@ -228,7 +228,7 @@ class RemoteChunks:
     ``base_chunks`` (optional): chunks of the remote's base model, which are in no pack.
     """
 
-    def __init__(self, remote: Remote, index: dict[str, tuple[str, PackEntry]], base_chunks=None,
+    def __init__(self, remote: Backend, index: dict[str, tuple[str, PackEntry]], base_chunks=None,
                  cache_bytes: int = VIEW_CACHE_BYTES, *, held=None, keep_keyframe=None):
         self.remote = remote
         self.index = index

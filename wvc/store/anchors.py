@@ -2,7 +2,7 @@
 
 A chunk's versions along a run form a line: its keyframe (or any chunk whose position is not
 known: a root) at position 0, then one version a step. The version at position ``s`` is
-encoded against the version at ``s - FANOUT**L``, where ``FANOUT**L`` is the largest power of
+encoded against the version at ``s - ANCHOR_SPACING**L``, where ``ANCHOR_SPACING**L`` is the largest power of
 the fanout dividing ``s`` (``L`` = 0: the previous version, a step delta). So three steps in
 four are step deltas; every fourth is a delta against the version four back, every
 sixteenth against the one sixteen back, and so on: a hierarchy of anchors, each a delta
@@ -10,7 +10,7 @@ against the anchor before it on its own level, like video codecs' reference fram
 
 Why: re-anchoring every ``max_chain`` steps to the keyframe stored the whole drift since the
 keyframe, which grows with the run until it nears a keyframe's size (a 5,000-step run stored
-20.5x its median step). Here the chain of ``s`` visits ``s`` with one digit (base FANOUT)
+20.5x its median step). Here the chain of ``s`` visits ``s`` with one digit (base ANCHOR_SPACING)
 decremented at a time, so the base is always on the parent's chain, the depth is the digit
 sum, and each anchor stores the drift over its own span, which stops growing with the run.
 ULP_STEP's context (the base's own base) is then the previous anchor on the same level: the
@@ -29,14 +29,14 @@ from __future__ import annotations
 
 from .rows import ObjectRow
 
-FANOUT = 4
+ANCHOR_SPACING = 4
 
 
 def span(position: int) -> int:
     """How many positions back the version at ``position`` (>= 1) is encoded against."""
     step = 1
-    while position % (step * FANOUT) == 0:
-        step *= FANOUT
+    while position % (step * ANCHOR_SPACING) == 0:
+        step *= ANCHOR_SPACING
     return step
 
 
@@ -48,11 +48,11 @@ def choose_base(chain: list[ObjectRow], positions: dict[str, int], max_chain: in
 
     The base is the link at the target position, one span back. When that link is already
     ``max_chain`` deep (or the chain has no link there), the position jumps ahead: to the
-    next multiple of FANOUT, then of FANOUT**2, and so on, until its target is a link with
+    next multiple of ANCHOR_SPACING, then of ANCHOR_SPACING**2, and so on, until its target is a link with
     room. The new version is then an anchor of a higher level (one delta over a longer span),
     and the versions after it count up from it with small digit sums: step deltas again.
 
-    Why the jump: the depth is the position's digit sum (base FANOUT), which passes
+    Why the jump: the depth is the position's digit sum (base ANCHOR_SPACING), which passes
     ``max_chain`` 8 for most positions past a few hundred steps. Taking the first link
     below the target with room instead (the policy before, ``choose_base_nearest`` in benchmarks/retired_anchor_policies.py) left the
     positions counting on, so the next versions were full too: in 5,000 steps, 72% of the
@@ -77,5 +77,5 @@ def choose_base(chain: list[ObjectRow], positions: dict[str, int], max_chain: in
             break
         if target == 0:
             break  # the root itself is full (a fetched root deeper than max_chain)
-        power *= FANOUT
+        power *= ANCHOR_SPACING
     return chain[-1:], 0  # the keyframe: the new version is a root

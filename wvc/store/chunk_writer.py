@@ -116,7 +116,7 @@ class ChunkWriter:
     def _base_chain(self, base_id: str | None, object_id: str, size: int) -> list[ObjectRow] | None:
         """The chain to decode for the delta base, chosen on the parent chunk's (``base_id``)
         chain by the anchor policy (store/anchors.py): mostly the parent itself, so the
-        payload is one step's change; every FANOUT-th version an anchor further down; the
+        payload is one step's change; every ANCHOR_SPACING-th version an anchor further down; the
         keyframe when the chain is full. Records the new chunk's anchor position."""
         self.positions[object_id] = 0
         if base_id is None or base_id == object_id:

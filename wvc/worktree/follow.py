@@ -12,6 +12,7 @@ tree right now is not waited for (a trainer's commit must not stall behind a che
 
 from __future__ import annotations
 
+import logging
 import contextlib
 import os
 
@@ -21,6 +22,8 @@ from ..model.versions import Tree
 from ..progress import NULL, Progress
 from .scan import StatCache
 from .materialize import write_file
+
+log = logging.getLogger(__name__)
 
 
 def follow_commit(repo, parent_tree: Tree | None, new_tree: Tree, progress: Progress = NULL) -> None:
@@ -34,7 +37,8 @@ def follow_commit(repo, parent_tree: Tree | None, new_tree: Tree, progress: Prog
     with contextlib.ExitStack() as held:
         try:
             held.enter_context(repo.worktree_lock("commit", timeout=0))
-        except LockedError:
+        except LockedError as exc:
+            log.debug("the working tree does not follow the new commit: %s", exc)
             return
         cache = StatCache(repo.db, repo.root)
         removed = []

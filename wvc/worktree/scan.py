@@ -10,6 +10,7 @@ within the timestamp granularity of that moment could otherwise keep a stale has
 
 from __future__ import annotations
 
+import logging
 import os
 import stat as statmod
 import time
@@ -23,6 +24,8 @@ from ..formats import safetensors as st
 from ..fsutil import TEMP_PREFIX, folded_clashes, reserved_name, validate_relpath
 from ..model.layout import chunk_spans
 from ..model.versions import FileEntry, TensorEntry
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     import pathspec
@@ -257,8 +260,8 @@ class StatCache:
             try:
                 with self.db.write():
                     self.db.conn.executemany(sql, self.updates)
-            except Exception:  # a busy repository only costs a re-hash next time
-                pass
+            except Exception as exc:  # a busy repository only costs a re-hash next time
+                log.debug("stat cache not updated (%s): files are hashed again next time", exc)
         self.updates = []
 
     def forget(self, relpaths) -> None:
