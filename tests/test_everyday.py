@@ -608,12 +608,12 @@ def test_a_killed_push_leaves_a_work_dir_that_fsck_reports_and_the_next_push_rem
     repo.commit("c")
     repo.remote_add("origin", str(tmp_path / "r"))
     script = textwrap.dedent(f"""
-        import os, wvc.ops.push as p
-        real = p._new_segment
+        import os, wvc.remotes.segment as p
+        real = p.new_segment
         def die(*a, **k):
             real(*a, **k)
             os._exit(9)
-        p._new_segment = die
+        p.new_segment = die
         import wvc
         wvc.Repo.open({str(repo.root)!r}).push()
     """)

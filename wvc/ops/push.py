@@ -8,16 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import ids
-from ..model import tree_diff
 from ..basemodel.record import base_json
 from ..errors import DetachedHead, NonFastForward, RevisionNotFound, VersionPruned
 from ..fsutil import sweep_work_dirs, work_dir
 from ..progress import NULL, Progress
-from ..remotes.catalog import Catalog
-from ..store.chains import resolve_chain
-from ..store.packs import PackWriter, copy_payloads, pack_filename
 from ..store.refs import HEADS, TAGS
-from ..remotes import step_records
+from ..remotes import segment, step_records
 from .remote_config import REMOTES, open_remote_repository
 from ..basemodel.remote import check_same_base, remote_base
 
@@ -106,10 +102,10 @@ def push(repo, remote_name: str = "origin", branch: str | None = None, *, force:
         if target is not None and not repo.graph.is_pruned(target):
             chunks_of[target] = repo.read_tree(repo.read_commit(target).tree).chunk_ids()
     repo.store.ensure_local(set().union(*chunks_of.values()) - remote_objects, progress)
-    wanted = _objects_to_send(repo, chunks_of, remote_objects)
+    wanted = segment.objects_to_send(repo.store, chunks_of, remote_objects)
     sweep_work_dirs(repo.wvc_dir)  # a killed push's pack
     with work_dir(repo.wvc_dir, "push") as tmp:
-        pack_file, catalog = _new_segment(repo, remote, wanted, new_commits, Path(tmp), progress)
+        pack_file, catalog = segment.new_segment(repo.store, graph, live, wanted, new_commits, Path(tmp), progress)
         tip = updates.get(primary) if primary is not None and primary.startswith(HEADS) else None
 
         others = [t for r, t in state.refs.items() if r.startswith(HEADS) and r != primary]
@@ -143,76 +139,3 @@ def delete_remote_ref(repo, remote_name: str, name: str) -> dict:
         if ref.startswith(HEADS) and repo.refs.get(tracking) is not None:
             repo.refs.delete(tracking, f"push --delete to {remote_name}")
     return {"remote": remote_name, "deleted": ref, "was": old}
-
-
-def _stored_trees(repo, remote, new_commits: list[str]) -> dict[str, bytes]:
-    """The new commits' trees as the catalog stores them: a tree delta of the first parent's
-    tree (model/tree_diff.py) where the remote or this push holds that tree, only chunk ids
-    changed, the chain stays within MAX_DELTA_DEPTH and its deltas together stay smaller
-    than the whole tree; else the whole tree. A step of a 250,000-chunk model that changes
-    1% of its chunks then sends 2,500 ids, not 250,000 (docs/design.md, "Tree deltas")."""
-    out: dict[str, bytes] = {}
-    held: dict[str, bytes] = {}  # (a tree only a retired segment holds goes when the segment does)
-    for seg in remote.contents.live_segments:
-        held.update(seg.trees)
-
-    def stored(tid: str) -> bytes | None:
-        return out.get(tid) or held.get(tid)
-
-    def head(tid: str):
-        data = stored(tid)
-        return None if data is None else (len(data), data[: tree_diff.HEAD_BYTES])
-
-    graph = repo.graph
-    for cid in graph.in_insertion_order(new_commits):  # (a parent before its children)
-        commit = repo.read_commit(cid)
-        if commit.tree in out:
-            continue
-        whole = out[commit.tree] = graph.tree_bytes(commit.tree)
-        parent = commit.parents[0] if commit.parents and graph.has_commit(commit.parents[0]) else None
-        base = repo.read_commit(parent).tree if parent is not None else None
-        if base is None or base == commit.tree or stored(base) is None or not graph.has_tree(base):
-            continue
-        depth, size = tree_diff.chain(base, head)
-        if depth >= tree_diff.MAX_DELTA_DEPTH:
-            continue
-        delta = graph.stored_tree(commit.tree)  # (the commit stored this delta already, unless its chain was full)
-        if not (tree_diff.is_delta(delta) and tree_diff.base_of(delta, commit.tree) == base):
-            changes = tree_diff.diff_trees(repo.read_tree(base), repo.read_tree(commit.tree))
-            delta = None if changes is None else tree_diff.encode_delta(base, changes)
-        if delta is not None and size + len(delta) < len(whole):
-            out[commit.tree] = delta
-    return out
-
-
-def _new_segment(repo, remote, wanted: list[str], new_commits: list[str], tmp: Path, progress: Progress):
-    """This push's pack (None when every chunk is on the remote already) and its catalog:
-    the pack's index and the new commits and trees."""
-    catalog = Catalog(None, trees=_stored_trees(repo, remote, new_commits))
-    for cid in new_commits:
-        catalog.commits[cid] = repo.read_commit(cid).to_bytes()
-    if not wanted:
-        return None, catalog
-    writer = PackWriter(tmp)
-    rows = [repo.store.row(oid) for oid in wanted]
-    progress.start(sum(r.length for r in rows), "packing")
-    entries = copy_payloads(writer, ((r, repo.store.reader.read(r.pack, r.offset, r.length)) for r in rows), progress)
-    progress.close()
-    name, _ = writer.finish()
-    return tmp / pack_filename(name), Catalog(name, entries, catalog.commits, catalog.trees)
-
-
-def _objects_to_send(repo, chunks_of: dict[str, set[str]], remote_objects: set[str]) -> list[str]:
-    """Chunks of the new commits' trees (``chunks_of``, by commit) that the remote lacks, each
-    followed by the delta bases it needs (store/chains.py); never a base model's chunk: the
-    other side reads those from the base itself."""
-    wanted: list[str] = []
-    seen = set(remote_objects)
-    for chunks in chunks_of.values():
-        for chunk in sorted(chunks - seen):
-            for link in resolve_chain(chunk, repo.store.row, stop=seen.__contains__, max_links=repo.store.max_links):
-                if link.external:
-                    break
-                seen.add(link.id)
-                wanted.append(link.id)
-    return wanted

@@ -30,9 +30,8 @@ from ..model.versions import canonical_json
 from ..store.packs import (MAGIC, XET_BOUNDARY, PackWriter, copy_payloads, marked_payload_end, pack_filename,
                            read_pack_index, read_payload)
 from .catalog import Catalog
-from .interface import MAX_PACK_BYTES, MAX_SMALL_OBJECT, Backend
-from .layout import (CATALOGS, PACKS, PRUNED, attic_path, commit_path, movable, new_record_name, pack_path, record_time,
-                     retired_path, tree_path)
+from .interface import MAX_PACK_BYTES, Backend
+from .layout import CATALOGS, PACKS, PRUNED, attic_path, movable, new_record_name, pack_path, record_time, retired_path
 
 log = logging.getLogger(__name__)
 
@@ -246,7 +245,7 @@ def purge(repository) -> int:
 def _refs_covered(repository, live: list) -> bool:
     """Whether every commit, tree and chunk the refs reach is in ``live`` segments (or, for
     commits and trees, a format-1 file). A chunk in no segment at all is a base model's."""
-    remote, contents = repository.backend, repository.contents
+    contents = repository.contents
     try:
         commits, trees, objects = repository.reachable()
     except WvcError as exc:
@@ -255,8 +254,8 @@ def _refs_covered(repository, live: list) -> bool:
     live_commits = {c for s in live for c in s.commits}
     live_trees = {t for s in live for t in s.trees}
     live_objects = {e.id for s in live for e in s.entries}
-    if any(remote.read(commit_path(c), MAX_SMALL_OBJECT) is None for c in commits - live_commits):
+    if any(repository.loose_commit(c) is None for c in commits - live_commits):
         return False
-    if any(remote.read(tree_path(t), MAX_SMALL_OBJECT) is None for t in trees - live_trees):
+    if any(repository.loose_tree(t) is None for t in trees - live_trees):
         return False
     return not {o for o in objects if o in contents.index} - live_objects

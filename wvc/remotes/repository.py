@@ -279,7 +279,15 @@ class RemoteRepository:
 
     def commit_bytes(self, cid: str) -> bytes | None:
         """A commit's canonical bytes (unverified) from the catalogs, else its format-1 file."""
-        return self.contents.commits.get(cid) or self.backend.read(commit_path(cid), MAX_SMALL_OBJECT)
+        return self.contents.commits.get(cid) or self.loose_commit(cid)
+
+    def loose_commit(self, cid: str) -> bytes | None:
+        """Format 1: a commit's own file (unverified), or None."""
+        return self.backend.read(commit_path(cid), MAX_SMALL_OBJECT)
+
+    def loose_tree(self, tid: str) -> bytes | None:
+        """Format 1: a tree's own file (unverified), or None."""
+        return self.backend.read(tree_path(tid), MAX_SMALL_OBJECT)
 
     def commit(self, cid: str, missing: str | None = None, absent: type = RemoteError) -> Commit:
         """Commit ``cid``, verified against its id; ``absent(missing)`` when the remote has
@@ -309,7 +317,7 @@ class RemoteRepository:
 
     def stored_tree(self, tid: str) -> bytes | None:
         """A tree as the remote stores it (whole, or a delta), unverified; None when absent."""
-        return self.contents.trees.get(tid) or self.backend.read(tree_path(tid), MAX_SMALL_OBJECT)
+        return self.contents.trees.get(tid) or self.loose_tree(tid)
 
     def tree_bases(self, trees: set[str]) -> set[str]:
         """``trees`` with the trees their deltas are read from (what gc must keep with them)."""

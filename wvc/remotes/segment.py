@@ -1,0 +1,91 @@
+"""What a push's segment holds: the chunks the remote lacks, closed over their delta bases
+(payloads copied verbatim from the local packs into one new pack), and its catalog: the new
+commits, and their trees whole or as tree deltas (``docs/remotes.md``, "When a push stores a
+tree delta"). The verb (``ops/push.py``) says which commits and refs go; the remote repository
+publishes the segment (``RemoteRepository.push_segment``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..model import tree_diff
+from ..progress import Progress
+from ..store.chains import resolve_chain
+from ..store.packs import PackWriter, copy_payloads, pack_filename
+from .catalog import Catalog
+
+
+def objects_to_send(store, chunks_of: dict[str, set[str]], remote_objects: set[str]) -> list[str]:
+    """Chunks of the new commits' trees (``chunks_of``, by commit) that the remote lacks, each
+    followed by the delta bases it needs (store/chains.py); never a base model's chunk: the
+    other side reads those from the base itself."""
+    wanted: list[str] = []
+    seen = set(remote_objects)
+    for chunks in chunks_of.values():
+        for chunk in sorted(chunks - seen):
+            for link in resolve_chain(chunk, store.row, stop=seen.__contains__, max_links=store.max_links):
+                if link.external:
+                    break
+                seen.add(link.id)
+                wanted.append(link.id)
+    return wanted
+
+
+def stored_trees(graph, live_segments, new_commits: list[str]) -> dict[str, bytes]:
+    """The new commits' trees as the catalog stores them: a tree delta of the first parent's
+    tree (model/tree_diff.py) where the remote or this push holds that tree, only chunk ids
+    changed, the chain stays within MAX_DELTA_DEPTH and its deltas together stay smaller
+    than the whole tree; else the whole tree. A step of a 250,000-chunk model that changes
+    1% of its chunks then sends 2,500 ids, not 250,000 (docs/remotes.md, "When a push stores a
+    tree delta"). ``live_segments``: the remote's (a tree only a retired segment holds goes
+    when the segment does)."""
+    out: dict[str, bytes] = {}
+    held: dict[str, bytes] = {}
+    for seg in live_segments:
+        held.update(seg.trees)
+
+    def stored(tid: str) -> bytes | None:
+        return out.get(tid) or held.get(tid)
+
+    def head(tid: str):
+        data = stored(tid)
+        return None if data is None else (len(data), data[: tree_diff.HEAD_BYTES])
+
+    for cid in graph.in_insertion_order(new_commits):  # (a parent before its children)
+        commit = graph.read_commit(cid)
+        if commit.tree in out:
+            continue
+        whole = out[commit.tree] = graph.tree_bytes(commit.tree)
+        parent = commit.parents[0] if commit.parents and graph.has_commit(commit.parents[0]) else None
+        base = graph.read_commit(parent).tree if parent is not None else None
+        if base is None or base == commit.tree or stored(base) is None or not graph.has_tree(base):
+            continue
+        depth, size = tree_diff.chain(base, head)
+        if depth >= tree_diff.MAX_DELTA_DEPTH:
+            continue
+        delta = graph.stored_tree(commit.tree)  # (the commit stored this delta already, unless its chain was full)
+        if not (tree_diff.is_delta(delta) and tree_diff.base_of(delta, commit.tree) == base):
+            changes = tree_diff.diff_trees(graph.read_tree(base), graph.read_tree(commit.tree))
+            delta = None if changes is None else tree_diff.encode_delta(base, changes)
+        if delta is not None and size + len(delta) < len(whole):
+            out[commit.tree] = delta
+    return out
+
+
+def new_segment(store, graph, live_segments, wanted: list[str], new_commits: list[str], tmp: Path,
+                progress: Progress):
+    """This push's pack (None when every chunk is on the remote already) and its catalog:
+    the pack's index and the new commits and trees. ``wanted``: the chunks to send
+    (:func:`objects_to_send`)."""
+    catalog = Catalog(None, trees=stored_trees(graph, live_segments, new_commits))
+    for cid in new_commits:
+        catalog.commits[cid] = graph.read_commit(cid).to_bytes()
+    if not wanted:
+        return None, catalog
+    writer = PackWriter(tmp)
+    rows = [store.row(oid) for oid in wanted]
+    progress.start(sum(r.length for r in rows), "packing")
+    entries = copy_payloads(writer, ((r, store.reader.read(r.pack, r.offset, r.length)) for r in rows), progress)
+    progress.close()
+    name, _ = writer.finish()
+    return tmp / pack_filename(name), Catalog(name, entries, catalog.commits, catalog.trees)
