@@ -51,3 +51,10 @@ def is_object_id(value: object) -> bool:
 
 def short(object_id: str, length: int = 12) -> str:
     return object_id[:length]
+
+
+def cache_name(url: str, length: int) -> str:
+    """A local cache folder's (or file's) name for ``url``: its first ``length`` hex digits of
+    a digest. Not an object id: the chunk context is used only because the first caches were
+    named with it, so that those a user has stay found."""
+    return digest(CHUNK, url.encode())[:length]

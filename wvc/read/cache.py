@@ -44,7 +44,7 @@ def offline() -> bool:
 
 
 def _revisions_file(root: Path, url: str) -> Path:
-    return root / "revisions" / f"{ids.digest(ids.CHUNK, url.encode())[:32]}.json"
+    return root / "revisions" / f"{ids.cache_name(url, 32)}.json"
 
 
 def remember(root: Path, url: str, rev: str, commit: str, tree: str) -> None:

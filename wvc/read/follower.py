@@ -390,7 +390,7 @@ class Follower:
         self._chunk_bytes = 0
         self._local = "://" not in self.source and (Path(self.source) / ".wvc").is_dir()
         # the remote's catalogs are immutable: each is read once, whatever the number of polls
-        self._catalogs = cache_root() / "follow" / ids.digest(ids.CHUNK, self.source.encode())[:24]
+        self._catalogs = cache_root() / "follow" / ids.cache_name(self.source, 24)
         self._keyframes = _Keyframes(self._catalogs / "keyframes")
 
     def _start_at(self) -> None:

@@ -26,6 +26,7 @@ import time
 
 from .. import ids
 from ..errors import RemoteError
+from ..lru import LRUCache
 from ..store.refs import check_ref_name
 
 FORMAT = 1
@@ -129,8 +130,7 @@ def record_of_name(name: str) -> str | None:
     return m.group(1) if m else None
 
 
-_LISTED: dict[str, tuple[str, str] | None] = {}  # path -> (kind, name) or None: _listed's parse, memoised
-_LISTED_MAX = 1 << 20
+_LISTED: LRUCache[str, tuple[str, str] | None] = LRUCache(1 << 20)  # path -> (kind, name) or None: _listed's parse
 _NAMED = (("catalog", _CATALOG), ("retired", _RETIRED), ("pruned", _PRUNED))
 
 
@@ -139,16 +139,13 @@ def _listed(path: str) -> tuple[str, str] | None:
     record, or an ``idx`` (a format-1 pack's index); None for any other. Memoised: a long
     run's remote lists the same thousands of files, most of them waiting out the grace hour,
     at every push and every poll."""
-    try:
-        return _LISTED[path]
-    except KeyError:
-        pass
+    return _LISTED.get_or_make(path, lambda: _parse_listed(path))
+
+
+def _parse_listed(path: str) -> tuple[str, str] | None:
     found = next(((kind, m.group(1)) for kind, pattern in _NAMED if (m := pattern.match(path))), None)
     if found is None and path.startswith(PACKS) and (m := _PACK.match(path.rpartition("/")[2])) and m.group(2) == "idx":
         found = ("idx", m.group(1))
-    if len(_LISTED) >= _LISTED_MAX:
-        _LISTED.clear()
-    _LISTED[path] = found
     return found
 
 

@@ -57,16 +57,17 @@ def stored_trees(graph, live_segments, new_commits: list[str]) -> dict[str, byte
             continue
         whole = out[commit.tree] = graph.tree_bytes(commit.tree)
         parent = commit.parents[0] if commit.parents and graph.has_commit(commit.parents[0]) else None
-        base = graph.read_commit(parent).tree if parent is not None else None
-        if base is None or base == commit.tree or stored(base) is None or not graph.has_tree(base):
+        parent_tree = graph.read_commit(parent).tree if parent is not None else None
+        if (parent_tree is None or parent_tree == commit.tree or stored(parent_tree) is None
+                or not graph.has_tree(parent_tree)):
             continue
-        depth, size = tree_diff.chain(base, head)
+        depth, size = tree_diff.chain(parent_tree, head)
         if depth >= tree_diff.MAX_DELTA_DEPTH:
             continue
         delta = graph.stored_tree(commit.tree)  # (the commit stored this delta already, unless its chain was full)
-        if not (tree_diff.is_delta(delta) and tree_diff.base_of(delta, commit.tree) == base):
-            changes = tree_diff.diff_trees(graph.read_tree(base), graph.read_tree(commit.tree))
-            delta = None if changes is None else tree_diff.encode_delta(base, changes)
+        if not (tree_diff.is_delta(delta) and tree_diff.base_of(delta, commit.tree) == parent_tree):
+            changes = tree_diff.diff_trees(graph.read_tree(parent_tree), graph.read_tree(commit.tree))
+            delta = None if changes is None else tree_diff.encode_delta(parent_tree, changes)
         if delta is not None and size + len(delta) < len(whole):
             out[commit.tree] = delta
     return out

@@ -11,7 +11,7 @@ from ..progress import NULL
 
 
 def local_copy(url: str, progress=NULL) -> Repo:
-    target = cache_root() / "ui" / ids.digest(ids.CHUNK, url.encode())[:24]
+    target = cache_root() / "ui" / ids.cache_name(url, 24)
     if (target / ".wvc").is_dir():
         repo = Repo.open(target)
         repo.fetch("origin", progress=progress)
