@@ -17,8 +17,6 @@ from ..fsutil import fsync_dir, make_work_dir, sweep_work_dirs
 from ..model.versions import Commit, Tree
 from ..progress import NULL, Progress
 from ..remotes import lazy_remote_name
-from ..remotes.interface import MAX_PACK_BYTES
-from ..remotes.layout import pack_path
 from ..remotes.transfer import verify_packs
 from ..store.graph import UNKNOWN
 from ..store.packs import pack_filename
@@ -81,7 +79,7 @@ def fetch(repo, remote_name: str = "origin", *, progress: Progress = NULL, remot
         progress.start(sum(sizes.values()), "downloading")
         for name in packs_to_get:
             dest = tmp / pack_filename(name)
-            remote.backend.download(pack_path(name), dest, MAX_PACK_BYTES)
+            remote.download_pack(name, dest)
             downloaded.append((name, dest))
             progress.advance(sizes[name])
         progress.close()

@@ -32,7 +32,6 @@ from ..formats.dtypes import DTYPES
 from ..model.layout import tensor_spans
 from .cache import cache_root
 from ..remotes import open_backend, steps
-from ..remotes.layout import pack_path
 from .view import VersionView, open_remote_version, open_version
 
 log = logging.getLogger(__name__)
@@ -191,8 +190,7 @@ class _RecordChunks:
             raise MissingObject(f"the follower does not hold the base of chunk {ids.short(oid)}")
         payload = self.payloads.pop(oid, None)
         if payload is None:
-            payload = self.record.payload(c) if c.pack is None else self.remote.read_range(pack_path(c.pack), c.offset,
-                                                                                         c.length)
+            payload = self.record.payload(c) if c.pack is None else steps.stored_payload(self.remote, c)
         context = None if c.context is None else (lambda: self.held[c.context])
         base = None if c.base is None else self.held[c.base]
         return decode_verified(oid, payload, c.raw_size, base, f"step record of "

@@ -33,7 +33,7 @@ from ..store.packs import MAX_INDEX_BYTES, PackEntry, parse_index
 from . import compaction
 from .catalog import MAX_CATALOG_BYTES, Catalog, catalog_name, parse_catalog, segment_size
 from . import layout
-from .interface import MAX_BASE_RECORD, MAX_PRUNED_RECORD, MAX_SMALL_OBJECT, Listing, Backend
+from .interface import MAX_BASE_RECORD, MAX_PACK_BYTES, MAX_PRUNED_RECORD, MAX_SMALL_OBJECT, Backend, Listing
 from .layout import BASE_RECORD, catalog_path, commit_path, movable, pack_path, retired_path, pruned_path, step_path, tree_path
 
 log = logging.getLogger(__name__)
@@ -280,6 +280,10 @@ class RemoteRepository:
     def commit_bytes(self, cid: str) -> bytes | None:
         """A commit's canonical bytes (unverified) from the catalogs, else its format-1 file."""
         return self.contents.commits.get(cid) or self.loose_commit(cid)
+
+    def download_pack(self, name: str, dest: Path) -> None:
+        """Pack ``name`` into the local file ``dest`` (unverified: the caller checks it)."""
+        self.backend.download(pack_path(name), dest, MAX_PACK_BYTES)
 
     def loose_commit(self, cid: str) -> bytes | None:
         """Format 1: a commit's own file (unverified), or None."""

@@ -39,7 +39,7 @@ from .. import ids
 from ..errors import CorruptObject, FormatError
 from ..formats import bounded_json
 from ..model.tree_diff import check_changes
-from .layout import step_path
+from .layout import pack_path, step_path
 from ..model.versions import MAX_PAYLOAD, MAX_RAW_CHUNK, MAX_TREE_BYTES, canonical_json
 
 MAGIC = b"WVCSTEP\x01\n"
@@ -83,6 +83,11 @@ class StepRecord:
         """(the record's remote path, where its data area starts) when payloads are read from
         the remote as needed, else None (the record was read whole)."""
         return (self.data.path, self.data.start) if isinstance(self.data, _Ranges) else None
+
+
+def stored_payload(backend, chunk: StepChunk) -> bytes:
+    """A record's chunk whose payload is a stored one (``chunk.pack``), read by range."""
+    return backend.read_range(pack_path(chunk.pack), chunk.offset, chunk.length)
 
 
 class _Ranges:
