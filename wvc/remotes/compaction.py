@@ -30,7 +30,6 @@ from ..model.versions import canonical_json
 from ..store.packs import (MAGIC, XET_BOUNDARY, PackWriter, copy_payloads, marked_payload_end, pack_filename,
                            read_pack_index, read_payload)
 from .catalog import Catalog
-from .interface import MAX_PACK_BYTES, Backend
 from .layout import CATALOGS, PACKS, PRUNED, attic_path, movable, new_record_name, pack_path, record_time, retired_path
 
 log = logging.getLogger(__name__)
@@ -96,10 +95,11 @@ class Recipe:
         return sum(len(p) for p in self.pieces if isinstance(p, bytes))
 
 
-def merge_segments(remote: Backend, old: list, new_pack: Path | None, new: Catalog,
+def merge_segments(download, old: list, new_pack: Path | None, new: Catalog,
                    work_dir: Path) -> tuple[Path | None, Catalog, Recipe | None]:
     """One segment holding ``new`` (its pack at ``new_pack``) and every object, commit and tree
-    of ``old``: their packs are downloaded, checked against their checksums, and their
+    of ``old``: their packs are downloaded (``download(name, dest)``: the remote repository's),
+    checked against their checksums, and their
     payloads copied verbatim (each object is verified again by whoever decodes it). Also the
     merged pack's Recipe in terms of the remote's packs."""
     sources: list[tuple[Path, list, str | None]] = []  # (local file, entries, remote path or None)
@@ -110,7 +110,7 @@ def merge_segments(remote: Backend, old: list, new_pack: Path | None, new: Catal
         if seg.pack is None:
             continue
         dest = work_dir / pack_filename(seg.pack)
-        remote.download(pack_path(seg.pack), dest, MAX_PACK_BYTES)
+        download(seg.pack, dest)
         checksum, _ = read_pack_index(dest)
         if checksum != seg.pack:
             raise CorruptObject(f"remote pack {seg.pack[:12]} does not match its name")
@@ -212,12 +212,23 @@ def purge_due(url: str) -> bool:
     return (oldest is not None and now - oldest >= grace) or now - listed >= grace
 
 
-def purge(repository) -> int:
-    """Delete what retired records older than the grace period list, if the refs no longer
-    need any of it; returns the number of files deleted. ``repository``: the
-    RemoteRepository (remotes/repository.py) whose pinned state this reads. The records are
-    those listed and those in the attic (their files moved there)."""
-    contents, state, backend = repository.contents, repository.state, repository.backend
+@dataclass
+class Purge:
+    """What a purge deletes: the retired files and records (``paths``), each where it is:
+    still listed (``listed``) or in the attic (``attic``); deleting an absent file is no error."""
+    paths: list[str]
+    listed: list[str]
+    attic: list[str]
+    oldest_left: float | None  # the oldest retirement that stays, for the purge schedule
+
+
+def purge_plan(repository) -> Purge | None:
+    """What retired records older than the grace period list, if the refs no longer need any
+    of it (None: nothing to delete). ``repository``: the RemoteRepository
+    (remotes/repository.py) whose pinned state this reads, and which deletes the files
+    (``RemoteRepository.purge``). The records are those listed and those in the attic (their
+    files moved there)."""
+    contents, state = repository.contents, repository.state
     now = time.time()
     records = {**repository.attic_records(), **contents.retired_records}
     grace = grace_seconds()
@@ -227,19 +238,20 @@ def purge(repository) -> int:
     # leaves them due at the next push)
     _RETIRED_SINCE[repository.url] = (min(times.values()) if times else None, now)
     if not old:
-        return 0
+        return None
     doomed = {p for r in old for p in records[r] if p.startswith((PACKS, CATALOGS, PRUNED))}
     live = [s for s in contents.segments if doomed.isdisjoint(s.files)]
     if not _refs_covered(repository, live):
-        return 0  # a push that raced the retirement relies on a retired segment: keep it all
-    # (each file is listed where a move did not happen, or in the attic; deleting an absent
-    # file is no error)
+        return None  # a push that raced the retirement relies on a retired segment: keep it all
     paths = sorted(doomed) + [retired_path(r) for r in old]
-    attic = [attic_path(p) for p in paths if movable(p)] if backend.moves_retired else []
-    backend.delete([p for p in paths if p in state.files] + attic)
+    attic = [attic_path(p) for p in paths if movable(p)] if repository.backend.moves_retired else []
     young = [t for r, t in times.items() if r not in old]
-    _RETIRED_SINCE[repository.url] = (min(young) if young else None, now)
-    return len(paths)
+    return Purge(paths, [p for p in paths if p in state.files], attic, min(young) if young else None)
+
+
+def purged(url: str, purge: Purge) -> None:
+    """Note that ``purge`` is done: the purge schedule's oldest retirement is the oldest left."""
+    _RETIRED_SINCE[url] = (purge.oldest_left, time.time())
 
 
 def _refs_covered(repository, live: list) -> bool:

@@ -491,7 +491,7 @@ class RemoteRepository:
         composed = False
         if merging:
             progress.start(len(merging), "compacting the remote", unit="segments")
-            pack_file, catalog, recipe = compaction.merge_segments(self.backend, merging, pack_file, catalog, work_dir)
+            pack_file, catalog, recipe = compaction.merge_segments(self.download_pack, merging, pack_file, catalog, work_dir)
             replaced = [f for seg in merging for f in seg.files]
             if recipe is not None and self.backend.composes:  # the remote's own bytes are not sent again
                 composed = self.backend.compose(pack_path(catalog.pack), recipe.pieces, (recipe.checksum, recipe.size),
@@ -544,7 +544,7 @@ class RemoteRepository:
         files: dict[str, Path | bytes] = dict(extra or {})
         if kept:
             progress.start(len(kept), "rewriting remote packs", unit="segments")
-            pack_file, catalog, recipe = compaction.merge_segments(self.backend, kept, None, Catalog(None), work_dir)
+            pack_file, catalog, recipe = compaction.merge_segments(self.download_pack, kept, None, Catalog(None), work_dir)
             if recipe is not None and self.backend.composes and self.backend.compose(
                     pack_path(catalog.pack), recipe.pieces, (recipe.checksum, recipe.size), pack_file) is not None:
                 pack_file = None
@@ -598,4 +598,9 @@ class RemoteRepository:
                 return 0
         elif not self.state.retired:
             return 0
-        return compaction.purge(self)
+        purge = compaction.purge_plan(self)
+        if purge is None:
+            return 0
+        self.backend.delete(purge.listed + purge.attic)
+        compaction.purged(self.url, purge)
+        return len(purge.paths)
