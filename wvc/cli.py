@@ -297,9 +297,9 @@ def init(path, branch, base, chunk_size, max_chain, as_json):
     elif ref is None:
         click.echo(f"Initialized empty wvc repository in {repo.internals.wvc_dir}")
     else:
-        size = repo.internals.read_tree(ref.tree).logical_bytes
+        size = repo.tree_of(ref.commit, weights=False).logical_bytes
         click.echo(f"Initialized wvc repository in {repo.internals.wvc_dir} on base {ref.url} "
-                   f"({human(size)}, read in place from {repo.internals.db.get_config('base.dir')}); "
+                   f"({human(size)}, read in place from {repo.base_dir()}); "
                    f"{branch} is at the base commit {ref.commit[:12]}. Put the fine-tuned files here and "
                    f"`wvc commit`; `wvc checkout {branch}` writes the base's own files here")
     if max_chain == 0 and not as_json:  # allowed, and costly: say so
@@ -607,7 +607,7 @@ def switch(name, start, create, force, as_json):
         repo.create_branch(name, start or "HEAD")
     elif start is not None:
         raise click.UsageError("START needs -c")
-    elif repo.internals.refs.get("refs/heads/" + name) is None:
+    elif name not in repo.branches():
         raise click.UsageError(f"no branch {name!r} (`wvc switch -c {name}` creates it; "
                                f"`wvc checkout {name}` checks out any revision)")
     res = repo.checkout(name, force=force, progress=BarProgress())
@@ -844,7 +844,7 @@ def push(remote_name, branch, force, tags, delete, as_json):
         return emit_json(res.to_json())
     if res.tags:
         click.echo(f"{plural(len(res.tags), 'tag')} -> {remote_name}: " + ", ".join(t[len('refs/tags/'):] for t in res.tags))
-    if branch is not None and repo.internals.refs.get("refs/tags/" + branch) and repo.internals.refs.get("refs/heads/" + branch) is None:
+    if branch is not None and branch in repo.tags() and branch not in repo.branches():
         return None if res.tags else click.echo(f"tag {branch} is on {remote_name} already")
     if res.old == res.new or (tags and branch is None):
         return None if res.tags else click.echo(f"{remote_name}/{res.branch} is up to date")

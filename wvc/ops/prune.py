@@ -39,7 +39,7 @@ from ..remotes import lazy_remote_name
 from ..store import prune_plan
 from ..store.packs import pack_filename
 from ..store.prune_plan import StalePlan
-from ..store.refs import HEADS, TAGS
+from ..store.refs import HEADS, TAGS, short_ref
 from .changes import ensure_changes, first_parent_history
 from ..store.config_keys import BASE_COMMIT, RETIRED_PACKS
 from .maintenance import _pack_bytes, _ref_tips, reflog_expire_seconds
@@ -185,13 +185,13 @@ def _kept_reasons(repo, run: list[str], by_policy: dict[str, list[str]], protect
             out.setdefault(commit, []).append(why)
 
     for ref, target in sorted(repo.refs.list("refs/").items()):
-        keep(target, "ref " + ref.removeprefix("refs/").removeprefix("heads/"))
+        keep(target, "ref " + short_ref(ref))
     if head := repo.refs.head_commit():
         keep(head, "HEAD")
     if base := repo.db.get_config(BASE_COMMIT):
         keep(base, "base model")
     for commit, ref in _fork_points(repo, run).items():
-        keep(commit, f"fork point of {ref.removeprefix('refs/').removeprefix('heads/')}")
+        keep(commit, f"fork point of {short_ref(ref)}")
     for commit in protect:
         keep(commit, "protected (not pushed yet)")
     return out
@@ -292,9 +292,10 @@ def _remote_prune_once(repo, remote, remote_name: str, branch: str, policy: Keep
     already = remote.pruned
     tags = {t for r, t in remote.refs.items() if r.startswith(TAGS)}
     reasons = policy.reasons(run, metadata, tags)
+    in_run = set(run)
     for ref, target in sorted(remote.refs.items()):
-        if target in set(run):
-            reasons.setdefault(target, []).append("ref " + ref.removeprefix("refs/").removeprefix("heads/"))
+        if target in in_run:
+            reasons.setdefault(target, []).append("ref " + short_ref(ref))
     to_prune = [c for c in run if c not in reasons and c not in already]
     pruned = already | set(to_prune)
     live_commits, live_trees, live_objects = remote.reachable(pruned=pruned)

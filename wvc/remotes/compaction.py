@@ -232,7 +232,7 @@ def purge_plan(repository) -> Purge | None:
     now = time.time()
     records = {**repository.attic_records(), **contents.retired_records}
     grace = grace_seconds()
-    times = {r: int(r.split("-")[0]) for r in records}
+    times = {r: record_time(r) for r in records}
     old = [r for r in records if now - times[r] >= grace]
     # (until the old ones are gone, they are what is due: a purge that stops or declines
     # leaves them due at the next push)

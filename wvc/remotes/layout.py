@@ -26,14 +26,12 @@ import time
 
 from .. import ids
 from ..errors import RemoteError
-from ..lru import LRUCache
 from ..store.refs import check_ref_name
 
 FORMAT = 1
 MARKER = "wvc.json"
 BASE_RECORD = "base.json"
 REFS = "refs/"
-HEADS, TAGS = "refs/heads/", "refs/tags/"
 PACKS, CATALOGS, RETIRED, PRUNED, STEPS, OBJECTS = "packs/", "catalogs/", "retired/", "pruned/", "steps/", "objects/"
 # Where a backend that can move files keeps what compaction (or gc, or prune) replaced while it
 # waits out the grace period, and the retired/ record naming it once every file moved: out of
@@ -53,18 +51,12 @@ MAX_REMOTE_REFS = 10_000
 
 _PACK = re.compile(r"^pack-([0-9a-f]{64})\.(pack|idx)$")
 _CATALOG = re.compile(r"^catalogs/([0-9a-f]{64})\.cat$")
-RECORD_NAME = re.compile(r"^([0-9]{10}-[0-9a-f]{16})\.json$")  # a retired/ or pruned/ record's file name
-_RETIRED = re.compile(r"^retired/([0-9]{10}-[0-9a-f]{16})\.json$")
-_PRUNED = re.compile(r"^pruned/([0-9]{10}-[0-9a-f]{16})\.json$")
+_RECORD = r"([0-9]{10}-[0-9a-f]{16})\.json$"  # a retired/ or pruned/ record's file name
+_RECORD_NAME, _RETIRED, _PRUNED = (re.compile("^" + folder + _RECORD) for folder in ("", RETIRED, PRUNED))
 _STEP_SUFFIX = ".step"
 
 
 # -- building paths ----------------------------------------------------------------------------
-def ref_path(kind: str, name: str) -> str:
-    """``refs/heads/<name>`` (kind "heads") or ``refs/tags/<name>``."""
-    return f"{REFS}{kind}/{name}"
-
-
 def pack_path(name: str, ext: str = "pack") -> str:
     return f"{PACKS}pack-{name}.{ext}"
 
@@ -126,11 +118,12 @@ def commit_of_step_path(path: str) -> str | None:
 
 def record_of_name(name: str) -> str | None:
     """The record a file name in retired/ or pruned/ (or the attic's) names; None otherwise."""
-    m = RECORD_NAME.match(name)
+    m = _RECORD_NAME.match(name)
     return m.group(1) if m else None
 
 
-_LISTED: LRUCache[str, tuple[str, str] | None] = LRUCache(1 << 20)  # path -> (kind, name) or None: _listed's parse
+_LISTED: dict[str, tuple[str, str] | None] = {}  # path -> (kind, name) or None: _listed's parse, memoised
+_LISTED_MAX = 1 << 20
 _NAMED = (("catalog", _CATALOG), ("retired", _RETIRED), ("pruned", _PRUNED))
 
 
@@ -139,13 +132,16 @@ def _listed(path: str) -> tuple[str, str] | None:
     record, or an ``idx`` (a format-1 pack's index); None for any other. Memoised: a long
     run's remote lists the same thousands of files, most of them waiting out the grace hour,
     at every push and every poll."""
-    return _LISTED.get_or_make(path, lambda: _parse_listed(path))
-
-
-def _parse_listed(path: str) -> tuple[str, str] | None:
+    try:
+        return _LISTED[path]
+    except KeyError:
+        pass
     found = next(((kind, m.group(1)) for kind, pattern in _NAMED if (m := pattern.match(path))), None)
     if found is None and path.startswith(PACKS) and (m := _PACK.match(path.rpartition("/")[2])) and m.group(2) == "idx":
         found = ("idx", m.group(1))
+    if len(_LISTED) >= _LISTED_MAX:  # (a memo of a pure function: dropping it all costs a parse each)
+        _LISTED.clear()
+    _LISTED[path] = found
     return found
 
 

@@ -20,6 +20,11 @@ TAGS = "refs/tags/"
 _BAD_CHARS = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]")
 
 
+def short_ref(ref: str) -> str:
+    """A ref as people name it: ``main`` for a branch, ``tags/v1`` for a tag, ``remotes/origin/main``."""
+    return ref.removeprefix("refs/").removeprefix("heads/")
+
+
 def check_ref_name(name: str, what: str = "branch") -> str:
     problem = None
     if not name:

@@ -11,7 +11,7 @@ import re
 from ..errors import InvalidArgument, VersionPruned
 from ..ops.changes import changes_of, ensure_changes, first_parent_history, missing_changes
 from ..ops.diff import diff
-from ..store.refs import HEADS, TAGS
+from ..store.refs import HEADS, TAGS, short_ref
 from ..model.versions import finite_number
 
 REMOTES = "refs/remotes/"
@@ -53,7 +53,7 @@ def history(repo, limit: int = 500) -> dict:
     order = sorted(order, key=lambda c: repo.read_commit(c).timestamp, reverse=True)[:limit]
     labels: dict[str, list[str]] = {}
     for ref, target in refs.items():
-        labels.setdefault(target, []).append(ref.removeprefix("refs/").removeprefix("heads/"))
+        labels.setdefault(target, []).append(short_ref(ref))
     return {"head": repo.refs.head_branch(), "refs": refs,
             "commits": [{**summary(repo, c), "refs": sorted(labels.get(c, []))} for c in order]}
 
