@@ -84,6 +84,34 @@ def test_commits_landing_while_a_prune_writes_its_pack_stay_exact(tmp_path):
         assert repo.pruned()  # the prune did run (again, seeing the new steps)
 
 
+def test_a_prune_finishes_while_training_commits_during_every_plan(tmp_path):
+    """Training that commits every few seconds lands a step on the tip's chunks during every
+    plan (which re-encodes them: their base is pruned): the prune re-encodes what landed under
+    the write lock instead of planning again, which would never end (it gave up after 3)."""
+    root, state, digests = _run_of(tmp_path, 30)
+    prune = _start("prune", root, "--keep", "last=1", "--hold")  # holds after every plan's pack
+    new = {}
+    _wait_holding(prune)
+    for plan in range(4):
+        r = _run("steps", root, state, 1)  # one step, on the tip's chunks this plan re-encodes
+        assert r.returncode == 0, r.stderr[-2000:]
+        new.update(_versions(r.stdout))
+        prune.stdin.write("go\n")
+        prune.stdin.flush()
+        line = prune.stdout.readline()
+        if line.strip() != "HOLDING":
+            break
+    out, err = prune.communicate(timeout=300)
+    assert prune.returncode == 0 and line.startswith("DONE"), (line, err[-2000:])
+    assert plan == 0  # one plan: what landed meanwhile was re-encoded, not planned again
+    digests.update(new)
+    _check(root, digests)
+    with Repo.open(root) as repo:
+        assert not set(new) & repo.pruned()
+        assert len(repo.pruned()) >= 29  # the run before the new step, less the tip it had
+        assert repo.fsck().errors == []
+
+
 def test_a_commit_encoded_before_a_prune_and_recorded_after_it_stays_exact(tmp_path):
     root, state, digests = _run_of(tmp_path, 30)
     commit = _start("steps", root, state, 2, "--hold")
@@ -144,3 +172,29 @@ def test_prune_gc_and_commits_in_random_interleavings_lose_nothing(tmp_path):
             if op[0] == "steps":
                 digests.update(_versions(out))
         _check(root, digests)
+
+
+def test_the_catch_up_moves_new_chunks_that_would_pass_max_chain_and_strips_steps_on_rebased_bases():
+    """Under the write lock, for chunks recorded since the plan (max_chain 3): the plan put T
+    on a new base (2 deep) and Q on B (3 deep). S, a step on T, keeps its base and loses its
+    context (T's base changed); N, a plain delta on T, stays (3 deep). R on Q would be 4 deep:
+    it goes on the first link of Q's chain with room (B), and P, a step on R, goes there too
+    (on R it would be 4 deep). U, a step on an unmoved keyframe, stays."""
+    from wvc.codec.container import Method
+    from wvc.store.prune_plan import catch_up
+    from wvc.store.rows import ObjectRow
+
+    def row(oid, base, depth, method=Method.XOR):
+        return ObjectRow(oid, "p", 0, 1, 1, int(method), base, depth)
+
+    old = {"K": row("K", None, 0, Method.PLANES), "A": row("A", "K", 1), "B": row("B", "A", 2),
+           "T": row("T", "K", 1), "Q": row("Q", "K", 1)}
+    plan_rows = {"T": row("T", "A", 2), "Q": row("Q", "B", 3)}
+    since = {"S": row("S", "T", 2, Method.ULP_STEP), "N": row("N", "T", 2), "R": row("R", "Q", 2),
+             "P": row("P", "R", 3, Method.ULP_STEP), "U": row("U", "K", 1, Method.ULP_STEP)}
+    rows = {**old, **since}
+    fixes = catch_up({"T", "Q"}, set(rows), plan_rows, rows, max_chain=3)
+    assert dict(fixes.items) == {"S": "T", "R": "B", "P": "B"}
+    assert fixes.rebased == {"R", "P"}
+    order = [o for o, _ in fixes.items]
+    assert order.index("R") < order.index("P")  # bases first

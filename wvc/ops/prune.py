@@ -27,6 +27,7 @@ says which versions no policy may prune, and runs the steps.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -43,6 +44,8 @@ from ..store.refs import HEADS, TAGS, short_ref
 from .changes import ensure_changes, first_parent_history
 from ..store.config_keys import BASE_COMMIT, RETIRED_PACKS
 from .maintenance import _pack_bytes, _ref_tips, reflog_expire_seconds
+
+log = logging.getLogger(__name__)
 
 __all__ = ["KeepPolicy", "PruneResult", "prune", "remote_prune"]
 
@@ -126,6 +129,7 @@ def _prune(repo, branch: str | None, policy: KeepPolicy, dry_run: bool, protect,
     new_rows, copied, pack = prune_plan.write_pack(repo.store, plan, progress)
     # 3. one transaction
     now = int(time.time())
+    written: list[tuple[str, int]] = []  # the catch-up's packs
     try:
         with repo.db.write():
             if pack is not None and not repo.store.pack_file_intact(*pack):
@@ -134,8 +138,11 @@ def _prune(repo, branch: str | None, policy: KeepPolicy, dry_run: bool, protect,
             pruning -= _always_kept(repo)
             to_prune = [c for c in to_prune if c in pruning]
             new_by_id = {r.id: r for r in new_rows}
-            kept_now = set().union(*(t.chunk_ids() for t in _kept_trees(repo, already | pruning)))
+            trees_now = _kept_trees(repo, already | pruning)
+            kept_now = set().union(*(t.chunk_ids() for t in trees_now))
             live_now, rows_now = prune_plan.live_chunks(repo.store, kept_now, new_by_id, plan.rows)
+            rebased = plan.rebased | _base_changed(new_rows, rows_now)
+            caught_up = _catch_up(repo, trees_now, live_now, new_by_id, rows_now, rebased, written)
             depths = prune_plan.corrected_depths(live_now, new_by_id, rows_now)
             prune_plan.check_still_valid(plan, live_now, new_by_id, rows_now, depths, repo.max_chain)
             resurrected = plan.freed & live_now  # a commit that landed meanwhile needs them
@@ -145,21 +152,56 @@ def _prune(repo, branch: str | None, policy: KeepPolicy, dry_run: bool, protect,
             repo.graph.mark_pruned(to_prune, now)
             if pack is not None:
                 repo.store.relocate(pack, copied + [(r.id, r.offset) for r in new_rows], now)
-                repo.store.reencoded(new_rows, plan.rebased)
+                repo.store.reencoded(new_rows, rebased)
+            for rows_, pack_ in caught_up:
+                repo.store.relocate(pack_, [(r.id, r.offset) for r in rows_], now)
+                repo.store.reencoded(rows_, rebased)
             repo.store.set_depths(depths)
             repo.store.forget(freed, emptied)
             repo.db.set_config(RETIRED_PACKS, json.dumps(sorted(emptied)))
     except StalePlan:
-        if pack is not None:  # recorded nowhere: nobody else can use it
-            (repo.store.packs_dir / pack_filename(pack[0])).unlink(missing_ok=True)
+        for name, _ in ([pack] if pack is not None else []) + written:  # recorded nowhere: nobody else can use them
+            (repo.store.packs_dir / pack_filename(name)).unlink(missing_ok=True)
         raise
     repo.store.reader.close()
     # 4. the emptied packs' files
     _finish_retired(repo)
     result.chunks_freed, result.pruned, result.pruned_commits = len(freed), len(to_prune), to_prune
+    result.chunks_reencoded += sum(len(rows) for rows, _ in caught_up)
     result.bytes_after = _pack_bytes(repo)
     result.bytes_freed = max(0, result.bytes_before - result.bytes_after)
     return result
+
+
+CATCH_UP_ROUNDS = 8  # a round re-encodes the steps on what the last one put on a new base (a few at most)
+
+
+def _catch_up(repo, trees, live, new_by_id: dict, rows: dict, rebased: set[str], written: list) -> list:
+    """Step 3, under the write lock: re-encode the chunks recorded since the plan that it
+    would break (``prune_plan.catch_up``), each round into a pack of its own (appended to
+    ``written``); ``new_by_id`` and ``rebased`` grow with them. -> [(rows, pack)]."""
+    out = []
+    dtypes = None
+    for _ in range(CATCH_UP_ROUNDS):
+        fixes = prune_plan.catch_up(rebased, live, new_by_id, rows, repo.max_chain)
+        if not fixes.items:
+            break
+        dtypes = dtypes or prune_plan.live_dtypes(trees, rows)
+        new_rows, pack = prune_plan.write_catch_up(repo.store, fixes, new_by_id, rows, dtypes)
+        if pack is None:
+            break
+        written.append(pack)
+        log.debug("prune: %d chunks recorded since the plan re-encoded under the write lock", len(new_rows))
+        rebased |= fixes.rebased | _base_changed(new_rows, rows)
+        new_by_id.update((r.id, r) for r in new_rows)
+        out.append((new_rows, pack))
+    return out
+
+
+def _base_changed(new_rows, rows: dict) -> set[str]:
+    """Re-encoded chunks whose base is not the one they had (a codec may store a keyframe
+    where a delta would not pay): a step on them needs a new context too."""
+    return {r.id for r in new_rows if r.id in rows and rows[r.id].base != r.base}
 
 
 def _plan(repo, pruned: set[str], run) -> prune_plan.PrunePlan:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from .. import ids
 from ..codec.container import Method
 from ..formats.dtypes import BYTES, DTYPES
-from ..progress import Progress
+from ..progress import NULL, Progress
 from . import kept_layout
 from .packs import PackWriter, copy_payloads
 from .rows import ObjectRow
@@ -103,6 +103,21 @@ def _laid_out(store, versions: list[dict], dtypes, rows, kept: set[str], base_of
     return forced
 
 
+def chunk_dtypes(trees) -> dict[str, str]:
+    """Each chunk of ``trees`` -> the dtype its payload is coded as (bytes for headers and
+    whole-file chunks): what a re-encoding passes to the codec. (A chain never crosses
+    dtypes: a link no tree names has the dtype of the chunks above it.)"""
+    dtypes: dict[str, str] = {}
+    for tree in trees:
+        for f in tree.files:
+            if f.header:
+                dtypes[f.header] = BYTES.name
+            dtypes.update((c, BYTES.name) for c in f.chunks)
+            for t in f.tensors:
+                dtypes.update((c, t.dtype) for c in t.chunks)
+    return dtypes
+
+
 def plan(store, kept_trees: list, dropped_chunks: set[str], versions: list[dict], max_chain: int) -> PrunePlan:
     """Which chunks stay, which go, and which of those staying must be re-encoded (their
     chain runs through one that goes): each against the same place's chunk in the run's kept
@@ -112,14 +127,7 @@ def plan(store, kept_trees: list, dropped_chunks: set[str], versions: list[dict]
     ``kept_trees``: every tree whose chunks must stay readable; ``dropped_chunks``: those of
     the pruned versions; ``versions``: the places (``tree_diff.places``) of the run's kept
     versions, oldest first."""
-    dtypes: dict[str, str] = {}
-    for tree in kept_trees:
-        for f in tree.files:
-            if f.header:
-                dtypes[f.header] = BYTES.name
-            dtypes.update((c, BYTES.name) for c in f.chunks)
-            for t in f.tensors:
-                dtypes.update((c, t.dtype) for c in t.chunks)
+    dtypes = chunk_dtypes(kept_trees)
     kept = set(dtypes)
     rows = store.chain_rows(kept | dropped_chunks)
     new_base: dict[str, str | None] = {}
@@ -193,29 +201,37 @@ def plan(store, kept_trees: list, dropped_chunks: set[str], versions: list[dict]
     return PrunePlan(kept, rows, reencode, freed, dtypes, rebased)
 
 
-def write_pack(store, plan: PrunePlan, progress: Progress):
-    """Step 2: re-encode, copy the live payloads of the packs that lose one; make it durable."""
+def _encoded(store, items: list[tuple[str, str | None]], rows: dict[str, ObjectRow], dtypes: dict[str, str],
+             progress: Progress, what: str) -> list[tuple[str, str | None, int, object]]:
+    """``items`` (chunk, base or None) re-encoded without a step context, from their chains
+    as ``rows`` (or the store) has them now: (chunk, base, raw size, encoded)."""
     from .. import codec
     from ..codec import pool as codec_pool
 
-    chains = {o: store.chain(o, known=plan.rows) for o, _ in plan.reencode}
-    chains.update({b: store.chain(b, known=plan.rows) for _, b in plan.reencode if b is not None})
+    chains = {o: store.chain(o, known=rows) for o, _ in items}
+    chains.update({b: store.chain(b, known=rows) for _, b in items if b is not None})
 
     def encode(item):
         oid, base = item
         raw = store.decode_chain(chains[oid])
         base_raw = store.decode_chain(chains[base]) if base is not None else None
-        dtype = DTYPES.get(plan.dtypes[oid], BYTES)
+        dtype = DTYPES.get(dtypes.get(oid, BYTES.name), BYTES)
         return oid, base, len(raw), codec.encode(raw, dtype, base_raw, device="cpu")
 
+    progress.start(len(items), what, unit="chunks")
+    encoded: list = []
+    for k in range(0, len(items), 16):  # a bounded number of decoded chunks in flight
+        encoded += list(codec_pool.pool().map(encode, items[k:k + 16]))
+        progress.advance(min(16, len(items) - k))
+    progress.close()
+    return encoded
+
+
+def write_pack(store, plan: PrunePlan, progress: Progress):
+    """Step 2: re-encode, copy the live payloads of the packs that lose one; make it durable."""
     writer = PackWriter(store.packs_dir)
     try:
-        progress.start(len(plan.reencode), "re-encoding what kept versions need", unit="chunks")
-        encoded: list = []
-        for k in range(0, len(plan.reencode), 16):  # a bounded number of decoded chunks in flight
-            encoded += list(codec_pool.pool().map(encode, plan.reencode[k:k + 16]))
-            progress.advance(min(16, len(plan.reencode) - k))
-        progress.close()
+        encoded = _encoded(store, plan.reencode, plan.rows, plan.dtypes, progress, "re-encoding what kept versions need")
         depth: dict[str, int] = {}
 
         def depth_of(oid: str | None) -> int:  # the depth a row will have (bases come first)
@@ -289,6 +305,103 @@ def corrected_depths(live: set[str], new_rows: dict[str, ObjectRow], rows: dict[
         if row is not None and of(oid) != row.depth:
             changed[oid] = depth[oid]
     return changed
+
+
+@dataclass
+class CatchUp:
+    """What a prune re-encodes under the write lock for the commits recorded since its plan."""
+    items: list[tuple[str, str | None]]  # (chunk, its base or None), bases first
+    rebased: set[str]  # those put on a new base (the rest keep theirs and lose their step context)
+
+
+def catch_up(rebased: set[str], live: set[str], new_rows: dict[str, ObjectRow], rows: dict[str, ObjectRow],
+             max_chain: int) -> CatchUp:
+    """Under the write lock: the live chunks the plan, applied as it stands, would break,
+    and what to re-encode each on. They are chunks that commits from other processes recorded
+    since the plan (or chunks it frees that such a commit needs again); training that commits
+    every few seconds records one on the tip's chunks during every plan, so remaking the plan
+    would never end. A step payload (it is decoded in the context of its base's base) whose
+    base the plan puts on a new base keeps its base and loses its context, as the plan does
+    for the chunks it saw; one whose chain would pass ``max_chain`` through a base re-encoded
+    deeper goes on the first link of that chain with room, and steps on it lose their context
+    in turn. ``rebased``: the chunks re-encoded so far on a new base (or as a keyframe);
+    ``new_rows``: their rows and the other re-encoded ones; ``rows``: every live chunk's
+    current row. Usually the chunks the first version committed since the plan changed: a few."""
+    before, rebased = set(rebased), set(rebased)
+    new_base: dict[str, str | None] = {}
+
+    def base_of(oid: str) -> str | None:
+        if oid in new_base:
+            return new_base[oid]
+        row = new_rows.get(oid) or rows.get(oid)
+        return row.base if row is not None else None
+
+    def depth_of(oid: str) -> int:
+        depth, cursor = 0, base_of(oid)
+        while cursor is not None:
+            depth, cursor = depth + 1, base_of(cursor)
+        return depth
+
+    items: list[tuple[str, str | None]] = []
+    for oid in sorted((o for o in live if o not in new_rows and o in rows and rows[o].base is not None),
+                      key=lambda o: (rows[o].depth, o)):
+        base = rows[oid].base
+        if depth_of(base) + 1 > max_chain:
+            link = base
+            while link is not None and depth_of(link) + 1 > max_chain:
+                link = base_of(link)
+            new_base[oid] = link
+            rebased.add(oid)
+            items.append((oid, link))
+        elif Method(rows[oid].method).uses_context and base in rebased:
+            new_base[oid] = base
+            items.append((oid, base))
+    return CatchUp(items, rebased - before)
+
+
+def live_dtypes(trees, rows: dict[str, ObjectRow]) -> dict[str, str]:
+    """:func:`chunk_dtypes` of ``trees``, and the links of their chains (``rows``) no tree names."""
+    dtypes = chunk_dtypes(trees)
+    for oid in list(dtypes):
+        row = rows.get(oid)
+        while row is not None and row.base is not None and row.base not in dtypes:
+            dtypes[row.base] = dtypes[oid]
+            row = rows.get(row.base)
+    return dtypes
+
+
+def write_catch_up(store, fixes: CatchUp, new_rows: dict[str, ObjectRow], rows: dict[str, ObjectRow],
+                   dtypes: dict[str, str]) -> tuple[list[ObjectRow], tuple[str, int] | None]:
+    """Under the write lock: :func:`catch_up`'s chunks re-encoded into a pack of their own,
+    made durable; their rows (depths through ``new_rows``, the plan's). Their old payloads
+    stay in their packs, unreferenced, until a prune frees something there and copies the
+    pack's live payloads (they are the newest versions' chunks: the next prune usually does)."""
+    writer = PackWriter(store.packs_dir)
+    try:
+        encoded = _encoded(store, fixes.items, rows, dtypes, NULL, "re-encoding chunks committed meanwhile")
+        depth: dict[str, int] = {}
+
+        def depth_of(oid: str | None) -> int:
+            if oid is None:
+                return -1
+            if oid in depth:
+                return depth[oid]
+            row = new_rows.get(oid) or rows.get(oid)
+            return 0 if row is None else depth_of(row.base) + 1 if row.base is not None else 0
+
+        out = []
+        for oid, base, raw_size, enc in encoded:
+            base = base if enc.uses_base else None
+            entry = writer.add(oid, enc.payload, raw_size, int(enc.method), base)
+            depth[oid] = depth_of(base) + 1
+            out.append(ObjectRow(oid, "", entry.offset, entry.length, raw_size, int(enc.method), base, depth[oid]))
+        pack = writer.finish()
+    except BaseException:
+        writer.abort()
+        raise
+    if pack is not None:
+        out = [ObjectRow(r.id, pack[0], r.offset, r.length, r.raw_size, r.method, r.base, r.depth) for r in out]
+    return out, pack
 
 
 def check_still_valid(plan: PrunePlan, live: set[str], new_rows: dict[str, ObjectRow], rows: dict[str, ObjectRow],
