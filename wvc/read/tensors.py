@@ -23,38 +23,63 @@ def tensor_from_chunks(store, entry, device: str):
     return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(entry.shape)
 
 
+def _placed(store, flats: list):
+    """(where, raw) for every chunk of ``flats`` ((a tensor's bytes as a flat uint8 tensor, its
+    chunk ids), in order): one ``get_many`` over them all, so the codec pool decodes ahead
+    across tensors (a model of many one-chunk tensors decodes in parallel, not a tensor at a
+    time); each tensor's chunks must fill it exactly."""
+    chunks = store.get_many([c for _, ids in flats for c in ids])
+    for flat, ids in flats:
+        at = 0
+        for _ in ids:  # the chunks, in order, are the tensor's bytes
+            raw = next(chunks)
+            if at + len(raw) > flat.numel():
+                raise CorruptObject("a tensor's chunks hold more bytes than its shape")
+            yield flat[at : at + len(raw)], raw
+            at += len(raw)
+        if at != flat.numel():
+            raise CorruptObject("a tensor's chunks hold fewer bytes than its shape")
+
+
+def _empty(entries: dict, device: str) -> tuple[dict, list]:
+    import torch
+
+    out, flats = {}, []
+    for name, e in entries.items():
+        t = out[name] = torch.empty(tuple(e.shape), dtype=getattr(torch, DTYPES[e.dtype].torch_name), device=device)
+        flats.append((t.reshape(-1).view(torch.uint8), e.chunks))
+    return out, flats
+
+
+def tensors_on_host(store, entries: dict) -> dict:
+    """Tensor entries decoded (every chunk hash-checked, decoded ahead on the codec pool
+    across tensors) into tensors in host memory."""
+    import numpy as np
+
+    out, flats = _empty(entries, "cpu")
+    for where, raw in _placed(store, flats):
+        where.numpy()[:] = np.frombuffer(raw, dtype=np.uint8)
+    return out
+
+
 def tensors_on_device(store, entries: dict, device: str, batch_bytes: int | None = None) -> dict:
     """Tensor entries decoded on the host (every chunk hash-checked, decoded ahead on the
     codec pool) and copied to ``device`` a batch at a time, through pinned memory and the
     copy stream (wvc/codec/device_copy.py): a copy per chunk, not one per tensor through pageable
     memory, and the host decodes the next chunks while a batch crosses."""
-    import torch
-
     from ..codec.device_copy import DeviceCopies
     from ..codec.pool import pool
 
     copies = DeviceCopies(device, batch_bytes)
-    out, flats = {}, []
-    for name, e in entries.items():
-        t = out[name] = torch.empty(tuple(e.shape), dtype=getattr(torch, DTYPES[e.dtype].torch_name), device=device)
-        flats += [(t.reshape(-1).view(torch.uint8), len(e.chunks))]
-    chunks = store.get_many([c for e in entries.values() for c in e.chunks])
+    out, flats = _empty(entries, device)
     batch, parts, size = [], [], 0
-    for flat, count in flats:
-        at = 0
-        for _ in range(count):  # the chunks, in order, are the tensor's bytes
-            raw = next(chunks)
-            if at + len(raw) > flat.numel():
-                raise CorruptObject("a tensor's chunks hold more bytes than its shape")
-            batch.append(flat[at : at + len(raw)])
-            parts.append(raw)
-            at += len(raw)
-            size += len(raw)
-            if size >= copies.batch_bytes:
-                copies.into(batch, parts, pool().map)
-                batch, parts, size = [], [], 0
-        if at != flat.numel():
-            raise CorruptObject("a tensor's chunks hold fewer bytes than its shape")
+    for where, raw in _placed(store, flats):
+        batch.append(where)
+        parts.append(raw)
+        size += len(raw)
+        if size >= copies.batch_bytes:
+            copies.into(batch, parts, pool().map)
+            batch, parts, size = [], [], 0
     if batch:
         copies.into(batch, parts, pool().map)
     return out
@@ -89,4 +114,4 @@ def load_state_dict(repo, rev: str = "HEAD", *, device: str = "cpu", lazy: bool 
     repo.store.ensure_local(c for e in entries.values() for c in e.chunks)
     if device != "cpu":  # many tensors a copy
         return tensors_on_device(repo.store, entries, device)
-    return {name: tensor_from_chunks(repo.store, e, device) for name, e in entries.items()}
+    return tensors_on_host(repo.store, entries)
