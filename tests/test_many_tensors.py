@@ -268,32 +268,57 @@ def test_a_stored_header_that_disagrees_with_its_tree_is_refused(two_versions, t
     assert target.read_bytes() == (tmp_path / "base" / "model.safetensors").read_bytes()
 
 
-def test_loading_a_version_decodes_chunks_of_different_tensors_at_once(tmp_path, monkeypatch):
-    """``load_state_dict`` hands the codec pool every tensor's chunks ahead, not one tensor
-    at a time: the decodes of two one-chunk tensors must be in flight together. Each decode
-    waits at a barrier for a second one; one at a time, the first waits alone and the barrier
-    breaks (it did, before: a model of one-chunk tensors decoded on one core)."""
+def _meeting_decodes(store, monkeypatch) -> list:
+    """Make ``store``'s first two chunk decodes wait for each other at a barrier (they must
+    be in flight together; one at a time, the first waits alone and the barrier breaks).
+    -> the list their barrier indexes go into."""
     import itertools
     import threading
 
+    real, barrier = store.decode_chain, threading.Barrier(2, timeout=20)
+    met, calls = [], itertools.count()
+
+    def decode_chain(chain):
+        if next(calls) < 2:  # the first two decodes meet
+            met.append(barrier.wait())
+        return real(chain)
+
+    monkeypatch.setattr(store, "decode_chain", decode_chain)
+    return met
+
+
+@pytest.fixture
+def one_chunk_tensors(tmp_path):
     from wvc.codec import pool as codec_pool
 
     if codec_pool.WORKERS < 2:
         pytest.skip("the codec pool has one worker here")
     g = torch.Generator().manual_seed(0)
-    state = {f"w{i}": torch.randn(256, 256, generator=g) for i in range(4)}  # 256 KiB each: a task each
+    state = {f"w{i}": torch.randn(256, 256, generator=g) for i in range(4)}  # 256 KiB each: a pool task each
     with Repo.init(tmp_path / "r") as repo:
-        commit = repo.commit("v", source=state).commit
-        store = repo.internals.store
-        real, barrier = store.decode_chain, threading.Barrier(2, timeout=20)
-        met, calls = [], itertools.count()
+        yield repo, repo.commit("v", source=state).commit, state
 
-        def decode_chain(chain):
-            if next(calls) < 2:  # the first two decodes meet
-                met.append(barrier.wait())
-            return real(chain)
 
-        monkeypatch.setattr(store, "decode_chain", decode_chain)
-        got = repo.load_state_dict(commit)
+def test_loading_a_version_decodes_chunks_of_different_tensors_at_once(one_chunk_tensors, monkeypatch):
+    """``load_state_dict`` hands the codec pool every tensor's chunks ahead, not one tensor at
+    a time (before, a model of one-chunk tensors decoded on one core)."""
+    repo, commit, state = one_chunk_tensors
+    met = _meeting_decodes(repo.internals.store, monkeypatch)
+    got = repo.load_state_dict(commit)
     assert sorted(met) == [0, 1]
+    assert all(torch.equal(got[k].view(torch.int32), state[k].view(torch.int32)) for k in state)
+
+
+def test_exporting_a_version_decodes_chunks_of_different_tensors_at_once(one_chunk_tensors, monkeypatch, tmp_path):
+    """``export`` reads a shard's whole tensors through one stream of decodes, as load does."""
+    from safetensors.torch import load_file
+
+    repo, commit, state = one_chunk_tensors
+    met = _meeting_decodes(repo.internals.store, monkeypatch)
+    repo.export(commit, tmp_path / "out")
+    assert sorted(met) == [0, 1]
+    got = {}
+    for f in sorted((tmp_path / "out").glob("*.safetensors")):
+        got.update(load_file(str(f)))
+    assert set(got) == set(state)
     assert all(torch.equal(got[k].view(torch.int32), state[k].view(torch.int32)) for k in state)

@@ -141,10 +141,25 @@ def _write_shard(repo, path: Path, shard: list[_Source], progress: Progress) -> 
     with atomic_writer(path, size_hint=size) as fh:
         fh.write(len(header_bytes).to_bytes(8, "little"))
         fh.write(header_bytes)
-        for info in layout:  # data-offset order
-            for block in _tensor_blocks(repo, by_name[info.name]):
-                fh.write(block)
-                progress.advance(len(block))
+        for block in _shard_blocks(repo, [by_name[info.name] for info in layout]):  # data-offset order
+            fh.write(block)
+            progress.advance(len(block))
+
+
+def _shard_blocks(repo, sources: list[_Source]):
+    """The sources' bytes in order. A run of whole tensors is read through one ``get_many``,
+    so the codec pool decodes ahead across them (a tensor at a time, a model of one-chunk
+    tensors decoded on one core)."""
+    run: list[_Source] = []
+    for source in [*sources, None]:
+        if source is not None and source.entry is not None:
+            run.append(source)
+            continue
+        if run:
+            yield from repo.store.get_many([c for r in run for c in r.entry.chunks])
+            run = []
+        if source is not None:
+            yield from _tensor_blocks(repo, source)
 
 
 def _tensor_blocks(repo, source: _Source):
