@@ -57,14 +57,35 @@ def test_a_readme_wvc_did_not_write_is_kept_and_ours_is_updated(tmp_path, hub_en
     repo.remote_add("origin", "hf://org/with-card")
     repo.push()
     assert RemoteFiles("hf://org/with-card", hub_env).read("README.md").decode() == CARD
-    # a remote whose card wvc wrote gets it refreshed with the new tip
+    # a remote whose card wvc wrote gets it refreshed with a new branch
     repo.remote_add("own", "hf://org/own-card")
     repo.push("own")
-    two_tensors(repo.root / "model.safetensors", 5, 6)
-    new = repo.commit("two").commit
-    repo.push("own")
+    repo.create_branch("experiment")
+    repo.push("own", "experiment")
     card = RemoteFiles("hf://org/own-card", hub_env).read("README.md").decode()
-    assert new[:12] in card
+    assert "`main`" in card and "`experiment`" in card
+
+
+def test_a_push_that_adds_no_branch_leaves_the_card_alone(tmp_path, hub_env):
+    """The card names branches, not commits: a training run's pushes neither read it nor send
+    it again (each rewrite was a read of it, its upload inside the commit and the Hub's check
+    of its YAML: three requests a push, counted against the Hub's rate limits)."""
+    repo = Repo.init(tmp_path / "a")
+    two_tensors(repo.root / "model.safetensors")
+    repo.commit("one")
+    repo.remote_add("origin", "hf://org/steady")
+    repo.push()
+    files = RemoteFiles("hf://org/steady", hub_env)
+    card = files.read("README.md")
+    for step in range(2):
+        two_tensors(repo.root / "model.safetensors", 5 + step, 6)
+        repo.commit(f"step {step}")
+        before = len(hub_env.requests)
+        repo.push()
+        during = hub_env.requests[before:]
+        assert not [r for r in during if "README.md" in r[1] or "validate-yaml" in r[1]], during
+    assert files.read("README.md") == card
+    assert Repo.open(repo.root).head()[:12] not in card.decode()
 
 
 def test_the_model_card_describes_the_layout_as_written(tmp_path, hub_env):

@@ -243,7 +243,7 @@ def test_push_json_and_model_card(tmp_path, cli, hub):
     out = json.loads(cli(repo.root, "push", "--json").output)
     assert out["uploaded_bytes"] > 0 and out["branch"] == "main"
     card = RemoteFiles("hf://team/card", hub).read("README.md").decode()
-    assert "wvc clone hf://team/card" in card and out["new"][:12] in card
+    assert "wvc clone hf://team/card" in card and "- `main`" in card
     meta = hub.storage.load("models", "team/card")
     assert meta["private"] is True
     listed = json.loads(cli(repo.root, "remote", "list", "--json").output)

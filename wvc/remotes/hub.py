@@ -191,7 +191,7 @@ class HubBackend(Backend):
     @backs_off
     @retries_reads
     def listing(self, create: bool = False) -> Listing:
-        from huggingface_hub import errors
+        from huggingface_hub import RepoFile, errors
 
         with hub_errors(self.url):
             if create and self.revision is not None:
@@ -205,11 +205,15 @@ class HubBackend(Backend):
                 self.api.create_repo(self.repo_id, private=True, exist_ok=True)
                 info = self.api.repo_info(self.repo_id)
             self.sha = info.sha
-            paths = self.api.list_repo_files(self.repo_id, revision=self.sha)
+            # (list_repo_files is this same listing, less each file's git blob id)
+            listed = [f for f in self.api.list_repo_tree(self.repo_id, recursive=True, revision=self.sha)
+                      if isinstance(f, RepoFile)]
+        paths = [f.path for f in listed]
         if not is_wvc_layout(paths) and any(p not in HUB_STARTERS for p in paths):
             raise not_a_wvc_remote(self.url, paths, "push" if create else "read")
         refs = parse_refs({p: self.read(p, 256) or b"" for p in check_ref_count(self.url, paths)})
-        return Listing(refs, self.sha, frozenset(paths))
+        card = {CARD: f.blob_id for f in listed if f.path == CARD and f.blob_id}
+        return Listing(refs, self.sha, frozenset(paths), card)
 
     def file_url(self, path: str) -> str:
         """Where a file is read (``/resolve/``, pinned to our snapshot)."""
@@ -298,9 +302,10 @@ class HubBackend(Backend):
         ops += [CommitOperationAdd(path_in_repo=r, path_or_fileobj=(t + "\n").encode()) for r, t in refs.items() if t]
         ops += [CommitOperationDelete(path_in_repo=r) for r, t in refs.items() if t is None]
         ops += [CommitOperationDelete(path_in_repo=p) for p in delete]
-        if "README.md" not in expected.files or is_our_card(self.read("README.md", MAX_CARD_BYTES) or b""):
-            ops.append(CommitOperationAdd(path_in_repo="README.md",
-                                          path_or_fileobj=model_card(self.repo_id, new_refs).encode()))
+        card = model_card(self.repo_id, new_refs).encode()
+        if CARD not in expected.files or (expected.tokens.get(CARD) != git_blob_id(card)
+                                          and is_our_card(self.read(CARD, MAX_CARD_BYTES) or b"")):
+            ops.append(CommitOperationAdd(path_in_repo=CARD, path_or_fileobj=card))
         self._create_commit(ops, message, expected.version)
         sent = sum(map(content_size, files.values()))
         progress.advance(sent)
@@ -314,8 +319,19 @@ class HubBackend(Backend):
                                    revision=HUB_BRANCH)
 
 
+CARD = "README.md"
 CARD_MARKER = "<!-- written by wvc: replaced on every push; a README.md without this line is left alone -->"
 MAX_CARD_BYTES = 1 << 20
+
+
+def git_blob_id(data: bytes) -> str:
+    """A file's git blob id, as the Hub's tree listing gives it: a card the listing shows
+    with the id of the one a push would write is not read or written again (names branches,
+    not commits, so that a training run's pushes leave it alone: each rewrite cost a read of
+    it, its upload inline in the commit and the Hub's check of its YAML, three requests a push)."""
+    import hashlib
+
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
 def is_our_card(data: bytes) -> bool:
@@ -332,8 +348,7 @@ def model_card(repo_id: str, refs: dict[str, str]) -> str:
     except metadata.PackageNotFoundError:  # run from a source tree
         __version__ = "(from source)"
 
-    branches = "\n".join(f"| `{r.partition('refs/heads/')[2]}` | `{c[:12]}` |" for r, c in sorted(refs.items())
-                         if r.startswith("refs/heads/"))
+    branches = "\n".join(f"- `{r.partition('refs/heads/')[2]}`" for r in sorted(refs) if r.startswith("refs/heads/"))
     return f"""---
 tags:
 - wvc
@@ -352,7 +367,7 @@ version out first:
 wvc clone hf://{repo_id}
 ```
 
-| branch | commit |
-|---|---|
+Branches (`wvc log` shows each one's versions):
+
 {branches}
 """

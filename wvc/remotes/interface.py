@@ -92,7 +92,9 @@ class Listing:
     refs: dict[str, str]  # "refs/heads/main" -> commit id
     version: str | None  # what publish's compare-and-swap checks (hub commit sha, or refs digest)
     files: frozenset = frozenset()  # every path listed (what a pinned reader may read), the attic's aside
-    tokens: dict[str, str] = field(default_factory=dict)  # per-ref compare-and-swap tokens (S3 ETags)
+    # what the backend knows of a listed file's content: S3, each ref's ETag (its compare-and-swap
+    # token); the Hub, README.md's git blob id (is the card as a push would write it?)
+    tokens: dict[str, str] = field(default_factory=dict)
 
 
 def not_a_wvc_remote(url: str, paths, verb: str) -> "NotAWvcRemote":
