@@ -216,7 +216,17 @@ def median(xs):
 
 def wire_bytes(server) -> int:
     """What the local Hub server and its Xet service were sent (request bodies)."""
-    return sum(server.received_bytes.values()) + sum(server.cas.received_bytes.values())
+    return sum(wire_by_kind(server).values())
+
+
+def wire_by_kind(server) -> dict[str, int]:
+    """The same by what each request was (``CountingServer.received_kind``): Xet xorbs and
+    shards, the Hub commit (small files ride inline), preupload, a bucket's batch, ..."""
+    out: dict[str, int] = {}
+    for counts in (server.received_bytes, server.cas.received_bytes):
+        for kind, n in counts.items():
+            out[kind] = out.get(kind, 0) + n
+    return out
 
 
 def start_s3(work: Path) -> tuple[object, str]:
@@ -296,12 +306,17 @@ def run(name: str, steps_iter, work: Path, *, hub_url: str | None, checkout_ever
                 row[f"compacted_{r}"] = pushed["files_replaced"]
             else:
                 t = time.perf_counter()
-                sent = wire_bytes(server) if r in SERVED else 0
+                sent = wire_by_kind(server) if r in SERVED else {}
                 pushed = repo.push(r, branch)
                 row[f"push_{r}_s"] = time.perf_counter() - t
                 # the Hub and a bucket: what reached the server (Xet: xorbs and shards; LFS: the
                 # files), not what wvc handed over; S3 and a directory: what wvc sent
-                row[f"upload_{r}_bytes"] = wire_bytes(server) - sent if r in SERVED else pushed.uploaded_bytes
+                if r in SERVED:
+                    now = wire_by_kind(server)
+                    row[f"upload_{r}_by_kind"] = {k: n - sent.get(k, 0) for k, n in now.items() if n != sent.get(k, 0)}
+                    row[f"upload_{r}_bytes"] = sum(row[f"upload_{r}_by_kind"].values())
+                else:
+                    row[f"upload_{r}_bytes"] = pushed.uploaded_bytes
                 row[f"copied_{r}_bytes"] = pushed.copied_bytes  # server-side copies (compose), apart
                 row[f"compacted_{r}"] = pushed.files_replaced
             if r not in followers:
@@ -367,6 +382,13 @@ def summarize(name: str, rows: list[dict], prune: dict, remotes) -> dict:
             "follow_s_last100_median": median([r[f"follow_{k}_s"] for r in rows[-100:]]),
             "compacting_pushes": sum(1 for r in rows if r[f"compacted_{k}"]),
         }
+        if k in SERVED:  # where the uploads went, as the server counted them
+            kinds: dict[str, int] = {}
+            for r in rows[1:]:
+                for kind, n in r.get(f"upload_{k}_by_kind", {}).items():
+                    kinds[kind] = kinds.get(kind, 0) + n
+            total = sum(r["stored_bytes"] for r in rows[1:])
+            out[k]["upload_by_kind_over_stored"] = {kind: round(n / total, 3) for kind, n in sorted(kinds.items())}
     checks = [r for r in rows if "checkout_tip_s" in r]
     out["checkout_tip_over_first"] = [round(r["checkout_tip_s"] / r["checkout_first_s"], 2) for r in checks]
     out["load_tip_over_first"] = [round(r["load_tip_s"] / r["load_first_s"], 2) for r in checks if "load_tip_s" in r]
@@ -402,6 +424,11 @@ def markdown(summaries: list[dict]) -> str:
                 f"| {_max_median(s['checkout_tip_over_first'])} | {_max_median(s.get('load_tip_over_first', []))} "
                 f"| {s['trl_total_over_stored']:.2f} "
                 f"| {s['trl_anchored_total_over_stored']:.2f} | {100 * s['prune_freed_fraction']:.0f}% |")
+    for s in summaries:
+        for k in SERVED:
+            if "upload_by_kind_over_stored" in s.get(k, {}):
+                kinds = ", ".join(f"{kind} {v:.3f}" for kind, v in s[k]["upload_by_kind_over_stored"].items())
+                lines.append(f"\n{s['run']}, {k}: uploads by kind, over stored (as the server received them): {kinds}")
     return "\n".join(lines)
 
 
