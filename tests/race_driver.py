@@ -1,7 +1,7 @@
 """One wvc operation in its own process, for the concurrency races of test_prune_races.py.
 
     python tests/race_driver.py steps REPO STATE N [--branch B]
-    python tests/race_driver.py prune REPO --keep K [--hold]
+    python tests/race_driver.py prune REPO --keep K [--hold] [--unlocked-rounds N] [--locked-bytes B]
     python tests/race_driver.py gc REPO
 
 ``steps`` continues a training-like run: it loads the run's tensors from STATE (a
@@ -87,7 +87,20 @@ def main() -> int:
     ap.add_argument("--branch", default="main")
     ap.add_argument("--keep", default="every=10,last=1")
     ap.add_argument("--hold", action="store_true")
+    ap.add_argument("--unlocked-rounds", type=int, default=None, help="prune: catch-ups before the write lock")
+    ap.add_argument("--locked-bytes", type=int, default=None, help="prune: the most it re-encodes under the lock")
     args = ap.parse_args()
+    from wvc.ops import prune as prune_op
+
+    if args.unlocked_rounds is not None:
+        prune_op.CATCH_UP_UNLOCKED_ROUNDS = args.unlocked_rounds
+    if args.locked_bytes is not None:
+        prune_op.CATCH_UP_LOCKED_BYTES = args.locked_bytes
+    if args.op == "prune":  # what the prune did, for the tests to read on stderr
+        import logging
+
+        logging.basicConfig(stream=sys.stderr, format="%(name)s: %(message)s")
+        logging.getLogger("wvc.ops.prune").setLevel(logging.DEBUG)
     try:
         with Repo.open(args.repo) as repo:
             if args.op == "steps":

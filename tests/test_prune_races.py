@@ -84,32 +84,66 @@ def test_commits_landing_while_a_prune_writes_its_pack_stay_exact(tmp_path):
         assert repo.pruned()  # the prune did run (again, seeing the new steps)
 
 
-def test_a_prune_finishes_while_training_commits_during_every_plan(tmp_path):
-    """Training that commits every few seconds lands a step on the tip's chunks during every
-    plan (which re-encodes them: their base is pruned): the prune re-encodes what landed under
-    the write lock instead of planning again, which would never end (it gave up after 3)."""
-    root, state, digests = _run_of(tmp_path, 30)
-    prune = _start("prune", root, "--keep", "last=1", "--hold")  # holds after every plan's pack
+def _prune_with_a_step_during_every_plan(root, state, *options, plans: int = 4):
+    """A prune held after each plan's pack, one training step committed in each hold (on the
+    tip's chunks, which the plan re-encodes: their base is pruned). -> (exit code, stderr,
+    how many plans it made, the new versions' digests)."""
+    prune = _start("prune", root, "--keep", "last=1", "--hold", *options)  # holds after every plan's pack
     new = {}
     _wait_holding(prune)
-    for plan in range(4):
-        r = _run("steps", root, state, 1)  # one step, on the tip's chunks this plan re-encodes
+    made = 0
+    for made in range(1, plans + 1):
+        r = _run("steps", root, state, 1)
         assert r.returncode == 0, r.stderr[-2000:]
         new.update(_versions(r.stdout))
         prune.stdin.write("go\n")
         prune.stdin.flush()
-        line = prune.stdout.readline()
-        if line.strip() != "HOLDING":
+        if prune.stdout.readline().strip() != "HOLDING":
             break
     out, err = prune.communicate(timeout=300)
-    assert prune.returncode == 0 and line.startswith("DONE"), (line, err[-2000:])
-    assert plan == 0  # one plan: what landed meanwhile was re-encoded, not planned again
+    return prune.returncode, err, made, new
+
+
+@pytest.mark.parametrize("where", ["before the write lock", "under the write lock"])
+def test_a_prune_finishes_while_training_commits_during_every_plan(tmp_path, where):
+    """Training that commits every few seconds lands a step on the tip's chunks during every
+    plan: the prune re-encodes what landed (before its write lock, and under it what lands
+    meanwhile) instead of planning again, which would never end (it gave up after 3)."""
+    root, state, digests = _run_of(tmp_path, 30)
+    options = ("--unlocked-rounds", "0") if where == "under the write lock" else ()
+    rc, err, plans, new = _prune_with_a_step_during_every_plan(root, state, *options)
+    assert rc == 0, err[-2000:]
+    assert plans == 1  # one plan: what landed meanwhile was re-encoded, not planned again
+    locked = "re-encoded under the write lock" in err
+    assert locked == (where == "under the write lock"), err[-2000:]  # (where the catch-up ran)
     digests.update(new)
     _check(root, digests)
     with Repo.open(root) as repo:
         assert not set(new) & repo.pruned()
         assert len(repo.pruned()) >= 29  # the run before the new step, less the tip it had
-        assert repo.fsck().errors == []
+    assert not list((root / ".wvc").glob("*.tmp"))
+
+
+def test_a_catch_up_larger_than_commits_may_wait_for_makes_the_plan_stale():
+    """Under the write lock commits wait: a catch-up that would re-encode more than
+    CATCH_UP_LOCKED_BYTES there raises StalePlan (the plan is made again; after 3 the prune
+    refuses) before it writes anything; before the lock it has no such bound."""
+    from types import SimpleNamespace
+
+    from wvc.codec.container import Method
+    from wvc.ops.prune import _catch_up
+    from wvc.store.prune_plan import StalePlan
+    from wvc.store.rows import ObjectRow
+
+    rows = {"K": ObjectRow("K", "p", 0, 1, 4096, int(Method.PLANES), None, 0),
+            "T": ObjectRow("T", "p", 0, 1, 4096, int(Method.XOR), "K", 1),
+            "S": ObjectRow("S", "p", 0, 1, 4096, int(Method.STEP_BLOCKS), "T", 2)}  # recorded since the plan
+    plan_rows = {"T": ObjectRow("T", "q", 0, 1, 4096, int(Method.PLANES), None, 0)}  # the plan made T a keyframe
+    repo = SimpleNamespace(max_chain=8)
+    written: list = []
+    with pytest.raises(StalePlan, match="while commits wait"):
+        _catch_up(repo, [], set(rows), dict(plan_rows), rows, {"T"}, written, locked_bytes=4095)
+    assert written == []
 
 
 def test_a_commit_encoded_before_a_prune_and_recorded_after_it_stays_exact(tmp_path):

@@ -127,22 +127,32 @@ def _prune(repo, branch: str | None, policy: KeepPolicy, dry_run: bool, protect,
     ensure_changes(repo, [c for c in run if c in pruning or first_parent[c] in pruning], progress)
     # 2. the new pack: re-encoded payloads, and the live payloads of the packs freed objects are in
     new_rows, copied, pack = prune_plan.write_pack(repo.store, plan, progress)
-    # 3. one transaction
-    now = int(time.time())
+    new_by_id = {r.id: r for r in new_rows}
+    rebased = plan.rebased | _base_changed(new_rows, plan.rows)
     written: list[tuple[str, int]] = []  # the catch-up's packs
+    caught_up: list = []
+    now = int(time.time())
     try:
+        # 2b. what commits recorded since the plan need re-encoded (the catch-up), as far as it
+        # goes before the write lock: under it, only what lands meanwhile is left
+        for _ in range(CATCH_UP_UNLOCKED_ROUNDS):
+            trees_now = _kept_trees(repo, already | pruning)
+            live_now, rows_now = _live_now(repo, trees_now, new_by_id, plan)
+            more = _catch_up(repo, trees_now, live_now, new_by_id, rows_now, rebased, written)
+            if not more:
+                break
+            caught_up += more
+        # 3. one transaction
         with repo.db.write():
             if pack is not None and not repo.store.pack_file_intact(*pack):
                 raise StalePlan(f"its new pack {pack[0][:12]} is gone or changed before its record")
             # a ref moved onto a version meanwhile: it keeps its weights (its chunks revive below)
             pruning -= _always_kept(repo)
             to_prune = [c for c in to_prune if c in pruning]
-            new_by_id = {r.id: r for r in new_rows}
             trees_now = _kept_trees(repo, already | pruning)
-            kept_now = set().union(*(t.chunk_ids() for t in trees_now))
-            live_now, rows_now = prune_plan.live_chunks(repo.store, kept_now, new_by_id, plan.rows)
-            rebased = plan.rebased | _base_changed(new_rows, rows_now)
-            caught_up = _catch_up(repo, trees_now, live_now, new_by_id, rows_now, rebased, written)
+            live_now, rows_now = _live_now(repo, trees_now, new_by_id, plan)
+            caught_up += _catch_up(repo, trees_now, live_now, new_by_id, rows_now, rebased, written,
+                                   locked_bytes=CATCH_UP_LOCKED_BYTES)
             depths = prune_plan.corrected_depths(live_now, new_by_id, rows_now)
             prune_plan.check_still_valid(plan, live_now, new_by_id, rows_now, depths, repo.max_chain)
             resurrected = plan.freed & live_now  # a commit that landed meanwhile needs them
@@ -174,24 +184,43 @@ def _prune(repo, branch: str | None, policy: KeepPolicy, dry_run: bool, protect,
 
 
 CATCH_UP_ROUNDS = 8  # a round re-encodes the steps on what the last one put on a new base (a few at most)
+CATCH_UP_UNLOCKED_ROUNDS = 3  # catch-ups before the write lock, each seeing the commits that landed during the last
+# Under the write lock commits wait (SQLite's busy timeout, 30 s): re-encoding more than this
+# there (a dense step of a large model landed after the last catch-up before it) makes the plan
+# stale instead; it is made again, and after 3 the prune refuses, rather than fail a commit.
+CATCH_UP_LOCKED_BYTES = 256 << 20
 
 
-def _catch_up(repo, trees, live, new_by_id: dict, rows: dict, rebased: set[str], written: list) -> list:
-    """Step 3, under the write lock: re-encode the chunks recorded since the plan that it
-    would break (``prune_plan.catch_up``), each round into a pack of its own (appended to
-    ``written``); ``new_by_id`` and ``rebased`` grow with them. -> [(rows, pack)]."""
+def _live_now(repo, trees, new_by_id: dict, plan):
+    """Every chunk ``trees`` need now, through the re-encoded rows, and their current rows."""
+    kept = set().union(*(t.chunk_ids() for t in trees))
+    return prune_plan.live_chunks(repo.store, kept, new_by_id, plan.rows)
+
+
+def _catch_up(repo, trees, live, new_by_id: dict, rows: dict, rebased: set[str], written: list,
+              locked_bytes: int | None = None) -> list:
+    """Re-encode the chunks recorded since the plan that it would break (``prune_plan.catch_up``),
+    each round into a pack of its own (appended to ``written``); ``new_by_id`` and ``rebased``
+    grow with them. ``locked_bytes``: under the write lock, the most raw bytes it may
+    re-encode (StalePlan past it). -> [(rows, pack)]."""
     out = []
     dtypes = None
+    spent = 0
     for _ in range(CATCH_UP_ROUNDS):
         fixes = prune_plan.catch_up(rebased, live, new_by_id, rows, repo.max_chain)
         if not fixes.items:
             break
+        spent += sum(rows[o].raw_size for o, _ in fixes.items)
+        if locked_bytes is not None and spent > locked_bytes:
+            raise StalePlan(f"{len(fixes.items)} chunks recorded since the plan need re-encoding, more than "
+                            f"{locked_bytes >> 20} MiB to re-encode while commits wait")
         dtypes = dtypes or prune_plan.live_dtypes(trees, rows)
         new_rows, pack = prune_plan.write_catch_up(repo.store, fixes, new_by_id, rows, dtypes)
         if pack is None:
             break
         written.append(pack)
-        log.debug("prune: %d chunks recorded since the plan re-encoded under the write lock", len(new_rows))
+        log.debug("prune: %d chunks recorded since the plan re-encoded%s", len(new_rows),
+                  " under the write lock" if locked_bytes is not None else "")
         rebased |= fixes.rebased | _base_changed(new_rows, rows)
         new_by_id.update((r.id, r) for r in new_rows)
         out.append((new_rows, pack))
