@@ -1,4 +1,4 @@
-"""The layer rules of docs/design.md ("Layers"), checked over the source: every import,
+"""The layer rules of docs/architecture.md ("Layers"), checked over the source: every import,
 at module level or inside a function, runs downward; the composition root imports no verb;
 SQL lives in store/ (and the stat cache of worktree/scan.py) only."""
 
@@ -34,7 +34,7 @@ def layer_of(module: str) -> int:
         for name in names:
             if (module == name or module.startswith(name + ".")) and len(name) > best_len:
                 best, best_len = i, len(name)
-    assert best is not None, f"{module} is in no layer: add it to LAYERS and docs/design.md"
+    assert best is not None, f"{module} is in no layer: add it to LAYERS (python tests/test_architecture.py writes docs/architecture.md)"
     return best
 
 
@@ -239,7 +239,7 @@ TABLE_HEAD = "| layer | modules | job |"
 
 
 def layer_table() -> str:
-    """docs/design.md's Layers table, made from LAYERS and the modules on disk: each layer's
+    """docs/architecture.md's Layers table, made from LAYERS and the modules on disk: each layer's
     modules, loose ones first, then by folder."""
     rows = [TABLE_HEAD, "|---|---|---|"]
     for i, (name, job) in enumerate(LAYER_JOBS):
@@ -255,7 +255,7 @@ def layer_table() -> str:
     return "\n".join(rows) + "\n"
 
 
-DESIGN = PACKAGE.parent / "docs" / "design.md"
+DESIGN = PACKAGE.parent / "docs" / "architecture.md"
 
 
 def _table_in_design() -> tuple[int, int]:
@@ -264,7 +264,7 @@ def _table_in_design() -> tuple[int, int]:
     return start, text.index("\n\n", start) + 1
 
 
-def test_design_md_s_layer_table_is_made_from_this_test_s_layers():
+def test_architecture_md_s_layer_table_is_made_from_this_test_s_layers():
     """The contract's table names every module on its layer, as this test holds it (issue 52:
     the hand-written one had missed six modules). ``python tests/test_architecture.py``
     writes it."""
@@ -273,7 +273,7 @@ def test_design_md_s_layer_table_is_made_from_this_test_s_layers():
     assert DESIGN.read_text()[start:end] == layer_table(), "run `python tests/test_architecture.py` to write it"
 
 
-if __name__ == "__main__":  # write the table into docs/design.md
+if __name__ == "__main__":  # write the table into docs/architecture.md
     start, end = _table_in_design()
     text = DESIGN.read_text()
     DESIGN.write_text(text[:start] + layer_table() + text[end:])
