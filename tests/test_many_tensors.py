@@ -322,3 +322,21 @@ def test_exporting_a_version_decodes_chunks_of_different_tensors_at_once(one_chu
         got.update(load_file(str(f)))
     assert set(got) == set(state)
     assert all(torch.equal(got[k].view(torch.int32), state[k].view(torch.int32)) for k in state)
+
+
+def test_merging_decodes_the_sides_of_a_computed_tensor_at_once(one_chunk_tensors, monkeypatch):
+    """A strategy merge reads the base, ours and theirs of its computed tensors through one
+    stream of decodes, as load does (before, a tensor's each side was read alone)."""
+    repo, base, state = one_chunk_tensors
+    g = torch.Generator().manual_seed(1)
+    repo.create_branch("exp")
+    repo.commit("ours", source={**state, "w0": state["w0"] + 0.01 * torch.randn(256, 256, generator=g)})
+    theirs = {**state, "w0": state["w0"] - 0.01 * torch.randn(256, 256, generator=g)}
+    repo.commit("theirs", source=theirs, branch="exp")
+    ours = repo.load_state_dict("HEAD")
+    met = _meeting_decodes(repo.internals.store, monkeypatch)
+    res = repo.merge("exp", strategy="linear")
+    assert res.computed == ["model.safetensors:w0"], res.computed
+    assert sorted(met) == [0, 1]
+    merged = repo.load_state_dict("HEAD")["w0"]
+    assert torch.equal(merged, (0.5 * ours["w0"].float() + 0.5 * theirs["w0"].float()).to(merged.dtype))

@@ -270,7 +270,7 @@ def _fill_computed(repo, plan: _Plan, b_tree, o_tree, t_tree, strategy, params, 
         return plan.files
     import torch
 
-    from ..read.tensors import tensor_from_chunks
+    from ..read.tensors import stream_tensors
 
     b, o, t = b_tree.by_path(), o_tree.by_path(), t_tree.by_path()
     files = dict(plan.files)
@@ -278,18 +278,24 @@ def _fill_computed(repo, plan: _Plan, b_tree, o_tree, t_tree, strategy, params, 
     progress.start(len(wanted), f"merging tensors ({strategy})", unit="tensors")
     for path in sorted({p for p, _ in wanted}):
         entry = files[path]
+        sides = {}  # each computed tensor's (base or None, ours, theirs) entries
+        for x in entry.tensors:
+            if (path, x.name) in wanted:
+                sides[x.name] = (next((y for y in b[path].tensors if y.name == x.name), None) if path in b else None,
+                                 next(y for y in o[path].tensors if y.name == x.name),
+                                 next(y for y in t[path].tensors if y.name == x.name))
+        reading = [e for triple in sides.values() for e in triple if e is not None]
+        repo.store.ensure_local([c for e in reading for c in e.chunks], progress)
+        decoded = stream_tensors(repo.store, reading)  # decoded ahead across the file's tensors, in this order
         tensors = []
         for x in entry.tensors:
-            if (path, x.name) not in wanted:
+            if x.name not in sides:
                 tensors.append(x)
                 continue
-            xo = next(y for y in o[path].tensors if y.name == x.name)
-            xt = next(y for y in t[path].tensors if y.name == x.name)
-            xb = next((y for y in b[path].tensors if y.name == x.name), None) if path in b else None
-            repo.store.ensure_local([*xo.chunks, *xt.chunks, *(xb.chunks if xb else ())], progress)
-            merged = merge_tensor(strategy, tensor_from_chunks(repo.store, xb, "cpu") if xb else None,
-                                  tensor_from_chunks(repo.store, xo, "cpu"), tensor_from_chunks(repo.store, xt, "cpu"),
-                                  params, x.name)
+            xb, xo, xt = sides[x.name]
+            base = next(decoded) if xb is not None else None
+            ours, theirs = next(decoded), next(decoded)
+            merged = merge_tensor(strategy, base, ours, theirs, params, x.name)
             raw = merged.contiguous().view(torch.uint8).numpy().tobytes() if merged.numel() else b""
             dtype = DTYPES[x.dtype]
             chunks = []

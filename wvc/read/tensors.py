@@ -51,15 +51,32 @@ def _empty(entries: dict, device: str) -> tuple[dict, list]:
     return out, flats
 
 
-def tensors_on_host(store, entries: dict) -> dict:
-    """Tensor entries decoded (every chunk hash-checked, decoded ahead on the codec pool
-    across tensors) into tensors in host memory."""
+def stream_tensors(store, entries):
+    """Each of ``entries``' tensors in host memory, in order: their chunks decoded ahead on the
+    codec pool across tensors (every chunk hash-checked), what is held at once bounded by the
+    pool's in-flight bytes and the tensor being filled. Each tensor's chunks must fill it."""
     import numpy as np
+    import torch
 
-    out, flats = _empty(entries, "cpu")
-    for where, raw in _placed(store, flats):
-        where.numpy()[:] = np.frombuffer(raw, dtype=np.uint8)
-    return out
+    chunks = store.get_many([c for e in entries for c in e.chunks])
+    for e in entries:
+        t = torch.empty(tuple(e.shape), dtype=getattr(torch, DTYPES[e.dtype].torch_name))
+        flat = t.reshape(-1).view(torch.uint8).numpy()
+        at = 0
+        for _ in e.chunks:
+            raw = next(chunks)
+            if at + len(raw) > flat.size:
+                raise CorruptObject("a tensor's chunks hold more bytes than its shape")
+            flat[at : at + len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+            at += len(raw)
+        if at != flat.size:
+            raise CorruptObject("a tensor's chunks hold fewer bytes than its shape")
+        yield t
+
+
+def tensors_on_host(store, entries: dict) -> dict:
+    """Tensor entries decoded into tensors in host memory (:func:`stream_tensors`)."""
+    return dict(zip(entries, stream_tensors(store, list(entries.values()))))
 
 
 def tensors_on_device(store, entries: dict, device: str, batch_bytes: int | None = None) -> dict:
