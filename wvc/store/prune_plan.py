@@ -232,17 +232,7 @@ def write_pack(store, plan: PrunePlan, progress: Progress):
     writer = PackWriter(store.packs_dir)
     try:
         encoded = _encoded(store, plan.reencode, plan.rows, plan.dtypes, progress, "re-encoding what kept versions need")
-        depth: dict[str, int] = {}
-
-        def depth_of(oid: str | None) -> int:  # the depth a row will have (bases come first)
-            return -1 if oid is None else depth.get(oid, plan.rows[oid].depth if oid in plan.rows else 0)
-
-        new_rows = []
-        for oid, base, raw_size, enc in encoded:
-            base = base if enc.uses_base else None
-            entry = writer.add(oid, enc.payload, raw_size, int(enc.method), base)
-            depth[oid] = depth_of(base) + 1
-            new_rows.append(ObjectRow(oid, "", entry.offset, entry.length, raw_size, int(enc.method), base, depth[oid]))
+        new_rows = _added(writer, encoded, lambda oid: plan.rows[oid].depth if oid in plan.rows else 0)
         moving = {o for o, _ in plan.reencode}
         touched = {plan.rows[o].pack for o in plan.freed | moving}
         keep_rows = [r for r in store.rows_in_packs(touched) if r.id not in plan.freed and r.id not in moving]
@@ -251,9 +241,27 @@ def write_pack(store, plan: PrunePlan, progress: Progress):
     except BaseException:
         writer.abort()
         raise
-    if pack is not None:
-        new_rows = [ObjectRow(r.id, pack[0], r.offset, r.length, r.raw_size, r.method, r.base, r.depth) for r in new_rows]
-    return new_rows, [(e.id, e.offset) for e in entries], pack
+    return _in_pack(new_rows, pack), [(e.id, e.offset) for e in entries], pack
+
+
+def _added(writer: PackWriter, encoded, depth_below) -> list[ObjectRow]:
+    """``encoded`` (:func:`_encoded`'s, bases first) added to ``writer``: their rows, each as
+    deep as its base (``depth_below(base)`` for a base not among them) and one more."""
+    depth: dict[str, int] = {}
+    rows = []
+    for oid, base, raw_size, enc in encoded:
+        base = base if enc.uses_base else None
+        entry = writer.add(oid, enc.payload, raw_size, int(enc.method), base)
+        depth[oid] = 0 if base is None else (depth[base] if base in depth else depth_below(base)) + 1
+        rows.append(ObjectRow(oid, "", entry.offset, entry.length, raw_size, int(enc.method), base, depth[oid]))
+    return rows
+
+
+def _in_pack(rows: list[ObjectRow], pack: tuple[str, int] | None) -> list[ObjectRow]:
+    """``rows`` pointed at the finished ``pack``."""
+    if pack is None:
+        return rows
+    return [ObjectRow(r.id, pack[0], r.offset, r.length, r.raw_size, r.method, r.base, r.depth) for r in rows]
 
 
 def live_chunks(store, kept: set[str], new_rows: dict[str, ObjectRow],
@@ -379,29 +387,17 @@ def write_catch_up(store, fixes: CatchUp, new_rows: dict[str, ObjectRow], rows: 
     writer = PackWriter(store.packs_dir)
     try:
         encoded = _encoded(store, fixes.items, rows, dtypes, NULL, "re-encoding chunks committed meanwhile")
-        depth: dict[str, int] = {}
 
-        def depth_of(oid: str | None) -> int:
-            if oid is None:
-                return -1
-            if oid in depth:
-                return depth[oid]
+        def depth_below(oid: str) -> int:  # through the plan's rows: an unmoved row's depth may be stale
             row = new_rows.get(oid) or rows.get(oid)
-            return 0 if row is None else depth_of(row.base) + 1 if row.base is not None else 0
+            return 0 if row is None or row.base is None else depth_below(row.base) + 1
 
-        out = []
-        for oid, base, raw_size, enc in encoded:
-            base = base if enc.uses_base else None
-            entry = writer.add(oid, enc.payload, raw_size, int(enc.method), base)
-            depth[oid] = depth_of(base) + 1
-            out.append(ObjectRow(oid, "", entry.offset, entry.length, raw_size, int(enc.method), base, depth[oid]))
+        out = _added(writer, encoded, depth_below)
         pack = writer.finish()
     except BaseException:
         writer.abort()
         raise
-    if pack is not None:
-        out = [ObjectRow(r.id, pack[0], r.offset, r.length, r.raw_size, r.method, r.base, r.depth) for r in out]
-    return out, pack
+    return _in_pack(out, pack), pack
 
 
 def check_still_valid(plan: PrunePlan, live: set[str], new_rows: dict[str, ObjectRow], rows: dict[str, ObjectRow],
