@@ -133,6 +133,24 @@ def test_a_poll_with_nothing_new_costs_one_small_request(tmp_path, hub_env, monk
     assert follower.update().commit == commit  # the poll sees the move, then the update reads what it needs
 
 
+def test_an_update_with_a_short_timeout_waits_it_out_when_nothing_is_new(tmp_path, hub_env, monkeypatch):
+    """``update(timeout=T)`` with nothing new returns after T, having polled once or twice: it
+    returned at once when a poll and its back-off did not fit in T, so a loop of short updates
+    polled as fast as it could and spent the Hub's request quota its publisher needed."""
+    import time
+
+    monkeypatch.setenv("WVC_CACHE", str(tmp_path / "cache"))
+    url = f"hf://team/wait-{tmp_path.name}"
+    Publisher(tmp_path / "trainer", url).step("step 0")
+    follower = wvc.follow(url)
+    follower.update()
+    before, t = len(hub_env.requests), time.monotonic()
+    for _ in range(3):
+        assert follower.update(timeout=0.3) is None
+    assert time.monotonic() - t >= 0.9
+    assert len(hub_env.requests) - before <= 6, hub_env.requests[before:]  # a small request a poll
+
+
 def test_an_update_reads_a_commits_new_payloads_in_one_request_per_pack(tmp_path, hub_env, monkeypatch):
     """One commit's new objects lie side by side in its pack: an update fetches them with
     one range request, not one per changed chunk (a round trip each on the real Hub)."""

@@ -496,9 +496,15 @@ class Follower:
                 view = None
             if view is not None and view.commit != self.commit:
                 return self._move(view, t0)
-            if deadline is None or time.monotonic() + wait > deadline:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is None or remaining <= 0:
                 return None
-            time.sleep(wait)
+            # Waits out the timeout even when a poll would not fit in it: returning at once made
+            # a loop of short updates poll as fast as it could (a follower of a Hub repo spent
+            # the request quota its publisher needed to push).
+            time.sleep(min(wait, remaining))
+            if wait >= remaining:
+                return None
             wait = min(wait * 2, POLL_SECONDS[1])
 
     def _move(self, view: VersionView, t0: float) -> Update:
