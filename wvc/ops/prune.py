@@ -101,6 +101,7 @@ def prune(repo, branch: str | None = None, keep=None, *, dry_run: bool = False, 
 
 def _prune(repo, branch: str | None, policy: KeepPolicy, dry_run: bool, protect, progress: Progress) -> PruneResult:
     _finish_retired(repo)
+    tips = _ref_tips(repo)  # as the plan sees them: what a commit landing meanwhile moves
     branch = branch or repo.refs.head_branch()
     if branch is None:
         raise InvalidArgument("HEAD is detached: name the branch to prune")
@@ -134,14 +135,16 @@ def _prune(repo, branch: str | None, policy: KeepPolicy, dry_run: bool, protect,
     now = int(time.time())
     try:
         # 2b. what commits recorded since the plan need re-encoded (the catch-up), as far as it
-        # goes before the write lock: under it, only what lands meanwhile is left
+        # goes before the write lock: under it, only what lands meanwhile is left. A round only
+        # when a ref moved (every commit moves one): a prune beside no training reads the kept
+        # trees once more, under the lock, as before.
         for _ in range(CATCH_UP_UNLOCKED_ROUNDS):
+            if (moved := _ref_tips(repo)) == tips:
+                break
+            tips = moved
             trees_now = _kept_trees(repo, already | pruning)
             live_now, rows_now = _live_now(repo, trees_now, new_by_id, plan)
-            more = _catch_up(repo, trees_now, live_now, new_by_id, rows_now, rebased, written)
-            if not more:
-                break
-            caught_up += more
+            caught_up += _catch_up(repo, trees_now, live_now, new_by_id, rows_now, rebased, written)
         # 3. one transaction
         with repo.db.write():
             if pack is not None and not repo.store.pack_file_intact(*pack):

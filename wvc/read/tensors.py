@@ -23,22 +23,29 @@ def tensor_from_chunks(store, entry, device: str):
     return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(entry.shape)
 
 
+def _spans(chunks, count: int, size: int):
+    """(offset, raw) for the next ``count`` chunks of ``chunks`` (an iterator of their bytes,
+    in order), which must fill ``size`` bytes exactly: a tensor's chunks are its bytes."""
+    at = 0
+    for _ in range(count):
+        raw = next(chunks)
+        if at + len(raw) > size:
+            raise CorruptObject("a tensor's chunks hold more bytes than its shape")
+        yield at, raw
+        at += len(raw)
+    if at != size:
+        raise CorruptObject("a tensor's chunks hold fewer bytes than its shape")
+
+
 def _placed(store, flats: list):
     """(where, raw) for every chunk of ``flats`` ((a tensor's bytes as a flat uint8 tensor, its
     chunk ids), in order): one ``get_many`` over them all, so the codec pool decodes ahead
     across tensors (a model of many one-chunk tensors decodes in parallel, not a tensor at a
-    time); each tensor's chunks must fill it exactly."""
+    time)."""
     chunks = store.get_many([c for _, ids in flats for c in ids])
     for flat, ids in flats:
-        at = 0
-        for _ in ids:  # the chunks, in order, are the tensor's bytes
-            raw = next(chunks)
-            if at + len(raw) > flat.numel():
-                raise CorruptObject("a tensor's chunks hold more bytes than its shape")
+        for at, raw in _spans(chunks, len(ids), flat.numel()):
             yield flat[at : at + len(raw)], raw
-            at += len(raw)
-        if at != flat.numel():
-            raise CorruptObject("a tensor's chunks hold fewer bytes than its shape")
 
 
 def _empty(entries: dict, device: str) -> tuple[dict, list]:
@@ -62,15 +69,8 @@ def stream_tensors(store, entries):
     for e in entries:
         t = torch.empty(tuple(e.shape), dtype=getattr(torch, DTYPES[e.dtype].torch_name))
         flat = t.reshape(-1).view(torch.uint8).numpy()
-        at = 0
-        for _ in e.chunks:
-            raw = next(chunks)
-            if at + len(raw) > flat.size:
-                raise CorruptObject("a tensor's chunks hold more bytes than its shape")
+        for at, raw in _spans(chunks, len(e.chunks), flat.size):
             flat[at : at + len(raw)] = np.frombuffer(raw, dtype=np.uint8)
-            at += len(raw)
-        if at != flat.size:
-            raise CorruptObject("a tensor's chunks hold fewer bytes than its shape")
         yield t
 
 

@@ -302,6 +302,9 @@ class HubBackend(Backend):
         ops += [CommitOperationAdd(path_in_repo=r, path_or_fileobj=(t + "\n").encode()) for r, t in refs.items() if t]
         ops += [CommitOperationDelete(path_in_repo=r) for r, t in refs.items() if t is None]
         ops += [CommitOperationDelete(path_in_repo=p) for p in delete]
+        # The card names branches, not commits, so that a training run's pushes leave it alone:
+        # one the listing shows with the blob id of this one is neither read nor sent (each
+        # rewrite cost a read of it, its upload inline in the commit and the Hub's YAML check).
         card = model_card(self.repo_id, new_refs).encode()
         if CARD not in expected.files or (expected.tokens.get(CARD) != git_blob_id(card)
                                           and is_our_card(self.read(CARD, MAX_CARD_BYTES) or b"")):
@@ -325,10 +328,7 @@ MAX_CARD_BYTES = 1 << 20
 
 
 def git_blob_id(data: bytes) -> str:
-    """A file's git blob id, as the Hub's tree listing gives it: a card the listing shows
-    with the id of the one a push would write is not read or written again (names branches,
-    not commits, so that a training run's pushes leave it alone: each rewrite cost a read of
-    it, its upload inline in the commit and the Hub's check of its YAML, three requests a push)."""
+    """A file's git blob id, as the Hub's tree listing gives it."""
     import hashlib
 
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()

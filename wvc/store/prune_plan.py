@@ -317,15 +317,15 @@ def corrected_depths(live: set[str], new_rows: dict[str, ObjectRow], rows: dict[
 
 @dataclass
 class CatchUp:
-    """What a prune re-encodes under the write lock for the commits recorded since its plan."""
+    """What a prune re-encodes for the commits recorded since its plan (before its write lock, and under it)."""
     items: list[tuple[str, str | None]]  # (chunk, its base or None), bases first
     rebased: set[str]  # those put on a new base (the rest keep theirs and lose their step context)
 
 
 def catch_up(rebased: set[str], live: set[str], new_rows: dict[str, ObjectRow], rows: dict[str, ObjectRow],
              max_chain: int) -> CatchUp:
-    """Under the write lock: the live chunks the plan, applied as it stands, would break,
-    and what to re-encode each on. They are chunks that commits from other processes recorded
+    """The live chunks the plan, applied as it stands, would break, and what to re-encode
+    each on. They are chunks that commits from other processes recorded
     since the plan (or chunks it frees that such a commit needs again); training that commits
     every few seconds records one on the tip's chunks during every plan, so remaking the plan
     would never end. A step payload (it is decoded in the context of its base's base) whose
@@ -380,8 +380,8 @@ def live_dtypes(trees, rows: dict[str, ObjectRow]) -> dict[str, str]:
 
 def write_catch_up(store, fixes: CatchUp, new_rows: dict[str, ObjectRow], rows: dict[str, ObjectRow],
                    dtypes: dict[str, str]) -> tuple[list[ObjectRow], tuple[str, int] | None]:
-    """Under the write lock: :func:`catch_up`'s chunks re-encoded into a pack of their own,
-    made durable; their rows (depths through ``new_rows``, the plan's). Their old payloads
+    """:func:`catch_up`'s chunks re-encoded into a pack of their own, made durable (nothing
+    records it yet); their rows (depths through ``new_rows``, the plan's). Their old payloads
     stay in their packs, unreferenced, until a prune frees something there and copies the
     pack's live payloads (they are the newest versions' chunks: the next prune usually does)."""
     writer = PackWriter(store.packs_dir)
