@@ -9,7 +9,7 @@ commit that was 560k page faults, a fifth of the CPU time (sys 1.4 s of 6.4 s).
 Raising the trim threshold to 64 MiB and fixing the mmap threshold at 16 MiB keeps those
 buffers in the arenas, at a cost of at most 64 MiB of freed memory held per arena. Only
 glibc has ``mallopt``; elsewhere this does nothing. It changes the whole process (the
-contract says so, docs/design.md "Process-wide changes"); ``WVC_MALLOC_TUNING=0`` leaves
+contract says so, docs/architecture.md "Process-wide changes"); ``WVC_MALLOC_TUNING=0`` leaves
 malloc alone.
 """
 

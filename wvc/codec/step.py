@@ -3,7 +3,7 @@
 An optimizer step moves an element that moved at the step before again, mostly the same way
 by a similar number of units in the last place (Adam's moments). The base ``b`` (step t-1)
 and *its* base ``g`` (step t-2) are both known to the decoder, so the previous step's delta
-``o(b) - o(g)`` is a context that costs nothing to transmit. docs/design.md, "ULP_STEP",
+``o(b) - o(g)`` is a context that costs nothing to transmit. docs/step-coders.md
 has the format; ``_step.c`` is the fast implementation and this module its Python twin
 (same bytes; used without the C build, and by the tests to check one against the other).
 

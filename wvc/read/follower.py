@@ -10,7 +10,7 @@ An update reads the branch's tip, compares its tensors' chunk lists with the one
 tensors hold, and fetches only the chunks that differ (range reads from a remote, each
 decoded and checked against its id). A changed chunk stored as a delta against the chunk
 the follower already holds, or against a keyframe it kept, is decoded from those bytes:
-nothing else is downloaded (docs/design.md, "Anchor policy" and "Followers"). Every new
+nothing else is downloaded (docs/codec.md, "Anchor policy"; docs/training.md). Every new
 chunk is fetched and verified before any tensor is touched, then all are written: a
 failure (network, corrupt payload) leaves every tensor at the old version, and a retry
 completes the move.

@@ -6,7 +6,7 @@ transaction once the pack is durable (Repository.record).
 
 Which stored version a new chunk is encoded against is the anchor policy's
 (store/anchors.py: a hierarchy of anchors on the parent chunk's chain, bounded by
-``max_chain``; docs/design.md, "Anchor policy").
+``max_chain``; docs/codec.md, "Anchor policy").
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ RACY_MARGIN_NS = 2_000_000_000  # coarser than any common file-system timestamp
 
 # Ignored unless .wvcignore re-includes them with "!": a git repository's own store (with
 # .git/lfs/objects, the weights a second time) and huggingface_hub's cache inside a model
-# directory. docs/design.md lists them.
+# directory. docs/worktree.md lists them.
 DEFAULT_IGNORES = (".git/", ".cache/huggingface/")
 
 
