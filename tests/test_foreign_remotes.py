@@ -8,7 +8,8 @@ import pytest
 from huggingface_hub import HfApi
 
 from wvc import Repo, clone
-from wvc.errors import BaseModelError, NotAWvcRemote
+from wvc.errors import BaseModelError, NotAWvcRemote, RemoteError, RemoteNotFound
+from wvc.remotes.interface import Backend, Listing
 
 from .conftest import TOKEN, RemoteFiles, repo_state
 from .test_everyday import run, two_tensors
@@ -124,3 +125,57 @@ def test_init_base_refuses_a_wvc_remote(tmp_path, hub_env):
         with pytest.raises(BaseModelError, match="is a wvc remote"):
             Repo.init(tmp_path / "b", base=base)
         assert not (tmp_path / "b").exists()
+
+
+class _Files(Backend):
+    """A backend of plain files in memory: the file interface only, no judgement of its own."""
+
+    def __init__(self, files: dict[str, bytes], *, keeps_marker: bool, exists: bool = True):
+        self.url, self.files, self.keeps_marker, self.exists, self.made = "mem://x", dict(files), keeps_marker, exists, 0
+
+    def listing(self) -> Listing:
+        if not self.exists:
+            raise RemoteNotFound(f"{self.url}: not found")
+        return Listing({}, "v", frozenset(self.files))
+
+    def make(self) -> None:
+        self.exists, self.made = True, self.made + 1
+
+    def write_new(self, path: str, data: bytes) -> None:
+        self.files.setdefault(path, data)
+
+    def read(self, path: str, limit: int):
+        return self.files.get(path)
+
+
+def test_the_remote_repository_alone_judges_what_a_backend_holds():
+    """Issue 52: a backend lists files; whether they are a wvc remote, and making an empty one
+    one, is the remote repository's (the same rules the four backends applied on their own)."""
+    from wvc.remotes.repository import read_state
+
+    marked = _Files({}, keeps_marker=True)  # a directory or S3 prefix: the marker says
+    with pytest.raises(RemoteError, match="not a wvc remote"):
+        read_state(marked)  # a read of an empty place
+    assert read_state(marked, create=True).files == {"wvc.json"}  # a push's makes it one
+    assert marked.files == {"wvc.json": b'{"format": 1}'}  # the bytes wvc always wrote
+    assert read_state(marked).refs == {}
+    other = _Files({"notes.txt": b"mine"}, keeps_marker=True)
+    with pytest.raises(RemoteError, match="exists and is not a wvc remote"):
+        read_state(other, create=True)
+    assert other.files == {"notes.txt": b"mine"}  # left as it was
+
+    model = _Files({"README.md": b"", "model.safetensors": b"x"}, keeps_marker=False)  # a Hub repo: its files say
+    for create in (False, True):
+        with pytest.raises(NotAWvcRemote, match="model.safetensors"):
+            read_state(model, create=create)
+    assert read_state(_Files({"README.md": b"", ".gitattributes": b""}, keeps_marker=False)).refs == {}
+    missing = _Files({}, keeps_marker=False, exists=False)
+    with pytest.raises(RemoteNotFound):
+        read_state(missing)
+    assert missing.made == 0
+    read_state(missing, create=True)
+    assert missing.made == 1 and "wvc.json" not in missing.files  # no marker where none is kept
+    pinned = _Files({}, keeps_marker=False)
+    pinned.read_only = "pinned to a revision"
+    with pytest.raises(RemoteError, match="pinned"):
+        read_state(pinned, create=True)

@@ -218,12 +218,13 @@ def test_an_s3_listing_steps_over_the_attic_however_many_files_it_holds(tmp_path
 
 def _push_format_1(repo: Repo, url: str) -> None:
     """What wvc wrote before format 2: a pack with its .idx, one file a commit and a tree."""
+    from wvc.remotes.repository import read_state
     from wvc.model.versions import canonical_json
     from wvc.remotes.layout import commit_path, pack_path, tree_path
     from wvc.store.packs import PackWriter, pack_filename
 
     remote = open_backend(url)
-    state = remote.listing(create=True)
+    state = read_state(remote, create=True)
     head = repo.head()
     commits = repo.internals.graph.ancestors(head)
     chunks = {c for cid in commits for c in repo.internals.read_tree(repo.read_commit(cid).tree).chunk_ids()}

@@ -285,9 +285,10 @@ def test_creating_a_hub_remote_changes_nothing_process_wide(monkeypatch):
 
 def test_a_hub_error_on_a_path_with_404_in_it_is_not_taken_for_a_missing_file(hub):
     from wvc.remotes import open_backend
+    from wvc.remotes.repository import read_state
 
     repo_remote = open_backend("hf://team/err404")
-    repo_remote.listing(create=True)
+    read_state(repo_remote, create=True)
     path = "objects/trees/40/" + "404" + "a" * 61  # hex ids contain "404" about 1.5% of the time
     assert repo_remote.read(path, 1 << 20) is None  # really missing: None
     _write_remote_file("hf://team/err404", hub, path, b"{}")

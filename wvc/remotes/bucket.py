@@ -40,9 +40,9 @@ from .. import settings
 from ..errors import CorruptObject, NonFastForward, RemoteNotFound
 from ..formats import bounded_json
 from .hub import HubBackend, RateLimited, RemoteFileNotFound, _transport_errors, backs_off, hub_errors
-from .interface import (Listing, RemoteChanged, RemoteError, content_size, not_a_wvc_remote, retries_reads,
+from .interface import (Listing, RemoteChanged, RemoteError, content_size, retries_reads,
                         upload_progress)
-from .layout import is_wvc_layout, parse_refs
+from .layout import parse_refs
 
 REFLOG = "reflog/"
 # seq: 12 digits or more (a remote may have written any number: the next one always matches)
@@ -211,18 +211,13 @@ class BucketBackend(HubBackend):
         return parse_refs({r: c.encode() for r, c in refs.items()})  # names and commit ids checked there
 
     # -- Backend -----------------------------------------------------------------------------------
-    def listing(self, create: bool = False) -> Listing:
-        try:
-            listing = self._list()
-        except RemoteNotFound:
-            if not create:
-                raise
-            with hub_errors(self.url):
-                self.api.create_bucket(self.bucket_id, private=True, exist_ok=True)
-            listing = {}
+    def make(self) -> None:
+        with hub_errors(self.url):
+            self.api.create_bucket(self.bucket_id, private=True, exist_ok=True)
+
+    def listing(self) -> Listing:
+        listing = self._list()
         paths = [p for p in listing if not p.startswith(REFLOG)]
-        if paths and not is_wvc_layout(paths):
-            raise not_a_wvc_remote(self.url, paths, "push" if create else "read")
         self.head = self._head(listing)
         refs = self._entry(self.head) if self.head else {}
         return Listing(refs, self.head or "", frozenset(paths))

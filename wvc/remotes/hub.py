@@ -18,8 +18,8 @@ from pathlib import Path
 from .. import settings
 from ..errors import RemoteFileTooLarge, RemoteNotFound, WvcError
 from .interface import (Listing, Backend, RemoteChanged, RemoteError, TransientError, content_size, local_write_errors,
-                        not_a_wvc_remote, retries_reads, upload_progress)
-from .layout import HUB_STARTERS, check_ref_count, is_wvc_layout, parse_refs
+                        retries_reads, upload_progress)
+from .layout import check_ref_count, parse_refs
 
 HUB_BRANCH = "main"
 
@@ -166,6 +166,9 @@ class HubBackend(Backend):
         # per remote, so one set after huggingface_hub was imported still counts.
         self.repo_id = repo_id
         self.revision = revision  # hf://org/name@rev: read as of that Hub revision; never pushed to
+        if revision is not None:
+            self.read_only = (f"hf://{repo_id}@{revision} is pinned to a revision: it can be read, not pushed to "
+                              f"(push to hf://{repo_id})")
         self.url = f"hf://{repo_id}" + (f"@{revision}" if revision else "")
         self.endpoint = settings.text("HF_ENDPOINT")
         self.api = HfApi(endpoint=self.endpoint)
@@ -190,30 +193,22 @@ class HubBackend(Backend):
 
     @backs_off
     @retries_reads
-    def listing(self, create: bool = False) -> Listing:
-        from huggingface_hub import RepoFile, errors
+    def listing(self) -> Listing:
+        from huggingface_hub import RepoFile
 
         with hub_errors(self.url):
-            if create and self.revision is not None:
-                raise RemoteError(f"{self.url} is pinned to a revision: it can be read, not pushed to "
-                                  f"(push to hf://{self.repo_id})")
-            try:
-                info = self.api.repo_info(self.repo_id, revision=self.revision)
-            except errors.RepositoryNotFoundError:
-                if not create:
-                    raise
-                self.api.create_repo(self.repo_id, private=True, exist_ok=True)
-                info = self.api.repo_info(self.repo_id)
-            self.sha = info.sha
+            self.sha = self.api.repo_info(self.repo_id, revision=self.revision).sha
             # (list_repo_files is this same listing, less each file's git blob id)
             listed = [f for f in self.api.list_repo_tree(self.repo_id, recursive=True, revision=self.sha)
                       if isinstance(f, RepoFile)]
         paths = [f.path for f in listed]
-        if not is_wvc_layout(paths) and any(p not in HUB_STARTERS for p in paths):
-            raise not_a_wvc_remote(self.url, paths, "push" if create else "read")
         refs = parse_refs({p: self.read(p, 256) or b"" for p in check_ref_count(self.url, paths)})
         card = {CARD: f.blob_id for f in listed if f.path == CARD and f.blob_id}
         return Listing(refs, self.sha, frozenset(paths), card)
+
+    def make(self) -> None:
+        with hub_errors(self.url):
+            self.api.create_repo(self.repo_id, private=True, exist_ok=True)
 
     def file_url(self, path: str) -> str:
         """Where a file is read (``/resolve/``, pinned to our snapshot)."""

@@ -119,9 +119,24 @@ class Backend:
     bytes_uploaded: int = 0
     bytes_copied: int = 0  # server-side copies compose made (no byte crossed the network)
 
-    def listing(self, create: bool = False) -> Listing:
-        """Every file (the attic's aside) with the refs, read together; ``create``: make an
-        empty remote a wvc remote first (its marker), refusing one that holds other content."""
+    # Whether wvc.json marks this backend's remotes (a directory, S3: a place that may hold
+    # anything); the Hub and a bucket are recognised by their files (remotes/repository.py).
+    keeps_marker = False
+    # Why the remote can be read but not written (a Hub URL pinned to a revision), or None.
+    read_only: str | None = None
+
+    def listing(self) -> Listing:
+        """Every file (the attic's aside) with the refs, read together. A container that does
+        not exist (a Hub repository, a bucket) raises ``RemoteNotFound``; a directory or an S3
+        prefix with nothing in it lists nothing. No file is judged here."""
+        raise NotImplementedError
+
+    def make(self) -> None:
+        """Create the container ``listing`` found missing (a Hub repository, a bucket, a
+        directory), private; the first push's."""
+
+    def write_new(self, path: str, data: bytes) -> None:
+        """Write a small file that must not be there yet (the marker); one that is stays."""
         raise NotImplementedError
 
     def read_ref(self, ref: str) -> str | None:

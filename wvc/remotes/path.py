@@ -20,7 +20,7 @@ from pathlib import Path
 from ..errors import RemoteFileTooLarge
 from ..fsutil import TEMP_PREFIX, atomic_write, atomic_writer, file_mode, fsync_dir, validate_relpath
 from .interface import Listing, Backend, RemoteChanged, RemoteError, content_size, local_write_errors, upload_progress
-from .layout import (BASE_RECORD, FORMAT, LISTED_FOLDERS, MARKER, MAX_REF_BYTES, attic_path, check_ref_count, movable,
+from .layout import (LISTED_FOLDERS, MAX_REF_BYTES, WVC_TOP, attic_path, check_ref_count, movable,
                      parse_refs)
 
 LOCK = "refs.lock"
@@ -75,16 +75,13 @@ class PathBackend(Backend):
     def _file(self, path: str) -> Path:
         return self.root.joinpath(*validate_relpath(path).split("/"))
 
-    def _ensure(self, create: bool) -> None:
-        marker = self.root / MARKER
-        if marker.is_file():
-            return
-        if not create:
-            raise RemoteError(f"{self.url} is not a wvc remote (no wvc.json)")
-        if self.root.exists() and any(self.root.iterdir()):
-            raise RemoteError(f"{self.url} exists and is not a wvc remote")
-        self.root.mkdir(parents=True, exist_ok=True)
-        atomic_write(marker, json.dumps({"format": FORMAT}).encode())
+    keeps_marker = True
+
+    def write_new(self, path: str, data: bytes) -> None:
+        target = self._file(path)
+        if not target.is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)  # the first push makes the directory
+            atomic_write(target, data)
 
     def _refs(self) -> dict[str, str]:
         files = {}
@@ -100,10 +97,13 @@ class PathBackend(Backend):
                     files[p.relative_to(self.root).as_posix()] = _read_at_most(p, MAX_REF_BYTES + 1)
         return parse_refs(files)
 
-    def listing(self, create: bool = False) -> Listing:
-        self._ensure(create)
+    def listing(self) -> Listing:
         refs = self._refs()
-        paths = [name for name in (MARKER, BASE_RECORD) if (self.root / name).is_file()]
+        # the top level's files, and folders not wvc's as "name/" (someone else's content: the
+        # remote repository judges); then the folders wvc lists file by file (refs/ was read,
+        # objects/ is read by name, attic/ is never listed)
+        paths = [name if (self.root / name).is_file() else f"{name}/" for name in _names(self.root)
+                 if not name.startswith(TEMP_PREFIX) and name != LOCK and f"{name}/" not in WVC_TOP]
         paths += [f"{d}{name}" for d in LISTED_FOLDERS
                   for name in _names(self.root / d) if not name.startswith(TEMP_PREFIX)]
         return Listing(refs, _refs_version(refs), frozenset(paths))
@@ -176,7 +176,6 @@ class PathBackend(Backend):
         pack's checksum, fsynced, then renamed into place."""
         from ..store.packs import pack_checksum
 
-        self._ensure(create=True)
         target = self._file(path)
         if target.exists():
             return 0
@@ -216,7 +215,6 @@ class PathBackend(Backend):
         return sent
 
     def publish(self, files, refs, expected: Listing, message: str, delete=(), progress=None) -> None:
-        self._ensure(create=True)
         progress = upload_progress(progress, files)
         for path, content in files.items():  # objects first: immutable, so rewriting is harmless
             target = self._file(path)

@@ -16,14 +16,15 @@ store over its transport).
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .. import ids
 from ..model import tree_diff
-from ..errors import CorruptObject, RemoteError, WvcError
+from ..errors import CorruptObject, RemoteError, RemoteNotFound, WvcError
 from ..formats import bounded_json
 from ..fsutil import atomic_write
 from ..lru import LRUCache
@@ -33,7 +34,7 @@ from ..store.packs import MAX_INDEX_BYTES, PackEntry, parse_index
 from . import compaction
 from .catalog import MAX_CATALOG_BYTES, Catalog, catalog_name, parse_catalog, segment_size
 from . import layout
-from .interface import MAX_BASE_RECORD, MAX_PACK_BYTES, MAX_PRUNED_RECORD, MAX_SMALL_OBJECT, Backend, Listing
+from .interface import MAX_BASE_RECORD, MAX_PACK_BYTES, MAX_PRUNED_RECORD, MAX_SMALL_OBJECT, Backend, Listing, not_a_wvc_remote
 from .layout import BASE_RECORD, catalog_path, commit_path, movable, pack_path, retired_path, pruned_path, step_path, tree_path
 
 log = logging.getLogger(__name__)
@@ -217,13 +218,43 @@ class RemoteState(Listing):
 
 
 def read_state(backend: Backend, create: bool = False) -> RemoteState:
-    """One listing of ``backend``, read as the format sees it: its files sorted by kind and
-    the base record (read only when listed)."""
-    listing = backend.listing(create=create)
+    """One listing of ``backend``, read as the format sees it: whether it is a wvc remote
+    (``create``: a push's, which makes an empty one one), its files sorted by kind and the
+    base record (read only when listed)."""
+    if create and backend.read_only:
+        raise RemoteError(backend.read_only)
+    try:
+        listing = backend.listing()
+    except RemoteNotFound:
+        if not create:
+            raise
+        backend.make()
+        listing = backend.listing()
+    listing = _a_wvc_remote(backend, listing, create)
     base = backend.read(layout.BASE_RECORD, MAX_BASE_RECORD) if layout.BASE_RECORD in listing.files else None
     named = layout.sorted_listing(listing.files)
     return RemoteState(listing.refs, listing.version, listing.files, listing.tokens, packs=named["idx"], base=base,
                        catalogs=named["catalog"], retired=named["retired"], pruned=named["pruned"])
+
+
+def _a_wvc_remote(backend: Backend, listing: Listing, create: bool) -> Listing:
+    """``listing`` if it is a wvc remote's (or, for a push, one made so), else the one line
+    that says it is not. A directory or S3 prefix is one by its marker, made by the first push
+    into an empty one; a Hub repository or a bucket by its files: holding files, none of them
+    wvc's (a Hub repository's starter files aside), it is someone else's model."""
+    paths = listing.files
+    if backend.keeps_marker:
+        if layout.MARKER in paths:
+            return listing
+        if not create:
+            raise RemoteError(f"{backend.url} is not a wvc remote (no {layout.MARKER})")
+        if paths:
+            raise RemoteError(f"{backend.url} exists and is not a wvc remote (it holds {', '.join(sorted(paths)[:4])})")
+        backend.write_new(layout.MARKER, json.dumps({"format": layout.FORMAT}).encode())  # the bytes wvc always wrote
+        return replace(listing, files=frozenset({layout.MARKER}))
+    if not layout.is_wvc_layout(paths) and any(p not in layout.HUB_STARTERS for p in paths):
+        raise not_a_wvc_remote(backend.url, paths, "push" if create else "read")
+    return listing
 
 
 class RemoteRepository:

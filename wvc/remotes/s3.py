@@ -35,7 +35,7 @@ from .. import settings
 from ..errors import RemoteChanged, RemoteError, RemoteFileTooLarge
 from .interface import (Listing, Backend, TransientError, content_size, local_write_errors, retries_reads,
                         upload_progress)
-from .layout import ATTIC, FORMAT, MARKER, MAX_REF_BYTES, attic_path, check_ref_count, movable, parse_refs
+from .layout import ATTIC, MAX_REF_BYTES, attic_path, check_ref_count, movable, parse_refs
 
 MULTIPART_THRESHOLD = 64 << 20
 PART_BYTES = 16 << 20  # S3 wants parts of at least 5 MiB (but the last) and at most 10,000 of them
@@ -260,15 +260,14 @@ class S3Backend(Backend):
         self.bytes_downloaded += len(data)
         return data, resp.get("ETag", "")
 
+    keeps_marker = True
+
+    def write_new(self, path: str, data: bytes) -> None:
+        self._put(path, data, if_none_match=True, exist_ok=True)
+
     @retries_reads
-    def listing(self, create: bool = False) -> Listing:
+    def listing(self) -> Listing:
         listing = self._list()
-        if MARKER not in listing:
-            if not create:
-                raise RemoteError(f"{self.url} is not a wvc remote (no wvc.json)")
-            if listing:
-                raise RemoteError(f"{self.url} holds other objects and is not a wvc remote")
-            self._put(MARKER, f'{{"format": {FORMAT}}}'.encode(), if_none_match=True, exist_ok=True)
         files, tokens = {}, {}
         for path in check_ref_count(self.url, listing):
             try:
