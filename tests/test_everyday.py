@@ -419,7 +419,7 @@ def test_branch_delete_refuses_an_unmerged_branch_and_force_moves(tmp_path):
     repo.checkout("main")
     with pytest.raises(WvcError, match="not merged"):
         repo.delete_branch("exp")
-    assert repo.internals.refs.get("refs/heads/exp") == exp
+    assert repo.branches()["exp"] == exp
     old, new = repo.force_branch("exp", "main")
     assert old == exp and new == repo.resolve("main")
     assert repo.resolve("exp@{1}") == exp  # the reflog remembers where it was

@@ -24,7 +24,6 @@ from wvc.read.view import open_version
 from wvc.errors import InvalidArgument, VersionPruned
 from wvc.ops.prune import KeepPolicy
 from wvc.integrations.publisher import Publisher
-from wvc.store.refs import TAGS
 
 DRIVER = Path(__file__).parent / "crash_driver.py"
 
@@ -204,7 +203,7 @@ def test_a_ref_moved_onto_a_version_during_the_prune_keeps_it(tmp_path, monkeypa
     monkeypatch.setattr(prune_plan, "write_pack", racing)
     res = repo.prune(keep={"last": 2})
     assert run[5] not in res.pruned_commits and run[5] not in repo.pruned()
-    assert repo.internals.refs.get(TAGS + "keep-me") == run[5]
+    assert repo.tags()["keep-me"] == run[5]
     for c in (run[5], run[-1], run[-2]):
         assert version_digest(repo, c) == digests[c]
     assert repo.fsck().ok

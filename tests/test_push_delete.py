@@ -31,6 +31,6 @@ def test_push_delete_removes_the_branch_and_gc_frees_it(tmp_path, remote_url, hu
     gc = json.loads(run(repo.root, "gc", "--remote", "origin", "--json").stdout)
     assert gc["objects_removed"] > 0
     copy = clone(remote_url, tmp_path / "copy")
-    assert copy.head() == repo.internals.refs.get("refs/heads/main") and copy.fsck().ok
+    assert copy.head() == repo.branches()["main"] and copy.fsck().ok
     r = run(repo.root, "push", "--delete", "origin", "run/a", check=False)
     assert r.returncode == 1 and "no branch or tag 'run/a'" in r.stderr

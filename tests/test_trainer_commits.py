@@ -128,8 +128,8 @@ def test_alternating_checkpoint_and_from_memory_commits_do_not_restore_the_tied_
     repo = Repo.open(tmp_path / "versions")
     step = {c["step"]: c for c in cb.commits}
     head_bytes = trainer.model.lm_head.weight.nbytes
-    three = repo.internals.read_tree(repo.read_commit(step[3]["commit"]).tree)
-    two = repo.internals.read_tree(repo.read_commit(step[2]["commit"]).tree)
+    three = repo.tree_of(step[3]["commit"])
+    two = repo.tree_of(step[2]["commit"])
     # a step's change, not the tied head stored again whole
     assert step[3]["stored_bytes"] < head_bytes / 4, (step[3]["stored_bytes"], head_bytes)
     assert {f.path for f in three.files} == {f.path for f in two.files} - {"trainer_state.json"}
