@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import logging
 import mmap
 import os
 import tempfile
@@ -17,6 +18,8 @@ from pathlib import Path, PurePosixPath
 
 from . import settings
 from .errors import UnsafePath
+
+log = logging.getLogger(__name__)
 
 TEMP_PREFIX = ".wvc-tmp-"
 MAX_PATH_BYTES = 4096
@@ -48,8 +51,8 @@ def fsync_dir(path: os.PathLike | str) -> None:
     fd = os.open(os.fspath(path), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
         os.fsync(fd)
-    except OSError:  # some file systems cannot fsync a directory; the rename still stands
-        pass
+    except OSError as exc:  # some file systems cannot fsync a directory; the rename still stands
+        log.debug("fsync of directory %s failed (%s): the rename stands, its durability is the file system's", path, exc)
     finally:
         os.close(fd)
 

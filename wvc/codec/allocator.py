@@ -15,7 +15,10 @@ malloc alone.
 
 from __future__ import annotations
 
+import logging
 import sys
+
+log = logging.getLogger(__name__)
 
 M_TRIM_THRESHOLD = -1  # glibc's <malloc.h>
 M_MMAP_THRESHOLD = -3
@@ -42,7 +45,8 @@ def _apply() -> bool:
 
     try:
         mallopt = ctypes.CDLL(None).mallopt  # the symbols already loaded: libc's
-    except (OSError, AttributeError):  # musl and others: no mallopt
+    except (OSError, AttributeError) as exc:  # musl and others: no mallopt
+        log.debug("malloc left as it is: no mallopt (%s)", exc)
         return False
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int

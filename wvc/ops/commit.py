@@ -9,6 +9,7 @@ commit to the same branch is refused instead of silently dropped.
 from __future__ import annotations
 
 import getpass
+import logging
 import os
 import time
 from collections.abc import Mapping
@@ -24,6 +25,8 @@ from ..store.config_keys import MERGE_HEAD, MERGE_RECIPE
 from ..store.refs import HEADS
 from ..worktree.scan import StatCache, scan
 from ..worktree.snapshot import STATE_DICT_PATH, Snapshotter, TensorStream
+
+log = logging.getLogger(__name__)
 
 
 RECORD_ATTEMPTS = 3  # encodings of one commit, each refused only if a prune re-encoded its bases meanwhile
@@ -60,7 +63,8 @@ def default_author() -> str:
         return author
     try:
         return f"{getpass.getuser()}@{_host_name()}"
-    except Exception:
+    except Exception as exc:  # noqa: BLE001 - no user name is no reason to refuse a commit
+        log.debug("no user name for the author (%s): 'unknown'", exc)
         return "unknown"
 
 

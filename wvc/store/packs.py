@@ -16,7 +16,7 @@ by rename after fsync; until its rows are committed to the database it is garbag
 
 from __future__ import annotations
 
-import json
+import logging
 import mmap
 import os
 import struct
@@ -31,6 +31,8 @@ from ..errors import CorruptObject, PackMissing
 from ..formats import bounded_json
 from ..fsutil import PACK_WRITEBACK_BYTES, TEMP_PREFIX, EarlyWriteback, claim_temp, file_mode, fsync_dir
 from ..model.versions import MAX_PAYLOAD, MAX_RAW_CHUNK, canonical_json
+
+log = logging.getLogger(__name__)
 
 MAGIC = b"WVCPACK\x01"
 END = b"WVCPEND\x01"
@@ -169,8 +171,8 @@ class PackWriter:
         try:
             if not self.fh.closed:
                 self.fh.close()
-        except OSError:
-            pass
+        except OSError as exc:
+            log.debug("closing the aborted pack %s failed (%s); it is unlinked anyway", self.tmp_path, exc)
         finally:
             try:
                 os.unlink(self.tmp_path)
