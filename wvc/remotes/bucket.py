@@ -72,6 +72,39 @@ def _time(value) -> float:
     return 0.0
 
 
+class ListedFile:
+    """A file of a bucket's listing (what huggingface_hub's BucketFile holds), checked as it
+    is read; its upload time parsed when asked for."""
+
+    __slots__ = ("path", "size", "xet_hash", "_uploaded")
+
+    def __init__(self, path: str, size: int, xet_hash: str, uploaded: str | None):
+        self.path, self.size, self.xet_hash, self._uploaded = path, size, xet_hash, uploaded
+
+    @classmethod
+    def parse(cls, item, url: str) -> "ListedFile | None":
+        """One entry of the tree endpoint's answer; None for a folder."""
+        if not isinstance(item, dict) or item.get("type") not in ("file", "directory") \
+                or not isinstance(item.get("path"), str):
+            raise RemoteError(f"{url}: the bucket's listing holds a malformed entry")
+        if item["type"] == "directory":
+            return None
+        size, xet_hash, uploaded = item.get("size"), item.get("xetHash"), item.get("uploadedAt")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0 or not isinstance(xet_hash, str) \
+                or not (uploaded is None or isinstance(uploaded, str)):
+            raise RemoteError(f"{url}: the bucket's listing holds a malformed entry for {item['path']!r}")
+        return cls(item["path"], size, xet_hash, uploaded)
+
+    @property
+    def uploaded_at(self) -> datetime | None:
+        from huggingface_hub.utils import parse_datetime
+
+        try:
+            return parse_datetime(self._uploaded) if self._uploaded else None
+        except ValueError as exc:
+            raise RemoteError(f"the bucket lists {self.path!r} with a malformed upload time") from exc
+
+
 class BucketBackend(HubBackend):
     deletes_atomically = False  # a batch is not a transaction: replaced files are retired, then deleted
 
@@ -113,13 +146,24 @@ class BucketBackend(HubBackend):
     @backs_off
     @retries_reads
     def _list(self, sub: str = "") -> dict:
-        """Every file under the prefix (or under ``sub`` in it): relative path -> BucketFile."""
+        """Every file under the prefix (or under ``sub`` in it): relative path -> ListedFile.
+
+        The tree endpoint ``list_bucket_tree`` reads, paged the same way, but each file kept as
+        it came: huggingface_hub parses two timestamps a file, two thirds of a listing's time once
+        the grace hour's retired files are listed (16 ms for 800 files, against 3 ms for the
+        request); only the ref log's entries need a time, read when used."""
+        from huggingface_hub.utils import build_hf_headers, paginate
+
         under = self._key(sub).rstrip("/")
         out = {}
         try:
             with hub_errors(self.url):
-                for item in self.api.list_bucket_tree(self.bucket_id, prefix=under or None, recursive=True):
-                    if getattr(item, "type", "") != "file":
+                items = paginate(path=f"{self.api.endpoint}/api/buckets/{self.bucket_id}/tree"
+                                      + ("/" + urllib.parse.quote(under, safe="") if under else ""),
+                                 params={"recursive": True}, headers=build_hf_headers(token=self.api.token))
+                for raw in items:
+                    item = ListedFile.parse(raw, self.url)
+                    if item is None:  # a folder
                         continue
                     path = item.path
                     if self.prefix:

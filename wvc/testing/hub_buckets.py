@@ -27,30 +27,64 @@ def _now(t: float | None = None) -> str:
 
 
 class BucketStore:
+    """Each bucket's files: a header file (``private``, ``createdAt``) and a log of its file
+    operations, one line each, kept in memory once read. An operation appends a line, so it
+    costs the same however many files the bucket holds: rewriting the whole bucket for each
+    (as this store did) made a long run's pushes slow down with the files the grace hour keeps,
+    which the real service does not do."""
+
     def __init__(self, root: Path):
         self.root = Path(root) / "buckets"
         self.root.mkdir(parents=True, exist_ok=True)
         self.lock = threading.RLock()
+        self._cache: dict[str, dict] = {}
 
     def _path(self, bucket: str) -> Path:
         return self.root / (bucket.replace("/", "--") + ".json")
 
-    def load(self, bucket: str) -> dict:
-        path = self._path(bucket)
-        if not path.is_file():
-            raise HubError(404, f"Bucket {bucket} not found", "RepoNotFound")
-        return json.loads(path.read_text())
+    def _meta(self, bucket: str) -> dict:
+        """The bucket as it stands (the store's own copy: callers get copies); under the lock."""
+        meta = self._cache.get(bucket)
+        if meta is None:
+            path = self._path(bucket)
+            if not path.is_file():
+                raise HubError(404, f"Bucket {bucket} not found", "RepoNotFound")
+            meta = {**json.loads(path.read_text()), "files": {}}
+            log = path.with_suffix(".log")
+            for line in log.read_text().splitlines() if log.is_file() else ():
+                name, record = json.loads(line)
+                if record is None:
+                    meta["files"].pop(name, None)
+                else:
+                    meta["files"][name] = record
+            self._cache[bucket] = meta
+        return meta
 
-    def save(self, bucket: str, meta: dict) -> None:
-        tmp = self._path(bucket).with_suffix(f".{threading.get_ident()}.tmp")
-        tmp.write_text(json.dumps(meta))
-        tmp.replace(self._path(bucket))
+    def load(self, bucket: str) -> dict:
+        with self.lock:
+            meta = self._meta(bucket)
+            return {**meta, "files": dict(meta["files"])}  # read while others write: a copy
+
+    def put(self, bucket: str, path: str, record: dict | None) -> None:
+        """Add (or replace) a file's record, or delete it (None)."""
+        with self.lock:
+            files = self._meta(bucket)["files"]
+            if record is None:
+                files.pop(path, None)
+            else:
+                files[path] = record
+            with open(self._path(bucket).with_suffix(".log"), "a") as fh:
+                fh.write(json.dumps([path, record]) + "\n")
 
     def create(self, bucket: str, private: bool) -> bool:
         with self.lock:
-            if self._path(bucket).is_file():
+            path = self._path(bucket)
+            if path.is_file():
                 return False
-            self.save(bucket, {"private": private, "createdAt": _now(), "files": {}})
+            path.with_suffix(".log").unlink(missing_ok=True)
+            tmp = path.with_suffix(f".{threading.get_ident()}.tmp")
+            tmp.write_text(json.dumps({"private": private, "createdAt": _now()}))
+            tmp.replace(path)
             return True
 
 
@@ -137,14 +171,14 @@ class BucketRoutes:
                     if record is None:
                         failed.append({"path": path, "error": f"unknown xet hash {op.get('xetHash')!r}"})
                         continue
-                    meta["files"][path] = {"xetHash": op["xetHash"], "size": record["size"], "uploadedAt": _now(),
-                                           "mtime": _now(op["mtime"] / 1000) if isinstance(op.get("mtime"), (int, float)) else None}
+                    store.put(bucket, path, {
+                        "xetHash": op["xetHash"], "size": record["size"], "uploadedAt": _now(),
+                        "mtime": _now(op["mtime"] / 1000) if isinstance(op.get("mtime"), (int, float)) else None})
                 elif op.get("type") == "deleteFile":
-                    meta["files"].pop(path, None)
+                    store.put(bucket, path, None)
                 else:
                     failed.append({"path": path, "error": f"unknown operation {op.get('type')!r}"})
                     continue
-                store.save(bucket, meta)
                 self.server.bucket_ops.append((op["type"], f"{bucket}/{path}"))
         self._json(200 if len(failed) < len(lines) or not lines else 422, {"failed": failed})
 
