@@ -172,7 +172,7 @@ def measure(args, work: Path) -> dict:
                           "stored": a["op_stored_bytes"], "rss": a["op_peak_rss_bytes"]}), flush=True)
     del state, prev
     r = Repo.open(repo)
-    depth = max(len(r.store.chain(c)) for c in r.read_tree(r.read_commit(commits[args.steps]).tree).chunk_ids())
+    depth = max(len(r.internals.store.chain(c)) for c in r.tree_of(commits[args.steps]).chunk_ids())
     stored = sum(a["op_stored_bytes"] for a, _ in keyframe[-1:] + deltas)
     r.close()
 
