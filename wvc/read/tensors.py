@@ -37,6 +37,12 @@ def _spans(chunks, count: int, size: int):
         raise CorruptObject("a tensor's chunks hold fewer bytes than its shape")
 
 
+def _empty_tensor(entry, device: str = "cpu"):
+    import torch
+
+    return torch.empty(tuple(entry.shape), dtype=getattr(torch, DTYPES[entry.dtype].torch_name), device=device)
+
+
 def _placed(store, flats: list):
     """(where, raw) for every chunk of ``flats`` ((a tensor's bytes as a flat uint8 tensor, its
     chunk ids), in order): one ``get_many`` over them all, so the codec pool decodes ahead
@@ -53,7 +59,7 @@ def _empty(entries: dict, device: str) -> tuple[dict, list]:
 
     out, flats = {}, []
     for name, e in entries.items():
-        t = out[name] = torch.empty(tuple(e.shape), dtype=getattr(torch, DTYPES[e.dtype].torch_name), device=device)
+        t = out[name] = _empty_tensor(e, device)
         flats.append((t.reshape(-1).view(torch.uint8), e.chunks))
     return out, flats
 
@@ -67,7 +73,7 @@ def stream_tensors(store, entries):
 
     chunks = store.get_many([c for e in entries for c in e.chunks])
     for e in entries:
-        t = torch.empty(tuple(e.shape), dtype=getattr(torch, DTYPES[e.dtype].torch_name))
+        t = _empty_tensor(e)
         flat = t.reshape(-1).view(torch.uint8).numpy()
         for at, raw in _spans(chunks, len(e.chunks), flat.size):
             flat[at : at + len(raw)] = np.frombuffer(raw, dtype=np.uint8)

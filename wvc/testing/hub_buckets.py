@@ -60,10 +60,11 @@ class BucketStore:
             self._cache[bucket] = meta
         return meta
 
-    def load(self, bucket: str) -> dict:
+    def load(self, bucket: str, files: bool = True) -> dict:
+        """The bucket's header, and (``files``) a copy of its files: read while others write."""
         with self.lock:
             meta = self._meta(bucket)
-            return {**meta, "files": dict(meta["files"])}  # read while others write: a copy
+            return {**meta, "files": dict(meta["files"]) if files else None}
 
     def put(self, bucket: str, path: str, record: dict | None) -> None:
         """Add (or replace) a file's record, or delete it (None)."""
@@ -103,9 +104,9 @@ class BucketRoutes:
             ("HEAD", r"/buckets/([^/]+)/([^/]+)/resolve/(.+)", self.bucket_resolve),
         ]
 
-    def _bucket(self, ns, name, write=False) -> tuple[str, dict]:
+    def _bucket(self, ns, name, write=False, files=True) -> tuple[str, dict]:
         bucket = f"{urllib.parse.unquote(ns)}/{urllib.parse.unquote(name)}"
-        meta = self.server.buckets.load(bucket)
+        meta = self.server.buckets.load(bucket, files)
         self._auth(meta, write)
         return bucket, meta
 
@@ -159,9 +160,9 @@ class BucketRoutes:
                                if fault["status"] == 429 else "injected failure", retry_after=fault.get("retry_after"))
         self.server.check_quota(self.server.commit_quota, "You have exceeded our hourly quotas for action: commit")
         store, failed = self.server.buckets, []
+        bucket, _ = self._bucket(ns, name, write=True, files=False)
         for op in lines:  # one at a time, each saved: a batch is not a transaction
             with store.lock:
-                bucket, meta = self._bucket(ns, name, write=True)
                 path = op.get("path", "")
                 if not isinstance(path, str) or not path or path.startswith("/") or ".." in path.split("/"):
                     failed.append({"path": path, "error": "invalid path"})
@@ -183,7 +184,7 @@ class BucketRoutes:
         self._json(200 if len(failed) < len(lines) or not lines else 422, {"failed": failed})
 
     def bucket_xet_token(self, ns, name, scope, params):
-        self._bucket(ns, name, write=scope == "write")
+        self._bucket(ns, name, write=scope == "write", files=False)
         self._json(200, *self.server.cas.token_answer(scope, sha256_required=False))  # bucket files need no sha256
 
     def bucket_resolve(self, ns, name, path, params):
