@@ -505,8 +505,8 @@ def main(argv=None) -> None:
     ap.add_argument("--s3", action="store_true", help="also push to and follow an S3 remote (moto's server on 127.0.0.1)")
     ap.add_argument("--publisher", action="store_true",
                     help="commit and push through wvc.Publisher (what the Trainer callback runs), directory remote only")
-    ap.add_argument("--step-coder", choices=["STEP_BLOCKS", "ULP_STEP"], default="STEP_BLOCKS",
-                    help="the step coder commits write (ULP_STEP: what wvc wrote before issue 53, for an A/B)")
+    ap.add_argument("--step-coder", choices=["STEP_RUNS", "STEP_BLOCKS", "ULP_STEP"], default="STEP_RUNS",
+                    help="the step coder commits write (ULP_STEP, STEP_BLOCKS: what wvc wrote before, for an A/B)")
     ap.add_argument("--out", type=Path, default=RESULTS / "long_run.json")
     ap.add_argument("--merge", type=Path, nargs="+", default=None, metavar="JSON",
                     help="only combine results of earlier invocations (e.g. the runs made in parallel) into --out")

@@ -2,8 +2,8 @@
 
     python -m benchmarks.step_decode [--real-steps 8] [--chain-steps 40] [--repeats 15]
 
-Three measures, each with ULP_STEP (what the encoder wrote before) and STEP_BLOCKS (what it
-writes now) on the same bytes, every decode checked byte for byte:
+Three measures, each with ULP_STEP and STEP_BLOCKS (what the encoder wrote before) and
+STEP_RUNS (what it writes now) on the same bytes, every decode checked byte for byte:
 
 - **links, real** (and each coder's encode time, the median of a third as many repeats):
   all-MiniLM-L6-v2 in bf16 under AdamW (benchmarks.long_run.real_steps,
@@ -41,7 +41,7 @@ from .long_run import RESULTS, digest, real_steps, synthetic_steps
 
 CHUNK = 4 << 20
 BF16 = DTYPES["BF16"]
-CODERS = (Method.ULP_STEP, Method.STEP_BLOCKS)
+CODERS = (Method.ULP_STEP, Method.STEP_BLOCKS, Method.STEP_RUNS)
 
 
 def _median_s(fn, repeats: int) -> float:
@@ -125,25 +125,23 @@ def chain(steps: int, mb: float, cal: dict, repeats: int, work: Path) -> dict:
 def _link_lines(name: str, rows: list[dict]) -> list[str]:
     lines = []
     for r in rows:
-        lines.append(
-            f"| {name} | {r['step']} | {100 * r['changed'] / r['elements']:.2f}% | {r['keyframe_s'] * 1e3:.1f} "
-            f"| {r['ULP_STEP_s'] * 1e3:.1f} | {r['STEP_BLOCKS_s'] * 1e3:.1f} "
-            f"| {r['ULP_STEP_s'] / r['keyframe_s']:.2f} | {r['STEP_BLOCKS_s'] / r['keyframe_s']:.2f} "
-            f"| {r['ULP_STEP_bytes'] / 1e3:.1f} | {r['STEP_BLOCKS_bytes'] / 1e3:.1f} "
-            f"| {r['STEP_BLOCKS_bytes'] / r['ULP_STEP_bytes']:.3f} "
-            f"| {r['STEP_BLOCKS_encode_s'] / r['ULP_STEP_encode_s']:.2f} |")
+        per = " ".join(f"| {r[f'{m.name}_s'] * 1e3:.1f} | {r[f'{m.name}_s'] / r['keyframe_s']:.2f} "
+                       f"| {r[f'{m.name}_bytes'] / 1e3:.1f}" for m in CODERS)
+        lines.append(f"| {name} | {r['step']} | {100 * r['changed'] / r['elements']:.2f}% | {r['keyframe_s'] * 1e3:.1f} "
+                     f"{per} | {r['STEP_RUNS_bytes'] / r['STEP_BLOCKS_bytes']:.3f} "
+                     f"| {r['STEP_RUNS_encode_s'] / r['STEP_BLOCKS_encode_s']:.2f} |")
     return lines
 
 
 def markdown(results: dict) -> str:
+    heads = " ".join(f"| {m.name} ms | {m.name} / keyframe | {m.name} KB" for m in CODERS)
     lines = ["# Step links against keyframes (`python -m benchmarks.step_decode`)", "",
              "Per step: decode milliseconds over the model's 4 MiB chunks (median per chunk), a link's "
              "decode over a keyframe decode of the same chunks, and the links' bytes; every decode "
              "byte-identical.", "",
-             "| run | step | changed | keyframe ms | ULP_STEP ms | STEP_BLOCKS ms | ULP_STEP / keyframe "
-             "| STEP_BLOCKS / keyframe | ULP_STEP KB | STEP_BLOCKS KB | bytes STEP_BLOCKS / ULP_STEP "
-             "| encode time STEP_BLOCKS / ULP_STEP |",
-             "|" + "---|" * 12]
+             f"| run | step | changed | keyframe ms {heads} | bytes STEP_RUNS / STEP_BLOCKS "
+             "| encode time STEP_RUNS / STEP_BLOCKS |",
+             "|" + "---|" * (6 + 3 * len(CODERS))]
     for name in ("real", "synthetic"):
         lines += _link_lines(name, results.get(name, []))
     if "chain" in results:

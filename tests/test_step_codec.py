@@ -1,6 +1,9 @@
 """The step coders: a step's ULP deltas coded in the context of the step before. ULP_STEP
-(issue #17) codes them by context; STEP_BLOCKS (issue #53), what the encoder writes now, in
-element order by blocks of 64, which decodes without a pass indexed by context. Both are read."""
+(issue #17) codes them by context; STEP_BLOCKS (issue #53) in element order by blocks of 64,
+which decodes without a pass indexed by context; STEP_RUNS (issue #53), what the encoder
+writes now, the same with runs of unchanged blocks in place of a flag a block. All are read."""
+
+import functools
 
 import numpy as np
 import pytest
@@ -20,11 +23,13 @@ from wvc.formats.dtypes import DTYPES, by_torch_dtype
 STEP_DTYPES = sorted(name for name, d in DTYPES.items() if step_applies(d))
 BF16 = by_torch_dtype(torch.bfloat16)
 needs_c = pytest.mark.skipif(not step.native(), reason="the C coder was not built")
-STEP_CODERS = [Method.ULP_STEP, Method.STEP_BLOCKS]
+STEP_CODERS = [Method.ULP_STEP, Method.STEP_BLOCKS, Method.STEP_RUNS]
 # each coder's Python twin: (encode, decode) on the coded bits
 TWINS = {Method.ULP_STEP: (step._encode_py, step._decode_py),
-         Method.STEP_BLOCKS: (step._encode_blocks_py, step._decode_blocks_py)}
-NATIVE = {Method.ULP_STEP: step.decode, Method.STEP_BLOCKS: step.decode_blocks}
+         Method.STEP_BLOCKS: (step._encode_blocks_py, step._decode_blocks_py),
+         Method.STEP_RUNS: (functools.partial(step._encode_blocks_py, runs=True),
+                            functools.partial(step._decode_blocks_py, runs=True))}
+NATIVE = {Method.ULP_STEP: step.decode, Method.STEP_BLOCKS: step.decode_blocks, Method.STEP_RUNS: step.decode_runs}
 
 
 def test_the_method_is_offered_for_floats_with_an_exponent_and_only_with_a_context():
@@ -107,7 +112,7 @@ def test_correlated_steps_choose_the_method_and_cost_under_half_of_the_best_with
     g, b, x = adam_like_steps(3)
     without = codec.encode(x, BF16, b)
     with_context = codec.encode(x, BF16, b, context=g)
-    assert with_context.method is Method.STEP_BLOCKS
+    assert with_context.method is Method.STEP_RUNS
     sizes = len(with_context.payload), len(without.payload)
     assert sizes[0] < 0.5 * sizes[1], sizes
     assert codec.decode(with_context.payload, len(x), b, context=g) == x
@@ -125,10 +130,10 @@ def test_a_chunk_with_a_fifth_of_its_elements_changed_does_not_try_the_method(mo
     assert STEP_MAX_CHANGED < 0.2
     b = g + changed
     x = b + changed  # every changed element moves the way it moved before: ULP_STEP would win
-    forced = len(codec.encode(x.tobytes(), BF16, b.tobytes(), context=g.tobytes(), method=Method.STEP_BLOCKS).payload)
+    forced = len(codec.encode(x.tobytes(), BF16, b.tobytes(), context=g.tobytes(), method=Method.STEP_RUNS).payload)
     assert forced < len(codec.encode(x.tobytes(), BF16, b.tobytes()).payload)
     tried = []
-    for coder in ("encode", "encode_blocks"):
+    for coder in ("encode", "encode_blocks", "encode_runs"):
         real = getattr(step, coder)
         monkeypatch.setattr(step, coder, lambda *a, real=real: tried.append(1) or real(*a))
     assert not codec.encode(x.tobytes(), BF16, b.tobytes(), context=g.tobytes()).method.uses_context
@@ -182,7 +187,7 @@ def methods_of(repo) -> dict:
     return {m: count for m, (count, _) in repo.internals.store.bytes_by_method().items()}
 
 
-STEP_WRITTEN = int(Method.STEP_BLOCKS)  # the step coder commits write
+STEP_WRITTEN = int(Method.STEP_RUNS)  # the step coder commits write
 
 
 @needs_c

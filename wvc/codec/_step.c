@@ -569,6 +569,8 @@ typedef struct {
     Escape esc[CLASSES]; /* magnitudes beyond MAG_UNARY, by class */
     Bit *block;          /* 2 nexp: a block's "any Z element changed", by its smallest Z exponent */
     Bit *sub;            /* 2 nexp: the same for a part of a changed block */
+    Escape run[2];       /* STEP_RUNS: the unchanged Z blocks before the next changed one, by
+                          * whether the run before was empty */
 } Blocks;
 
 static int blocks_init(Blocks *M, int nexp) {
@@ -581,6 +583,8 @@ static int blocks_init(Blocks *M, int nexp) {
     for (int k = 0; k < 2 * nexp; k++) M->block[k] = M->sub[k] = (Bit){0x80000000u, 0};
     Bit *e = (Bit *)M->esc;
     for (size_t k = 0; k < sizeof(M->esc) / (sizeof(Bit)); k++) e[k].p = 0x80000000u, e[k].n = 0;
+    e = (Bit *)M->run;
+    for (size_t k = 0; k < sizeof(M->run) / (sizeof(Bit)); k++) e[k].p = 0x80000000u, e[k].n = 0;
     return 1;
 }
 
@@ -687,12 +691,44 @@ static inline uint64_t block_scan_sse_32(const uint32_t *b, const uint32_t *g, i
     *min_exp = m == 0x7FFF ? NO_EXP : m;
     return a;
 }
+/* the A mask alone (STEP_RUNS codes no block flag, which the smallest exponent is for) */
+static inline uint64_t block_moved_sse_16(const uint16_t *b, const uint16_t *g, uint16_t *x) {
+    uint64_t a = 0;
+    for (int q = 0; q < BLOCK / 16; q++) {
+        __m128i b0 = _mm_loadu_si128((const __m128i *)(b + 16 * q)), b1 = _mm_loadu_si128((const __m128i *)(b + 16 * q + 8));
+        if (x) _mm_storeu_si128((__m128i *)(x + 16 * q), b0), _mm_storeu_si128((__m128i *)(x + 16 * q + 8), b1);
+        __m128i e0 = _mm_cmpeq_epi16(b0, _mm_loadu_si128((const __m128i *)(g + 16 * q)));
+        __m128i e1 = _mm_cmpeq_epi16(b1, _mm_loadu_si128((const __m128i *)(g + 16 * q + 8)));
+        a |= (uint64_t)(uint16_t)~_mm_movemask_epi8(_mm_packs_epi16(e0, e1)) << (16 * q);
+    }
+    return a;
+}
+
+static inline uint64_t block_moved_sse_32(const uint32_t *b, const uint32_t *g, uint32_t *x) {
+    uint64_t a = 0;
+    for (int q = 0; q < BLOCK / 16; q++) {
+        __m128i eq[4];
+        for (int h = 0; h < 4; h++) {
+            __m128i vb = _mm_loadu_si128((const __m128i *)(b + 16 * q + 4 * h));
+            if (x) _mm_storeu_si128((__m128i *)(x + 16 * q + 4 * h), vb);
+            eq[h] = _mm_cmpeq_epi32(vb, _mm_loadu_si128((const __m128i *)(g + 16 * q + 4 * h)));
+        }
+        __m128i m16 = _mm_packs_epi16(_mm_packs_epi32(eq[0], eq[1]), _mm_packs_epi32(eq[2], eq[3]));
+        a |= (uint64_t)(uint16_t)~_mm_movemask_epi8(m16) << (16 * q);
+    }
+    return a;
+}
+#define MOVED_SSE(BITS, b, g, x, len) \
+    if ((BITS) >= 16 && (len) == BLOCK) \
+        return (BITS) == 16 ? block_moved_sse_16((const uint16_t *)(const void *)(b), (const uint16_t *)(const void *)(g), (uint16_t *)(void *)(x)) \
+                            : block_moved_sse_32((const uint32_t *)(const void *)(b), (const uint32_t *)(const void *)(g), (uint32_t *)(void *)(x));
 #define SCAN_SSE(BITS, b, g, len, shift, emask, mn) \
     if ((BITS) >= 16 && (len) == BLOCK) \
         return (BITS) == 16 ? block_scan_sse_16((const uint16_t *)(const void *)(b), (const uint16_t *)(const void *)(g), shift, emask, mn) \
                             : block_scan_sse_32((const uint32_t *)(const void *)(b), (const uint32_t *)(const void *)(g), shift, emask, mn);
 #else
 #define SCAN_SSE(BITS, b, g, len, shift, emask, mn)
+#define MOVED_SSE(BITS, b, g, x, len)
 #endif
 
 /* The block's A mask (b != g) and its smallest Z exponent (NO_EXP: none); ``len`` <= BLOCK. */
@@ -721,6 +757,16 @@ static inline uint64_t block_scan_sse_32(const uint32_t *b, const uint32_t *g, i
         for (int w = 0; w < BLOCK / 8; w++) a |= pack8(ne + 8 * w) << (8 * w);                 \
         return a;                                                                              \
     }                                                                                          \
+    /* the A mask alone; ``x``: where to copy the block of b to, or NULL */                  \
+    static inline uint64_t block_moved_##BITS(const T *b, const T *g, T *x, int len) {         \
+        MOVED_SSE(BITS, b, g, x, len)                                                          \
+        if (x) memcpy(x, b, (size_t)len * sizeof(T));                                          \
+        uint8_t ne[BLOCK] = {0};                                                               \
+        for (int j = 0; j < len; j++) ne[j] = (uint8_t)(b[j] != g[j]);                         \
+        uint64_t a = 0;                                                                        \
+        for (int w = 0; w < BLOCK / 8; w++) a |= pack8(ne + 8 * w) << (8 * w);                 \
+        return a;                                                                              \
+    }                                                                                          \
     static inline uint64_t block_changed_##BITS(const T *x, const T *b, int len) {             \
         uint8_t ne[BLOCK] = {0};                                                               \
         for (int j = 0; j < len; j++) ne[j] = (uint8_t)(x[j] != b[j]);                         \
@@ -745,22 +791,46 @@ static inline uint64_t block_scan_sse_32(const uint32_t *b, const uint32_t *g, i
         }                                                                                      \
         return mn;                                                                             \
     }                                                                                          \
+    /* STEP_RUNS: the blocks with Z elements from i0 on that pass unchanged before the next  \
+     * one that changes (all of them when none does) */                                        \
+    static uint64_t zrun_##BITS(const T *x, const T *b, const T *g, Py_ssize_t n, Py_ssize_t i0, \
+                                int shift, unsigned emask) {                                   \
+        uint64_t r = 0;                                                                        \
+        for (; i0 < n; i0 += BLOCK) {                                                          \
+            int len = n - i0 < BLOCK ? (int)(n - i0) : BLOCK;                                  \
+            unsigned mn;                                                                       \
+            uint64_t all = len == BLOCK ? ~0ULL : ((1ULL << len) - 1);                         \
+            uint64_t z = ~block_moved_##BITS(b + i0, g + i0, NULL, len) & all;                 \
+            if (!z) continue;                                                                  \
+            if (block_changed_##BITS(x + i0, b + i0, len) & z) return r;                       \
+            r++;                                                                               \
+        }                                                                                      \
+        return r;                                                                              \
+    }                                                                                          \
     static void encode_blocks_##BITS(Enc *e, const T *x, const T *b, const T *g, Py_ssize_t n, \
-                                     const Layout *L, Blocks *M) {                             \
+                                     const Layout *L, Blocks *M, int runs) {                   \
         const int shift = L->shift;                                                            \
         const unsigned emask = (unsigned)L->emask;                                             \
         int hot = 0; /* whether the last block with Z elements had a Z element change */      \
+        int64_t pending = -1; /* STEP_RUNS: Z blocks left to pass unchanged; -1: none coded */ \
         for (Py_ssize_t i0 = 0; i0 < n; i0 += BLOCK) {                                         \
             int len = n - i0 < BLOCK ? (int)(n - i0) : BLOCK;                                  \
             const T *xb = x + i0, *bb = b + i0, *gb = g + i0;                                  \
             unsigned mn;                                                                       \
-            uint64_t a = block_scan_##BITS(bb, gb, len, shift, emask, &mn);                    \
+            uint64_t a = runs ? block_moved_##BITS(bb, gb, NULL, len)                          \
+                              : block_scan_##BITS(bb, gb, len, shift, emask, &mn);            \
             uint64_t all = len == BLOCK ? ~0ULL : ((1ULL << len) - 1);                         \
             uint64_t z = ~a & all, changed = block_changed_##BITS(xb, bb, len);               \
             if (z) {                                                                           \
                 uint64_t zc = changed & z;                                                     \
-                enc_bit(e, &M->block[2 * mn + hot], zc != 0);                                  \
-                hot = zc != 0;                                                                 \
+                if (!runs) enc_bit(e, &M->block[2 * mn + hot], zc != 0);                       \
+                else if (pending < 0) {                                                        \
+                    pending = (int64_t)zrun_##BITS(x, b, g, n, i0, shift, emask);              \
+                    enc_golomb(e, M->run[hot].bucket, M->run[hot].top, (uint64_t)pending + 1);   \
+                    hot = pending == 0;                                                        \
+                }                                                                              \
+                if (runs) pending = zc ? -1 : pending - 1;                                     \
+                else hot = zc != 0;                                                            \
                 for (int s = 0, anysub = 0, lastsub = 0; zc && s < BLOCK / SUB; s++) {         \
                     uint64_t zs = z & (SUB_MASK << (SUB * s));                                 \
                     if (!zs) continue;                                                         \
@@ -810,21 +880,36 @@ static inline uint64_t block_scan_sse_32(const uint32_t *b, const uint32_t *g, i
     }                                                                                          \
     /* x holds b on entry; the changed elements are written */                                 \
     static const char *decode_blocks_##BITS(Dec *d, const T *b, const T *g, Py_ssize_t n,      \
-                                            const Layout *L, Blocks *M, T *x) {                \
+                                            const Layout *L, Blocks *M, T *x, int runs) {      \
         const int shift = L->shift;                                                            \
         const unsigned emask = (unsigned)L->emask;                                             \
         int hot = 0; /* whether the last block with Z elements had a Z element change */      \
+        int64_t pending = -1; /* STEP_RUNS: Z blocks left to pass unchanged; -1: none coded */ \
         for (Py_ssize_t i0 = 0; i0 < n; i0 += BLOCK) {                                         \
             int len = n - i0 < BLOCK ? (int)(n - i0) : BLOCK;                                  \
             const T *bb = b + i0, *gb = g + i0;                                                \
             T *xb = x + i0;                                                                    \
             unsigned mn;                                                                       \
-            uint64_t a = block_scan_##BITS(bb, gb, len, shift, emask, &mn);                    \
-            memcpy(xb, bb, (size_t)len * sizeof(T)); /* the base, while it is in cache */      \
+            uint64_t a;                                                                        \
+            if (runs) a = block_moved_##BITS(bb, gb, xb, len); /* the base copied on the way */ \
+            else {                                                                             \
+                a = block_scan_##BITS(bb, gb, len, shift, emask, &mn);                         \
+                memcpy(xb, bb, (size_t)len * sizeof(T)); /* the base, while it is in cache */  \
+            }                                                                                  \
             uint64_t all = len == BLOCK ? ~0ULL : ((1ULL << len) - 1);                         \
             uint64_t z = ~a & all;                                                             \
-            int zc = z ? dec_bit(d, &M->block[2 * mn + hot]) : 0;                              \
-            if (z) hot = zc;                                                                   \
+            int zc = 0;                                                                        \
+            if (z && !runs) zc = hot = dec_bit(d, &M->block[2 * mn + hot]);                    \
+            else if (z) {                                                                      \
+                if (pending < 0) {                                                             \
+                    int64_t v = dec_golomb(d, M->run[hot].bucket, M->run[hot].top, BUCKETS);   \
+                    if (v < 1 || v - 1 > (n - i0 + BLOCK - 1) / BLOCK)                         \
+                        return "STEP_RUNS payload: a run passes the end of the chunk";         \
+                    pending = v - 1, hot = pending == 0;                                       \
+                }                                                                              \
+                zc = pending == 0;                                                             \
+                pending = zc ? -1 : pending - 1;                                               \
+            }                                                                                  \
             for (int s = 0, anysub = 0, lastsub = 0; zc && s < BLOCK / SUB; s++) {             \
                 uint64_t zs = z & (SUB_MASK << (SUB * s));                                     \
                 if (!zs) continue;                                                             \
@@ -866,21 +951,21 @@ static inline uint64_t block_scan_sse_32(const uint32_t *b, const uint32_t *g, i
                 xb[j] = ORDERED(T, ST, BITS, (T)(ORDERED(T, ST, BITS, bb[j]) + (T)delta));      \
             }                                                                                  \
         }                                                                                      \
-        return NULL;                                                                           \
+        return pending > 0 ? "STEP_RUNS payload: a run passes the end of the chunk" : NULL;    \
     }
 DEFINE_BLOCKS(uint8_t, int8_t, 8)
 DEFINE_BLOCKS(uint16_t, int16_t, 16)
 DEFINE_BLOCKS(uint32_t, int32_t, 32)
 
-static const char *encode_blocks(const uint8_t *x, const uint8_t *b, const uint8_t *g, Py_ssize_t n,
-                                 const Layout *L, uint8_t **out, size_t *out_len) {
+static const char *encode_blocks_as(const uint8_t *x, const uint8_t *b, const uint8_t *g, Py_ssize_t n,
+                                    const Layout *L, uint8_t **out, size_t *out_len, int runs) {
     Blocks M = {0};
     Enc e = {0, 0xFFFFFFFFu, 0, 1, 0, NULL, 0, 0, 0};
     const char *err = "out of memory";
     if (!blocks_init(&M, L->nexp)) goto done;
-    if (L->bits == 8) encode_blocks_8(&e, x, b, g, n, L, &M);
-    else if (L->bits == 16) encode_blocks_16(&e, (const uint16_t *)x, (const uint16_t *)b, (const uint16_t *)g, n, L, &M);
-    else encode_blocks_32(&e, (const uint32_t *)x, (const uint32_t *)b, (const uint32_t *)g, n, L, &M);
+    if (L->bits == 8) encode_blocks_8(&e, x, b, g, n, L, &M, runs);
+    else if (L->bits == 16) encode_blocks_16(&e, (const uint16_t *)x, (const uint16_t *)b, (const uint16_t *)g, n, L, &M, runs);
+    else encode_blocks_32(&e, (const uint32_t *)x, (const uint32_t *)b, (const uint32_t *)g, n, L, &M, runs);
     if (!enc_finish(&e, out, out_len)) goto done;
     err = NULL;
 done:
@@ -888,20 +973,42 @@ done:
     return err;
 }
 
-static const char *decode_blocks(const uint8_t *data, size_t len, const uint8_t *b, const uint8_t *g, Py_ssize_t n,
-                                 const Layout *L, uint8_t *x) {
+static const char *decode_blocks_as(const uint8_t *data, size_t len, const uint8_t *b, const uint8_t *g,
+                                    Py_ssize_t n, const Layout *L, uint8_t *x, int runs) {
     Blocks M = {0};
     const char *err = "out of memory";
     if (!blocks_init(&M, L->nexp)) goto done;
     Dec d;
     dec_init(&d, data, len);
-    if (L->bits == 8) err = decode_blocks_8(&d, b, g, n, L, &M, x);
-    else if (L->bits == 16) err = decode_blocks_16(&d, (const uint16_t *)b, (const uint16_t *)g, n, L, &M, (uint16_t *)x);
-    else err = decode_blocks_32(&d, (const uint32_t *)b, (const uint32_t *)g, n, L, &M, (uint32_t *)x);
-    if (!err && d.at != len) err = "STEP_BLOCKS payload length does not match its contents";
+    if (L->bits == 8) err = decode_blocks_8(&d, b, g, n, L, &M, x, runs);
+    else if (L->bits == 16) err = decode_blocks_16(&d, (const uint16_t *)b, (const uint16_t *)g, n, L, &M, (uint16_t *)x, runs);
+    else err = decode_blocks_32(&d, (const uint32_t *)b, (const uint32_t *)g, n, L, &M, (uint32_t *)x, runs);
+    if (!err && d.at != len)
+        err = runs ? "STEP_RUNS payload length does not match its contents"
+                   : "STEP_BLOCKS payload length does not match its contents";
 done:
     blocks_free(&M);
     return err;
+}
+
+static const char *encode_blocks(const uint8_t *x, const uint8_t *b, const uint8_t *g, Py_ssize_t n,
+                                 const Layout *L, uint8_t **out, size_t *out_len) {
+    return encode_blocks_as(x, b, g, n, L, out, out_len, 0);
+}
+
+static const char *decode_blocks(const uint8_t *data, size_t len, const uint8_t *b, const uint8_t *g, Py_ssize_t n,
+                                 const Layout *L, uint8_t *x) {
+    return decode_blocks_as(data, len, b, g, n, L, x, 0);
+}
+
+static const char *encode_runs(const uint8_t *x, const uint8_t *b, const uint8_t *g, Py_ssize_t n,
+                               const Layout *L, uint8_t **out, size_t *out_len) {
+    return encode_blocks_as(x, b, g, n, L, out, out_len, 1);
+}
+
+static const char *decode_runs(const uint8_t *data, size_t len, const uint8_t *b, const uint8_t *g, Py_ssize_t n,
+                               const Layout *L, uint8_t *x) {
+    return decode_blocks_as(data, len, b, g, n, L, x, 1);
 }
 
 /* ---- Python ------------------------------------------------------------------------------ */
@@ -978,6 +1085,14 @@ static PyObject *py_decode_blocks(PyObject *self, PyObject *args) {
     return run_decode(args, decode_blocks, "STEP_BLOCKS payload: sizes, width or shift do not fit", PY_SSIZE_T_MAX);
 }
 
+static PyObject *py_encode_runs(PyObject *self, PyObject *args) {
+    return run_encode(args, encode_runs, "STEP_RUNS encode: sizes, width or shift do not fit", PY_SSIZE_T_MAX);
+}
+
+static PyObject *py_decode_runs(PyObject *self, PyObject *args) {
+    return run_decode(args, decode_runs, "STEP_RUNS payload: sizes, width or shift do not fit", PY_SSIZE_T_MAX);
+}
+
 static PyMethodDef methods[] = {
     {"encode", py_encode, METH_VARARGS,
      "encode(x, base, context, width, shift) -> the coded deltas of x against base (ULP_STEP)"},
@@ -987,6 +1102,10 @@ static PyMethodDef methods[] = {
      "encode_blocks(x, base, context, width, shift) -> the coded deltas of x against base (STEP_BLOCKS)"},
     {"decode_blocks", py_decode_blocks, METH_VARARGS,
      "decode_blocks(data, base, context, width, shift) -> the chunk (ValueError on a corrupt payload)"},
+    {"encode_runs", py_encode_runs, METH_VARARGS,
+     "encode_runs(x, base, context, width, shift) -> the coded deltas of x against base (STEP_RUNS)"},
+    {"decode_runs", py_decode_runs, METH_VARARGS,
+     "decode_runs(data, base, context, width, shift) -> the chunk (ValueError on a corrupt payload)"},
     {NULL, NULL, 0, NULL},
 };
 

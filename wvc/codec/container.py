@@ -5,7 +5,7 @@ Layout of a payload (all integers little-endian)::
     u8  codec version (1)
     u8  method (Method)
     u8  element width in bytes
-    u8  parameter (ULP_EXP, ULP_STEP, STEP_BLOCKS: the exponent field's bit shift; SPARSE: the inner
+    u8  parameter (ULP_EXP and the step coders: the exponent field's bit shift; SPARSE: the inner
         method; PLANES: 1 when each element was rotated left by one bit first; else 0)
     u64 raw size
     u32 stream count
@@ -13,7 +13,7 @@ Layout of a payload (all integers little-endian)::
         coders: 0 stored; 1 zstd; 2, 3, 4: bytes < 2, 4, 16 packed 8, 4, 2 to a byte, then zstd
     stream bytes, in order
 
-ULP_STEP's and STEP_BLOCKS's header is shorter (their payloads are tens of bytes for a small
+The step coders' (ULP_STEP, STEP_BLOCKS, STEP_RUNS) header is shorter (their payloads are tens of bytes for a small
 tensor's step, where twelve bytes were a tenth of a step): u8 version, method, width,
 parameter, then the raw size as an unsigned LEB128 varint (at most 10 bytes, the shortest
 form), then the range-coded bits (codec/step.py); no stream table.
@@ -67,16 +67,20 @@ class Method(enum.IntEnum):
     SPARSE = 6  # positions (gap-coded) and values of the nonzero deltas of an inner method
     ULP_STEP = 7  # ULP deltas range-coded in the context of the base's own step (codec/step.py)
     STEP_BLOCKS = 8  # the same, coded in element order by blocks of 64: decodes in one pass (codec/step.py)
+    STEP_RUNS = 9  # STEP_BLOCKS with runs of unchanged blocks for its block flags: a lighter pass (codec/step.py)
 
     @property
     def uses_base(self) -> bool:
         return self in (Method.XOR, Method.ULP, Method.SUB, Method.ULP_EXP, Method.SPARSE, Method.ULP_STEP,
-                        Method.STEP_BLOCKS)
+                        Method.STEP_BLOCKS, Method.STEP_RUNS)
 
     @property
     def uses_context(self) -> bool:
         """Decoding also needs the base's own base (the version before the base): the step coders."""
-        return self in (Method.ULP_STEP, Method.STEP_BLOCKS)
+        return self in STEP_METHODS
+
+
+STEP_METHODS = (Method.ULP_STEP, Method.STEP_BLOCKS, Method.STEP_RUNS)
 
 
 @dataclass(frozen=True)
@@ -106,7 +110,7 @@ def _varint(value: int) -> bytes:
 
 
 def _step_head(payload) -> tuple[int, int, int, int]:
-    """(width, param, raw size, header length) of a ULP_STEP or STEP_BLOCKS payload, bounded."""
+    """(width, param, raw size, header length) of a step coder's payload, bounded."""
     if len(payload) < 5:
         raise CorruptObject("payload shorter than its header")
     width, param = payload[2], payload[3]
@@ -132,7 +136,7 @@ def peek(payload, table: bool = True) -> PayloadInfo:
     streams listed, for the C kernels' whole-payload decoders, which check the stream
     table again themselves: parsing it here too cost ~25 us a chunk, 3% of a checkout."""
     payload = memoryview(payload)
-    if len(payload) >= 2 and payload[0] == CODEC_VERSION and payload[1] in (Method.ULP_STEP, Method.STEP_BLOCKS):
+    if len(payload) >= 2 and payload[0] == CODEC_VERSION and payload[1] in STEP_METHODS:
         width, param, raw_size, _ = _step_head(payload)
         if not step_supports(width, param) or raw_size % width:
             raise CorruptObject(f"bad codec parameter {param} for width {width}")

@@ -13,6 +13,7 @@ context chunk as raw bytes of equal length, and choose C or Python.
 
 from __future__ import annotations
 
+import functools
 
 from .. import settings
 from ..errors import CorruptObject
@@ -386,6 +387,15 @@ def decode_blocks(data, b, g, width: int, shift: int) -> bytes:
     return _decoded("decode_blocks", _decode_blocks_py, data, b, g, width, shift)
 
 
+def encode_runs(x, b, g, width: int, shift: int) -> bytes:
+    """STEP_RUNS's bits: STEP_BLOCKS's with runs of unchanged blocks in place of its block flags."""
+    return _c.encode_runs(x, b, g, width, shift) if _c is not None else _encode_blocks_py(x, b, g, width, shift, True)
+
+
+def decode_runs(data, b, g, width: int, shift: int) -> bytes:
+    return _decoded("decode_runs", functools.partial(_decode_blocks_py, runs=True), data, b, g, width, shift)
+
+
 class _Key(_Probabilities):
     """One (class, exponent) context's probabilities. Unmoved elements: changed (``flag``;
     ``after`` when the part's element before changed) and the sign. Moved ones: moved again
@@ -413,6 +423,9 @@ class _Blocks:
         self.keys: dict[tuple[int, int], _Key] = {}
         self.block = [_Bit() for _ in range(2 * nexp)]  # (smallest unmoved exponent, last block's flag)
         self.sub = [_Bit() for _ in range(2 * nexp)]  # a changed block's parts: the same
+        # STEP_RUNS: a run's exp-Golomb code, by whether the run before was empty
+        self.run = [([_Bit() for _ in range(BUCKETS + 1)], [[_Bit() for _ in range(3)] for _ in range(BUCKETS + 1)])
+                    for _ in range(2)]
         self.escape = [([_Bit() for _ in range(BUCKETS + 1)], [[_Bit() for _ in range(3)] for _ in range(BUCKETS + 1)])
                        for _ in range(CLASSES)]
 
@@ -438,9 +451,10 @@ class _BlockLayout(_Steps):
         self.size = self.size.tolist()
         self.exp = ((bu >> shift) & ((1 << (self.bits - 1 - shift)) - 1)).tolist()
 
-    def blocks(self):
+    def blocks(self) -> list:
         """(unmoved elements by part, moved elements) of each block; parts without unmoved
         elements left out."""
+        out = []
         for i0 in range(0, self.n, BLOCK):
             parts, a = [], []
             for s0 in range(i0, min(self.n, i0 + BLOCK), SUB):
@@ -449,23 +463,46 @@ class _BlockLayout(_Steps):
                     (a if self.moved[i] else z).append(i)
                 if z:
                     parts.append(z)
-            yield parts, a
+            out.append((parts, a))
+        return out
 
 
-def _encode_blocks_py(x, b, g, width: int, shift: int) -> bytes:
+def _runs(blocks, changed) -> list[int | None]:
+    """STEP_RUNS's runs, per block: the run coded at it (the blocks with unmoved elements
+    from it on that pass before the next whose unmoved elements changed; all of them when
+    none does), or None where none is coded. ``changed(parts)``: whether a block's did."""
+    out: list[int | None] = [None] * len(blocks)
+    pending = -1
+    for at, (parts, _) in enumerate(blocks):
+        if not parts:
+            continue
+        if pending < 0:
+            later = [changed(p) for p, _ in blocks[at:] if p]
+            pending = out[at] = later.index(True) if True in later else len(later)
+        pending = -1 if pending == 0 else pending - 1
+    return out
+
+
+def _encode_blocks_py(x, b, g, width: int, shift: int, runs: bool = False) -> bytes:
     import numpy as np
 
     if not supports(width, shift) or not len(x) == len(b) == len(g) or len(x) % width:
-        raise ValueError("STEP_BLOCKS encode: sizes, width or shift do not fit")
+        raise ValueError(f"{_name(runs)} encode: sizes, width or shift do not fit")
     lay = _BlockLayout(b, g, width, shift)
     mask, sign = lay.mask, lay.sign
     delta = ((_ordered(np.frombuffer(x, dtype=lay.utype).astype(np.int64), sign) - lay.ob) & mask).tolist()
     models, enc, hot = _Blocks(1 << (lay.bits - 1 - shift)), _Encoder(), 0
-    for parts, a in lay.blocks():
+    blocks = lay.blocks()
+    coded_runs = _runs(blocks, lambda parts: any(delta[i] for z in parts for i in z)) if runs else None
+    for at, (parts, a) in enumerate(blocks):
         if parts:
             changed = any(delta[i] for z in parts for i in z)
-            enc.bit(models.block[2 * min(lay.exp[i] for z in parts for i in z) + hot], int(changed))
-            hot = int(changed)
+            if not runs:
+                enc.bit(models.block[2 * min(lay.exp[i] for z in parts for i in z) + hot], int(changed))
+                hot = int(changed)
+            elif coded_runs[at] is not None:
+                enc.golomb(*models.run[hot], coded_runs[at] + 1)
+                hot = int(coded_runs[at] == 0)
             any_part, last_part = False, 0
             for p, z in enumerate(parts if changed else ()):
                 part_changed = int(any(delta[i] for i in z))
@@ -504,30 +541,45 @@ def _encode_blocks_py(x, b, g, width: int, shift: int) -> bytes:
     return enc.finish()
 
 
-def _decode_blocks_py(data, b, g, width: int, shift: int) -> bytes:
+def _name(runs: bool) -> str:
+    return "STEP_RUNS" if runs else "STEP_BLOCKS"
+
+
+def _decode_blocks_py(data, b, g, width: int, shift: int, runs: bool = False) -> bytes:
     import numpy as np
 
+    name = _name(runs)
     if not supports(width, shift) or len(b) != len(g) or len(b) % width:
-        raise CorruptObject("STEP_BLOCKS payload: sizes, width or shift do not fit")
+        raise CorruptObject(f"{name} payload: sizes, width or shift do not fit")
     lay = _BlockLayout(b, g, width, shift)
     mask, sign = lay.mask, lay.sign
     models, dec, hot = _Blocks(1 << (lay.bits - 1 - shift)), _Decoder(data), 0
     where, deltas = [], []
+    pending = -1  # STEP_RUNS: blocks with unmoved elements still to pass unchanged; -1: no run coded
 
     def value(i: int, k: _Key, cls: int, negative: int, skip: int = 0) -> None:
         mag = dec.magnitude(k.mag, *models.escape[cls], lay.bits - 1)
         if skip and mag >= skip:  # a moved element's size before, coded apart
             mag += 1
         if mag > sign or (not negative and mag == sign):
-            raise CorruptObject("STEP_BLOCKS payload: a delta is out of range")
+            raise CorruptObject(f"{name} payload: a delta is out of range")
         where.append(i)
         deltas.append(((-mag) & mask) if negative else mag)
 
-    for parts, a in lay.blocks():
+    blocks = lay.blocks()
+    for at, (parts, a) in enumerate(blocks):
         changed = 0
-        if parts:
+        if parts and not runs:
             changed = dec.bit(models.block[2 * min(lay.exp[i] for z in parts for i in z) + hot])
             hot = changed
+        elif parts:
+            if pending < 0:
+                v = dec.golomb(*models.run[hot], BUCKETS)
+                if v < 1 or v - 1 > len(blocks) - at:
+                    raise CorruptObject(f"{name} payload: a run passes the end of the chunk")
+                pending, hot = v - 1, int(v == 1)
+            changed = int(pending == 0)
+            pending = -1 if changed else pending - 1
         any_part, last_part = False, 0
         for p, z in enumerate(parts if changed else ()):
             last_part = dec.bit(models.sub[2 * min(lay.exp[i] for i in z) + last_part]) \
@@ -548,7 +600,7 @@ def _decode_blocks_py(data, b, g, width: int, shift: int) -> bytes:
             if dec.bit(k.flag):  # moved again as before
                 size = lay.size[i]
                 if size > sign or (not negative and size == sign):
-                    raise CorruptObject("STEP_BLOCKS payload: a delta is out of range")
+                    raise CorruptObject(f"{name} payload: a delta is out of range")
                 where.append(i)
                 deltas.append(((-size) & mask) if negative else size)
                 continue
@@ -558,8 +610,10 @@ def _decode_blocks_py(data, b, g, width: int, shift: int) -> bytes:
                 value(i, k, cls, negative, lay.size[i])
             else:  # moved back
                 value(i, k, cls, 1 - negative)
+    if pending > 0:
+        raise CorruptObject(f"{name} payload: a run passes the end of the chunk")
     if dec.at != len(dec.data):
-        raise CorruptObject("STEP_BLOCKS payload length does not match its contents")
+        raise CorruptObject(f"{name} payload length does not match its contents")
     out = np.frombuffer(b, dtype=lay.utype).copy()
     if where:
         idx = np.asarray(where, dtype=np.int64)

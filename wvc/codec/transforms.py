@@ -137,7 +137,7 @@ def applicable_methods(dtype: DType, has_base: bool, has_context: bool = False) 
         return [full]
     if dtype.kind == "float":
         grouped = [Method.ULP_EXP] if dtype.exponent else []
-        stepped = [Method.ULP_STEP, Method.STEP_BLOCKS] if has_context and step_applies(dtype) else []
+        stepped = [Method.ULP_STEP, Method.STEP_BLOCKS, Method.STEP_RUNS] if has_context and step_applies(dtype) else []
         return [full, Method.XOR, Method.ULP, *grouped, Method.SPARSE, *stepped]
     if dtype.kind == "int":
         return [full, Method.XOR, Method.SUB, Method.SPARSE]
@@ -286,17 +286,17 @@ def _decode_native(payload, info, b) -> bytes:
     return raw
 
 
-# The step coder the encoder writes: STEP_BLOCKS decodes in 0.40-0.45x ULP_STEP's time for
-# 0.96-1.01x its bytes (docs/codec.md); ULP_STEP is still read (benchmarks/step_decode.py and
-# long_run --step-coder set this to compare the two).
-STEP_CODER = Method.STEP_BLOCKS
+# The step coder the encoder writes: STEP_RUNS (docs/codec.md has its figures against
+# STEP_BLOCKS and ULP_STEP, which are still read; benchmarks/step_decode.py and long_run
+# --step-coder set this to compare them).
+STEP_CODER = Method.STEP_RUNS
 
 
 def _encode_step(raw, base, context, dtype: DType, method: Method | None = None) -> Encoded:
     """A step coder's payload: ``method`` if given (a caller forcing one), else STEP_CODER."""
     method = method or STEP_CODER
     shift = dtype.exponent[0]
-    coder = step.encode_blocks if method is Method.STEP_BLOCKS else step.encode
+    coder = {Method.STEP_BLOCKS: step.encode_blocks, Method.STEP_RUNS: step.encode_runs}.get(method, step.encode)
     return Encoded(pack_step(dtype.width, shift, len(raw), coder(raw, base, context, dtype.width, shift), method),
                    method)
 
@@ -327,7 +327,8 @@ def encode_chunk(
     # beat its estimate on the samples
     stepped = _encode_step(raw, base, context, dtype)
     best = _encode_others(raw, dtype, base, device, level, method, step_size=len(stepped.payload))
-    return stepped if best is None or _step_wins(len(stepped.payload), len(best.payload)) else best
+    return stepped if best is None or _step_wins(len(stepped.payload), len(best.payload), len(raw) // dtype.width) \
+        else best
 
 
 def tries_step(raw, dtype: DType, base, context) -> bool:
@@ -353,7 +354,9 @@ def _tries_step(raw, dtype: DType, base, context) -> bool:
     return changed <= max(STEP_MAX_CHANGED * (len(raw) // dtype.width), STEP_FEW_CHANGES)
 
 
-def _step_wins(step_size: float, best_size: float) -> bool:
+def _step_wins(step_size: float, best_size: float, elements: int) -> bool:
+    if step_size * 8 > STEP_DENSE_BITS * elements:
+        return step_size <= STEP_MIN_GAIN_DENSE * best_size
     return step_size <= STEP_MIN_GAIN * best_size
 
 
@@ -361,6 +364,8 @@ def _step_wins(step_size: float, best_size: float) -> bool:
 # of its estimate on the samples, when its full encode is skipped): its decode costs more a
 # changed element, so a marginal saving is not worth it.
 STEP_MIN_GAIN = 0.8
+STEP_DENSE_BITS = 1e9
+STEP_MIN_GAIN_DENSE = 0.5
 
 
 def _operations(raw, base, dtype: DType, device: str):
@@ -407,7 +412,7 @@ def _encode_others(raw, dtype: DType, base, device: str, level: int, method: Met
         choice = _best_on_sample(encode_with, sample, changed_in_sample, methods, x, b, dtype, level, len(raw),
                                  sample_bytes, full=None if step_size is not None else
                                  lambda m: encode_with(m, x, b, dtype, level))
-        if step_size is not None and _step_wins(step_size, choice.estimate):
+        if step_size is not None and _step_wins(step_size, choice.estimate, len(raw) // dtype.width):
             return None
         if choice.payload is not None:
             return Encoded(choice.payload, choice.method)
@@ -546,7 +551,7 @@ def decode_chunk(payload, raw_size: int, base=None, *, context=None, device: str
         context = context() if callable(context) else context
         if context is None:
             raise CorruptObject(f"{info.method.name} payload without the version before its base")
-        coder = step.decode_blocks if info.method is Method.STEP_BLOCKS else step.decode
+        coder = {Method.STEP_BLOCKS: step.decode_blocks, Method.STEP_RUNS: step.decode_runs}.get(info.method, step.decode)
         return coder(step_bits(payload), base_raw, fit_base(context, raw_size), width, info.param)
     if whole:
         return _decode_whole(payload, info, base_raw)
