@@ -505,15 +505,16 @@ def main(argv=None) -> None:
     ap.add_argument("--s3", action="store_true", help="also push to and follow an S3 remote (moto's server on 127.0.0.1)")
     ap.add_argument("--publisher", action="store_true",
                     help="commit and push through wvc.Publisher (what the Trainer callback runs), directory remote only")
-    ap.add_argument("--step-coder", choices=["STEP_RUNS", "STEP_BLOCKS", "ULP_STEP"], default="STEP_RUNS",
-                    help="the step coder commits write (ULP_STEP, STEP_BLOCKS: what wvc wrote before, for an A/B)")
+    ap.add_argument("--step-coder", choices=["chosen", "STEP_RUNS", "STEP_BLOCKS", "ULP_STEP"], default="chosen",
+                    help="the step coder commits write (chosen: STEP_RUNS or STEP_BLOCKS by the step, what wvc "
+                         "writes; ULP_STEP, STEP_BLOCKS: what it wrote before, for an A/B)")
     ap.add_argument("--out", type=Path, default=RESULTS / "long_run.json")
     ap.add_argument("--merge", type=Path, nargs="+", default=None, metavar="JSON",
                     help="only combine results of earlier invocations (e.g. the runs made in parallel) into --out")
     args = ap.parse_args(argv)
     from wvc.codec import Method, transforms
 
-    transforms.STEP_CODER = Method[args.step_coder]
+    transforms.STEP_CODER = None if args.step_coder == "chosen" else Method[args.step_coder]
     if args.hub and args.bucket:  # (as the Hub's does: uploads to the bucket would be counted as near nothing)
         ap.error("--hub and --bucket share the local server's Xet service, which deduplicates one's uploads against "
                  "the other's: run them in separate invocations (--merge combines the results)")

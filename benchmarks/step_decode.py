@@ -15,7 +15,8 @@ STEP_RUNS (what it writes now) on the same bytes, every decode checked byte for 
 - **chain**: ``--chain-steps`` synthetic steps committed to a repository (max_chain 8: the
   tip sits up to 8 links above its keyframe), then the tip's checkout and its load into
   memory (``Repo.load_state_dict``) against step 0's (a keyframe version of the same model),
-  median over ``--repeats``; once with each coder (``transforms.STEP_CODER``).
+  median over ``--repeats``; once with each coder (``transforms.STEP_CODER``), and once as wvc
+  writes (STEP_RUNS or STEP_BLOCKS, chosen by the step).
 
 Figures from a shared machine drift: every ratio compares timings taken in turn in one run.
 Writes benchmarks/results/step_decode.json and step_decode.md.
@@ -91,9 +92,10 @@ def chain(steps: int, mb: float, cal: dict, repeats: int, work: Path) -> dict:
     from wvc import Repo
 
     out, writing = {}, transforms.STEP_CODER
-    for m in CODERS:
-        transforms.STEP_CODER = m
-        repo = Repo.init(work / m.name)
+    for m in (Method.ULP_STEP, Method.STEP_BLOCKS, Method.STEP_RUNS, None):
+        transforms.STEP_CODER = m  # None: what wvc writes (STEP_RUNS or STEP_BLOCKS by the step)
+        name = m.name if m is not None else "chosen"
+        repo = Repo.init(work / name)
         commits, wanted = [], []
         for _, state in synthetic_steps(steps, mb, cal, seed=2):
             commits.append(repo.commit("step", source=state).commit)
@@ -116,8 +118,8 @@ def chain(steps: int, mb: float, cal: dict, repeats: int, work: Path) -> dict:
         res["checkout_tip_over_first"] = res["checkout_tip_s"] / res["checkout_first_s"]
         res["load_tip_over_first"] = res["load_tip_s"] / res["load_first_s"]
         repo.close()
-        out[m.name] = res
-        print(json.dumps({m.name: res}), flush=True)
+        out[name] = res
+        print(json.dumps({name: res}), flush=True)
     transforms.STEP_CODER = writing
     return out
 

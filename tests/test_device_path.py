@@ -23,7 +23,7 @@ CHUNK = 512 * 1024  # several chunks a tensor, all of them big enough to be samp
 def _versions():
     """Four versions covering every route: keyframes, dense steps (ULP_EXP), sparse steps
     (SPARSE), integer deltas, 1-byte dtypes, tensors too small for the device (tried in
-    full on the host), a step given the step before (STEP_RUNS, the host's), a tied tensor,
+    full on the host), a step given the step before (STEP_BLOCKS or STEP_RUNS, the host's), a tied tensor,
     an empty one, and a shape change."""
     g = torch.Generator().manual_seed(0)
     v0 = {
@@ -137,7 +137,7 @@ def test_a_device_commit_stores_the_c_paths_payloads_for_every_dtype_and_route(t
     assert {Method.PLANES, Method.RAW, Method.ULP_EXP, Method.SPARSE} <= methods, methods
     assert methods & {Method.XOR, Method.SUB}, methods  # the integer deltas
     stored = {m for m, _, _ in on_cpu.values()}
-    assert Method.STEP_RUNS in stored  # (the host's) -- the route that never reaches the device pass
+    assert stored & {Method.STEP_BLOCKS, Method.STEP_RUNS}  # (the host's) -- the route that never reaches the device pass
     assert not {m for m in methods if Method(m).uses_context}
     # and every version loads back bit for bit from the device-made repository
     repo = Repo.open(tmp_path / device)

@@ -112,10 +112,60 @@ def test_correlated_steps_choose_the_method_and_cost_under_half_of_the_best_with
     g, b, x = adam_like_steps(3)
     without = codec.encode(x, BF16, b)
     with_context = codec.encode(x, BF16, b, context=g)
-    assert with_context.method is Method.STEP_RUNS
+    assert with_context.method is Method.STEP_BLOCKS  # a fresh change in ~22% of the blocks: step.prefers_runs
     sizes = len(with_context.payload), len(without.payload)
     assert sizes[0] < 0.5 * sizes[1], sizes
     assert codec.decode(with_context.payload, len(x), b, context=g) == x
+
+
+@needs_c
+def test_a_step_whose_changes_follow_the_step_before_is_written_with_runs():
+    rng = np.random.default_rng(5)
+    g = (rng.integers(0, 0x3F00, 1 << 16)).astype(np.uint16)  # positive values: +1 is a unit up
+    moving = rng.random(len(g)) < 0.02
+    b = g + moving
+    x = b + moving  # only elements that moved before move again: no block's unmoved ones change
+    fresh = x.copy()
+    fresh[::64 * 10] += 1  # a fresh change in every tenth block: past step.RUNS_MAX_CHANGED_BLOCKS
+    for step_x, method in ((x, Method.STEP_RUNS), (fresh, Method.STEP_BLOCKS)):
+        enc = codec.encode(step_x.tobytes(), BF16, b.tobytes(), context=g.tobytes())
+        assert enc.method is method
+        assert codec.decode(enc.payload, len(step_x.tobytes()), b.tobytes(), context=g.tobytes()) == step_x.tobytes()
+    runs = codec.encode(x.tobytes(), BF16, b.tobytes(), context=g.tobytes(), method=Method.STEP_RUNS).payload
+    flags = codec.encode(x.tobytes(), BF16, b.tobytes(), context=g.tobytes(), method=Method.STEP_BLOCKS).payload
+    assert len(runs) <= len(flags)  # a run over the whole chunk, against a flag a block
+
+
+@settings(max_examples=60, deadline=None)
+@given(width=hs.sampled_from([1, 2, 4]), data=hs.data())
+def test_the_choice_of_runs_counts_the_same_blocks_in_c_and_in_python(width, data):
+    n = data.draw(hs.integers(0, 300))
+    g = data.draw(hs.binary(min_size=n * width, max_size=n * width))
+    b = near(data, g, width)
+    x = near(data, b, width)
+    counts = step._z_blocks_py(x, b, g, width)
+    if step.native():
+        assert step._c.z_blocks(x, b, g, width) == counts
+    assert counts[1] <= counts[0] <= -(-n // step.BLOCK)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_run_past_the_end_of_the_chunk_is_refused(native, monkeypatch):
+    if native and not step.native():
+        pytest.skip("the C coder was not built")
+    if not native:
+        monkeypatch.setattr(step, "_c", None)
+    n = 64 * 8
+    b = np.arange(n, dtype=np.uint16) + 0x3000
+    whole = step.encode_runs(b.tobytes(), b.tobytes(), b.tobytes(), 2, 7)  # one run: 8 unchanged blocks
+    assert step.decode_runs(whole, b.tobytes(), b.tobytes(), 2, 7) == b.tobytes()
+    half = b[: n // 2].tobytes()
+    with pytest.raises(CorruptObject, match="run passes the end"):  # 8 blocks of 4
+        step.decode_runs(whole, half, half, 2, 7)
+    g = b.copy()
+    g[n // 2:] += 1  # the last 4 blocks hold moved elements only: 4 blocks to run over, not 8
+    with pytest.raises(CorruptObject):
+        step.decode_runs(whole, b.tobytes(), g.tobytes(), 2, 7)
 
 
 @needs_c
@@ -187,7 +237,7 @@ def methods_of(repo) -> dict:
     return {m: count for m, (count, _) in repo.internals.store.bytes_by_method().items()}
 
 
-STEP_WRITTEN = int(Method.STEP_RUNS)  # the step coder commits write
+STEP_WRITTEN = (int(Method.STEP_BLOCKS), int(Method.STEP_RUNS))  # what commits write a step as
 
 
 @needs_c
@@ -198,7 +248,7 @@ def test_a_run_of_commits_stores_steps_with_it_and_every_version_checks_out_exac
     for i, sd in enumerate(steps):
         repo.commit(f"step {i}", source=sd)
         commits.append(repo.resolve("HEAD"))
-    assert methods_of(repo).get(STEP_WRITTEN, 0) >= 3  # steps 2, 3 and 5 (4 is an anchor on step 0)
+    assert sum(methods_of(repo).get(m, 0) for m in STEP_WRITTEN) >= 3  # steps 2, 3 and 5 (4 is an anchor on step 0)
     for commit, sd in zip(commits, steps):
         got = repo.load_state_dict(commit)
         assert all(torch.equal(got[k].view(torch.int16), sd[k].view(torch.int16)) for k in sd)
@@ -232,7 +282,7 @@ def test_a_follower_applies_every_step_from_the_chunks_it_held(tmp_path):
         beyond.append(update.downloaded_bytes - repo.log()[0].stored_bytes)  # catalogs, and any older chunk
     # steps 2, 3 and 5 (step 4 is an anchor on the keyframe, store/anchors.py: no step before
     # it to be the context; the record gives the follower a step payload for it)
-    assert methods_of(repo).get(STEP_WRITTEN, 0) >= 3
+    assert sum(methods_of(repo).get(m, 0) for m in STEP_WRITTEN) >= 3
     # what is not the step's own payload (catalogs: 0.5-1.8 KB here) stays flat; without the
     # kept chunks each step also fetched the version before through its chain (5.6, 6.4, 7.7 KB)
     assert max(beyond[3:]) < 2 * beyond[2] + 1024, beyond
@@ -254,7 +304,7 @@ def test_a_grandparent_of_another_shape_or_dtype_is_never_the_context(tmp_path):
     same = Repo.init(tmp_path / "same")  # the control: the same steps in one layout use it
     for bits in (g, b, x):
         same.commit("step", source={"w": bf16_state(bits)["w"]})
-    assert STEP_WRITTEN in methods_of(same)
+    assert set(STEP_WRITTEN) & set(methods_of(same))
 
 
 @pytest.mark.parametrize("method", STEP_CODERS)

@@ -569,8 +569,8 @@ typedef struct {
     Escape esc[CLASSES]; /* magnitudes beyond MAG_UNARY, by class */
     Bit *block;          /* 2 nexp: a block's "any Z element changed", by its smallest Z exponent */
     Bit *sub;            /* 2 nexp: the same for a part of a changed block */
-    Escape run[2];       /* STEP_RUNS: the unchanged Z blocks before the next changed one, by
-                          * whether the run before was empty */
+    Escape run[2];       /* STEP_RUNS: a run of unchanged Z blocks (block[]: whether it is empty),
+                          * by whether the run before was empty */
 } Blocks;
 
 static int blocks_init(Blocks *M, int nexp) {
@@ -646,7 +646,7 @@ static inline unsigned min_epi16_all(__m128i v) {
 }
 
 static inline uint64_t block_scan_sse_16(const uint16_t *b, const uint16_t *g, int shift, unsigned emask,
-                                         unsigned *min_exp) {
+                                         unsigned *min_exp, uint16_t *x) {
     const __m128i em = _mm_set1_epi16((short)emask), none = _mm_set1_epi16(0x7FFF);
     const __m128i sh = _mm_cvtsi32_si128(shift);
     __m128i mn = none;
@@ -655,6 +655,7 @@ static inline uint64_t block_scan_sse_16(const uint16_t *b, const uint16_t *g, i
         __m128i moved2[2];
         for (int h = 0; h < 2; h++) {
             __m128i vb = _mm_loadu_si128((const __m128i *)(b + 16 * q + 8 * h));
+            if (x) _mm_storeu_si128((__m128i *)(x + 16 * q + 8 * h), vb);
             __m128i eq = _mm_cmpeq_epi16(vb, _mm_loadu_si128((const __m128i *)(g + 16 * q + 8 * h)));
             __m128i e = _mm_and_si128(_mm_srl_epi16(vb, sh), em);
             e = _mm_or_si128(_mm_and_si128(eq, e), _mm_andnot_si128(eq, none));
@@ -669,7 +670,7 @@ static inline uint64_t block_scan_sse_16(const uint16_t *b, const uint16_t *g, i
 }
 
 static inline uint64_t block_scan_sse_32(const uint32_t *b, const uint32_t *g, int shift, unsigned emask,
-                                         unsigned *min_exp) {
+                                         unsigned *min_exp, uint32_t *x) {
     const __m128i em = _mm_set1_epi32((int)emask), none = _mm_set1_epi32(0x7FFF);
     const __m128i sh = _mm_cvtsi32_si128(shift);
     __m128i mn = _mm_set1_epi16(0x7FFF);
@@ -678,6 +679,7 @@ static inline uint64_t block_scan_sse_32(const uint32_t *b, const uint32_t *g, i
         __m128i moved[4], ex[4];
         for (int h = 0; h < 4; h++) {
             __m128i vb = _mm_loadu_si128((const __m128i *)(b + 16 * q + 4 * h));
+            if (x) _mm_storeu_si128((__m128i *)(x + 16 * q + 4 * h), vb);
             __m128i eq = _mm_cmpeq_epi32(vb, _mm_loadu_si128((const __m128i *)(g + 16 * q + 4 * h)));
             __m128i e = _mm_and_si128(_mm_srl_epi32(vb, sh), em);
             ex[h] = _mm_or_si128(_mm_and_si128(eq, e), _mm_andnot_si128(eq, none));
@@ -722,20 +724,21 @@ static inline uint64_t block_moved_sse_32(const uint32_t *b, const uint32_t *g, 
     if ((BITS) >= 16 && (len) == BLOCK) \
         return (BITS) == 16 ? block_moved_sse_16((const uint16_t *)(const void *)(b), (const uint16_t *)(const void *)(g), (uint16_t *)(void *)(x)) \
                             : block_moved_sse_32((const uint32_t *)(const void *)(b), (const uint32_t *)(const void *)(g), (uint32_t *)(void *)(x));
-#define SCAN_SSE(BITS, b, g, len, shift, emask, mn) \
+#define SCAN_SSE(BITS, b, g, x, len, shift, emask, mn) \
     if ((BITS) >= 16 && (len) == BLOCK) \
-        return (BITS) == 16 ? block_scan_sse_16((const uint16_t *)(const void *)(b), (const uint16_t *)(const void *)(g), shift, emask, mn) \
-                            : block_scan_sse_32((const uint32_t *)(const void *)(b), (const uint32_t *)(const void *)(g), shift, emask, mn);
+        return (BITS) == 16 ? block_scan_sse_16((const uint16_t *)(const void *)(b), (const uint16_t *)(const void *)(g), shift, emask, mn, (uint16_t *)(void *)(x)) \
+                            : block_scan_sse_32((const uint32_t *)(const void *)(b), (const uint32_t *)(const void *)(g), shift, emask, mn, (uint32_t *)(void *)(x));
 #else
-#define SCAN_SSE(BITS, b, g, len, shift, emask, mn)
+#define SCAN_SSE(BITS, b, g, x, len, shift, emask, mn)
 #define MOVED_SSE(BITS, b, g, x, len)
 #endif
 
 /* The block's A mask (b != g) and its smallest Z exponent (NO_EXP: none); ``len`` <= BLOCK. */
 #define DEFINE_BLOCKS(T, ST, BITS)                                                             \
-    static inline uint64_t block_scan_##BITS(const T *b, const T *g, int len, int shift,       \
+    static inline uint64_t block_scan_##BITS(const T *b, const T *g, T *x, int len, int shift, \
                                              unsigned emask, unsigned *min_exp) {              \
-        SCAN_SSE(BITS, b, g, len, shift, emask, min_exp)                                       \
+        SCAN_SSE(BITS, b, g, x, len, shift, emask, min_exp)                                    \
+        if (x) memcpy(x, b, (size_t)len * sizeof(T));                                          \
         uint8_t ne[BLOCK] = {0};                                                               \
         T mn = (T)~(T)0; /* the exponents fit below the all-ones value: NO_EXP after */         \
         if (len == BLOCK) /* a constant trip count: vectorised whole */                        \
@@ -793,12 +796,10 @@ static inline uint64_t block_moved_sse_32(const uint32_t *b, const uint32_t *g, 
     }                                                                                          \
     /* STEP_RUNS: the blocks with Z elements from i0 on that pass unchanged before the next  \
      * one that changes (all of them when none does) */                                        \
-    static uint64_t zrun_##BITS(const T *x, const T *b, const T *g, Py_ssize_t n, Py_ssize_t i0, \
-                                int shift, unsigned emask) {                                   \
+    static uint64_t zrun_##BITS(const T *x, const T *b, const T *g, Py_ssize_t n, Py_ssize_t i0) { \
         uint64_t r = 0;                                                                        \
         for (; i0 < n; i0 += BLOCK) {                                                          \
             int len = n - i0 < BLOCK ? (int)(n - i0) : BLOCK;                                  \
-            unsigned mn;                                                                       \
             uint64_t all = len == BLOCK ? ~0ULL : ((1ULL << len) - 1);                         \
             uint64_t z = ~block_moved_##BITS(b + i0, g + i0, NULL, len) & all;                 \
             if (!z) continue;                                                                  \
@@ -806,6 +807,18 @@ static inline uint64_t block_moved_sse_32(const uint32_t *b, const uint32_t *g, 
             r++;                                                                               \
         }                                                                                      \
         return r;                                                                              \
+    }                                                                                          \
+    /* the blocks with Z elements, and of them those where one changed (which coder: step.py) */ \
+    static void zcount_##BITS(const T *x, const T *b, const T *g, Py_ssize_t n, uint64_t *zs,    \
+                              uint64_t *changed) {                                             \
+        for (Py_ssize_t i0 = 0; i0 < n; i0 += BLOCK) {                                         \
+            int len = n - i0 < BLOCK ? (int)(n - i0) : BLOCK;                                  \
+            uint64_t all = len == BLOCK ? ~0ULL : ((1ULL << len) - 1);                         \
+            uint64_t z = ~block_moved_##BITS(b + i0, g + i0, NULL, len) & all;                 \
+            if (!z) continue;                                                                  \
+            ++*zs;                                                                             \
+            *changed += (block_changed_##BITS(x + i0, b + i0, len) & z) != 0;                  \
+        }                                                                                      \
     }                                                                                          \
     static void encode_blocks_##BITS(Enc *e, const T *x, const T *b, const T *g, Py_ssize_t n, \
                                      const Layout *L, Blocks *M, int runs) {                   \
@@ -816,17 +829,19 @@ static inline uint64_t block_moved_sse_32(const uint32_t *b, const uint32_t *g, 
         for (Py_ssize_t i0 = 0; i0 < n; i0 += BLOCK) {                                         \
             int len = n - i0 < BLOCK ? (int)(n - i0) : BLOCK;                                  \
             const T *xb = x + i0, *bb = b + i0, *gb = g + i0;                                  \
-            unsigned mn;                                                                       \
+            unsigned mn = NO_EXP;                                                              \
             uint64_t a = runs ? block_moved_##BITS(bb, gb, NULL, len)                          \
-                              : block_scan_##BITS(bb, gb, len, shift, emask, &mn);            \
+                              : block_scan_##BITS(bb, gb, NULL, len, shift, emask, &mn);      \
             uint64_t all = len == BLOCK ? ~0ULL : ((1ULL << len) - 1);                         \
             uint64_t z = ~a & all, changed = block_changed_##BITS(xb, bb, len);               \
             if (z) {                                                                           \
                 uint64_t zc = changed & z;                                                     \
                 if (!runs) enc_bit(e, &M->block[2 * mn + hot], zc != 0);                       \
                 else if (pending < 0) {                                                        \
-                    pending = (int64_t)zrun_##BITS(x, b, g, n, i0, shift, emask);              \
-                    enc_golomb(e, M->run[hot].bucket, M->run[hot].top, (uint64_t)pending + 1);   \
+                    pending = (int64_t)zrun_##BITS(x, b, g, n, i0);              \
+                    block_scan_##BITS(bb, gb, NULL, len, shift, emask, &mn);                   \
+                    enc_bit(e, &M->block[2 * mn + hot], pending == 0); /* this block changed */ \
+                    if (pending) enc_golomb(e, M->run[hot].bucket, M->run[hot].top, (uint64_t)pending); \
                     hot = pending == 0;                                                        \
                 }                                                                              \
                 if (runs) pending = zc ? -1 : pending - 1;                                     \
@@ -889,23 +904,22 @@ static inline uint64_t block_moved_sse_32(const uint32_t *b, const uint32_t *g, 
             int len = n - i0 < BLOCK ? (int)(n - i0) : BLOCK;                                  \
             const T *bb = b + i0, *gb = g + i0;                                                \
             T *xb = x + i0;                                                                    \
-            unsigned mn;                                                                       \
+            unsigned mn = NO_EXP;                                                              \
             uint64_t a;                                                                        \
             if (runs) a = block_moved_##BITS(bb, gb, xb, len); /* the base copied on the way */ \
-            else {                                                                             \
-                a = block_scan_##BITS(bb, gb, len, shift, emask, &mn);                         \
-                memcpy(xb, bb, (size_t)len * sizeof(T)); /* the base, while it is in cache */  \
-            }                                                                                  \
+            else a = block_scan_##BITS(bb, gb, xb, len, shift, emask, &mn);                    \
             uint64_t all = len == BLOCK ? ~0ULL : ((1ULL << len) - 1);                         \
             uint64_t z = ~a & all;                                                             \
             int zc = 0;                                                                        \
             if (z && !runs) zc = hot = dec_bit(d, &M->block[2 * mn + hot]);                    \
             else if (z) {                                                                      \
                 if (pending < 0) {                                                             \
-                    int64_t v = dec_golomb(d, M->run[hot].bucket, M->run[hot].top, BUCKETS);   \
-                    if (v < 1 || v - 1 > (n - i0 + BLOCK - 1) / BLOCK)                         \
+                    block_scan_##BITS(bb, gb, NULL, len, shift, emask, &mn);                   \
+                    pending = dec_bit(d, &M->block[2 * mn + hot]) ? 0                          \
+                            : dec_golomb(d, M->run[hot].bucket, M->run[hot].top, BUCKETS);     \
+                    if (pending < 0 || pending > (n - i0 + BLOCK - 1) / BLOCK)                 \
                         return "STEP_RUNS payload: a run passes the end of the chunk";         \
-                    pending = v - 1, hot = pending == 0;                                       \
+                    hot = pending == 0;                                                        \
                 }                                                                              \
                 zc = pending == 0;                                                             \
                 pending = zc ? -1 : pending - 1;                                               \
@@ -1093,6 +1107,28 @@ static PyObject *py_decode_runs(PyObject *self, PyObject *args) {
     return run_decode(args, decode_runs, "STEP_RUNS payload: sizes, width or shift do not fit", PY_SSIZE_T_MAX);
 }
 
+static PyObject *py_z_blocks(PyObject *self, PyObject *args) {
+    Py_buffer x, b, g;
+    int width;
+    if (!PyArg_ParseTuple(args, "y*y*y*i", &x, &b, &g, &width)) return NULL;
+    PyObject *result = NULL;
+    if ((width != 1 && width != 2 && width != 4) || x.len != b.len || x.len != g.len || x.len % width) {
+        PyErr_SetString(PyExc_ValueError, "z_blocks: sizes or width do not fit");
+        goto done;
+    }
+    uint64_t zs = 0, changed = 0;
+    Py_ssize_t n = x.len / width;
+    Py_BEGIN_ALLOW_THREADS
+    if (width == 1) zcount_8(x.buf, b.buf, g.buf, n, &zs, &changed);
+    else if (width == 2) zcount_16(x.buf, b.buf, g.buf, n, &zs, &changed);
+    else zcount_32(x.buf, b.buf, g.buf, n, &zs, &changed);
+    Py_END_ALLOW_THREADS
+    result = Py_BuildValue("KK", (unsigned long long)zs, (unsigned long long)changed);
+done:
+    PyBuffer_Release(&x), PyBuffer_Release(&b), PyBuffer_Release(&g);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"encode", py_encode, METH_VARARGS,
      "encode(x, base, context, width, shift) -> the coded deltas of x against base (ULP_STEP)"},
@@ -1106,6 +1142,8 @@ static PyMethodDef methods[] = {
      "encode_runs(x, base, context, width, shift) -> the coded deltas of x against base (STEP_RUNS)"},
     {"decode_runs", py_decode_runs, METH_VARARGS,
      "decode_runs(data, base, context, width, shift) -> the chunk (ValueError on a corrupt payload)"},
+    {"z_blocks", py_z_blocks, METH_VARARGS,
+     "z_blocks(x, base, context, width) -> (blocks with unmoved elements, those where one of them changed)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -387,6 +387,33 @@ def decode_blocks(data, b, g, width: int, shift: int) -> bytes:
     return _decoded("decode_blocks", _decode_blocks_py, data, b, g, width, shift)
 
 
+# STEP_RUNS is written for a step where at most this share of the blocks with unmoved elements
+# saw one of them change, else STEP_BLOCKS: on the real bf16 run's chunks runs are 1-3.6%
+# smaller up to ~3% and 2-5% bigger from ~5.5% (their flags' exponent context pays there),
+# and at few changed blocks they decode up to ~40% faster (docs/codec.md).
+RUNS_MAX_CHANGED_BLOCKS = 0.04
+
+
+def prefers_runs(x, b, g, width: int) -> bool:
+    """Whether a step of ``x`` over ``b`` in the context ``g`` is written as STEP_RUNS."""
+    if _c is not None:
+        zs, changed = _c.z_blocks(x, b, g, width)
+    else:
+        zs, changed = _z_blocks_py(x, b, g, width)
+    return changed <= RUNS_MAX_CHANGED_BLOCKS * zs
+
+
+def _z_blocks_py(x, b, g, width: int) -> tuple[int, int]:
+    import numpy as np
+
+    t = {1: np.uint8, 2: np.uint16, 4: np.uint32}[width]
+    xs, bs, gs = (np.frombuffer(v, dtype=t) for v in (x, b, g))
+    pad = -len(bs) % BLOCK
+    unmoved = np.concatenate([bs == gs, np.zeros(pad, bool)]).reshape(-1, BLOCK)
+    changed = np.concatenate([xs != bs, np.zeros(pad, bool)]).reshape(-1, BLOCK) & unmoved
+    return int(unmoved.any(1).sum()), int(changed.any(1).sum())
+
+
 def encode_runs(x, b, g, width: int, shift: int) -> bytes:
     """STEP_RUNS's bits: STEP_BLOCKS's with runs of unchanged blocks in place of its block flags."""
     return _c.encode_runs(x, b, g, width, shift) if _c is not None else _encode_blocks_py(x, b, g, width, shift, True)
@@ -423,7 +450,8 @@ class _Blocks:
         self.keys: dict[tuple[int, int], _Key] = {}
         self.block = [_Bit() for _ in range(2 * nexp)]  # (smallest unmoved exponent, last block's flag)
         self.sub = [_Bit() for _ in range(2 * nexp)]  # a changed block's parts: the same
-        # STEP_RUNS: a run's exp-Golomb code, by whether the run before was empty
+        # STEP_RUNS: a run's exp-Golomb code (whether it is empty: block[]), by whether the run
+        # before was empty
         self.run = [([_Bit() for _ in range(BUCKETS + 1)], [[_Bit() for _ in range(3)] for _ in range(BUCKETS + 1)])
                     for _ in range(2)]
         self.escape = [([_Bit() for _ in range(BUCKETS + 1)], [[_Bit() for _ in range(3)] for _ in range(BUCKETS + 1)])
@@ -501,8 +529,11 @@ def _encode_blocks_py(x, b, g, width: int, shift: int, runs: bool = False) -> by
                 enc.bit(models.block[2 * min(lay.exp[i] for z in parts for i in z) + hot], int(changed))
                 hot = int(changed)
             elif coded_runs[at] is not None:
-                enc.golomb(*models.run[hot], coded_runs[at] + 1)
-                hot = int(coded_runs[at] == 0)
+                run = coded_runs[at]
+                enc.bit(models.block[2 * min(lay.exp[i] for z in parts for i in z) + hot], int(run == 0))
+                if run:
+                    enc.golomb(*models.run[hot], run)
+                hot = int(run == 0)
             any_part, last_part = False, 0
             for p, z in enumerate(parts if changed else ()):
                 part_changed = int(any(delta[i] for i in z))
@@ -574,10 +605,11 @@ def _decode_blocks_py(data, b, g, width: int, shift: int, runs: bool = False) ->
             hot = changed
         elif parts:
             if pending < 0:
-                v = dec.golomb(*models.run[hot], BUCKETS)
-                if v < 1 or v - 1 > len(blocks) - at:
+                empty = dec.bit(models.block[2 * min(lay.exp[i] for z in parts for i in z) + hot])
+                pending = 0 if empty else dec.golomb(*models.run[hot], BUCKETS)
+                if pending > len(blocks) - at:
                     raise CorruptObject(f"{name} payload: a run passes the end of the chunk")
-                pending, hot = v - 1, int(v == 1)
+                hot = int(pending == 0)
             changed = int(pending == 0)
             pending = -1 if changed else pending - 1
         any_part, last_part = False, 0

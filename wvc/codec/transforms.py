@@ -286,15 +286,16 @@ def _decode_native(payload, info, b) -> bytes:
     return raw
 
 
-# The step coder the encoder writes: STEP_RUNS (docs/codec.md has its figures against
-# STEP_BLOCKS and ULP_STEP, which are still read; benchmarks/step_decode.py and long_run
-# --step-coder set this to compare them).
-STEP_CODER = Method.STEP_RUNS
+# The step coder the encoder writes; None: STEP_RUNS or STEP_BLOCKS, as step.prefers_runs says
+# (docs/codec.md has the figures; ULP_STEP is still read; benchmarks/step_decode.py and long_run
+# --step-coder set one to compare them).
+STEP_CODER: Method | None = None
 
 
 def _encode_step(raw, base, context, dtype: DType, method: Method | None = None) -> Encoded:
-    """A step coder's payload: ``method`` if given (a caller forcing one), else STEP_CODER."""
-    method = method or STEP_CODER
+    """A step coder's payload: ``method`` if given (a caller forcing one), else STEP_CODER's."""
+    method = method or STEP_CODER or (Method.STEP_RUNS if step.prefers_runs(raw, base, context, dtype.width)
+                                      else Method.STEP_BLOCKS)
     shift = dtype.exponent[0]
     coder = {Method.STEP_BLOCKS: step.encode_blocks, Method.STEP_RUNS: step.encode_runs}.get(method, step.encode)
     return Encoded(pack_step(dtype.width, shift, len(raw), coder(raw, base, context, dtype.width, shift), method),
