@@ -16,6 +16,7 @@ from wvc import codec
 from wvc.api import Repo
 from wvc.codec import step
 from wvc.codec.container import Method, peek, step_bits
+from wvc.codec import transforms
 from wvc.codec.transforms import STEP_MAX_CHANGED, applicable_methods, step_applies
 from wvc.errors import CorruptObject
 from wvc.formats.dtypes import DTYPES, by_torch_dtype
@@ -166,6 +167,33 @@ def test_a_run_past_the_end_of_the_chunk_is_refused(native, monkeypatch):
     g[n // 2:] += 1  # the last 4 blocks hold moved elements only: 4 blocks to run over, not 8
     with pytest.raises(CorruptObject):
         step.decode_runs(whole, b.tobytes(), g.tobytes(), 2, 7)
+
+
+@needs_c
+def test_a_step_over_a_context_that_moved_far_more_is_not_coded_as_a_step():
+    """Found on the long run's chains (issue 53): a step whose base is an anchor has the drift
+    over the anchor's span as its context; the step coder spent decisions on every element
+    that moved there and decoded in 2.7x a keyframe's time, against SPARSE's 0.23x."""
+    rng = np.random.default_rng(7)
+    g = (rng.integers(0, 0x3F00, 1 << 16)).astype(np.uint16)
+    drifted = rng.random(len(g)) < 0.08  # the span before: 8% of the elements moved
+    b = g + drifted
+    x = b + (drifted & (rng.random(len(g)) < 0.9))  # a step: most of them again, as before
+    assert codec.encode(x.tobytes(), BF16, b.tobytes(), context=g.tobytes()).method.uses_context
+    stale = b + (drifted & (rng.random(len(g)) < 0.2))  # 1.6%: the context moved 5x as many
+    enc = codec.encode(stale.tobytes(), BF16, b.tobytes(), context=g.tobytes())
+    assert not enc.method.uses_context
+    assert codec.decode(enc.payload, len(stale.tobytes()), b.tobytes()) == stale.tobytes()
+
+
+def test_a_dense_step_payload_must_halve_the_others_best():
+    """Found on the long run's chains (issue 53): step payloads of 0.2-0.4 bits an element,
+    kept at 0.75-0.8x SPARSE's bytes, decoded in 4-11x a keyframe's time."""
+    n = 1 << 20
+    assert not transforms._step_wins(45_000, 60_000, n)  # 0.34 bits an element at 0.75x: kept before
+    assert transforms._step_wins(30_000, 60_000, n)  # 0.23 bits an element at half the others' best
+    assert transforms._step_wins(16_000, 20_000, n)  # 0.12 bits an element: the usual margin, 0.8x
+    assert not transforms._step_wins(17_000, 20_000, n)
 
 
 @needs_c

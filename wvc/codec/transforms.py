@@ -161,6 +161,13 @@ STEP_MAX_CHANGED = 0.10
 # ... unless so few changed that its decode costs nothing to speak of (~50 us at most): a
 # small tensor's step (a LayerNorm's, a bias's) often changes more of its elements.
 STEP_FEW_CHANGES = 1024
+# Nor when more than this many times as many elements moved from the context to the base as
+# from the base to the chunk: the context is then a span's drift (an anchor's, docs/codec.md),
+# which predicts a step poorly, and the decoder still spends a decision or two on each element
+# that moved in it. On the real bf16 run's steps the two counts are within 0.66-1.07x of
+# each other; a step over an anchor of 4 steps measured 3.9x, where its payload decoded in
+# 2.7x a keyframe's time against SPARSE's 0.23x for 1.5x the bytes.
+STEP_STALE_CONTEXT = 2
 
 
 def candidate_methods(dtype: DType, has_base: bool) -> list[Method]:
@@ -346,13 +353,20 @@ def _tries_step(raw, dtype: DType, base, context) -> bool:
     if not (context is not None and step.native() and len(raw)):
         return False
     if native.kernels is not None:
-        changed = native.kernels.changed_count(raw, base, dtype.width)
+        def count(x, b):
+            return native.kernels.changed_count(x, b, dtype.width)
     else:
         from .backends import backend
 
         xp = backend("cpu")
-        changed = xp.count_changed(xp.from_bytes(raw, dtype.width), xp.from_bytes(base, dtype.width))
-    return changed <= max(STEP_MAX_CHANGED * (len(raw) // dtype.width), STEP_FEW_CHANGES)
+
+        def count(x, b):
+            return xp.count_changed(xp.from_bytes(x, dtype.width), xp.from_bytes(b, dtype.width))
+    changed = count(raw, base)
+    if changed > max(STEP_MAX_CHANGED * (len(raw) // dtype.width), STEP_FEW_CHANGES):
+        return False
+    moved_before = count(base, context)
+    return moved_before <= max(STEP_STALE_CONTEXT * changed, STEP_FEW_CHANGES)
 
 
 def _step_wins(step_size: float, best_size: float, elements: int) -> bool:
@@ -365,7 +379,13 @@ def _step_wins(step_size: float, best_size: float, elements: int) -> bool:
 # of its estimate on the samples, when its full encode is skipped): its decode costs more a
 # changed element, so a marginal saving is not worth it.
 STEP_MIN_GAIN = 0.8
-STEP_DENSE_BITS = 1e9
+# ... and at most this fraction when its payload holds more than STEP_DENSE_BITS bits an
+# element. A step coder's decode costs ~14 ns a payload bit (its adaptive binary decisions)
+# besides ~0.1 ns an element, where a keyframe's costs ~0.5 ns an element: past 0.2 bits an
+# element a link costs over ~3 keyframe decodes (SPARSE's: 0.2-0.8). Over 200 calibrated
+# synthetic steps this halved the decode of a chain (median 12.9 -> 6.8 keyframes, max 34.6 ->
+# 13.5) for 2.6% more stored (docs/codec.md, "When a step coder is kept").
+STEP_DENSE_BITS = 0.2
 STEP_MIN_GAIN_DENSE = 0.5
 
 
