@@ -553,8 +553,11 @@ done:
 #define INHERIT_SPAN 4
 #define NO_EXP 0xFFFFu
 
+#define LOG_BUCKETS 6 /* STEP_RUNS: magnitudes below 2^6 by their bucket, larger ones escape */
+
 typedef struct {
     Bit flag, after, again, sign, mag[MAG_UNARY]; /* what each means: step.py's _Key */
+    Bit top[LOG_BUCKETS - 1][3]; /* STEP_RUNS: the two bits below a magnitude's leading one */
 } KeyModel;
 
 typedef struct {
@@ -615,11 +618,55 @@ static KeyModel *key_start(Blocks *M, size_t at, int cls, int e) {
     return k;
 }
 
+/* STEP_RUNS's magnitude m >= 1: its bucket j = floor(log2 m) in unary (mag[0..j], up to
+ * LOG_BUCKETS), then the j bits below the leading one, the first two through the tree top[j-1],
+ * the rest direct; m >= 2^LOG_BUCKETS escapes as an exp-Golomb code of m - 2^LOG_BUCKETS + 1.
+ * A large magnitude takes a few decisions instead of MAG_UNARY and an escape. */
+static void enc_log_magnitude(Enc *e, KeyModel *k, Escape *x, uint64_t m) {
+    int j = 63 - __builtin_clzll(m);
+    for (int t = 0; t < j && t < LOG_BUCKETS; t++) enc_bit(e, &k->mag[t], 1);
+    if (j >= LOG_BUCKETS) {
+        enc_golomb(e, x->bucket, x->top, m - (1ULL << LOG_BUCKETS) + 1);
+        return;
+    }
+    enc_bit(e, &k->mag[j], 0);
+    for (int t = j - 1, node = 0; t >= 0; t--) {
+        int bit = (int)((m >> t) & 1);
+        if (t >= j - 2) enc_bit(e, &k->top[j - 1][node], bit), node = 1 + bit;
+        else enc_direct(e, bit);
+    }
+}
+
+/* the magnitude, or 0 when the escape's bucket passes max_bucket */
+static inline uint64_t dec_log_magnitude(Dec *d, KeyModel *k, Escape *x, int max_bucket) {
+    int j = 0;
+    while (j < LOG_BUCKETS && dec_bit(d, &k->mag[j])) j++;
+    if (j == LOG_BUCKETS) {
+        int64_t v = dec_golomb(d, x->bucket, x->top, max_bucket);
+        return v < 0 ? 0 : (uint64_t)v + (1ULL << LOG_BUCKETS) - 1;
+    }
+    uint64_t m = 1;
+    for (int t = j - 1, node = 0; t >= 0; t--) {
+        int bit;
+        if (t >= j - 2) bit = dec_bit(d, &k->top[j - 1][node]), node = 1 + bit;
+        else bit = dec_direct(d);
+        m = (m << 1) | (uint64_t)bit;
+    }
+    return m;
+}
+
+static inline void enc_key_magnitude(Enc *e, KeyModel *k, Escape *x, uint64_t m, int runs) {
+    if (runs) enc_log_magnitude(e, k, x, m);
+    else enc_magnitude(e, k->mag, x->bucket, x->top, m);
+}
+
 /* a delta of the given sign and magnitude (masked to the width), or 0 when out of range.
  * ``skip``: a magnitude the coder left out (a moved element's size before, coded apart), so
  * a coded one at or past it is one more; 0 for none */
-static inline uint64_t dec_key_delta(Dec *d, KeyModel *k, Escape *x, const Layout *L, int negative, uint64_t skip) {
-    uint64_t mag = dec_magnitude(d, k->mag, x->bucket, x->top, L->bits - 1);
+static inline uint64_t dec_key_delta(Dec *d, KeyModel *k, Escape *x, const Layout *L, int negative, uint64_t skip,
+                                     int runs) {
+    uint64_t mag = runs ? dec_log_magnitude(d, k, x, L->bits - 1)
+                        : dec_magnitude(d, k->mag, x->bucket, x->top, L->bits - 1);
     if (!mag) return 0;
     if (skip && mag >= skip) mag++;
     if (mag > L->sign || (!negative && mag == L->sign)) return 0;
@@ -868,7 +915,7 @@ static inline uint64_t block_moved_sse_32(const uint32_t *b, const uint32_t *g, 
                         T d = (T)(ORDERED(T, ST, BITS, xb[j]) - ORDERED(T, ST, BITS, bb[j]));   \
                         int negative = (d & L->sign) != 0;                                     \
                         enc_bit(e, &k->sign, negative);                                        \
-                        enc_magnitude(e, k->mag, M->esc[0].bucket, M->esc[0].top, negative ? (L->mask - d + 1) & L->mask : d); \
+                        enc_key_magnitude(e, k, &M->esc[0], negative ? (L->mask - d + 1) & L->mask : d, runs); \
                     }                                                                          \
                 }                                                                              \
             }                                                                                  \
@@ -889,7 +936,7 @@ static inline uint64_t block_moved_sse_32(const uint32_t *b, const uint32_t *g, 
                 if (!ch) continue;                                                             \
                 enc_bit(e, &k->again, negative == (cls > 3)); /* the same way (another size) */ \
                 if (negative == (cls > 3) && mag > size) mag--; /* (not as far as before) */    \
-                enc_magnitude(e, k->mag, M->esc[cls].bucket, M->esc[cls].top, mag);           \
+                enc_key_magnitude(e, k, &M->esc[cls], mag, runs);                              \
             }                                                                                  \
         }                                                                                      \
     }                                                                                          \
@@ -939,7 +986,7 @@ static inline uint64_t block_moved_sse_32(const uint32_t *b, const uint32_t *g, 
                     last = !(zs || any) ? 1 : dec_bit(d, last ? &k->after : &k->flag);         \
                     if (!last) continue;                                                       \
                     any = 1;                                                                   \
-                    uint64_t delta = dec_key_delta(d, k, &M->esc[0], L, dec_bit(d, &k->sign), 0);   \
+                    uint64_t delta = dec_key_delta(d, k, &M->esc[0], L, dec_bit(d, &k->sign), 0, runs); \
                     if (!delta) return "STEP_BLOCKS payload: a delta is out of range";         \
                     xb[j] = ORDERED(T, ST, BITS, (T)(ORDERED(T, ST, BITS, bb[j]) + (T)delta));  \
                 }                                                                              \
@@ -959,7 +1006,7 @@ static inline uint64_t block_moved_sse_32(const uint32_t *b, const uint32_t *g, 
                     if (!dec_bit(d, &k->after)) continue; /* unchanged */                      \
                     int same_way = dec_bit(d, &k->again);                                      \
                     delta = dec_key_delta(d, k, &M->esc[cls], L, same_way ? negative : !negative, \
-                                          same_way ? (uint64_t)size : 0);                      \
+                                          same_way ? (uint64_t)size : 0, runs);                \
                 }                                                                              \
                 if (!delta) return "STEP_BLOCKS payload: a delta is out of range";             \
                 xb[j] = ORDERED(T, ST, BITS, (T)(ORDERED(T, ST, BITS, bb[j]) + (T)delta));      \

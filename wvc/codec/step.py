@@ -183,6 +183,25 @@ class _Encoder:
         self.bit(m.sign, negative)
         self.magnitude(m.mag, m.mag_bucket, m.mag_top, mag)
 
+    def log_magnitude(self, k: "_Key", bucket, top, mag: int) -> None:
+        """STEP_RUNS's magnitude: its bucket in unary up to LOG_BUCKETS, then the bits below
+        its leading one (the first two through a tree), beyond it an exp-Golomb escape."""
+        j = mag.bit_length() - 1
+        for t in range(min(j, LOG_BUCKETS)):
+            self.bit(k.mag[t], 1)
+        if j >= LOG_BUCKETS:
+            self.golomb(bucket, top, mag - (1 << LOG_BUCKETS) + 1)
+            return
+        self.bit(k.mag[j], 0)
+        node = 0
+        for t in range(j - 1, -1, -1):
+            bit = (mag >> t) & 1
+            if t >= j - 2:
+                self.bit(k.top[j - 1][node], bit)
+                node = 1 + bit
+            else:
+                self.direct(bit)
+
     def finish(self) -> bytes:
         for m in range(32, -1, -1):  # the value with the most trailing zero bits (_step.c)
             v = (self.low + (1 << m) - 1) & ~((1 << m) - 1)
@@ -253,6 +272,22 @@ class _Decoder:
         if u == MAG_UNARY:
             u = MAG_UNARY + self.golomb(bucket, top, max_bucket) - 1
         return u + 1
+
+    def log_magnitude(self, k: "_Key", bucket, top, max_bucket: int) -> int:
+        j = 0
+        while j < LOG_BUCKETS and self.bit(k.mag[j]):
+            j += 1
+        if j == LOG_BUCKETS:
+            return self.golomb(bucket, top, max_bucket) + (1 << LOG_BUCKETS) - 1
+        m, node = 1, 0
+        for t in range(j - 1, -1, -1):
+            if t >= j - 2:
+                bit = self.bit(k.top[j - 1][node])
+                node = 1 + bit
+            else:
+                bit = self.direct()
+            m = (m << 1) | bit
+        return m
 
     def value(self, m: _Model, max_bucket: int) -> tuple[int, int]:
         negative = self.bit(m.sign)
@@ -376,6 +411,7 @@ def _decode_py(data, b, g, width: int, shift: int) -> bytes:
 BLOCK = 64
 SUB = 8  # a changed block's parts
 INHERIT_SPAN = 4  # a context starts from the nearest started exponent of its class this close
+LOG_BUCKETS = 6  # STEP_RUNS: magnitudes below 2^6 by their bucket, larger ones escape
 
 
 def encode_blocks(x, b, g, width: int, shift: int) -> bytes:
@@ -429,11 +465,12 @@ class _Key(_Probabilities):
     as before (``flag``), else changed (``after``), then the same way (``again``). Both: the
     magnitude's unary part."""
 
-    __slots__ = ("after", "again", "flag", "mag", "sign")
+    __slots__ = ("after", "again", "flag", "mag", "sign", "top")
 
     def __init__(self):
         self.flag, self.after, self.again, self.sign = _Bit(), _Bit(), _Bit(), _Bit()
-        self.mag = [_Bit() for _ in range(MAG_UNARY)]
+        self.mag = [_Bit() for _ in range(MAG_UNARY)]  # STEP_RUNS: the first LOG_BUCKETS, its buckets
+        self.top = [[_Bit() for _ in range(3)] for _ in range(LOG_BUCKETS - 1)]  # STEP_RUNS only
 
     def bits(self):
         yield self.flag
@@ -441,6 +478,8 @@ class _Key(_Probabilities):
         yield self.again
         yield self.sign
         yield from self.mag
+        for t in self.top:
+            yield from t
 
 
 
@@ -522,6 +561,12 @@ def _encode_blocks_py(x, b, g, width: int, shift: int, runs: bool = False) -> by
     models, enc, hot = _Blocks(1 << (lay.bits - 1 - shift)), _Encoder(), 0
     blocks = lay.blocks()
     coded_runs = _runs(blocks, lambda parts: any(delta[i] for z in parts for i in z)) if runs else None
+
+    def magnitude(k: _Key, escape, mag: int) -> None:
+        if runs:
+            enc.log_magnitude(k, *escape, mag)
+        else:
+            enc.magnitude(k.mag, *escape, mag)
     for at, (parts, a) in enumerate(blocks):
         if parts:
             changed = any(delta[i] for z in parts for i in z)
@@ -553,7 +598,7 @@ def _encode_blocks_py(x, b, g, width: int, shift: int, runs: bool = False) -> by
                         seen_change = True
                         negative = int(delta[i] & sign != 0)
                         enc.bit(k.sign, negative)
-                        enc.magnitude(k.mag, *models.escape[0], ((-delta[i]) & mask) if negative else delta[i])
+                        magnitude(k, models.escape[0], ((-delta[i]) & mask) if negative else delta[i])
         for i in a:
             cls = lay.cls[i]
             k = models.key(cls, lay.exp[i])
@@ -568,7 +613,7 @@ def _encode_blocks_py(x, b, g, width: int, shift: int, runs: bool = False) -> by
             if ch:
                 same_way = negative == (cls > 3)
                 enc.bit(k.again, int(same_way))  # the same way (another size)
-                enc.magnitude(k.mag, *models.escape[cls], mag - 1 if same_way and mag > lay.size[i] else mag)
+                magnitude(k, models.escape[cls], mag - 1 if same_way and mag > lay.size[i] else mag)
     return enc.finish()
 
 
@@ -589,7 +634,8 @@ def _decode_blocks_py(data, b, g, width: int, shift: int, runs: bool = False) ->
     pending = -1  # STEP_RUNS: blocks with unmoved elements still to pass unchanged; -1: no run coded
 
     def value(i: int, k: _Key, cls: int, negative: int, skip: int = 0) -> None:
-        mag = dec.magnitude(k.mag, *models.escape[cls], lay.bits - 1)
+        mag = dec.log_magnitude(k, *models.escape[cls], lay.bits - 1) if runs \
+            else dec.magnitude(k.mag, *models.escape[cls], lay.bits - 1)
         if skip and mag >= skip:  # a moved element's size before, coded apart
             mag += 1
         if mag > sign or (not negative and mag == sign):
