@@ -545,8 +545,14 @@ done:
  * ULP_STEP's exponent contexts, and the step costs 0.96-0.99x ULP_STEP's bytes. A context
  * (class, exponent) starts, when first used, from the nearest started exponent of its class
  * within INHERIT_SPAN (counts capped at INHERIT_N), like ULP_STEP's neighbouring contexts.
- * docs/design.md has the exact order. Decoding is one pass over b and g plus work per
- * change: no pass indexed by context. */
+ * docs/step-coders.md has the exact order. Decoding is one pass over b and g plus work per
+ * change: no pass indexed by context.
+ *
+ * STEP_RUNS (the same functions with ``runs``): instead of a flag a block with Z elements,
+ * a run of such blocks without a change before the next one with one, coded at that next
+ * block's turn (whose "r = 0" decision takes the flag's context); the scan then needs no
+ * exponent, only the A mask. Magnitudes by their log2 bucket (enc_log_magnitude). Written
+ * for a step whose Z elements changed in few blocks (step.py's prefers_runs, z_blocks). */
 #define BLOCK 64
 #define SUB 8 /* a changed block's parts: each says whether its unmoved elements changed */
 #define SUB_MASK 0xFFULL

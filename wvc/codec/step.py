@@ -1,4 +1,5 @@
-"""ULP_STEP's coder: a float chunk's ULP deltas coded in the context of each element's previous step.
+"""The step coders (ULP_STEP, STEP_BLOCKS, STEP_RUNS): a float chunk's ULP deltas coded in the
+context of each element's previous step.
 
 An optimizer step moves an element that moved at the step before again, mostly the same way
 by a similar number of units in the last place (Adam's moments). The base ``b`` (step t-1)
@@ -7,8 +8,10 @@ and *its* base ``g`` (step t-2) are both known to the decoder, so the previous s
 has the format; ``_step.c`` is the fast implementation and this module its Python twin
 (same bytes; used without the C build, and by the tests to check one against the other).
 
-:func:`encode` / :func:`decode` are the entry points: they take the chunk, its base and the
-context chunk as raw bytes of equal length, and choose C or Python.
+:func:`encode` / :func:`decode` (ULP_STEP), :func:`encode_blocks` / :func:`decode_blocks` and
+:func:`encode_runs` / :func:`decode_runs` are the entry points, and :func:`prefers_runs` says
+which of the last two a step is written with: they take the chunk, its base and the context
+chunk as raw bytes of equal length, and choose C or Python.
 """
 
 from __future__ import annotations
@@ -424,8 +427,8 @@ def decode_blocks(data, b, g, width: int, shift: int) -> bytes:
 
 
 # STEP_RUNS is written for a step where at most this share of the blocks with unmoved elements
-# saw one of them change, else STEP_BLOCKS: on the real bf16 run's chunks runs are 1-3.6%
-# smaller up to ~3% and 2-5% bigger from ~5.5% (their flags' exponent context pays there),
+# saw one of them change, else STEP_BLOCKS: on the real bf16 run's chunks runs are 1.6-4.7%
+# smaller up to ~3% and 1-3.6% bigger from ~5.5% (their flags' exponent context pays there),
 # and at few changed blocks they decode up to ~40% faster (docs/codec.md).
 RUNS_MAX_CHANGED_BLOCKS = 0.04
 
@@ -451,7 +454,8 @@ def _z_blocks_py(x, b, g, width: int) -> tuple[int, int]:
 
 
 def encode_runs(x, b, g, width: int, shift: int) -> bytes:
-    """STEP_RUNS's bits: STEP_BLOCKS's with runs of unchanged blocks in place of its block flags."""
+    """STEP_RUNS's bits: STEP_BLOCKS's with runs of unchanged blocks in place of its block flags,
+    and magnitudes by their bucket (docs/step-coders.md)."""
     return _c.encode_runs(x, b, g, width, shift) if _c is not None else _encode_blocks_py(x, b, g, width, shift, True)
 
 
