@@ -847,7 +847,7 @@ static inline uint64_t block_moved_sse_32(const uint32_t *b, const uint32_t *g, 
         }                                                                                      \
         return mn;                                                                             \
     }                                                                                          \
-    /* STEP_RUNS: the blocks with Z elements from i0 on that pass unchanged before the next  \
+    /* STEP_RUNS: the blocks with Z elements from i0 on that pass unchanged before the next   \
      * one that changes (all of them when none does) */                                        \
     static uint64_t zrun_##BITS(const T *x, const T *b, const T *g, Py_ssize_t n, Py_ssize_t i0) { \
         uint64_t r = 0;                                                                        \
@@ -891,7 +891,7 @@ static inline uint64_t block_moved_sse_32(const uint32_t *b, const uint32_t *g, 
                 uint64_t zc = changed & z;                                                     \
                 if (!runs) enc_bit(e, &M->block[2 * mn + hot], zc != 0);                       \
                 else if (pending < 0) {                                                        \
-                    pending = (int64_t)zrun_##BITS(x, b, g, n, i0);              \
+                    pending = (int64_t)zrun_##BITS(x, b, g, n, i0);                            \
                     block_scan_##BITS(bb, gb, NULL, len, shift, emask, &mn);                   \
                     enc_bit(e, &M->block[2 * mn + hot], pending == 0); /* this block changed */ \
                     if (pending) enc_golomb(e, M->run[hot].bucket, M->run[hot].top, (uint64_t)pending); \

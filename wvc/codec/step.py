@@ -542,15 +542,17 @@ def _runs(blocks, changed) -> list[int | None]:
     """STEP_RUNS's runs, per block: the run coded at it (the blocks with unmoved elements
     from it on that pass before the next whose unmoved elements changed; all of them when
     none does), or None where none is coded. ``changed(parts)``: whether a block's did."""
+    zs = [at for at, (parts, _) in enumerate(blocks) if parts]
+    next_changed, at_or_after = [0] * len(zs), len(zs)  # (len(zs): none)
+    for q in range(len(zs) - 1, -1, -1):
+        if changed(blocks[zs[q]][0]):
+            at_or_after = q
+        next_changed[q] = at_or_after
     out: list[int | None] = [None] * len(blocks)
-    pending = -1
-    for at, (parts, _) in enumerate(blocks):
-        if not parts:
-            continue
-        if pending < 0:
-            later = [changed(p) for p, _ in blocks[at:] if p]
-            pending = out[at] = later.index(True) if True in later else len(later)
-        pending = -1 if pending == 0 else pending - 1
+    q = 0
+    while q < len(zs):  # a run at the first Z block and at the one after each that changed
+        out[zs[q]] = next_changed[q] - q
+        q = next_changed[q] + 1
     return out
 
 
@@ -571,6 +573,7 @@ def _encode_blocks_py(x, b, g, width: int, shift: int, runs: bool = False) -> by
             enc.log_magnitude(k, *escape, mag)
         else:
             enc.magnitude(k.mag, *escape, mag)
+
     for at, (parts, a) in enumerate(blocks):
         if parts:
             changed = any(delta[i] for z in parts for i in z)
