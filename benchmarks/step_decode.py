@@ -105,15 +105,15 @@ def chain(steps: int, mb: float, cal: dict, repeats: int, work: Path) -> dict:
         tree = repo.internals.read_tree(repo.read_commit(commits[-1]).tree)
         depth = max(r.depth for r in repo.internals.store.rows(tree.chunk_ids()).values())
         res = {"methods": methods, "tip_depth": depth, "stored_bytes": sum(b for _, b in by_method.values())}
-        for name, commit, want in (("first", commits[0], wanted[0]), ("tip", commits[-1], wanted[-1])):
+        for which, commit, want in (("first", commits[0], wanted[0]), ("tip", commits[-1], wanted[-1])):
             dest = work / "co"
 
             def checkout():
                 shutil.rmtree(dest, ignore_errors=True)
                 repo.checkout(commit, output=dest)
 
-            res[f"checkout_{name}_s"] = _median_s(checkout, repeats)
-            res[f"load_{name}_s"] = _median_s(lambda: repo.load_state_dict(commit), repeats)
+            res[f"checkout_{which}_s"] = _median_s(checkout, repeats)
+            res[f"load_{which}_s"] = _median_s(lambda: repo.load_state_dict(commit), repeats)
             assert digest(repo.load_state_dict(commit)) == want
         res["checkout_tip_over_first"] = res["checkout_tip_s"] / res["checkout_first_s"]
         res["load_tip_over_first"] = res["load_tip_s"] / res["load_first_s"]
@@ -150,11 +150,12 @@ def markdown(results: dict) -> str:
         c = results["chain"]
         lines += ["", f"Chain: {results['chain_steps']} synthetic steps committed, the tip against step 0 "
                   "(a keyframe version), median seconds:", "",
-                  "| coder | tip depth | methods stored | checkout tip / step 0 | load tip / step 0 "
-                  "| checkout step 0 s | checkout tip s |", "|" + "---|" * 7]
+                  "| coder | tip depth | methods stored | stored KB | checkout tip / step 0 | load tip / step 0 "
+                  "| checkout step 0 s | checkout tip s |", "|" + "---|" * 8]
         for m, r in c.items():
-            lines.append(f"| {m} | {r['tip_depth']} | {r['methods']} | {r['checkout_tip_over_first']:.2f} "
-                         f"| {r['load_tip_over_first']:.2f} | {r['checkout_first_s']:.3f} | {r['checkout_tip_s']:.3f} |")
+            lines.append(f"| {m} | {r['tip_depth']} | {r['methods']} | {r['stored_bytes'] / 1e3:.1f} "
+                         f"| {r['checkout_tip_over_first']:.2f} | {r['load_tip_over_first']:.2f} "
+                         f"| {r['checkout_first_s']:.3f} | {r['checkout_tip_s']:.3f} |")
     return "\n".join(lines) + "\n"
 
 

@@ -1079,7 +1079,7 @@ static const char *decode_runs(const uint8_t *data, size_t len, const uint8_t *b
 }
 
 /* ---- Python ------------------------------------------------------------------------------ */
-/* Both coders' Python calls: the buffers checked against the layout (``max_n``: the most
+/* The coders' Python calls: the buffers checked against the layout (``max_n``: the most
  * elements the coder indexes), the coder run without the GIL. */
 typedef const char *(*EncodeFn)(const uint8_t *, const uint8_t *, const uint8_t *, Py_ssize_t, const Layout *,
                                 uint8_t **, size_t *);
