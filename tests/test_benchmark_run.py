@@ -39,3 +39,22 @@ def test_a_case_is_measured_end_to_end(tmp_path: Path, monkeypatch):
     for key in ("wvc_commit_s", "wvc_commit_cpu_s", "wvc_checkout_s", "wvc_checkout_cpu_s", "zstd_d_s"):
         assert row[key] > 0, key
     assert row["wvc_commit_rss"] > 0 and row["wvc_checkout_rss"] > 0
+
+
+def test_the_step_decode_benchmark_keeps_each_coder_apart(tmp_path: Path):
+    """benchmarks/step_decode.py once filed every coder's chain under the name "tip" (a loop
+    variable shadowed the coder's), so its table showed one row for four coders."""
+    import json
+
+    from benchmarks import step_decode
+    from benchmarks.long_run import RESULTS, synthetic_steps
+
+    cal = json.loads((RESULTS / "long_run_1000.json").read_text())["runs"]["synthetic"]["calibration"]
+    versions = [step_decode._flat(s) for _, s in synthetic_steps(3, 0.05, cal, seed=1)]
+    links = step_decode.links(versions, repeats=1)
+    chains = step_decode.chain(3, 0.05, cal, repeats=1, work=tmp_path)
+    assert set(chains) == {"ULP_STEP", "STEP_BLOCKS", "STEP_RUNS", "chosen"}
+    assert all(r["tip_depth"] >= 1 and r["stored_bytes"] > 0 for r in chains.values())
+    table = step_decode.markdown({"chain_steps": 3, "synthetic": links, "chain": chains})
+    for name in chains:
+        assert f"| {name} |" in table
