@@ -20,7 +20,7 @@ def encode(raw, dtype, base=None, *, context=None, device: str = "cpu", level: i
     With ``base`` (the raw bytes of the same chunk in the parent version) delta encodings
     compete with the full one; the smallest wins. ``context``: the raw bytes of the chunk
     the base itself is stored as a delta against (the version before the base), which
-    lets a step coder (STEP_BLOCKS) code this step's change given the step before. Returns an :class:`Encoded`.
+    lets a step coder (STEP_RUNS or STEP_BLOCKS) code this step's change given the step before. Returns an :class:`Encoded`.
     """
     from .transforms import encode_chunk
 

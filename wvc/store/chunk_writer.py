@@ -41,7 +41,7 @@ class _Offered:
 
 
 def _context_id(encoded, base_chain) -> str | None:
-    """The id of a step payload's context (ULP_STEP, STEP_BLOCKS: the base's base as this
+    """The id of a step payload's context (the step coders: the base's base as this
     writer read it)."""
     if not encoded.method.uses_context:
         return None

@@ -30,7 +30,7 @@ RECENT_DECODED_BYTES = 64 << 20  # chunks the step records of a repository's pus
 FIRST_ROWS = 16  # ids of get_many's first query: enough to start the pool, quick to answer
 
 
-# codec.Method's PLANES and ULP_EXP, and the step coders (ULP_STEP, STEP_BLOCKS: a payload decoded
+# codec.Method's PLANES and ULP_EXP, and the step coders (ULP_STEP, STEP_BLOCKS, STEP_RUNS: a payload decoded
 # in the context of its base's base), which the objects table records (the store reads them
 # without importing the codec; tests/test_delta_on_keyframe.py checks they agree)
 _PLANES, _ULP_EXP, _STEP_CODERS = 1, 5, (7, 8, 9)

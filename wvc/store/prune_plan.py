@@ -192,7 +192,7 @@ def plan(store, kept_trees: list, dropped_chunks: set[str], versions: list[dict]
             live.add(cursor)
             dtypes.setdefault(cursor, dtypes[oid])  # (a chain never crosses dtypes)
             cursor = base_of(cursor)
-    # A step payload (ULP_STEP, STEP_BLOCKS) is coded in the context of its base's base: where that base was
+    # A step payload (a step coder's) is coded in the context of its base's base: where that base was
     # rebased, the payload is re-encoded on the same base, without a context.
     rebased = set(new_base)
     reencode += [(o, rows[o].base) for o in sorted(live, key=lambda o: rows[o].depth if o in rows else 0)
