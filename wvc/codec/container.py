@@ -13,9 +13,9 @@ Layout of a payload (all integers little-endian)::
         coders: 0 stored; 1 zstd; 2, 3, 4: bytes < 2, 4, 16 packed 8, 4, 2 to a byte, then zstd
     stream bytes, in order
 
-The step coders' (ULP_STEP, STEP_BLOCKS, STEP_RUNS) header is shorter (their payloads are tens of bytes for a small
-tensor's step, where twelve bytes were a tenth of a step): u8 version, method, width,
-parameter, then the raw size as an unsigned LEB128 varint (at most 10 bytes, the shortest
+The step coders' header (ULP_STEP, STEP_BLOCKS, STEP_RUNS) is shorter (their payloads are tens
+of bytes for a small tensor's step, where twelve bytes were a tenth of a step): u8 version,
+method, width, parameter, then the raw size as an unsigned LEB128 varint (at most 10 bytes, the shortest
 form), then the range-coded bits (codec/step.py); no stream table.
 
 A stream is one byte plane (byte *k* of every element, of the value or of its delta), or
@@ -71,8 +71,7 @@ class Method(enum.IntEnum):
 
     @property
     def uses_base(self) -> bool:
-        return self in (Method.XOR, Method.ULP, Method.SUB, Method.ULP_EXP, Method.SPARSE, Method.ULP_STEP,
-                        Method.STEP_BLOCKS, Method.STEP_RUNS)
+        return self.uses_context or self in (Method.XOR, Method.ULP, Method.SUB, Method.ULP_EXP, Method.SPARSE)
 
     @property
     def uses_context(self) -> bool:

@@ -500,6 +500,11 @@ class _Blocks:
         self.escape = [([_Bit() for _ in range(BUCKETS + 1)], [[_Bit() for _ in range(3)] for _ in range(BUCKETS + 1)])
                        for _ in range(CLASSES)]
 
+    def block_bit(self, exp, parts, hot: int) -> _Bit:
+        """A block's "some unmoved element changed" (STEP_RUNS: "this run is empty"), by the
+        smallest exponent of its unmoved elements and whether the last one coded 1."""
+        return self.block[2 * min(exp[i] for z in parts for i in z) + hot]
+
     def key(self, cls: int, e: int) -> _Key:
         k = self.keys.get((cls, e))
         if k is None:
@@ -578,11 +583,11 @@ def _encode_blocks_py(x, b, g, width: int, shift: int, runs: bool = False) -> by
         if parts:
             changed = any(delta[i] for z in parts for i in z)
             if not runs:
-                enc.bit(models.block[2 * min(lay.exp[i] for z in parts for i in z) + hot], int(changed))
+                enc.bit(models.block_bit(lay.exp, parts, hot), int(changed))
                 hot = int(changed)
             elif coded_runs[at] is not None:
                 run = coded_runs[at]
-                enc.bit(models.block[2 * min(lay.exp[i] for z in parts for i in z) + hot], int(run == 0))
+                enc.bit(models.block_bit(lay.exp, parts, hot), int(run == 0))
                 if run:
                     enc.golomb(*models.run[hot], run)
                 hot = int(run == 0)
@@ -654,11 +659,11 @@ def _decode_blocks_py(data, b, g, width: int, shift: int, runs: bool = False) ->
     for at, (parts, a) in enumerate(blocks):
         changed = 0
         if parts and not runs:
-            changed = dec.bit(models.block[2 * min(lay.exp[i] for z in parts for i in z) + hot])
+            changed = dec.bit(models.block_bit(lay.exp, parts, hot))
             hot = changed
         elif parts:
             if pending < 0:
-                empty = dec.bit(models.block[2 * min(lay.exp[i] for z in parts for i in z) + hot])
+                empty = dec.bit(models.block_bit(lay.exp, parts, hot))
                 pending = 0 if empty else dec.golomb(*models.run[hot], BUCKETS)
                 if pending > len(blocks) - at:
                     raise CorruptObject(f"{name} payload: a run passes the end of the chunk")

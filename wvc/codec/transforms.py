@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from ..errors import CorruptObject
 from ..formats.dtypes import DType, value_order
 from . import native, step
-from .container import (ENTROPY_SAMPLE_STRIDE, INCOMPRESSIBLE_BITS, PACKED_BELOW, ROTATED, Method, compress_stream,
-                        pack, pack_step, peek, step_bits, stream_bytes, zstd_parameters)
+from .container import (ENTROPY_SAMPLE_STRIDE, INCOMPRESSIBLE_BITS, PACKED_BELOW, ROTATED, STEP_METHODS, Method,
+                        compress_stream, pack, pack_step, peek, step_bits, stream_bytes, zstd_parameters)
 
 # transform codes of _native.c
 _NATIVE_CODE = {Method.RAW: 0, Method.PLANES: 0, Method.XOR: 1, Method.ULP: 2, Method.ULP_EXP: 2, Method.SUB: 3}
@@ -137,7 +137,7 @@ def applicable_methods(dtype: DType, has_base: bool, has_context: bool = False) 
         return [full]
     if dtype.kind == "float":
         grouped = [Method.ULP_EXP] if dtype.exponent else []
-        stepped = [Method.ULP_STEP, Method.STEP_BLOCKS, Method.STEP_RUNS] if has_context and step_applies(dtype) else []
+        stepped = list(STEP_METHODS) if has_context and step_applies(dtype) else []
         return [full, Method.XOR, Method.ULP, *grouped, Method.SPARSE, *stepped]
     if dtype.kind == "int":
         return [full, Method.XOR, Method.SUB, Method.SPARSE]
@@ -297,6 +297,9 @@ def _decode_native(payload, info, b) -> bytes:
 # (docs/codec.md has the figures; ULP_STEP is still read; benchmarks/step_decode.py and long_run
 # --step-coder set one to compare them).
 STEP_CODER: Method | None = None
+# each step coder's functions in codec/step.py (encode, decode: the bits after the short header)
+_STEP_CODERS = {Method.ULP_STEP: ("encode", "decode"), Method.STEP_BLOCKS: ("encode_blocks", "decode_blocks"),
+                Method.STEP_RUNS: ("encode_runs", "decode_runs")}
 
 
 def _encode_step(raw, base, context, dtype: DType, method: Method | None = None) -> Encoded:
@@ -304,7 +307,7 @@ def _encode_step(raw, base, context, dtype: DType, method: Method | None = None)
     method = method or STEP_CODER or (Method.STEP_RUNS if step.prefers_runs(raw, base, context, dtype.width)
                                       else Method.STEP_BLOCKS)
     shift = dtype.exponent[0]
-    coder = {Method.STEP_BLOCKS: step.encode_blocks, Method.STEP_RUNS: step.encode_runs}.get(method, step.encode)
+    coder = getattr(step, _STEP_CODERS[method][0])
     return Encoded(pack_step(dtype.width, shift, len(raw), coder(raw, base, context, dtype.width, shift), method),
                    method)
 
@@ -572,7 +575,7 @@ def decode_chunk(payload, raw_size: int, base=None, *, context=None, device: str
         context = context() if callable(context) else context
         if context is None:
             raise CorruptObject(f"{info.method.name} payload without the version before its base")
-        coder = {Method.STEP_BLOCKS: step.decode_blocks, Method.STEP_RUNS: step.decode_runs}.get(info.method, step.decode)
+        coder = getattr(step, _STEP_CODERS[info.method][1])
         return coder(step_bits(payload), base_raw, fit_base(context, raw_size), width, info.param)
     if whole:
         return _decode_whole(payload, info, base_raw)
