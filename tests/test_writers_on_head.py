@@ -99,3 +99,62 @@ def test_commit_refuses_a_tree_that_drops_every_file_without_consent(tmp_path):
             repo.commit("oops")
         repo.commit("really", allow_empty=True)
         assert repo.tree_of("HEAD").files == ()
+
+
+def _checkpoint(path, seed: int) -> bytes:
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    g = torch.Generator().manual_seed(seed)
+    save_file({"w": torch.randn(256, 64, generator=g).to(torch.bfloat16), "b": torch.randn(64, generator=g)},
+              str(path / "model.safetensors"))
+    (path / "config.json").write_text('{"hidden": 64}')
+    return (path / "model.safetensors").read_bytes()
+
+
+def _committed(repo, out) -> bytes:
+    repo.checkout("HEAD", output=out)
+    return (out / "model.safetensors").read_bytes()
+
+
+def test_a_commit_from_a_directory_copies_its_files_into_the_working_tree(tmp_path, monkeypatch):
+    """The working tree follows a commit from a directory by copying the files the commit read
+    (their content id checked on the copy), not by decoding the version it just encoded."""
+    import wvc.worktree.follow as follow
+
+    def decoded(*_a, **_k):
+        raise AssertionError("the file was decoded from the store")
+
+    root = tmp_path / "repo"
+    repo = Repo.init(root)
+    for k in range(3):
+        want = _checkpoint(tmp_path / f"ckpt-{k}", k)
+        monkeypatch.setattr(follow, "write_file", decoded)
+        repo.commit(f"step {k}", source=tmp_path / f"ckpt-{k}")
+        monkeypatch.undo()
+        assert (root / "model.safetensors").read_bytes() == want
+        assert (root / "model.safetensors").read_bytes() == _committed(repo, tmp_path / f"out-{k}")
+    assert repo.status().clean
+    assert not [p for p in root.iterdir() if p.name.startswith(".wvc-tmp")]
+
+
+def test_a_source_rewritten_after_the_commit_read_it_is_not_what_the_working_tree_gets(tmp_path, monkeypatch):
+    """A source file changed between the commit's read and the copy fails the copy's check:
+    the working tree gets the committed bytes, decoded from the store, and nothing else."""
+    import wvc.worktree.follow as follow
+
+    root = tmp_path / "repo"
+    repo = Repo.init(root)
+    committed = _checkpoint(tmp_path / "ckpt", 0)
+    real = follow.follow_commit
+
+    def rewritten_first(*args, **kwargs):
+        _checkpoint(tmp_path / "ckpt", 1)  # the trainer saved again meanwhile
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(follow, "follow_commit", rewritten_first)
+    repo.commit("step 0", source=tmp_path / "ckpt")
+    assert (tmp_path / "ckpt" / "model.safetensors").read_bytes() != committed
+    assert (root / "model.safetensors").read_bytes() == committed == _committed(repo, tmp_path / "out")
+    assert repo.status().clean
+    assert not [p for p in root.iterdir() if p.name.startswith(".wvc-tmp")]

@@ -210,7 +210,7 @@ def _commit(repo, message, source, *, author, metadata, allow_empty, device, sta
     if root != repo.root and (branch is None or branch == repo.refs.head_branch()):
         from ..worktree.follow import follow_commit  # HEAD's new version came from elsewhere
 
-        follow_commit(repo, parent_tree, tree, progress)
+        follow_commit(repo, parent_tree, tree, progress, source=root)
     result = CommitResult(new.id, tree.id, parents, tree.logical_bytes, writer.stored_bytes, len(rows))
     if scanned is not None:
         result.linked_files = scanned.linked_files

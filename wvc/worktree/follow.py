@@ -15,18 +15,22 @@ from __future__ import annotations
 import logging
 import contextlib
 import os
+from pathlib import Path
 
 from ..errors import LockedError
 from ..fsutil import resolve_inside
 from ..model.versions import Tree
 from ..progress import NULL, Progress
 from .scan import StatCache
-from .materialize import write_file
+from .materialize import copy_verified, write_file
 
 log = logging.getLogger(__name__)
 
 
-def follow_commit(repo, parent_tree: Tree | None, new_tree: Tree, progress: Progress = NULL) -> None:
+def follow_commit(repo, parent_tree: Tree | None, new_tree: Tree, progress: Progress = NULL,
+                  source: Path | None = None) -> None:
+    """``source``: the directory the commit read, whose files are copied (and checked) rather
+    than decoded from the store where they still hold the committed bytes."""
     before = parent_tree.by_path() if parent_tree is not None else {}
     after = new_tree.by_path()
     changed = [p for p in sorted(set(before) | set(after))
@@ -56,7 +60,10 @@ def follow_commit(repo, parent_tree: Tree | None, new_tree: Tree, progress: Prog
                     dest.unlink()
                     removed.append(path)
                 continue
-            written = write_file(repo.store, new, dest, progress)
+            written = copy_verified(source / path, dest, new, new_tree.chunk_bytes, progress) \
+                if source is not None else None
+            if written is None:
+                written = write_file(repo.store, new, dest, progress)
             cache.remember(path, written, new_tree.chunk_bytes, new.with_content_id().hash)
         with repo.db.write():
             cache.forget(removed)

@@ -1,4 +1,6 @@
-"""Materialize: rebuild a file of a tree from the store, verified as it is written.
+"""Materialize: rebuild a file of a tree from the store, verified as it is written; or, where
+a file holding the same bytes is at hand (the source a commit just read), copy it and check
+the copy.
 
 The tree may come from a remote, so it is checked against the stored header: the tensor
 names, dtypes, shapes and order that the header declares must be those the tree lists.
@@ -8,17 +10,21 @@ the file is renamed into place, so a checkout never leaves a wrong file.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 from pathlib import Path
 from typing import Iterator
 
 from .. import ids
 from ..errors import CorruptObject
 from ..formats import safetensors as st
-from ..fsutil import atomic_writer
+from ..fsutil import (SYNC_FILE_RANGE_WRITE, TEMP_PREFIX, WRITEBACK_BYTES, EarlyWriteback, atomic_writer, claim_temp,
+                      file_mode, fsync_dir, sync_file_range)
 from ..model.versions import FileEntry
 from ..progress import NULL, Progress
 from ..store.chunks import ObjectStore
+from .scan import content_id
 
 
 def check_header(entry: FileEntry, header_bytes: bytes) -> st.SafetensorsHeader:
@@ -70,6 +76,62 @@ def write_file(store: ObjectStore, entry: FileEntry, target: Path, progress: Pro
         if size != entry.size or (h is not None and h.hexdigest() != entry.hash):
             raise CorruptObject(f"{entry.path}: rebuilt file does not match the recorded hash")
     return os.stat(target)
+
+
+def copy_verified(source: Path, target: Path, entry: FileEntry, chunk_bytes: int,
+                  progress: Progress = NULL) -> os.stat_result | None:
+    """Atomically replace ``target`` with a copy of ``source`` if the copy holds the bytes
+    ``entry`` describes (its content id, computed from the copy as a commit computes it,
+    names the same chunks); returns its stat. None, with nothing written, if it does not
+    (the source changed after the commit read it, or is gone). A commit from a directory
+    leaves its file in the working tree this way: decoding it from the store cost as much as
+    the commit's own encode (a delta's chain decoded for each chunk, every byte written),
+    where a copy is the kernel's (a reflink, on a file system that has them)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=target.parent)
+    try:
+        claim_temp(fd)
+        os.fchmod(fd, file_mode(entry.executable))
+        with os.fdopen(fd, "r+b") as out:
+            try:
+                with open(source, "rb") as src:
+                    _copy_file(src, out)
+            except OSError:
+                os.unlink(tmp)
+                return None
+            out.flush()
+            if content_id(Path(tmp), entry.path, chunk_bytes) != entry.content_id:
+                os.unlink(tmp)
+                return None
+            os.fsync(out.fileno())
+        os.replace(tmp, target)
+        fsync_dir(target.parent)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    progress.advance(entry.size)
+    return os.stat(target)
+
+
+def _copy_file(src, out) -> None:
+    """``src``'s bytes into ``out`` by the kernel (copy_file_range: no pass through user
+    space, a reflink where the file system shares extents), else through a buffer; the
+    disk writes started as it goes (EarlyWriteback's reason: the final fsync then waits for
+    the last stretch only, not the whole file)."""
+    start_writing, done = sync_file_range(), 0
+    try:
+        while n := os.copy_file_range(src.fileno(), out.fileno(), WRITEBACK_BYTES):
+            if start_writing is not None:
+                start_writing(out.fileno(), done, n, SYNC_FILE_RANGE_WRITE)
+            done += n
+    except (AttributeError, OSError):  # (not Linux, an old kernel, or a pair of file systems it refuses)
+        src.seek(0)
+        out.seek(0)
+        out.truncate()
+        writer = EarlyWriteback(out)
+        while block := src.read(1 << 20):
+            writer.write(block)
 
 
 def tensor_bytes(store: ObjectStore, chunks) -> bytearray:
