@@ -52,11 +52,12 @@ def test_the_last_commits_chunks_are_the_next_ones_delta_bases_without_decoding(
     from wvc.store.chunks import ObjectStore
 
     decodes = []
-    real = ObjectStore.decode_chain
-    monkeypatch.setattr(ObjectStore, "decode_chain", lambda self, chain: decodes.append(len(chain)) or real(self, chain))
+    real = ObjectStore._decode  # (decode_chain's and decode_chain_and_base's)
+    monkeypatch.setattr(ObjectStore, "_decode",
+                        lambda self, chain, with_base: decodes.append(len(chain)) or real(self, chain, with_base))
     Repo.init(tmp_path / "kept", max_chain=64).close()
     # (a branch HEAD is not on: onto HEAD's branch the working tree follows each commit,
-    # which decodes the new version to write it)
+    # which reads the new version's header from the store)
     pub = Publisher(tmp_path / "kept", "run/kept", max_pending=100)
     for step, sd in model_steps(17):
         pub.publish(sd, message=f"step {step}", metadata={"step": step})

@@ -158,3 +158,38 @@ def test_a_source_rewritten_after_the_commit_read_it_is_not_what_the_working_tre
     assert (root / "model.safetensors").read_bytes() == committed == _committed(repo, tmp_path / "out")
     assert repo.status().clean
     assert not [p for p in root.iterdir() if p.name.startswith(".wvc-tmp")]
+
+
+def test_a_state_dict_commit_writes_the_working_tree_from_its_tensors(tmp_path, monkeypatch):
+    """A state dict committed onto HEAD's branch reaches the working tree from its tensors and
+    the stored header (checked as a copy is), not decoded from the store; a tensor changed
+    after the commit read it fails the check, and the committed bytes are decoded instead."""
+    import wvc.worktree.follow as follow
+
+    def decoded(*_a, **_k):
+        raise AssertionError("the file was decoded from the store")
+
+    root = tmp_path / "repo"
+    repo = Repo.init(root)
+    g = torch.Generator().manual_seed(0)
+    sd = {"w": torch.randn(128, 64, generator=g).to(torch.bfloat16), "b": torch.randn(64, generator=g)}
+    for k in range(3):
+        sd["w"].view(torch.int16)[k::7] += 1
+        monkeypatch.setattr(follow, "write_file", decoded)
+        repo.commit(f"step {k}", source=sd)
+        monkeypatch.undo()
+        assert (root / "model.safetensors").read_bytes() == _committed(repo, tmp_path / f"out-{k}")
+    assert repo.status().clean
+
+    real = follow.follow_commit
+
+    def trained_on(*args, **kwargs):
+        sd["b"] += 1  # the trainer's next step, before the working tree is written
+        return real(*args, **kwargs)
+
+    sd["w"] += 1
+    monkeypatch.setattr(follow, "follow_commit", trained_on)
+    repo.commit("step 3", source=sd)
+    assert (root / "model.safetensors").read_bytes() == _committed(repo, tmp_path / "out-3")
+    assert repo.status().clean
+    assert not [p for p in root.iterdir() if p.name.startswith(".wvc-tmp")]

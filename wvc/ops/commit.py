@@ -208,9 +208,10 @@ def _commit(repo, message, source, *, author, metadata, allow_empty, device, sta
 
     repo.record([(new, tree, writer.stored_bytes)], packs=[(pack, rows)], during=move_refs)
     if root != repo.root and (branch is None or branch == repo.refs.head_branch()):
-        from ..worktree.follow import follow_commit  # HEAD's new version came from elsewhere
+        from ..worktree.follow import StateDictSource, follow_commit  # HEAD's new version came from elsewhere
 
-        follow_commit(repo, parent_tree, tree, progress, source=root)
+        follow_commit(repo, parent_tree, tree, progress,
+                      source=StateDictSource(state_dict_path, source) if isinstance(source, Mapping) else root)
     result = CommitResult(new.id, tree.id, parents, tree.logical_bytes, writer.stored_bytes, len(rows))
     if scanned is not None:
         result.linked_files = scanned.linked_files

@@ -15,6 +15,8 @@ from __future__ import annotations
 import logging
 import contextlib
 import os
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import LockedError
@@ -22,15 +24,23 @@ from ..fsutil import resolve_inside
 from ..model.versions import Tree
 from ..progress import NULL, Progress
 from .scan import StatCache
-from .materialize import copy_verified, write_file
+from .materialize import copy_verified, tensors_verified, write_file
 
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class StateDictSource:
+    """A state dict a commit recorded as the file at ``path``."""
+    path: str
+    tensors: Mapping
+
+
 def follow_commit(repo, parent_tree: Tree | None, new_tree: Tree, progress: Progress = NULL,
-                  source: Path | None = None) -> None:
-    """``source``: the directory the commit read, whose files are copied (and checked) rather
-    than decoded from the store where they still hold the committed bytes."""
+                  source: Path | StateDictSource | None = None) -> None:
+    """``source``: what the commit read (a directory, or a state dict), from which a file is
+    written (and checked) rather than decoded from the store, where it still holds the
+    committed bytes."""
     before = parent_tree.by_path() if parent_tree is not None else {}
     after = new_tree.by_path()
     changed = [p for p in sorted(set(before) | set(after))
@@ -60,11 +70,19 @@ def follow_commit(repo, parent_tree: Tree | None, new_tree: Tree, progress: Prog
                     dest.unlink()
                     removed.append(path)
                 continue
-            written = copy_verified(source / path, dest, new, new_tree.chunk_bytes, progress) \
-                if source is not None else None
+            written = _from_source(repo, source, path, new, dest, new_tree.chunk_bytes, progress)
             if written is None:
                 written = write_file(repo.store, new, dest, progress)
             cache.remember(path, written, new_tree.chunk_bytes, new.with_content_id().hash)
         with repo.db.write():
             cache.forget(removed)
             cache.flush(in_transaction=True)
+
+
+def _from_source(repo, source, path: str, entry, dest: Path, chunk_bytes: int, progress: Progress):
+    """``entry`` written to ``dest`` from what the commit read, checked; None if it cannot be."""
+    if isinstance(source, Path):
+        return copy_verified(source / path, dest, entry, chunk_bytes, progress)
+    if isinstance(source, StateDictSource) and path == source.path and entry.kind == "safetensors":
+        return tensors_verified(repo.store.get(entry.header), source.tensors, dest, entry, chunk_bytes, progress)
+    return None

@@ -81,12 +81,39 @@ def write_file(store: ObjectStore, entry: FileEntry, target: Path, progress: Pro
 def copy_verified(source: Path, target: Path, entry: FileEntry, chunk_bytes: int,
                   progress: Progress = NULL) -> os.stat_result | None:
     """Atomically replace ``target`` with a copy of ``source`` if the copy holds the bytes
-    ``entry`` describes (its content id, computed from the copy as a commit computes it,
-    names the same chunks); returns its stat. None, with nothing written, if it does not
-    (the source changed after the commit read it, or is gone). A commit from a directory
-    leaves its file in the working tree this way: decoding it from the store cost as much as
-    the commit's own encode (a delta's chain decoded for each chunk, every byte written),
-    where a copy is the kernel's (a reflink, on a file system that has them)."""
+    ``entry`` describes; returns its stat, or None with nothing written (the source changed
+    after the commit read it, or is gone). A commit from a directory leaves its file in the
+    working tree this way: decoding it from the store cost as much as the commit's own
+    encode (a delta's chain decoded for each chunk, every byte written), where a copy is the
+    kernel's (a reflink, on a file system that has them)."""
+    def fill(out) -> None:
+        with open(source, "rb") as src:
+            _copy_file(src, out)
+
+    return _written_if_same(target, entry, chunk_bytes, fill, progress)
+
+
+def tensors_verified(header_bytes: bytes, tensors, target: Path, entry: FileEntry, chunk_bytes: int,
+                     progress: Progress = NULL) -> os.stat_result | None:
+    """:func:`copy_verified` for a state dict's commit: the file written from ``tensors`` (its
+    tensors by name, wherever they live) and the stored header, as the commit laid it out."""
+    import torch
+
+    def fill(out) -> None:
+        writer = EarlyWriteback(out)
+        writer.write(len(header_bytes).to_bytes(8, "little"))
+        writer.write(header_bytes)
+        for t in entry.tensors:
+            tensor = tensors[t.name].detach().contiguous().reshape(-1)
+            writer.write(memoryview(tensor.view(torch.uint8).cpu().numpy()))
+
+    return _written_if_same(target, entry, chunk_bytes, fill, progress)
+
+
+def _written_if_same(target: Path, entry: FileEntry, chunk_bytes: int, fill, progress: Progress):
+    """``fill(file)`` writes a temp file beside ``target``; renamed into place (fsynced) only if
+    its content id, computed from it as a commit computes it, is ``entry``'s: it then names
+    the committed chunks, so the file holds the committed bytes. Else None, nothing written."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=target.parent)
     try:
@@ -94,13 +121,12 @@ def copy_verified(source: Path, target: Path, entry: FileEntry, chunk_bytes: int
         os.fchmod(fd, file_mode(entry.executable))
         with os.fdopen(fd, "r+b") as out:
             try:
-                with open(source, "rb") as src:
-                    _copy_file(src, out)
-            except OSError:
-                os.unlink(tmp)
-                return None
-            out.flush()
-            if content_id(Path(tmp), entry.path, chunk_bytes) != entry.content_id:
+                fill(out)
+                out.flush()
+                same = content_id(Path(tmp), entry.path, chunk_bytes) == entry.content_id
+            except (OSError, KeyError, TypeError, RuntimeError):  # (the source gone; a tensor gone or of another kind)
+                same = False
+            if not same:
                 os.unlink(tmp)
                 return None
             os.fsync(out.fileno())
