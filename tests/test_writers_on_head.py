@@ -193,3 +193,23 @@ def test_a_state_dict_commit_writes_the_working_tree_from_its_tensors(tmp_path, 
     assert (root / "model.safetensors").read_bytes() == _committed(repo, tmp_path / "out-3")
     assert repo.status().clean
     assert not [p for p in root.iterdir() if p.name.startswith(".wvc-tmp")]
+
+
+def test_a_source_file_replaced_by_a_fifo_does_not_hang_the_commit(tmp_path, monkeypatch):
+    import os
+
+    import wvc.worktree.follow as follow
+
+    root = tmp_path / "repo"
+    repo = Repo.init(root)
+    committed = _checkpoint(tmp_path / "ckpt", 0)
+    real = follow.follow_commit
+
+    def replaced_first(*args, **kwargs):
+        (tmp_path / "ckpt" / "model.safetensors").unlink()
+        os.mkfifo(tmp_path / "ckpt" / "model.safetensors")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(follow, "follow_commit", replaced_first)
+    repo.commit("step 0", source=tmp_path / "ckpt")
+    assert (root / "model.safetensors").read_bytes() == committed == _committed(repo, tmp_path / "out")

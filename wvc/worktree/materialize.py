@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -87,7 +88,10 @@ def copy_verified(source: Path, target: Path, entry: FileEntry, chunk_bytes: int
     encode (a delta's chain decoded for each chunk, every byte written), where a copy is the
     kernel's (a reflink, on a file system that has them)."""
     def fill(out) -> None:
-        with open(source, "rb") as src:
+        # (non-blocking: a FIFO put in the source's place must not hang the commit's end)
+        with os.fdopen(os.open(source, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as src:
+            if not stat.S_ISREG(os.fstat(src.fileno()).st_mode):
+                raise OSError(f"{source} is no longer a regular file")
             _copy_file(src, out)
 
     return _written_if_same(target, entry, chunk_bytes, fill, progress)
