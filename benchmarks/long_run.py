@@ -209,6 +209,17 @@ def load_seconds(repo, commit: str) -> float:
     return time.perf_counter() - t
 
 
+# Each tip measure is the median of this many, taken in turn with step 0's: one of each
+# drifted by 25-35% on this machine, as much as the change a measure was meant to show.
+REPEATS = 5
+
+
+def in_turn(seconds, tip: str, first: str) -> tuple[float, float]:
+    """(the tip's, step 0's) median ``seconds(commit)`` over REPEATS pairs taken in turn."""
+    pairs = [(seconds(first), seconds(tip)) for _ in range(REPEATS)]
+    return median([t for _, t in pairs]), median([f for f, _ in pairs])
+
+
 def median(xs):
     xs = sorted(xs)
     return xs[len(xs) // 2] if xs else None
@@ -339,10 +350,10 @@ def run(name: str, steps_iter, work: Path, *, hub_url: str | None, checkout_ever
                 cur_bits = torch.cat([cur[k].view(torch.int16).reshape(-1) for k in names])
                 prev_delta = calibrate.add(prev_bits, cur_bits, prev_delta)
         if step and step % checkout_every == 0:
-            row["checkout_tip_s"] = checkout_seconds(repo, commit, work / "co")
-            row["checkout_first_s"] = checkout_seconds(repo, first_commit, work / "co")
-            row["load_tip_s"] = load_seconds(repo, commit)  # in memory (Repo.load_state_dict)
-            row["load_first_s"] = load_seconds(repo, first_commit)
+            row["checkout_tip_s"], row["checkout_first_s"] = in_turn(
+                lambda c: checkout_seconds(repo, c, work / "co"), commit, first_commit)
+            # in memory (Repo.load_state_dict)
+            row["load_tip_s"], row["load_first_s"] = in_turn(lambda c: load_seconds(repo, c), commit, first_commit)
         rows.append(row)
         if step % 50 == 0:
             print(json.dumps({"run": name, **row}), flush=True)

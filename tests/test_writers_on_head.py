@@ -117,19 +117,20 @@ def _committed(repo, out) -> bytes:
     return (out / "model.safetensors").read_bytes()
 
 
-def test_a_commit_from_a_directory_copies_its_files_into_the_working_tree(tmp_path, monkeypatch):
-    """The working tree follows a commit from a directory by copying the files the commit read
-    (their content id checked on the copy), not by decoding the version it just encoded."""
+def test_a_commit_from_a_directory_leaves_the_working_tree_the_bytes_it_read(tmp_path, monkeypatch):
+    """The working tree follows a commit from a directory with the files as the commit read
+    them (written as they were hashed), not decoded from the store nor copied again."""
     import wvc.worktree.follow as follow
 
     def decoded(*_a, **_k):
-        raise AssertionError("the file was decoded from the store")
+        raise AssertionError("the file was decoded from the store, or copied again")
 
     root = tmp_path / "repo"
     repo = Repo.init(root)
     for k in range(3):
         want = _checkpoint(tmp_path / f"ckpt-{k}", k)
         monkeypatch.setattr(follow, "write_file", decoded)
+        monkeypatch.setattr(follow, "copy_verified", decoded)
         repo.commit(f"step {k}", source=tmp_path / f"ckpt-{k}")
         monkeypatch.undo()
         assert (root / "model.safetensors").read_bytes() == want
@@ -139,25 +140,67 @@ def test_a_commit_from_a_directory_copies_its_files_into_the_working_tree(tmp_pa
 
 
 def test_a_source_rewritten_after_the_commit_read_it_is_not_what_the_working_tree_gets(tmp_path, monkeypatch):
-    """A source file changed between the commit's read and the copy fails the copy's check:
-    the working tree gets the committed bytes, decoded from the store, and nothing else."""
-    import wvc.worktree.follow as follow
+    """The working tree gets the bytes the commit read and recorded, not what the source holds
+    by the time the commit is recorded (the trainer saved again meanwhile)."""
+    import wvc.ops.commit as commit_op
 
     root = tmp_path / "repo"
     repo = Repo.init(root)
     committed = _checkpoint(tmp_path / "ckpt", 0)
-    real = follow.follow_commit
+    real = commit_op.follow_commit
 
     def rewritten_first(*args, **kwargs):
-        _checkpoint(tmp_path / "ckpt", 1)  # the trainer saved again meanwhile
+        _checkpoint(tmp_path / "ckpt", 1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(follow, "follow_commit", rewritten_first)
+    monkeypatch.setattr(commit_op, "follow_commit", rewritten_first)
     repo.commit("step 0", source=tmp_path / "ckpt")
     assert (tmp_path / "ckpt" / "model.safetensors").read_bytes() != committed
     assert (root / "model.safetensors").read_bytes() == committed == _committed(repo, tmp_path / "out")
     assert repo.status().clean
     assert not [p for p in root.iterdir() if p.name.startswith(".wvc-tmp")]
+
+
+def test_a_failed_commit_from_a_directory_leaves_no_copies_behind(tmp_path, monkeypatch):
+    import wvc.ops.commit as commit_op
+
+    root = tmp_path / "repo"
+    repo = Repo.init(root)
+    _checkpoint(tmp_path / "ckpt", 0)
+
+    def fails(*_a, **_k):
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(commit_op, "follow_commit", fails)
+    with pytest.raises(OSError):
+        repo.commit("step 0", source=tmp_path / "ckpt")
+    assert sorted(p.name for p in root.iterdir()) == [".wvc"]
+
+
+def test_a_copy_that_does_not_hold_the_entrys_bytes_is_not_put_in_place(tmp_path):
+    """copy_verified (a file the commit did not tee) checks the copy's content id: a source
+    that changed, or a FIFO put in its place (opened without blocking), writes nothing."""
+    import os
+
+    from wvc.worktree.materialize import copy_verified
+
+    repo = Repo.init(tmp_path / "repo")
+    _checkpoint(tmp_path / "ckpt", 0)
+    repo.commit("step 0", source=tmp_path / "ckpt")
+    entry = repo.tree_of("HEAD").by_path()["model.safetensors"]
+    target = tmp_path / "work" / "model.safetensors"
+    target.parent.mkdir()
+    target.write_bytes(b"the user's")
+    assert copy_verified(tmp_path / "ckpt" / "model.safetensors", target, entry, repo.chunk_bytes) is not None
+    assert target.read_bytes() == (tmp_path / "ckpt" / "model.safetensors").read_bytes()
+    target.write_bytes(b"the user's")
+    _checkpoint(tmp_path / "ckpt", 1)
+    assert copy_verified(tmp_path / "ckpt" / "model.safetensors", target, entry, repo.chunk_bytes) is None
+    (tmp_path / "ckpt" / "model.safetensors").unlink()
+    os.mkfifo(tmp_path / "ckpt" / "model.safetensors")
+    assert copy_verified(tmp_path / "ckpt" / "model.safetensors", target, entry, repo.chunk_bytes) is None
+    assert target.read_bytes() == b"the user's"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["model.safetensors"]
 
 
 def test_a_state_dict_commit_writes_the_working_tree_from_its_tensors(tmp_path, monkeypatch):
@@ -181,35 +224,17 @@ def test_a_state_dict_commit_writes_the_working_tree_from_its_tensors(tmp_path, 
         assert (root / "model.safetensors").read_bytes() == _committed(repo, tmp_path / f"out-{k}")
     assert repo.status().clean
 
-    real = follow.follow_commit
+    import wvc.ops.commit as commit_op
+
+    real = commit_op.follow_commit
 
     def trained_on(*args, **kwargs):
         sd["b"] += 1  # the trainer's next step, before the working tree is written
         return real(*args, **kwargs)
 
     sd["w"] += 1
-    monkeypatch.setattr(follow, "follow_commit", trained_on)
+    monkeypatch.setattr(commit_op, "follow_commit", trained_on)
     repo.commit("step 3", source=sd)
     assert (root / "model.safetensors").read_bytes() == _committed(repo, tmp_path / "out-3")
     assert repo.status().clean
     assert not [p for p in root.iterdir() if p.name.startswith(".wvc-tmp")]
-
-
-def test_a_source_file_replaced_by_a_fifo_does_not_hang_the_commit(tmp_path, monkeypatch):
-    import os
-
-    import wvc.worktree.follow as follow
-
-    root = tmp_path / "repo"
-    repo = Repo.init(root)
-    committed = _checkpoint(tmp_path / "ckpt", 0)
-    real = follow.follow_commit
-
-    def replaced_first(*args, **kwargs):
-        (tmp_path / "ckpt" / "model.safetensors").unlink()
-        os.mkfifo(tmp_path / "ckpt" / "model.safetensors")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(follow, "follow_commit", replaced_first)
-    repo.commit("step 0", source=tmp_path / "ckpt")
-    assert (root / "model.safetensors").read_bytes() == committed == _committed(repo, tmp_path / "out")

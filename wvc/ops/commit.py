@@ -8,6 +8,7 @@ commit to the same branch is refused instead of silently dropped.
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import logging
 import os
@@ -23,6 +24,7 @@ from ..model.versions import Commit, Tree, check_metadata
 from ..progress import NULL, Progress
 from ..store.config_keys import MERGE_HEAD, MERGE_RECIPE
 from ..store.refs import HEADS
+from ..worktree.follow import SourceCopies, StateDictSource, follow_commit
 from ..worktree.scan import StatCache, scan
 from ..worktree.snapshot import STATE_DICT_PATH, Snapshotter, TensorStream
 
@@ -109,9 +111,10 @@ def commit(
         # (StaleWrite, nothing recorded): encoded again against the bases as they are now.
         for attempt in range(1, RECORD_ATTEMPTS + 1):
             try:
-                return _commit(repo, message, source, author=author, metadata=metadata, allow_empty=allow_empty,
-                               device=device, state_dict_path=state_dict_path, branch=branch, exclude=exclude,
-                               amend=amend, progress=progress)
+                with contextlib.ExitStack() as held:  # (what an attempt leaves behind, e.g. SourceCopies)
+                    return _commit(repo, message, source, author=author, metadata=metadata, allow_empty=allow_empty,
+                                   device=device, state_dict_path=state_dict_path, branch=branch, exclude=exclude,
+                                   amend=amend, progress=progress, held=held)
             except (StaleWrite, PackMissing):  # (a base read from rows a gc or prune just moved)
                 if attempt == RECORD_ATTEMPTS:
                     raise
@@ -123,7 +126,7 @@ def commit(
 
 
 def _commit(repo, message, source, *, author, metadata, allow_empty, device, state_dict_path, branch, exclude,
-            amend, progress) -> CommitResult:
+            amend, progress, held: contextlib.ExitStack) -> CommitResult:
     amended = None
     if amend:
         if branch is not None:
@@ -162,8 +165,12 @@ def _commit(repo, message, source, *, author, metadata, allow_empty, device, sta
         scanned = scan(root, exclude)
         scanned.refuse_bad_names()  # before anything is written
 
+    # onto HEAD's branch from another directory, the working tree follows: the files it will
+    # take are written as they are read (worktree/follow.SourceCopies)
+    copies = held.enter_context(SourceCopies(repo.root, root)) \
+        if root not in (None, repo.root) and (branch is None or branch == repo.refs.head_branch()) else None
     with repo.store.writer(device=commit_device(device, data_location(source)), max_chain=repo.max_chain) as writer:
-        snap = Snapshotter(writer, parent_tree, chunk_bytes, progress)
+        snap = Snapshotter(writer, parent_tree, chunk_bytes, progress, tee=copies)
         if isinstance(source, TensorStream):
             if parent_tree is None:
                 raise InvalidArgument("a streamed commit needs a parent version: its files say where each tensor goes")
@@ -208,10 +215,8 @@ def _commit(repo, message, source, *, author, metadata, allow_empty, device, sta
 
     repo.record([(new, tree, writer.stored_bytes)], packs=[(pack, rows)], during=move_refs)
     if root != repo.root and (branch is None or branch == repo.refs.head_branch()):
-        from ..worktree.follow import StateDictSource, follow_commit  # HEAD's new version came from elsewhere
-
-        follow_commit(repo, parent_tree, tree, progress,
-                      source=StateDictSource(state_dict_path, source) if isinstance(source, Mapping) else root)
+        follow_commit(repo, parent_tree, tree, progress,  # HEAD's new version came from elsewhere
+                      source=StateDictSource(state_dict_path, source) if isinstance(source, Mapping) else copies or root)
     result = CommitResult(new.id, tree.id, parents, tree.logical_bytes, writer.stored_bytes, len(rows))
     if scanned is not None:
         result.linked_files = scanned.linked_files

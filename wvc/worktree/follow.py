@@ -15,18 +15,87 @@ from __future__ import annotations
 import logging
 import contextlib
 import os
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import LockedError
-from ..fsutil import resolve_inside
+from ..fsutil import TEMP_PREFIX, EarlyWriteback, claim_temp, file_mode, fsync_dir, resolve_inside
 from ..model.versions import Tree
 from ..progress import NULL, Progress
 from .scan import StatCache
 from .materialize import copy_verified, tensors_verified, write_file
 
 log = logging.getLogger(__name__)
+
+
+class SourceCopies:
+    """The files a commit from the directory ``source`` reads, written as it reads them (the
+    Snapshotter's ``tee``) into claimed temp files in the working tree ``root``: the very
+    bytes whose hashes the commit records, so the follow renames them into place with no
+    copy and no check to make (a copy of the source after the commit had to be checked, as
+    the source may have changed since). A file not teed (the commit failed, or it was not
+    read) is copied from the source and checked."""
+
+    def __init__(self, root: Path, source: Path):
+        self.root, self.source = root, source
+        self.files: dict[str, tuple[str, str]] = {}  # path -> (temp file, the content id it holds)
+
+    def __call__(self, path: str, executable: bool) -> "_Sink":
+        return _Sink(self, path, executable)
+
+    def take(self, path: str, entry) -> str | None:
+        """The temp file holding ``entry``'s bytes, fsynced, now the caller's to rename; or None."""
+        tmp, held = self.files.pop(path, (None, None))
+        if tmp is None:
+            return None
+        if held != entry.content_id:
+            os.unlink(tmp)
+            return None
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return tmp
+
+    def __enter__(self) -> "SourceCopies":
+        return self
+
+    def __exit__(self, *_) -> None:
+        """The temp files nothing took (the commit failed, or the follow left the file)."""
+        for tmp, _ in self.files.values():
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        self.files.clear()
+
+
+class _Sink:
+    """One file's temp copy as the commit reads it (SourceCopies)."""
+
+    def __init__(self, copies: SourceCopies, path: str, executable: bool):
+        self.copies, self.path = copies, path
+        fd, self.tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=copies.root)
+        claim_temp(fd)
+        os.fchmod(fd, file_mode(executable))
+        self.fh = os.fdopen(fd, "wb")
+        self.out, self.size = EarlyWriteback(self.fh), 0
+
+    def write(self, data) -> None:
+        self.size += self.out.write(data)
+
+    def finish(self, entry) -> None:
+        self.fh.close()  # (the lock goes with it; a temp file is gc's only after its grace period)
+        if self.size != entry.size:  # (by construction it is: a guard, not a check of the bytes)
+            os.unlink(self.tmp)
+            return
+        self.copies.files[self.path] = (self.tmp, entry.content_id)
+
+    def abort(self) -> None:
+        self.fh.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.tmp)
 
 
 @dataclass(frozen=True)
@@ -37,10 +106,10 @@ class StateDictSource:
 
 
 def follow_commit(repo, parent_tree: Tree | None, new_tree: Tree, progress: Progress = NULL,
-                  source: Path | StateDictSource | None = None) -> None:
-    """``source``: what the commit read (a directory, or a state dict), from which a file is
-    written (and checked) rather than decoded from the store, where it still holds the
-    committed bytes."""
+                  source: SourceCopies | Path | StateDictSource | None = None) -> None:
+    """``source``: what the commit read (its files as it read them, a directory, or a state
+    dict), from which a file is taken (or written and checked) rather than decoded from the
+    store, where it still holds the committed bytes."""
     before = parent_tree.by_path() if parent_tree is not None else {}
     after = new_tree.by_path()
     changed = [p for p in sorted(set(before) | set(after))
@@ -81,6 +150,20 @@ def follow_commit(repo, parent_tree: Tree | None, new_tree: Tree, progress: Prog
 
 def _from_source(repo, source, path: str, entry, dest: Path, chunk_bytes: int, progress: Progress):
     """``entry`` written to ``dest`` from what the commit read, checked; None if it cannot be."""
+    if isinstance(source, SourceCopies):
+        tmp = source.take(path, entry)
+        if tmp is not None:
+            try:
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(tmp, dest)
+            except OSError:  # (e.g. a folder of the working tree on another file system)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+            else:
+                fsync_dir(dest.parent)
+                progress.advance(entry.size)
+                return os.stat(dest)
+        source = source.source
     if isinstance(source, Path):
         return copy_verified(source / path, dest, entry, chunk_bytes, progress)
     if isinstance(source, StateDictSource) and path == source.path and entry.kind == "safetensors":

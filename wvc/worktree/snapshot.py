@@ -67,14 +67,18 @@ def _base(chunks: tuple[str, ...] | None, i: int) -> str | None:
 
 class Snapshotter:
     def __init__(self, writer: ChunkWriter, parent: Tree | None, chunk_bytes: int, progress: Progress,
-                 located=None):
+                 located=None, tee=None):
         """``located(chunk id, (path, offset), length)``, if given, hears where each chunk read
-        from a file lies in it (a base model's index records that instead of storing chunks)."""
+        from a file lies in it (a base model's index records that instead of storing chunks).
+        ``tee(path, executable)``, if given, gives a sink for each file read from a directory
+        (``write(bytes)``, ``finish(entry)``, ``abort()``) that gets the file's bytes as they
+        are hashed: the very bytes the entry names (worktree/follow.SourceCopies)."""
         self.writer = writer
         self.parent = ParentIndex.of(parent)
         self.chunk_bytes = chunk_bytes
         self.progress = progress
         self.located = located
+        self.tee = tee
 
     def _put(self, raw, dtype, base: str | None, origin: tuple[str, int] | None) -> str:
         object_id = self.writer.put(raw, dtype, base)
@@ -105,20 +109,29 @@ class Snapshotter:
                 # never stored as one version's header over another's data.
                 opened = os.fstat(fh.fileno())
                 executable = is_executable(opened)
-                if path.endswith(".safetensors"):
-                    header = st.read_header(fh, opened.st_size, path)
-                    entry = self._safetensors_file(path, fh, header, executable)
-                else:
-                    entry = self._blob_file(path, fh, opened.st_size, executable)
-            after = os.stat(full)
-            if StatCache.signature(after) != StatCache.signature(opened) or entry.size != after.st_size:
-                raise ConcurrentUpdate(f"{path} changed while it was being committed; commit again when it is written")
+                sink = self.tee(path, executable) if self.tee is not None else None
+                try:
+                    if path.endswith(".safetensors"):
+                        header = st.read_header(fh, opened.st_size, path)
+                        entry = self._safetensors_file(path, fh, header, executable, sink)
+                    else:
+                        entry = self._blob_file(path, fh, opened.st_size, executable, sink)
+                    after = os.stat(full)
+                    if StatCache.signature(after) != StatCache.signature(opened) or entry.size != after.st_size:
+                        raise ConcurrentUpdate(f"{path} changed while it was being committed; commit again when it "
+                                               "is written")
+                except BaseException:
+                    if sink is not None:
+                        sink.abort()
+                    raise
+                if sink is not None:
+                    sink.finish(entry)
             stat_cache.remember(path, after, self.chunk_bytes, entry.hash)
             files.append(entry)
         self.progress.close()
         return Tree(tuple(files), self.chunk_bytes)
 
-    def _blob_file(self, path: str, fh, size: int, executable: bool = False) -> FileEntry:
+    def _blob_file(self, path: str, fh, size: int, executable: bool = False, sink=None) -> FileEntry:
         parent = self.parent.by_path.get(path)
         parent_chunks = parent.chunks if parent is not None and parent.kind == "blob" else None
         if parent_chunks:
@@ -128,17 +141,23 @@ class Snapshotter:
             raw = fh.read(end - begin)
             if len(raw) != end - begin:
                 raise ConcurrentUpdate(f"{path} was truncated while it was being committed")
+            if sink is not None:
+                sink.write(raw)
             chunks.append(self._put(raw, BYTES, _base(parent_chunks, i), (path, begin)))
             self.progress.advance(len(raw))
         return FileEntry.of(path, "blob", size, chunks=tuple(chunks), executable=executable)
 
-    def _safetensors_file(self, path: str, fh, header: st.SafetensorsHeader, executable: bool = False) -> FileEntry:
+    def _safetensors_file(self, path: str, fh, header: st.SafetensorsHeader, executable: bool = False,
+                          sink=None) -> FileEntry:
         parent = self.parent.by_path.get(path)
         if parent is not None:
             self.writer.expect_bases(parent.chunk_ids())  # the delta bases of this file, looked up at once
         header_id = self._put(header.header_bytes, BYTES, parent.header if parent and parent.header else None,
                               (path, 8))
         self.progress.advance(header.data_start)
+        if sink is not None:  # (the file as materialize writes it: the length, the header, the tensors)
+            sink.write(len(header.header_bytes).to_bytes(8, "little"))
+            sink.write(header.header_bytes)
         fh.seek(header.data_start)
         tensors = []
         for info in header.tensors:
@@ -146,6 +165,8 @@ class Snapshotter:
                 raw = fh.read(n)
                 if len(raw) != n:
                     raise SafetensorsFormatError(f"{path}: truncated inside tensor {info.name!r}")
+                if sink is not None:
+                    sink.write(raw)
                 return raw
 
             tensors.append(self._tensor(path, info.name, info.dtype, info.shape, info.nbytes, read,
