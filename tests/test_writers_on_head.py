@@ -238,3 +238,27 @@ def test_a_state_dict_commit_writes_the_working_tree_from_its_tensors(tmp_path, 
     assert (root / "model.safetensors").read_bytes() == _committed(repo, tmp_path / "out-3")
     assert repo.status().clean
     assert not [p for p in root.iterdir() if p.name.startswith(".wvc-tmp")]
+
+
+def test_a_teed_file_removed_before_the_follow_takes_it_is_copied_instead(tmp_path, monkeypatch):
+    """A `gc --grace 0` may remove a teed file between the read and the follow (its writer's
+    lock went when it was written): the follow then copies the source, checked."""
+    import os
+
+    import wvc.ops.commit as commit_op
+
+    root = tmp_path / "repo"
+    repo = Repo.init(root)
+    committed = _checkpoint(tmp_path / "ckpt", 0)
+    real = commit_op.follow_commit
+
+    def collected_first(*args, **kwargs):
+        for p in root.iterdir():
+            if p.name.startswith(".wvc-tmp"):
+                os.unlink(p)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(commit_op, "follow_commit", collected_first)
+    repo.commit("step 0", source=tmp_path / "ckpt")
+    assert (root / "model.safetensors").read_bytes() == committed
+    assert repo.status().clean

@@ -50,10 +50,13 @@ class SourceCopies:
         tmp, held = self.files.pop(path, (None, None))
         if tmp is None:
             return None
-        if held != entry.content_id:
-            os.unlink(tmp)
+        try:
+            if held != entry.content_id:
+                os.unlink(tmp)
+                return None
+            fd = os.open(tmp, os.O_RDONLY)
+        except FileNotFoundError:  # (a `gc --grace 0` meanwhile: its lock went when it was written)
             return None
-        fd = os.open(tmp, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
