@@ -56,27 +56,6 @@ class ChunkSupply(Protocol):
         """Make ``object_ids``, and the delta bases they need, local in ``store`` (or raise)."""
 
 
-class _Slot:
-    """A chunk's place in get_many's queue, until its decode is sent to the pool."""
-
-    __slots__ = ("future",)
-
-    def result(self):
-        return self.future.result()
-
-
-# What a link's decode costs, roughly, in raw bytes of a keyframe's decode for each byte of
-# its payload: a step coder's ~14 ns a payload bit against a keyframe's ~0.25 ns a raw byte;
-# the other methods' about a zstd byte's (docs/codec.md).
-_STEP_PAYLOAD_COST, _PAYLOAD_COST = 400, 8
-
-
-def chain_cost(chain) -> int:
-    """An estimate of a chain's decode time, to send the costliest first (get_many)."""
-    return sum(r.raw_size + r.length * (_STEP_PAYLOAD_COST if r.method in _STEP_CODERS else _PAYLOAD_COST)
-               for r in chain)
-
-
 class ObjectStore:
     def __init__(self, db: Database, packs_dir: Path, external: ExternalFiles | None = None,
                  supply: ChunkSupply | None = None, max_links: int = MAX_CHAIN_LINKS):
@@ -335,51 +314,31 @@ class ObjectStore:
 
         The rows are looked up FIRST_ROWS ids first, then ROW_BATCH at a time, as the chunks
         are handed out: the pool starts on the first chunks while the rest are looked up
-        (all of a many-tensor checkout's rows first kept the pool idle ~10 ms). The chunks
-        that fit in the window are sent to the pool costliest chain first (:func:`chain_cost`),
-        and still yielded in order: in tree order, a long chain sent last kept one worker
-        busy after the other had run out of work (a run's newest version, whose chains range
-        from a keyframe to eight links)."""
+        (all of a many-tensor checkout's rows first kept the pool idle ~10 ms)."""
         object_ids = list(object_ids)
-        queue, pending, ahead = collections.deque(), collections.deque(), 0
+        queue, ahead = collections.deque(), 0
         small = codec_pool.SmallTasks(self.decode_chain, lambda size, share: queue.append((share, size)))
-
-        def send() -> None:  # the pending chunks that fit in the window, in order
-            nonlocal ahead
-            big = []
-            while pending and (not queue or (ahead < codec_pool.IN_FLIGHT_BYTES
-                                             and len(queue) < codec_pool.MAX_IN_FLIGHT)):
-                chain = pending.popleft()
-                size = chain[0].raw_size
-                if size < codec_pool.SMALL_CHUNK:
-                    small.add(size, (chain,))
-                else:
-                    small.flush()  # (results are yielded in order)
-                    slot = _Slot()
-                    queue.append((slot, size))
-                    big.append((chain_cost(chain), slot, chain))
-                ahead += size
-            small.flush()
-            for _, slot, chain in sorted(big, key=lambda b: -b[0]):
-                slot.future = codec_pool.pool().submit(self.decode_chain, chain)
-
         at = 0
         while at < len(object_ids):
             batch = object_ids[at : at + (FIRST_ROWS if at == 0 else ROW_BATCH)]
             at += len(batch)
             known = self.chain_rows(batch)
-            pending.extend(self.chain(oid, known=known) for oid in batch)
-            send()
-            while queue and (pending or ahead >= codec_pool.IN_FLIGHT_BYTES or len(queue) >= codec_pool.MAX_IN_FLIGHT):
-                future, size = queue.popleft()
-                ahead -= size
-                yield future.result()
-                send()
+            for oid in batch:
+                chain = self.chain(oid, known=known)
+                size = chain[0].raw_size
+                if size < codec_pool.SMALL_CHUNK:
+                    small.add(size, (chain,))
+                else:
+                    small.flush()  # (results are yielded in order)
+                    queue.append((codec_pool.pool().submit(self.decode_chain, chain), size))
+                ahead += size
+                while queue and (ahead >= codec_pool.IN_FLIGHT_BYTES or len(queue) >= codec_pool.MAX_IN_FLIGHT):
+                    future, size = queue.popleft()
+                    ahead -= size
+                    yield future.result()
+        small.flush()
         while queue:
-            future, size = queue.popleft()
-            ahead -= size
-            yield future.result()
-            send()
+            yield queue.popleft()[0].result()
 
     def writer(self, *, device: str = "cpu", max_chain: int = DEFAULT_MAX_CHAIN, level: int = 1) -> "ChunkWriter":
         return ChunkWriter(self, device=device, max_chain=max_chain, level=level)
