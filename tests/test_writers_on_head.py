@@ -262,3 +262,21 @@ def test_a_teed_file_removed_before_the_follow_takes_it_is_copied_instead(tmp_pa
     repo.commit("step 0", source=tmp_path / "ckpt")
     assert (root / "model.safetensors").read_bytes() == committed
     assert repo.status().clean
+
+
+def test_a_state_dicts_tensors_reach_the_working_tree_a_slice_at_a_time(tmp_path, monkeypatch):
+    """A tensor is brought to the host TENSOR_SLICE bytes at a time (a device's tensor is never
+    copied whole); the file is the same."""
+    import wvc.worktree.follow as follow
+    import wvc.worktree.materialize as materialize
+
+    def decoded(*_a, **_k):
+        raise AssertionError("the file was decoded from the store")
+
+    monkeypatch.setattr(materialize, "TENSOR_SLICE", 1000)
+    monkeypatch.setattr(follow, "write_file", decoded)
+    root = tmp_path / "repo"
+    repo = Repo.init(root)
+    sd = {"w": torch.randn(300, 7).to(torch.bfloat16), "b": torch.randn(3, 5, 11)[:, 1]}  # (b: not contiguous)
+    repo.commit("step 0", source=sd)
+    assert (root / "model.safetensors").read_bytes() == _committed(repo, tmp_path / "out")

@@ -97,6 +97,9 @@ def copy_verified(source: Path, target: Path, entry: FileEntry, chunk_bytes: int
     return _written_if_same(target, entry, chunk_bytes, fill, progress)
 
 
+TENSOR_SLICE = 64 << 20  # bytes of a tensor brought to the host at once (tensors_verified)
+
+
 def tensors_verified(header_bytes: bytes, tensors, target: Path, entry: FileEntry, chunk_bytes: int,
                      progress: Progress = NULL) -> os.stat_result | None:
     """:func:`copy_verified` for a state dict's commit: the file written from ``tensors`` (its
@@ -108,8 +111,9 @@ def tensors_verified(header_bytes: bytes, tensors, target: Path, entry: FileEntr
         writer.write(len(header_bytes).to_bytes(8, "little"))
         writer.write(header_bytes)
         for t in entry.tensors:
-            tensor = tensors[t.name].detach().contiguous().reshape(-1)
-            writer.write(memoryview(tensor.view(torch.uint8).cpu().numpy()))
+            flat = tensors[t.name].detach().contiguous().reshape(-1).view(torch.uint8)
+            for at in range(0, flat.numel(), TENSOR_SLICE):  # (a device's tensor: a slice at a time on the host)
+                writer.write(memoryview(flat[at : at + TENSOR_SLICE].cpu().numpy()))
 
     return _written_if_same(target, entry, chunk_bytes, fill, progress)
 
