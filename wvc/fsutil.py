@@ -280,6 +280,20 @@ def temp_in_use(path: Path) -> bool:
         os.close(fd)
 
 
+def new_temp(directory: os.PathLike | str, executable: bool = False) -> tuple[int, str]:
+    """(descriptor, path) of a new temp file in ``directory`` (TEMP_PREFIX: scans skip it, gc
+    collects it once stale), claimed (claim_temp) and with the mode a new file gets."""
+    fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=directory)
+    try:
+        claim_temp(fd)
+        os.fchmod(fd, file_mode(executable))
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp)
+        raise
+    return fd, tmp
+
+
 @contextlib.contextmanager
 def atomic_writer(target: os.PathLike | str, durable: bool = True, size_hint: int = 0, executable: bool = False):
     """Yield a binary file object; on clean exit it atomically replaces ``target``.
@@ -288,10 +302,8 @@ def atomic_writer(target: os.PathLike | str, durable: bool = True, size_hint: in
     (DirectWriter; see wants_direct_io). The file gets the umask's mode (file_mode).
     """
     target = Path(target)
-    fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=target.parent)
+    fd, tmp = new_temp(target.parent, executable)
     try:
-        claim_temp(fd)
-        os.fchmod(fd, file_mode(executable))
         with os.fdopen(fd, "wb") as fh:
             direct = None
             if durable and wants_direct_io(size_hint):

@@ -15,13 +15,12 @@ from __future__ import annotations
 import logging
 import contextlib
 import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import LockedError
-from ..fsutil import TEMP_PREFIX, EarlyWriteback, claim_temp, file_mode, fsync_dir, resolve_inside
+from ..fsutil import EarlyWriteback, fsync_dir, new_temp, resolve_inside
 from ..model.versions import Tree
 from ..progress import NULL, Progress
 from .scan import StatCache
@@ -79,9 +78,7 @@ class _Sink:
 
     def __init__(self, copies: SourceCopies, path: str, executable: bool):
         self.copies, self.path = copies, path
-        fd, self.tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=copies.root)
-        claim_temp(fd)
-        os.fchmod(fd, file_mode(executable))
+        fd, self.tmp = new_temp(copies.root, executable)
         self.fh = os.fdopen(fd, "wb")
         self.out, self.size = EarlyWriteback(self.fh), 0
 

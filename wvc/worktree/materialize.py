@@ -13,15 +13,14 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-import tempfile
 from pathlib import Path
 from typing import Iterator
 
 from .. import ids
 from ..errors import CorruptObject
 from ..formats import safetensors as st
-from ..fsutil import (SYNC_FILE_RANGE_WRITE, TEMP_PREFIX, WRITEBACK_BYTES, EarlyWriteback, atomic_writer, claim_temp,
-                      file_mode, fsync_dir, sync_file_range)
+from ..fsutil import (SYNC_FILE_RANGE_WRITE, WRITEBACK_BYTES, EarlyWriteback, atomic_writer, fsync_dir, new_temp,
+                      sync_file_range)
 from ..model.versions import FileEntry
 from ..progress import NULL, Progress
 from ..store.chunks import ObjectStore
@@ -123,10 +122,8 @@ def _written_if_same(target: Path, entry: FileEntry, chunk_bytes: int, fill, pro
     its content id, computed from it as a commit computes it, is ``entry``'s: it then names
     the committed chunks, so the file holds the committed bytes. Else None, nothing written."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=target.parent)
+    fd, tmp = new_temp(target.parent, entry.executable)
     try:
-        claim_temp(fd)
-        os.fchmod(fd, file_mode(entry.executable))
         with os.fdopen(fd, "r+b") as out:
             try:
                 fill(out)
