@@ -119,18 +119,17 @@ def _committed(repo, out) -> bytes:
 
 def test_a_commit_from_a_directory_leaves_the_working_tree_the_bytes_it_read(tmp_path, monkeypatch):
     """The working tree follows a commit from a directory with the files as the commit read
-    them (written as they were hashed), not decoded from the store nor copied again."""
+    them (written as they were hashed), not decoded from the store."""
     import wvc.worktree.follow as follow
 
     def decoded(*_a, **_k):
-        raise AssertionError("the file was decoded from the store, or copied again")
+        raise AssertionError("the file was decoded from the store")
 
     root = tmp_path / "repo"
     repo = Repo.init(root)
     for k in range(3):
         want = _checkpoint(tmp_path / f"ckpt-{k}", k)
         monkeypatch.setattr(follow, "write_file", decoded)
-        monkeypatch.setattr(follow, "copy_verified", decoded)
         repo.commit(f"step {k}", source=tmp_path / f"ckpt-{k}")
         monkeypatch.undo()
         assert (root / "model.safetensors").read_bytes() == want
@@ -177,32 +176,6 @@ def test_a_failed_commit_from_a_directory_leaves_no_copies_behind(tmp_path, monk
     assert sorted(p.name for p in root.iterdir()) == [".wvc"]
 
 
-def test_a_copy_that_does_not_hold_the_entrys_bytes_is_not_put_in_place(tmp_path):
-    """copy_verified (a file the commit did not tee) checks the copy's content id: a source
-    that changed, or a FIFO put in its place (opened without blocking), writes nothing."""
-    import os
-
-    from wvc.worktree.materialize import copy_verified
-
-    repo = Repo.init(tmp_path / "repo")
-    _checkpoint(tmp_path / "ckpt", 0)
-    repo.commit("step 0", source=tmp_path / "ckpt")
-    entry = repo.tree_of("HEAD").by_path()["model.safetensors"]
-    target = tmp_path / "work" / "model.safetensors"
-    target.parent.mkdir()
-    target.write_bytes(b"the user's")
-    assert copy_verified(tmp_path / "ckpt" / "model.safetensors", target, entry, repo.chunk_bytes) is not None
-    assert target.read_bytes() == (tmp_path / "ckpt" / "model.safetensors").read_bytes()
-    target.write_bytes(b"the user's")
-    _checkpoint(tmp_path / "ckpt", 1)
-    assert copy_verified(tmp_path / "ckpt" / "model.safetensors", target, entry, repo.chunk_bytes) is None
-    (tmp_path / "ckpt" / "model.safetensors").unlink()
-    os.mkfifo(tmp_path / "ckpt" / "model.safetensors")
-    assert copy_verified(tmp_path / "ckpt" / "model.safetensors", target, entry, repo.chunk_bytes) is None
-    assert target.read_bytes() == b"the user's"
-    assert sorted(p.name for p in target.parent.iterdir()) == ["model.safetensors"]
-
-
 def test_a_state_dict_commit_writes_the_working_tree_from_its_tensors(tmp_path, monkeypatch):
     """A state dict committed onto HEAD's branch reaches the working tree from its tensors and
     the stored header (checked as a copy is), not decoded from the store; a tensor changed
@@ -240,9 +213,9 @@ def test_a_state_dict_commit_writes_the_working_tree_from_its_tensors(tmp_path, 
     assert not [p for p in root.iterdir() if p.name.startswith(".wvc-tmp")]
 
 
-def test_a_teed_file_removed_before_the_follow_takes_it_is_copied_instead(tmp_path, monkeypatch):
+def test_a_teed_file_removed_before_the_follow_takes_it_is_decoded_instead(tmp_path, monkeypatch):
     """A `gc --grace 0` may remove a teed file between the read and the follow (its writer's
-    lock went when it was written): the follow then copies the source, checked."""
+    lock went when it was written): the follow then decodes the file from the store."""
     import os
 
     import wvc.ops.commit as commit_op

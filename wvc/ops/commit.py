@@ -167,7 +167,7 @@ def _commit(repo, message, source, *, author, metadata, allow_empty, device, sta
 
     # onto HEAD's branch from another directory, the working tree follows: the files it will
     # take are written as they are read (worktree/follow.SourceCopies)
-    copies = held.enter_context(SourceCopies(repo.root, root)) \
+    copies = held.enter_context(SourceCopies(repo.root)) \
         if root not in (None, repo.root) and (branch is None or branch == repo.refs.head_branch()) else None
     with repo.store.writer(device=commit_device(device, data_location(source)), max_chain=repo.max_chain) as writer:
         snap = Snapshotter(writer, parent_tree, chunk_bytes, progress, tee=copies)
@@ -216,7 +216,7 @@ def _commit(repo, message, source, *, author, metadata, allow_empty, device, sta
     repo.record([(new, tree, writer.stored_bytes)], packs=[(pack, rows)], during=move_refs)
     if root != repo.root and (branch is None or branch == repo.refs.head_branch()):
         follow_commit(repo, parent_tree, tree, progress,  # HEAD's new version came from elsewhere
-                      source=StateDictSource(state_dict_path, source) if isinstance(source, Mapping) else copies or root)
+                      source=StateDictSource(state_dict_path, source) if isinstance(source, Mapping) else copies)
     result = CommitResult(new.id, tree.id, parents, tree.logical_bytes, writer.stored_bytes, len(rows))
     if scanned is not None:
         result.linked_files = scanned.linked_files

@@ -24,21 +24,21 @@ from ..fsutil import EarlyWriteback, fsync_dir, new_temp, resolve_inside
 from ..model.versions import Tree
 from ..progress import NULL, Progress
 from .scan import StatCache
-from .materialize import copy_verified, tensors_verified, write_file
+from .materialize import tensors_verified, write_file
 
 log = logging.getLogger(__name__)
 
 
 class SourceCopies:
-    """The files a commit from the directory ``source`` reads, written as it reads them (the
+    """The files a commit from another directory reads, written as it reads them (the
     Snapshotter's ``tee``) into claimed temp files in the working tree ``root``: the very
     bytes whose hashes the commit records, so the follow renames them into place with no
-    copy and no check to make (a copy of the source after the commit had to be checked, as
-    the source may have changed since). A file not teed (the commit failed, or it was not
-    read) is copied from the source and checked."""
+    copy and no check to make (a copy of the source after the commit would need a check, as
+    the source may have changed since). A file without one (a `gc --grace 0` removed it,
+    or its folder is on another file system) is decoded from the store."""
 
-    def __init__(self, root: Path, source: Path):
-        self.root, self.source = root, source
+    def __init__(self, root: Path):
+        self.root = root
         self.files: dict[str, tuple[str, str]] = {}  # path -> (temp file, the content id it holds)
 
     def __call__(self, path: str, executable: bool) -> "_Sink":
@@ -106,10 +106,10 @@ class StateDictSource:
 
 
 def follow_commit(repo, parent_tree: Tree | None, new_tree: Tree, progress: Progress = NULL,
-                  source: SourceCopies | Path | StateDictSource | None = None) -> None:
-    """``source``: what the commit read (its files as it read them, a directory, or a state
+                  source: SourceCopies | StateDictSource | None = None) -> None:
+    """``source``: what the commit read (a directory's files as it read them, or a state
     dict), from which a file is taken (or written and checked) rather than decoded from the
-    store, where it still holds the committed bytes."""
+    store."""
     before = parent_tree.by_path() if parent_tree is not None else {}
     after = new_tree.by_path()
     changed = [p for p in sorted(set(before) | set(after))
@@ -149,7 +149,7 @@ def follow_commit(repo, parent_tree: Tree | None, new_tree: Tree, progress: Prog
 
 
 def _from_source(repo, source, path: str, entry, dest: Path, chunk_bytes: int, progress: Progress):
-    """``entry`` written to ``dest`` from what the commit read, checked; None if it cannot be."""
+    """``entry`` put at ``dest`` from what the commit read; None if it cannot be."""
     if isinstance(source, SourceCopies):
         tmp = source.take(path, entry)
         if tmp is not None:
@@ -163,9 +163,7 @@ def _from_source(repo, source, path: str, entry, dest: Path, chunk_bytes: int, p
                 fsync_dir(dest.parent)
                 progress.advance(entry.size)
                 return os.stat(dest)
-        source = source.source
-    if isinstance(source, Path):
-        return copy_verified(source / path, dest, entry, chunk_bytes, progress)
+        return None
     if isinstance(source, StateDictSource) and path == source.path and entry.kind == "safetensors":
         return tensors_verified(repo.store.get(entry.header), source.tensors, dest, entry, chunk_bytes, progress)
     return None

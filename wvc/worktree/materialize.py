@@ -1,6 +1,5 @@
-"""Materialize: rebuild a file of a tree from the store, verified as it is written; or, where
-a file holding the same bytes is at hand (the source a commit just read), copy it and check
-the copy.
+"""Materialize: rebuild a file of a tree from the store, verified as it is written; or write
+it from the state dict a commit just read, and check what was written.
 
 The tree may come from a remote, so it is checked against the stored header: the tensor
 names, dtypes, shapes and order that the header declares must be those the tree lists.
@@ -12,15 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import stat
 from pathlib import Path
 from typing import Iterator
 
 from .. import ids
 from ..errors import CorruptObject
 from ..formats import safetensors as st
-from ..fsutil import (SYNC_FILE_RANGE_WRITE, WRITEBACK_BYTES, EarlyWriteback, atomic_writer, fsync_dir, new_temp,
-                      sync_file_range)
+from ..fsutil import EarlyWriteback, atomic_writer, fsync_dir, new_temp
 from ..model.versions import FileEntry
 from ..progress import NULL, Progress
 from ..store.chunks import ObjectStore
@@ -78,31 +75,16 @@ def write_file(store: ObjectStore, entry: FileEntry, target: Path, progress: Pro
     return os.stat(target)
 
 
-def copy_verified(source: Path, target: Path, entry: FileEntry, chunk_bytes: int,
-                  progress: Progress = NULL) -> os.stat_result | None:
-    """Atomically replace ``target`` with a copy of ``source`` if the copy holds the bytes
-    ``entry`` describes; returns its stat, or None with nothing written (the source changed
-    after the commit read it, or is gone). A commit from a directory leaves its file in the
-    working tree this way: decoding it from the store cost as much as the commit's own
-    encode (a delta's chain decoded for each chunk, every byte written), where a copy is the
-    kernel's (a reflink, on a file system that has them)."""
-    def fill(out) -> None:
-        # (non-blocking: a FIFO put in the source's place must not hang the commit's end)
-        with os.fdopen(os.open(source, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as src:
-            if not stat.S_ISREG(os.fstat(src.fileno()).st_mode):
-                raise OSError(f"{source} is no longer a regular file")
-            _copy_file(src, out)
-
-    return _written_if_same(target, entry, chunk_bytes, fill, progress)
-
-
 TENSOR_SLICE = 64 << 20  # bytes of a tensor brought to the host at once (tensors_verified)
 
 
 def tensors_verified(header_bytes: bytes, tensors, target: Path, entry: FileEntry, chunk_bytes: int,
                      progress: Progress = NULL) -> os.stat_result | None:
-    """:func:`copy_verified` for a state dict's commit: the file written from ``tensors`` (its
-    tensors by name, wherever they live) and the stored header, as the commit laid it out."""
+    """Atomically replace ``target`` with the file a state dict's commit recorded, written from
+    ``tensors`` (its tensors by name, wherever they live) and the stored header, if it holds
+    the bytes ``entry`` describes; returns its stat, or None with nothing written (a tensor
+    changed after the commit read it, or is gone). Decoding it from the store cost as much
+    as the commit's own encode (a delta's chain decoded for each chunk)."""
     import torch
 
     def fill(out) -> None:
@@ -129,7 +111,7 @@ def _written_if_same(target: Path, entry: FileEntry, chunk_bytes: int, fill, pro
                 fill(out)
                 out.flush()
                 same = content_id(Path(tmp), entry.path, chunk_bytes) == entry.content_id
-            except (OSError, KeyError, TypeError, RuntimeError):  # (the source gone; a tensor gone or of another kind)
+            except (OSError, KeyError, TypeError, RuntimeError):  # (a tensor gone, or of another kind)
                 same = False
             if not same:
                 os.unlink(tmp)
@@ -143,26 +125,6 @@ def _written_if_same(target: Path, entry: FileEntry, chunk_bytes: int, fill, pro
         raise
     progress.advance(entry.size)
     return os.stat(target)
-
-
-def _copy_file(src, out) -> None:
-    """``src``'s bytes into ``out`` by the kernel (copy_file_range: no pass through user
-    space, a reflink where the file system shares extents), else through a buffer; the
-    disk writes started as it goes (EarlyWriteback's reason: the final fsync then waits for
-    the last stretch only, not the whole file)."""
-    start_writing, done = sync_file_range(), 0
-    try:
-        while n := os.copy_file_range(src.fileno(), out.fileno(), WRITEBACK_BYTES):
-            if start_writing is not None:
-                start_writing(out.fileno(), done, n, SYNC_FILE_RANGE_WRITE)
-            done += n
-    except (AttributeError, OSError):  # (not Linux, an old kernel, or a pair of file systems it refuses)
-        src.seek(0)
-        out.seek(0)
-        out.truncate()
-        writer = EarlyWriteback(out)
-        while block := src.read(1 << 20):
-            writer.write(block)
 
 
 def tensor_bytes(store: ObjectStore, chunks) -> bytearray:
