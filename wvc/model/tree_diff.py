@@ -124,6 +124,43 @@ def parse_delta(data: bytes, where: str) -> tuple[str, list]:
 HEAD_BYTES = 200  # what tells a stored tree's form and a delta's base: the magic and ``{"base":"<id>"``
 
 
+def keep(trees: dict[str, bytes], tree_id: str, data: bytes) -> None:
+    """Record one stored form of ``tree_id`` in ``trees`` (merged over a remote's segments):
+    a whole tree wins over a delta, since several segments may hold the same tree (a version
+    seen before and pushed again by a wvc that stored it a second time, as a delta whose chain
+    came back to itself; docs/design.md, "Tree deltas"), and a whole one always resolves."""
+    if tree_id not in trees or (is_delta(trees[tree_id]) and not is_delta(data)):
+        trees[tree_id] = data
+
+
+def looping(trees: dict[str, bytes]) -> set[str]:
+    """The trees of ``trees`` (stored forms, by id) whose chain of delta bases comes back to
+    itself or runs deeper than MAX_DELTA_DEPTH: what no reader can resolve from these forms.
+    A base ``trees`` lacks ends a chain (another store may hold it). Reads only each delta's
+    head; each tree is walked once."""
+    verdict: dict[str, bool] = {}
+    for start in trees:
+        walk: list[str] = []
+        cursor, bad = start, False
+        while cursor not in verdict:
+            data = trees.get(cursor)
+            if data is None or not is_delta(data):
+                bad = False
+                break
+            if cursor in walk or len(walk) > MAX_DELTA_DEPTH:
+                bad = True
+                break
+            walk.append(cursor)
+            cursor = base_of(data, cursor)
+        else:
+            bad = verdict[cursor]
+        # (each tree of a chain that reaches a resolvable one resolves: within the depth
+        # limit too, unless the walk was cut short there, which then says so)
+        for tid in walk:
+            verdict[tid] = bad
+    return {tid for tid, bad in verdict.items() if bad}
+
+
 def chain(tree_id: str, head, limit: int = MAX_DELTA_DEPTH) -> tuple[int, int]:
     """(deltas, their bytes) between stored tree ``tree_id`` and the whole tree it is read from;
     ``head(id)``: (stored size, at least the first HEAD_BYTES of it) or None where no tree is
@@ -158,8 +195,14 @@ def resolve(tree_id: str, stored, known, where: str = "remote") -> tuple[Tree, l
     a chain deeper than ``MAX_DELTA_DEPTH`` (a loop among them) is refused."""
     pending: list[tuple[str, list]] = []
     built: list[tuple[str, Tree]] = []
+    walked: set[str] = set()
     cursor = tree_id
     while (tree := known(cursor)) is None:
+        if cursor in walked:
+            raise CorruptObject(f"{where} tree {ids.short(tree_id)} is stored as deltas that loop back to tree "
+                                f"{ids.short(cursor)} (a version pushed again by an older wvc); a push "
+                                f"from a clone that holds it repairs the remote")
+        walked.add(cursor)
         data = stored(cursor)
         if data is None:
             raise CorruptObject(f"{where} is missing tree {ids.short(cursor)}" +

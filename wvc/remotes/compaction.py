@@ -26,6 +26,7 @@ from pathlib import Path
 
 from .. import settings
 from ..errors import CorruptObject, WvcError
+from ..model import tree_diff
 from ..model.versions import canonical_json
 from ..store.packs import (MAGIC, XET_BOUNDARY, PackWriter, copy_payloads, marked_payload_end, pack_filename,
                            read_pack_index, read_payload)
@@ -122,7 +123,7 @@ def merge_segments(download, old: list, new_pack: Path | None, new: Catalog,
         for cid, data in seg.commits.items():
             merged.commits.setdefault(cid, data)
         for tid, data in seg.trees.items():
-            merged.trees.setdefault(tid, data)
+            tree_diff.keep(merged.trees, tid, data)  # (a whole form over a delta: model/tree_diff.py)
     if not sources:
         return None, merged, None
     writer = PackWriter(work_dir)

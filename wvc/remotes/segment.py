@@ -38,11 +38,19 @@ def stored_trees(graph, live_segments, new_commits: list[str]) -> dict[str, byte
     than the whole tree; else the whole tree. A step of a 250,000-chunk model that changes
     1% of its chunks then sends 2,500 ids, not 250,000 (docs/remotes.md, "When a push stores a
     tree delta"). ``live_segments``: the remote's (a tree only a retired segment holds goes
-    when the segment does)."""
+    when the segment does). A tree the remote holds already is not stored again."""
     out: dict[str, bytes] = {}
     held: dict[str, bytes] = {}
     for seg in live_segments:
-        held.update(seg.trees)
+        for tid, data in seg.trees.items():
+            tree_diff.keep(held, tid, data)
+    # A remote an older wvc wrote may hold a tree only as deltas that loop back to it (a
+    # version pushed again was stored again, as a delta of its child's tree): this push
+    # repairs it with the whole tree wherever this repository has it (readers prefer a
+    # whole form: tree_diff.keep).
+    for tid in sorted(tree_diff.looping(held)):
+        if graph.has_tree(tid):
+            out[tid] = graph.tree_bytes(tid)
 
     def stored(tid: str) -> bytes | None:
         return out.get(tid) or held.get(tid)
@@ -53,7 +61,10 @@ def stored_trees(graph, live_segments, new_commits: list[str]) -> dict[str, byte
 
     for cid in graph.in_insertion_order(new_commits):  # (a parent before its children)
         commit = graph.read_commit(cid)
-        if commit.tree in out:
+        if commit.tree in out or commit.tree in held:
+            # stored once only: the remote's form of a tree seen before (a revert, a restart
+            # from the start directory) is what every reader resolves; storing it again as a
+            # delta of its parent's tree would make its chain loop back to itself
             continue
         whole = out[commit.tree] = graph.tree_bytes(commit.tree)
         parent = commit.parents[0] if commit.parents and graph.has_commit(commit.parents[0]) else None
