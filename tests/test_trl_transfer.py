@@ -70,13 +70,112 @@ def test_a_run_whose_local_repository_is_gone_goes_on_from_the_remote(tmp_path):
     a.init_weight_transfer()
     began = a.start_commit
     synced = a.publish(_trained(start, 1), metadata={"step": 1})
+    a.destroy()
     b = WvcWeightTransfer(remote, repo=tmp_path / "b", start=tmp_path / "start")
-    b.init_weight_transfer()  # servers restarted from the start directory: that version, on top
-    again = wvc.Repo.open(tmp_path / "b").read_commit(b.start_commit)
-    assert again.parents == (synced,)
-    assert again.tree == wvc.Repo.open(tmp_path / "a").read_commit(began).tree
+    b.init_weight_transfer()  # servers restarted from the start directory: the branch goes on from its tip
+    assert wvc.open(remote, "main").commit == synced  # nothing published again
+    assert (b.commit, b.resumed_from, b.start_commit) == (synced, synced, began)
     b.publish(_trained(start, 2), metadata={"step": 2})
-    assert [c.metadata.get("step") for c in wvc.Repo.open(tmp_path / "b").log("main")][:3] == [2, None, 1]
+    assert [c.metadata.get("step") for c in wvc.Repo.open(tmp_path / "b").log("main")] == [2, 1, None]
+
+
+@pytest.mark.parametrize("staging", ["same", "gone"])
+def test_a_restarted_run_does_not_publish_its_start_again_behind_the_servers_backs(tmp_path, staging, caplog):
+    """Issue 64 finding 2: a run restarted on the same remote and branch with the same start=
+    published the start version again as the branch's tip."""
+    start = _model_dir(tmp_path / "start")
+    remote = str(tmp_path / "remote")
+    first = WvcWeightTransfer(remote, repo=tmp_path / "a", start=tmp_path / "start")
+    first.init_weight_transfer()
+    tip = first.publish(_trained(start, 1), metadata={"step": 1})
+    first.destroy()
+    again = WvcWeightTransfer(remote, repo=tmp_path / ("a" if staging == "same" else "b"), start=tmp_path / "start")
+    with caplog.at_level("WARNING", logger="wvc.trl"):
+        again.init_weight_transfer()
+    assert wvc.open(remote, "main").commit == tip
+    assert again.commit == tip and again.start_commit == first.start_commit
+    assert any("goes on from it" in r.getMessage() for r in caplog.records)  # it says what it did
+    commit = again.publish(_trained(start, 2), metadata={"step": 2})
+    assert wvc.Repo.open(again.repo_path).read_commit(commit).parents == (tip,)
+
+
+class _Answering:
+    """A stand-in for a vLLM server's routes that answers every call with {} and names
+    ``root`` as its model in /v1/models (what a hostile or misconfigured server may say)."""
+
+    def __init__(self, root: str):
+        import http.server
+        import json
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                self.rfile.read(length)
+                body = {"data": [{"id": "m", "root": root}]} if self.path.startswith("/v1/models") else {}
+                data = json.dumps(body).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *_):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class _TrainBeginCallback:
+    """What calls init_weight_transfer in TRL: a callback holding the trainer as ``_trainer``."""
+
+    def __init__(self, trainer):
+        self._trainer = trainer
+
+    def on_train_begin(self):
+        self._trainer.weight_transfer.init_weight_transfer()
+
+
+@pytest.mark.parametrize("with_trainer", [False, True])
+def test_a_server_naming_another_directory_changes_nothing_that_is_published(tmp_path, with_trainer):
+    """Issue 64 finding 5: the start version came from the directory the first server's
+    /v1/models named, on the trainer's machine. Now it comes from start= or the trainer's own
+    model, model files only."""
+    secret = tmp_path / "home" / ".ssh"
+    secret.mkdir(parents=True)
+    (secret / "id_ed25519").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
+    server = _Answering(str(secret))
+    try:
+        remote = str(tmp_path / "remote")
+        transfer = WvcWeightTransfer(remote, servers=[server.url], repo=tmp_path / "staging", timeout=5)
+        if with_trainer:
+            model = _model_dir(tmp_path / "trainer-model")
+            (tmp_path / "trainer-model" / "notes.txt").write_text("not a model file")
+            (tmp_path / "trainer-model" / ".env").write_text("AWS_SECRET_ACCESS_KEY=x")
+            trainer = type("Trainer", (), {})()
+            trainer.model = type("Model", (), {"name_or_path": str(tmp_path / "trainer-model")})()
+            trainer.weight_transfer = transfer
+            _TrainBeginCallback(trainer).on_train_begin()
+            files = set(wvc.open(remote, "main").files)
+            assert files == {"model.safetensors", "config.json"}  # the trainer's model files, nothing else
+            got = wvc.open(remote, "main").state_dict()
+            assert all(torch.equal(got[k].view(torch.int16), v.view(torch.int16)) for k, v in model.items())
+        else:
+            transfer.init_weight_transfer()  # no start= and no trainer: nothing is published at init
+            assert transfer.start_commit is None
+            with pytest.raises(wvc.WvcError):
+                wvc.open(remote, "main")
+    finally:
+        server.close()
+
 
 
 def _closed_port() -> str:
@@ -139,3 +238,19 @@ def test_each_sync_reaches_each_kind_of_remote_as_one_step(remote_url, request, 
         assert up.downloaded_bytes <= 1.25 * transfer.syncs[-1]["stored_bytes"] + 65536, (step, up.downloaded_bytes)
         for k, v in master.items():
             assert torch.equal(follower.state_dict[k].view(torch.int16), v.to(torch.bfloat16).view(torch.int16))
+
+
+def test_a_second_transfer_on_one_staging_repository_is_refused_in_one_line(tmp_path, monkeypatch):
+    """Issue 64 finding 11: two transfers on one remote and branch shared one default staging
+    repository; neither was refused and their versions interleaved."""
+    monkeypatch.setenv("WVC_CACHE", str(tmp_path / "cache"))
+    _model_dir(tmp_path / "start")
+    remote = str(tmp_path / "remote")
+    a = WvcWeightTransfer(remote, start=tmp_path / "start")
+    a.init_weight_transfer()
+    b = WvcWeightTransfer(remote, start=tmp_path / "start")
+    with pytest.raises(wvc.WvcError, match="two trainers on one branch are refused"):
+        b.init_weight_transfer()
+    a.destroy()
+    b.init_weight_transfer()  # the first one gone: the staging repository is free again
+    b.destroy()

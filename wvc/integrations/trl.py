@@ -10,9 +10,10 @@ Each server runs vLLM with the ``wvc`` weight-transfer backend (``--weight-trans
 ``WeightTransferProtocol`` (``init_weight_transfer``, ``pause``, ``send_weights``,
 ``resume``, ``destroy``); TRL imports nothing of wvc and wvc nothing of TRL:
 
-- ``init_weight_transfer`` publishes the version the servers were started from (their
-  ``--model`` directory, found through the server's ``/v1/models`` and resolved on this
-  machine, or ``start=``) and points every server at it, so the first sync is one step;
+- ``init_weight_transfer`` publishes the version the servers were started from (``start=``,
+  or the trainer's own model: its directory, or its Hub id in the local Hub cache; model files
+  only, and never a path a server names) and points every server at it, so the first sync is
+  one step; a run restarted on a branch that has versions goes on from its tip instead;
 - ``send_weights(iterator)`` commits TRL's stream of ``(name, tensor)`` pairs as one version,
   a tensor at a time (``wvc.TensorStream``: under FSDP each gathered parameter is encoded and
   let go, never a second copy of the model), cast to the checkpoint's dtype, with TRL's model
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import sys
 import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -41,7 +43,7 @@ from pathlib import Path
 from .. import ids
 from ..api import Repo
 from ..read.cache import cache_root
-from ..errors import InvalidArgument, NonFastForward, NothingToCommit, RemoteNotFound, WeightSyncError
+from ..errors import InvalidArgument, NonFastForward, RemoteNotFound, WeightSyncError
 from ..remotes import open_backend
 from .publisher import KEEP_BYTES
 from ..worktree.snapshot import TensorStream
@@ -61,9 +63,9 @@ class WvcWeightTransfer:
     directory) and load it into every vLLM server in ``servers``.
 
     ``branch``: the branch the versions go on. ``repo``: the local repository the versions are
-    committed in first (default: one per remote and branch under the wvc cache). ``start``:
-    what the servers were started from (a directory, or a commit on the remote); default: asked
-    of the first server. ``keep``: a retention policy (``"last=10,every=100"``, as ``wvc
+    committed in first (default: one per remote and branch under the wvc cache; one transfer
+    at a time uses it). ``start``: what the servers were started from (a directory, or a commit
+    on the remote); default: the trainer's own model. ``keep``: a retention policy (``"last=10,every=100"``, as ``wvc
     prune`` takes it) applied every ``prune_every`` syncs to the local repository and the
     remote. ``timeout``: seconds a sync may take per server (TRL's ``weight_sync_timeout``).
     ``keep_bytes``: host memory for each sync's raw chunks, kept as the next one's delta bases
@@ -93,13 +95,21 @@ class WvcWeightTransfer:
         self._repo: Repo | None = None
         self._initialized: set[str] = set()  # servers pointed at the branch
         self._since_prune = 0
+        self.resumed_from: str | None = None  # the branch's tip when this run found one
+        self._lock = None  # the staging repository's, held from the first use to destroy()
 
     # -- TRL's WeightTransferProtocol ------------------------------------------------------
     def init_weight_transfer(self) -> None:
-        """Publish the starting version and point every server at it (train begin)."""
-        self._open()
-        self.start_commit = self._publish_start()
-        if self.start_commit is not None:
+        """Publish the starting version and point every server at it (train begin). A branch
+        that has versions already (a restarted run) goes on from its tip: nothing is published
+        again, and the next sync is committed on top of the tip."""
+        trainer = _trl_trainer(sys._getframe(1))  # TRL's train-begin callback calls this
+        repo = self._open()
+        tip = repo.internals.refs.get(HEADS + self.branch)
+        self.start_commit = self._publish_start(trainer, tip)
+        if tip is not None:
+            self.commit = self.resumed_from = tip
+        elif self.start_commit is not None:
             self.commit = self.start_commit
         self._each(self._init_server, "init")
 
@@ -120,6 +130,9 @@ class WvcWeightTransfer:
         if self._repo is not None:
             self._repo.close()
             self._repo = None
+        if self._lock is not None:
+            self._lock.close()  # (closing the descriptor releases its flock)
+            self._lock = None
 
     # -- any training loop -----------------------------------------------------------------
     def publish(self, weights, *, metadata: dict | None = None, message: str | None = None) -> str:
@@ -202,6 +215,7 @@ class WvcWeightTransfer:
     def _open(self) -> Repo:
         if self._repo is not None:
             return self._repo
+        self._lock = self._lock or _staging_lock(self.repo_path, self.remote, self.branch)
         if (self.repo_path / ".wvc").is_dir():
             repo = Repo.open(self.repo_path)
         else:
@@ -246,46 +260,36 @@ class WvcWeightTransfer:
             raise NonFastForward(f"another writer moved {self.branch} on {self.remote}: two trainers on one "
                                  f"branch; use another branch") from None
 
-    def _publish_start(self) -> str | None:
-        """The version the servers were started from, committed and pushed; None when it
-        cannot be found here (the first sync is then the whole model)."""
+    def _publish_start(self, trainer, tip: str | None) -> str | None:
+        """The version the servers were started from: committed and pushed when the branch
+        has no version yet; on a branch that has (``tip``: a restarted run), the start its
+        first run recorded, nothing published. None when it is not known here (the first
+        sync is then the whole model).
+
+        Its files come from ``start=`` or from the trainer's own model (its directory, or its
+        Hub id in the local Hub cache), never from a server's answer: a path a server named
+        would let it choose which of this machine's directories is published. Only model
+        files are committed (MODEL_FILES)."""
         repo = self._repo
         start = self.start
         if isinstance(start, str) and ids.is_object_id(start):
             repo.read_commit(start)  # on the branch fetched from the remote, or an error
             return start
-        directory = Path(start) if start is not None else self._server_model_dir()
+        if tip is not None:
+            recorded = _recorded_start(repo, tip)
+            log.warning("wvc: %s on %s is at %s already: this run goes on from it (the start version is not "
+                        "published again; the next sync is committed on top of it)%s", self.branch, self.remote,
+                        tip[:12], f"; servers are checked against the start {recorded[:12]}" if recorded else "")
+            return recorded
+        directory = Path(start) if start is not None else _model_dir(trainer)
         if directory is None:
             return None
         if not directory.is_dir():
             raise InvalidArgument(f"start={start!r} is neither a directory nor a commit id")
-        try:
-            res = repo.commit(f"start: {directory.name}", str(directory), branch=self.branch,
-                              metadata={"start": str(directory)}, device=self.device)
-            commit = res.commit
-        except NothingToCommit:
-            commit = repo.internals.refs.get(HEADS + self.branch)  # the branch holds it already
+        res = repo.commit(f"start: {directory.name}", str(directory), branch=self.branch,
+                          metadata={"start": directory.name}, device=self.device, exclude=NOT_MODEL_FILES)
         self.start_uploaded_bytes = self._push().uploaded_bytes
-        return commit
-
-    def _server_model_dir(self) -> Path | None:
-        """The first server's ``--model``, on this machine: a directory, or a Hub id in the
-        local Hub cache (nothing is downloaded)."""
-        if not self.servers:
-            return None
-        root = self.servers[0].model_root(timeout=min(self.timeout, 300.0))
-        if root is None:
-            return None
-        if Path(root).is_dir():
-            return Path(root)
-        try:
-            from huggingface_hub import snapshot_download
-
-            return Path(snapshot_download(root, local_files_only=True))
-        except Exception:  # noqa: BLE001 - not here: the first sync is then whole
-            log.warning("wvc: the servers' model %s is not on this machine: pass start= (its directory) so "
-                        "that the first sync is one step, not the model", root)
-            return None
+        return res.commit
 
     def _init_server(self, server: VllmServer) -> None:
         try:
@@ -325,6 +329,74 @@ class WvcWeightTransfer:
         if failures:
             raise WeightSyncError(f"load {commit[:12]}" if commit else what, failures, commit)
         return out
+
+
+# What a start version may hold: the files a model directory is loaded from (weights, their
+# index, config, tokenizer, chat template); anything else in the directory stays here.
+MODEL_FILES = ("*.safetensors", "*.safetensors.index.json", "config.json", "generation_config.json",
+               "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+               "vocab.json", "vocab.txt", "merges.txt", "tokenizer.model", "*.tiktoken", "chat_template.json",
+               "chat_template.jinja", "preprocessor_config.json")
+NOT_MODEL_FILES = ("*", "!*/", *(f"!{p}" for p in MODEL_FILES))  # (gitignore patterns: every file but those)
+START_SEARCH = 100_000  # first-parent commits walked back for the start a run recorded
+
+
+def _recorded_start(repo: Repo, tip: str) -> str | None:
+    """The newest commit on ``tip``'s first parents that recorded a start version."""
+    graph, cursor = repo.internals.graph, tip
+    for _ in range(START_SEARCH):
+        commit = graph.read_commit(cursor)
+        if "start" in commit.metadata:
+            return cursor
+        if not commit.parents or not graph.has_commit(commit.parents[0]):
+            return None
+        cursor = commit.parents[0]
+    return None
+
+
+def _trl_trainer(frame):
+    """TRL's trainer, from the frame that called ``init_weight_transfer`` (its train-begin
+    callback, which holds it as ``_trainer``); None from any other caller."""
+    caller = frame.f_locals.get("self") if frame is not None else None
+    trainer = getattr(caller, "_trainer", None)
+    return trainer if trainer is not None and hasattr(trainer, "model") else None
+
+
+def _model_dir(trainer) -> Path | None:
+    """The trainer's own model on this machine: the directory it was loaded from, or its Hub
+    id in the local Hub cache (nothing is downloaded); None when neither is here."""
+    model = getattr(trainer, "model", None)
+    model = getattr(model, "module", model)  # (DDP / accelerate wrappers)
+    name = getattr(model, "name_or_path", None) or getattr(getattr(model, "config", None), "_name_or_path", None)
+    if not isinstance(name, str) or not name:
+        return None
+    if Path(name).is_dir():
+        return Path(name)
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(name, local_files_only=True))
+    except Exception:  # noqa: BLE001 - not here: the first sync is then whole
+        log.warning("wvc: the trainer's model %s is not on this machine: pass start= (its directory) so that the "
+                    "first sync is one step, not the model", name)
+        return None
+
+
+def _staging_lock(repo_path: Path, remote: str, branch: str):
+    """An exclusive flock beside the staging repository, held while a transfer uses it: a
+    second transfer on the same remote and branch (one default staging repository) is
+    refused with one line, not left to interleave its versions with the first's."""
+    import fcntl
+
+    repo_path.parent.mkdir(parents=True, exist_ok=True)
+    handle = open(repo_path.parent / (repo_path.name + ".lock"), "a+b")
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise InvalidArgument(f"another trainer is publishing {branch} on {remote} through {repo_path}: two trainers "
+                              f"on one branch are refused (give each its own branch)") from None
+    return handle
 
 
 def _chain(first, rest):

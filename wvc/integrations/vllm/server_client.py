@@ -75,12 +75,6 @@ class VllmServer:
     def resume(self, *, timeout: float | None = None) -> None:
         self.call("POST", "/resume", {}, timeout=timeout)
 
-    def model_root(self, *, timeout: float | None = None) -> str | None:
-        """What the server was started from (``--model``: a directory or a Hub id)."""
-        data = self.call("GET", "/v1/models", timeout=timeout).get("data") or [{}]
-        root = data[0].get("root") if isinstance(data[0], dict) else None
-        return root if isinstance(root, str) else None
-
     # -- HTTP ----------------------------------------------------------------------------
     def call(self, method: str, route: str, body: dict | None = None, *, timeout: float | None = None,
              deadline: float | None = None) -> dict:
