@@ -93,17 +93,24 @@ def _free_port() -> int:
 
 
 @contextmanager
-def server(model_dir, log_path, *, wvc_backend: bool):
-    """A vLLM server on 127.0.0.1 (its base URL), with the ``wvc`` weight-transfer backend or
-    without, stopped on exit; its output in ``log_path``."""
+def server(model_dir, log_path, *, wvc_backend: bool, remote=None, branch=None, api_key=None, env_extra=None):
+    """A vLLM server on 127.0.0.1 (its base URL), with the ``wvc`` weight-transfer backend
+    following ``remote`` (WVC_VLLM_REMOTE: whoever starts the server fixes it) or without,
+    stopped on exit; its output in ``log_path``. ``api_key``: its --api-key."""
     port = _free_port()
-    env = {**os.environ, **ENGINE_ENV, "VLLM_SERVER_DEV_MODE": "1"}
+    env = {**os.environ, **ENGINE_ENV, "VLLM_SERVER_DEV_MODE": "1", **(env_extra or {})}
+    if remote is not None:
+        env["WVC_VLLM_REMOTE"] = str(remote)
+    if branch is not None:
+        env["WVC_VLLM_BRANCH"] = branch
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")  # the server's own process layout
     args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--host",
             "127.0.0.1", "--port", str(port), "--enforce-eager", "--max-model-len", "128", "--max-num-seqs", "8",
             "--kv-cache-memory-bytes", str(KV_BYTES), "--distributed-executor-backend", "uni", "--seed", "0"]
     if wvc_backend:
         args += ["--weight-transfer-config", json.dumps({"backend": "wvc"})]
+    if api_key is not None:
+        args += ["--api-key", api_key]
     with open(log_path, "w") as log:
         proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
         base = f"http://127.0.0.1:{port}"

@@ -45,7 +45,7 @@ def http_probe(base: str, model_dir) -> list:
 def test_a_server_follows_the_branch_through_vllms_routes(tmp_path):
     trainer = Trainer(tmp_path, tied=False, dtype=torch.bfloat16)
     start_dir = trainer.checkout(trainer.first)
-    with server(start_dir, tmp_path / "server.log", wvc_backend=True) as base:
+    with server(start_dir, tmp_path / "server.log", wvc_backend=True, remote=trainer.remote) as base:
         before = http_probe(base, start_dir)
         status, r = _call(base + "/init_weight_transfer_engine",
                           {"init_info": {"remote": trainer.remote, "branch": "main", "commit": trainer.first}})

@@ -68,7 +68,7 @@ def test_async_grpo_syncs_a_vllm_server_through_wvc_every_step(tmp_path, monkeyp
     from datasets import Dataset
 
     dataset = Dataset.from_dict({"prompt": ["the cat sat on", "one two three", "why did the dog", "a small cat"] * 8})
-    with server(start, tmp_path / "server.log", wvc_backend=True) as base:
+    with server(start, tmp_path / "server.log", wvc_backend=True, remote=remote) as base:
         before = http_probe(base, start)
         code = readme_snippet()
         for was, now in (("http://vllm-0:8000", base), ("Qwen/Qwen2.5-0.5B-Instruct", str(start)),
@@ -114,7 +114,7 @@ def test_a_server_that_fails_a_sync_keeps_its_version_and_catches_up_on_the_next
     sd = models.build(start, tied=False, dtype=torch.bfloat16)
     names = ["model.layers.0.self_attn.q_proj.weight", "model.layers.1.mlp.up_proj.weight", "lm_head.weight"]
     remote = tmp_path / "remote"
-    with server(start, tmp_path / "server.log", wvc_backend=True) as base:
+    with server(start, tmp_path / "server.log", wvc_backend=True, remote=remote) as base:
         transfer = WvcWeightTransfer(str(remote), servers=[base], repo=tmp_path / "staging", start=start, timeout=120)
         transfer.init_weight_transfer()
         models.step(sd, names, seed=1)

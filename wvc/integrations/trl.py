@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import sys
 import time
 from collections.abc import Iterable, Mapping
@@ -69,17 +70,19 @@ class WvcWeightTransfer:
     prune`` takes it) applied every ``prune_every`` syncs to the local repository and the
     remote. ``timeout``: seconds a sync may take per server (TRL's ``weight_sync_timeout``).
     ``keep_bytes``: host memory for each sync's raw chunks, kept as the next one's delta bases
-    (two such sets at most, as the Publisher keeps)."""
+    (two such sets at most, as the Publisher keeps). ``api_key``: the servers' ``--api-key``
+    (default: ``VLLM_API_KEY``), which their weight routes check."""
 
     def __init__(self, remote: str, servers: Iterable[str] = (), branch: str = "main", *, repo=None,
                  start=None, keep=None, prune_every: int | None = None, timeout: float = 1800.0,
-                 device: str = "auto", keep_bytes: int = KEEP_BYTES):
+                 device: str = "auto", keep_bytes: int = KEEP_BYTES, api_key: str | None = None):
         from ..model.keep_policy import KeepPolicy
         from ..store.refs import check_ref_name
 
         check_ref_name(branch)
         self.remote, self.branch = str(remote), branch
-        self.servers = [VllmServer(url, timeout) for url in servers]
+        self.api_key = api_key if api_key is not None else os.environ.get("VLLM_API_KEY")
+        self.servers = [VllmServer(url, timeout, self.api_key) for url in servers]
         self.repo_path = Path(repo) if repo is not None else _default_repo(self.remote, branch)
         self.start = start
         self.keep = KeepPolicy.of(keep) if keep is not None else None  # a bad policy fails here, not mid-run
@@ -308,7 +311,7 @@ class WvcWeightTransfer:
         for server in self.servers:
             if server.url == url.rstrip("/"):
                 return server
-        server = VllmServer(url, self.timeout)
+        server = VllmServer(url, self.timeout, self.api_key)
         self.servers.append(server)
         return server
 

@@ -5,7 +5,8 @@ configured with it), and makes the version a server reports the commit its worke
 from __future__ import annotations
 
 BACKEND = "wvc"
-LOADED_COMMIT = "wvc_loaded_commit"  # (transfer.py adds it to vLLM's workers; not imported here: it imports vLLM's worker side)
+LOADED_COMMIT = "wvc_loaded_commit"  # (transfer.py adds these to vLLM's workers; not imported here: it imports vLLM's worker side)
+UNUSABLE = "wvc_unusable"
 
 
 def register() -> None:
@@ -14,6 +15,51 @@ def register() -> None:
     if BACKEND not in WeightTransferEngineFactory._registry:
         WeightTransferEngineFactory.register_engine(BACKEND, "wvc.integrations.vllm.transfer", "WvcWeightTransferEngine")
     _report_loaded_commit()
+    _guard_weight_routes()
+
+
+# What vLLM's dev mode (VLLM_SERVER_DEV_MODE=1) mounts beside the OpenAI routes: its RL routes
+# (weights, pause/resume, versions) and its dev routes (collective_rpc, caches, sleep). vLLM's
+# --api-key guards /v1, /v2, /inference and /cohere only, so anyone who reached the port could
+# move the weights; on a server with the wvc backend, a key guards these too.
+WEIGHT_ROUTES = frozenset({
+    "/pause", "/resume", "/abort_requests", "/is_paused", "/init_weight_transfer_engine",
+    "/shutdown_weight_transfer_engine", "/start_weight_update", "/start_draft_weight_update", "/update_weights",
+    "/finish_weight_update", "/update_weight_version", "/weight_info", "/weight_checker", "/get_world_size",
+    "/server_info", "/reset_prefix_cache", "/reset_mm_cache", "/reset_encoder_cache", "/collective_rpc",
+    "/sleep", "/release_kv_cache_memory", "/wake_up", "/is_sleeping"})
+
+
+def _uses_wvc(scope) -> bool:
+    """Whether the app serving ``scope`` runs the wvc backend (unknown: guarded too)."""
+    state = getattr(scope.get("app"), "state", None)
+    config = getattr(getattr(state, "vllm_config", None), "weight_transfer_config", None)
+    backend = getattr(config, "backend", None)
+    return backend is None or backend == BACKEND
+
+
+def _guard_weight_routes() -> None:
+    """vLLM's key middleware (present only when a key is configured) made to check the key on
+    WEIGHT_ROUTES too, for a server with the wvc backend."""
+    try:
+        from starlette.datastructures import Headers
+        from starlette.responses import JSONResponse
+        from vllm.entrypoints.serve.middleware.authenticate import AuthenticationMiddleware
+    except ImportError:  # pragma: no cover - another vLLM layout
+        return
+    if getattr(AuthenticationMiddleware, "_wvc_guarded", False):
+        return
+    original = AuthenticationMiddleware.__call__
+
+    def __call__(self, scope, receive, send):
+        if scope.get("type") == "http" and scope.get("method") != "OPTIONS":
+            path = scope["path"].removeprefix(scope.get("root_path", "")).rstrip("/")
+            if path in WEIGHT_ROUTES and _uses_wvc(scope) and not self.verify_token(Headers(scope=scope)):
+                return JSONResponse(content={"error": "Unauthorized"}, status_code=401)(scope, receive, send)
+        return original(self, scope, receive, send)
+
+    AuthenticationMiddleware.__call__ = __call__
+    AuthenticationMiddleware._wvc_guarded = True
 
 
 _reporting = False  # AsyncLLM extended in this process (a plugin may be loaded more than once)
@@ -58,7 +104,57 @@ def _report_loaded_commit() -> None:
             if len(held) == 1 and None not in held:  # started from a known commit (init_info's)
                 await self.update_weight_version(held.pop())
 
+    update_original = AsyncLLM.update_weights
+
+    async def update_weights(self, request) -> None:
+        try:
+            return await update_original(self, request)
+        except BaseException:
+            config = getattr(self.vllm_config, "weight_transfer_config", None)
+            if config is not None and config.backend == BACKEND:
+                await _stop_serving_if_unusable(self)
+            raise
+
+    version_original = AsyncLLM.get_weight_version
+
+    async def get_weight_version(self):
+        reason = getattr(self, "_wvc_unusable", None)
+        return f"unusable: {reason}" if reason else await version_original(self)
+
+    dead_original = AsyncLLM.dead_error
+
+    def dead_error(self):
+        reason = getattr(self, "_wvc_unusable", None)
+        if reason:
+            from vllm.v1.engine.exceptions import EngineDeadError
+
+            return EngineDeadError(f"wvc: this engine must be restarted: {reason}")
+        return dead_original.fget(self)
+
     # vLLM has no hook for what a backend's workers report back: its engine client is
     # extended here (a server builds that class itself, so it cannot be handed a subclass)
     AsyncLLM.finish_weight_update = finish_weight_update
     AsyncLLM.init_weight_transfer_engine = init_weight_transfer_engine
+    AsyncLLM.update_weights = update_weights
+    AsyncLLM.get_weight_version = get_weight_version
+    AsyncLLM.dead_error = property(dead_error)
+    errored_original = AsyncLLM.errored
+    AsyncLLM.errored = property(lambda self: bool(getattr(self, "_wvc_unusable", None)) or errored_original.fget(self))
+
+
+async def _stop_serving_if_unusable(engine) -> None:
+    """After a failed update: if a worker's engine holds parts of two versions (session.py
+    marks it unusable), the server stops answering from it: the engine client reports itself
+    errored, as for a dead engine core, so /health answers 503 and every completion fails with the reason (a supervisor
+    restarts it); /weight_info says it is unusable. A refused update (fetched first, nothing
+    written) leaves it serving its version."""
+    import logging
+
+    try:
+        reasons = [r for r in await engine.collective_rpc(UNUSABLE) if r]
+    except Exception as exc:  # noqa: BLE001 - workers that cannot say: assume the worst
+        reasons = [f"its workers could not say what they hold after a failed update ({exc})"]
+    if not reasons:
+        return
+    engine._wvc_unusable = reasons[0]
+    logging.getLogger("wvc.vllm").error("wvc: the engine stops serving: %s", reasons[0])

@@ -37,12 +37,13 @@ class ServerError(WvcError):
 
 
 class VllmServer:
-    def __init__(self, url: str, timeout: float = 1800.0):
+    def __init__(self, url: str, timeout: float = 1800.0, api_key: str | None = None):
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise WvcError(f"not a server URL: {url!r} (http://host:port)")
         self.url = url.rstrip("/")
         self.timeout = timeout
+        self.api_key = api_key  # the server's --api-key: sent with every call (plugin.WEIGHT_ROUTES need it)
 
     # -- the routes ----------------------------------------------------------------------
     def init(self, remote: str, branch: str, commit: str | None, *, timeout: float | None = None) -> None:
@@ -88,8 +89,10 @@ class VllmServer:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise ServerError(self.url, f"{method} {route}: no answer before the deadline")
-            request = urllib.request.Request(self.url + route, data=data, method=method,
-                                             headers={"Content-Type": "application/json"})
+            headers = {"Content-Type": "application/json"}
+            if self.api_key:
+                headers["Authorization"] = f"Bearer {self.api_key}"
+            request = urllib.request.Request(self.url + route, data=data, method=method, headers=headers)
             try:
                 with urllib.request.urlopen(request, timeout=left) as answer:
                     return _json(answer.read(MAX_ANSWER + 1))

@@ -2,14 +2,21 @@
 worker's follower fetches what changed (no NCCL group: it works on CPU, across machines and
 clouds).
 
-    VLLM_SERVER_DEV_MODE=1 python -m vllm.entrypoints.openai.api_server --model CHECKOUT \\
+    WVC_VLLM_REMOTE=URL [WVC_VLLM_BRANCH=main] VLLM_SERVER_DEV_MODE=1 \\
+        python -m vllm.entrypoints.openai.api_server --model CHECKOUT --api-key KEY \\
         --weight-transfer-config '{"backend": "wvc"}'
 
-    POST /init_weight_transfer_engine {"init_info": {"remote": URL, "branch": "main", "commit": ID}}
+    POST /init_weight_transfer_engine {"init_info": {"commit": ID}}   (remote, branch: the server's)
     POST /start_weight_update
     POST /update_weights {"update_info": {"commit": ID}}        (no commit: the branch's tip)
     POST /finish_weight_update {"weight_version": ID}
     GET  /weight_info                                           -> {"weight_version": ID}
+
+The remote (and, with ``WVC_VLLM_BRANCH``, the branch) a server follows is fixed by whoever
+starts it, in its environment: a route's caller may name them only as they are (a caller who
+could name another remote would make the server load any repository its credentials or its
+disk reach), and an engine started without ``WVC_VLLM_REMOTE`` refuses to initialize. With a
+key (``--api-key``), these routes and vLLM's other dev-mode routes need it (plugin.py).
 
 ``commit`` at init is the version the server was started from (its ``--model`` directory is
 that checkout; checked): the first update then downloads one step. A failed update is the
@@ -30,11 +37,43 @@ from .engine_weights import EngineWeights
 from .session import EngineFollower
 
 
+REMOTE_ENV = "WVC_VLLM_REMOTE"  # the remote a server follows, set by whoever starts it
+BRANCH_ENV = "WVC_VLLM_BRANCH"  # its branch; unset: the one init names (default main)
+
+
 @dataclass
 class WvcInitInfo(WeightTransferInitInfo):
-    remote: str
-    branch: str = "main"
+    remote: str | None = None  # only the server's own (REMOTE_ENV), as a check
+    branch: str | None = None
     commit: str | None = None  # the version the engine was started from
+
+
+def _same_remote(a: str, b: str) -> bool:
+    """Whether two spellings name one remote (a directory: relative or absolute, file://)."""
+    import os
+
+    def norm(url: str) -> str:
+        url = url.removeprefix("file://")
+        return url.rstrip("/") if "://" in url else os.path.realpath(url)
+
+    return norm(a) == norm(b)
+
+
+def followed(init_info: WvcInitInfo, environ=None) -> tuple[str, str]:
+    """(remote, branch) this server follows: its environment's; what init names must agree."""
+    import os
+
+    environ = os.environ if environ is None else environ
+    remote, branch = environ.get(REMOTE_ENV), environ.get(BRANCH_ENV)
+    if not remote:
+        raise WvcError(f"this server follows no remote: start it with {REMOTE_ENV}=<remote url> (and "
+                       f"{BRANCH_ENV}=<branch>) in its environment; a route's caller cannot choose one")
+    if init_info.remote is not None and not _same_remote(init_info.remote, remote):
+        raise WvcError(f"this server follows {remote} only (set by {REMOTE_ENV} when it was started), "
+                       f"not {init_info.remote}")
+    if branch and init_info.branch is not None and init_info.branch != branch:
+        raise WvcError(f"this server follows branch {branch} only (set by {BRANCH_ENV}), not {init_info.branch}")
+    return remote, branch or init_info.branch or "main"
 
 
 @dataclass
@@ -53,8 +92,9 @@ class WvcWeightTransferEngine(WeightTransferEngine[WvcInitInfo, WvcUpdateInfo]):
 
     def init_transfer_engine(self, init_info: WvcInitInfo) -> None:
         model, config = self.model, self.vllm_config
-        self.session = EngineFollower(lambda names: EngineWeights(model, config, names), init_info.remote,
-                                      init_info.branch, at=init_info.commit, model=self.model_config.model,
+        remote, branch = followed(init_info)
+        self.session = EngineFollower(lambda names: EngineWeights(model, config, names), remote,
+                                      branch, at=init_info.commit, model=self.model_config.model,
                                       revision=self.model_config.revision)
 
     def start_weight_update(self) -> None:
@@ -79,7 +119,8 @@ class WvcWeightTransferEngine(WeightTransferEngine[WvcInitInfo, WvcUpdateInfo]):
         self.session = None
 
 
-LOADED_COMMIT = "wvc_loaded_commit"  # the worker method plugin.py calls on every worker
+LOADED_COMMIT = "wvc_loaded_commit"  # the worker methods plugin.py calls on every worker
+UNUSABLE = "wvc_unusable"
 
 
 def _loaded_commit(worker) -> str | None:
@@ -87,6 +128,13 @@ def _loaded_commit(worker) -> str | None:
     engine = getattr(worker, "weight_transfer_engine", None)
     session = getattr(engine, "session", None)
     return None if session is None else session.commit
+
+
+def _unusable(worker) -> str | None:
+    """Why a worker's engine holds parts of two versions, or None."""
+    engine = getattr(worker, "weight_transfer_engine", None)
+    session = getattr(engine, "session", None)
+    return None if session is None else session.unusable
 
 
 def _add_worker_method() -> None:
@@ -98,6 +146,8 @@ def _add_worker_method() -> None:
 
     if not hasattr(WorkerWrapperBase, LOADED_COMMIT):
         setattr(WorkerWrapperBase, LOADED_COMMIT, _loaded_commit)
+    if not hasattr(WorkerWrapperBase, UNUSABLE):
+        setattr(WorkerWrapperBase, UNUSABLE, _unusable)
 
 
 _add_worker_method()
