@@ -38,10 +38,12 @@ VARIABLES = {
     "WVC_NO_NATIVE": "1: never load the C kernels (the numpy path; same bytes, slower); read at import",
     "WVC_NO_WHOLE_PAYLOADS": "1: encode and decode stream by stream, not whole payloads in C (same bytes)",
     "WVC_SYSTEM_ZSTD": "0: decode with the bundled zstd, never the system's libzstd (codec/native.py)",
+    "WVC_VLLM_REMOTE": "the remote a vLLM server with the wvc backend follows (set by whoever starts it; required)",
+    "WVC_VLLM_BRANCH": "the branch that server follows (default: the one init names, else main)",
 }
 # read as the libraries that own them do (huggingface_hub, XDG, boto3)
 OTHERS = ("HF_ENDPOINT", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "XDG_CACHE_HOME", "AWS_RETRY_MODE",
-          "AWS_MAX_ATTEMPTS")
+          "AWS_MAX_ATTEMPTS", "VLLM_API_KEY")
 
 
 def text(name: str, default: str | None = None) -> str | None:

@@ -34,14 +34,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import sys
 import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .. import ids
+from .. import ids, settings
 from ..api import Repo
 from ..read.cache import cache_root
 from ..errors import InvalidArgument, NonFastForward, RemoteNotFound, WeightSyncError
@@ -81,7 +80,7 @@ class WvcWeightTransfer:
 
         check_ref_name(branch)
         self.remote, self.branch = str(remote), branch
-        self.api_key = api_key if api_key is not None else os.environ.get("VLLM_API_KEY")
+        self.api_key = api_key if api_key is not None else settings.text("VLLM_API_KEY")
         self.servers = [VllmServer(url, timeout, self.api_key) for url in servers]
         self.repo_path = Path(repo) if repo is not None else _default_repo(self.remote, branch)
         self.start = start

@@ -4,6 +4,8 @@ configured with it), and makes the version a server reports the commit its worke
 
 from __future__ import annotations
 
+import weakref
+
 BACKEND = "wvc"
 LOADED_COMMIT = "wvc_loaded_commit"  # (transfer.py adds these to vLLM's workers; not imported here: it imports vLLM's worker side)
 UNUSABLE = "wvc_unusable"
@@ -63,6 +65,9 @@ def _guard_weight_routes() -> None:
 
 
 _reporting = False  # AsyncLLM extended in this process (a plugin may be loaded more than once)
+# engine client -> why it must not serve (a worker holds parts of two versions); vLLM's class
+# is not given attributes
+_UNUSABLE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def _report_loaded_commit() -> None:
@@ -118,13 +123,13 @@ def _report_loaded_commit() -> None:
     version_original = AsyncLLM.get_weight_version
 
     async def get_weight_version(self):
-        reason = getattr(self, "_wvc_unusable", None)
+        reason = _UNUSABLE.get(self)
         return f"unusable: {reason}" if reason else await version_original(self)
 
     dead_original = AsyncLLM.dead_error
 
     def dead_error(self):
-        reason = getattr(self, "_wvc_unusable", None)
+        reason = _UNUSABLE.get(self)
         if reason:
             from vllm.v1.engine.exceptions import EngineDeadError
 
@@ -139,7 +144,7 @@ def _report_loaded_commit() -> None:
     AsyncLLM.get_weight_version = get_weight_version
     AsyncLLM.dead_error = property(dead_error)
     errored_original = AsyncLLM.errored
-    AsyncLLM.errored = property(lambda self: bool(getattr(self, "_wvc_unusable", None)) or errored_original.fget(self))
+    AsyncLLM.errored = property(lambda self: bool(_UNUSABLE.get(self)) or errored_original.fget(self))
 
 
 async def _stop_serving_if_unusable(engine) -> None:
@@ -156,5 +161,5 @@ async def _stop_serving_if_unusable(engine) -> None:
         reasons = [f"its workers could not say what they hold after a failed update ({exc})"]
     if not reasons:
         return
-    engine._wvc_unusable = reasons[0]
+    _UNUSABLE[engine] = reasons[0]
     logging.getLogger("wvc.vllm").error("wvc: the engine stops serving: %s", reasons[0])

@@ -59,12 +59,13 @@ def _same_remote(a: str, b: str) -> bool:
     return norm(a) == norm(b)
 
 
-def followed(init_info: WvcInitInfo, environ=None) -> tuple[str, str]:
-    """(remote, branch) this server follows: its environment's; what init names must agree."""
-    import os
+def followed(init_info: WvcInitInfo, environ: dict | None = None) -> tuple[str, str]:
+    """(remote, branch) this server follows: its environment's (``environ``: another's, for a
+    test); what init names must agree."""
+    from ... import settings
 
-    environ = os.environ if environ is None else environ
-    remote, branch = environ.get(REMOTE_ENV), environ.get(BRANCH_ENV)
+    lookup = settings.text if environ is None else environ.get
+    remote, branch = lookup(REMOTE_ENV), lookup(BRANCH_ENV)
     if not remote:
         raise WvcError(f"this server follows no remote: start it with {REMOTE_ENV}=<remote url> (and "
                        f"{BRANCH_ENV}=<branch>) in its environment; a route's caller cannot choose one")
