@@ -254,3 +254,87 @@ def test_a_second_transfer_on_one_staging_repository_is_refused_in_one_line(tmp_
     a.destroy()
     b.init_weight_transfer()  # the first one gone: the staging repository is free again
     b.destroy()
+
+
+class _Misbehaving:
+    """A server that answers every call with ``respond(handler)`` (raw writes)."""
+
+    def __init__(self, respond):
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                respond(self)
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *_):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def _drip(handler):
+    """A byte at a time, forever: the status line, headers, then a body that never ends."""
+    import time as _time
+
+    try:
+        for byte in b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + b" " * 100000:
+            handler.wfile.write(bytes([byte]))
+            handler.wfile.flush()
+            _time.sleep(0.2)  # (the misbehaviour under test: a server that drips)
+    except OSError:
+        pass
+
+
+def test_a_call_to_a_server_that_answers_a_byte_at_a_time_ends_at_its_deadline():
+    """Issue 64 finding 9: a per-read timeout let a dripping server hold notify(timeout=3)
+    past 30 s; the deadline is now the call's total."""
+    import time as _time
+
+    from wvc.integrations.vllm.server_client import ServerError, VllmServer
+
+    server = _Misbehaving(_drip)
+    try:
+        t0 = _time.monotonic()
+        with pytest.raises(ServerError, match="deadline"):
+            VllmServer(server.url, timeout=2).weight_version()
+        assert _time.monotonic() - t0 < 8  # the drip alone would take over 5 hours
+    finally:
+        server.close()
+
+
+def test_a_servers_error_text_reaches_the_trainer_as_one_short_printable_line(tmp_path):
+    """Issue 64 finding 12: a server's error text, escapes and newlines included, was copied
+    verbatim (2 KB) into WeightSyncError."""
+    import json as _json
+
+    def hostile(handler):
+        body = _json.dumps({"error": {"message": "\x1b[2J\x1b[31mpwned\nline two\r\n" + "A" * 5000}}).encode()
+        handler.send_response(400)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
+
+    server = _Misbehaving(hostile)
+    try:
+        _model_dir(tmp_path / "start")
+        transfer = WvcWeightTransfer(str(tmp_path / "remote"), servers=[server.url], repo=tmp_path / "staging",
+                                     start=tmp_path / "start", timeout=5)
+        with pytest.raises(WeightSyncError) as info:
+            transfer.init_weight_transfer()
+        reason = info.value.failures[server.url]
+        assert "pwned line two" in reason and "\x1b" not in reason and "\n" not in reason and len(reason) <= 400
+        assert "\x1b" not in str(info.value) and len(str(info.value)) < 1000
+    finally:
+        server.close()

@@ -33,6 +33,15 @@ class Trainer:
         self.repo.push()
         return commit
 
+    def commit_other(self, sd: dict, message: str) -> str:
+        """Commit and push ``sd`` in place of the model (a version that does not fit it), then
+        put the model's own file back in the working tree (the next step commits it again)."""
+        models.save(self.dir, sd)
+        commit = self.repo.commit(message).commit
+        self.repo.push()
+        models.save(self.dir, self.sd)
+        return commit
+
     def step(self, names) -> str:
         self.seed += 1
         models.step(self.sd, names, seed=self.seed)

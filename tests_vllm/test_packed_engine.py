@@ -93,6 +93,18 @@ def test_a_remote_object_deleted_mid_update_leaves_the_engine_on_the_old_version
     assert pushed != held
 
 
+def test_a_version_lacking_one_of_the_models_tensors_is_refused_before_writing(run):
+    """Issue 64 finding 7, with ``at=`` (commit at init): a version that lacks a tensor was
+    loaded, the missing tensor keeping the version before's values; a fresh engine refuses it."""
+    trainer, llm, attached, last = run
+    held = attached.commit
+    sd = {k: v for k, v in trainer.sd.items() if k != "model.norm.weight"}
+    bad = trainer.commit_other(sd, "lacks the final norm")
+    with pytest.raises(WvcError, match="lacks model.norm.weight"):
+        attached.update(bad)
+    assert attached.commit == held and engine.probe(llm) == last["probe"]
+
+
 def test_a_failure_while_writing_into_the_engine_marks_it_unusable(run, monkeypatch, tmp_path):
     """(Last in this module: it leaves the engine unusable.) A reload that fails midway
     cannot be undone: the update says so, and every later one refuses with the reason."""

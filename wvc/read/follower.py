@@ -357,8 +357,10 @@ class Follower:
     back on any failure: the dict always holds one whole committed version."""
 
     def __init__(self, source, branch: str = "main", *, state_dict=None, device: str = "cpu", at: str | None = None,
-                 patches: bool = False):
-        """``at``: the commit whose version ``state_dict`` already holds (an engine started from
+                 patches: bool = False, accept=None):
+        """``accept(entries)``: raises when a version (its TensorEntry by name) must not be
+        taken at all, checked before anything is fetched or allocated (an engine's follower:
+        what a fresh engine would refuse). ``at``: the commit whose version ``state_dict`` already holds (an engine started from
         that checkout): the first update then reads only what changed since it, not the whole
         version. It is checked, not trusted: every chunk of the state dict is hashed against
         that version's chunk ids before the first update (InvalidArgument if one differs).
@@ -372,6 +374,7 @@ class Follower:
         self.source = str(source)
         self.branch = branch
         self._own = state_dict is None
+        self._accept = accept
         self.device = resolve_device(device, allow_test_backend=False) if self._own else None
         self.state_dict = {} if state_dict is None else state_dict
         self.commit: str | None = None
@@ -612,6 +615,8 @@ class Follower:
     def _check(self, entries: dict) -> None:
         """A given state dict must hold every tensor of the version, same shape and dtype,
         contiguous (it is written in place): one error listing what does not fit."""
+        if self._accept is not None:
+            self._accept(entries)
         if self._own:
             return
         import torch

@@ -17,7 +17,55 @@ def register() -> None:
     if BACKEND not in WeightTransferEngineFactory._registry:
         WeightTransferEngineFactory.register_engine(BACKEND, "wvc.integrations.vllm.transfer", "WvcWeightTransferEngine")
     _report_loaded_commit()
+    _reset_caches_after_updates()
     _guard_weight_routes()
+
+
+# Worker calls after which cached KV holds values computed with the old weights: the wvc
+# backend's update, and the worker extension's (offline.WorkerExtension)
+UPDATES = ("update_weights", "wvc_update")
+_resetting = False  # engine clients extended in this process
+
+
+def _changed_weights(engine, method, results) -> bool:
+    if method == "wvc_update":
+        return any(r is not None for r in results or ())
+    config = getattr(getattr(engine, "vllm_config", None), "weight_transfer_config", None)
+    return method == "update_weights" and config is not None and config.backend == BACKEND
+
+
+def _reset_caches_after_updates() -> None:
+    """Every path that changes an engine's weights through wvc (the server's /update_weights,
+    an offline engine's ``update_weights``, ``collective_rpc("wvc_update")`` in or out of a
+    server) resets the prefix cache itself, running requests included: blocks computed with
+    the old weights were reused by the first requests after an update unless the caller
+    remembered /pause or ``reset_prefix_cache``. Both engine clients funnel those calls
+    through ``collective_rpc``, so that is where it is done."""
+    try:
+        from vllm.v1.engine.async_llm import AsyncLLM
+        from vllm.v1.engine.llm_engine import LLMEngine
+    except ImportError:  # pragma: no cover - another vLLM layout
+        return
+    global _resetting
+    if _resetting:
+        return
+    _resetting = True
+    sync_original, async_original = LLMEngine.collective_rpc, AsyncLLM.collective_rpc
+
+    def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        results = sync_original(self, method, timeout, args, kwargs)
+        if method in UPDATES and _changed_weights(self, method, results):
+            self.reset_prefix_cache(reset_running_requests=True)
+        return results
+
+    async def collective_rpc_async(self, method, timeout=None, args=(), kwargs=None):
+        results = await async_original(self, method, timeout, args, kwargs)
+        if method in UPDATES and _changed_weights(self, method, results):
+            await self.reset_prefix_cache(reset_running_requests=True)
+        return results
+
+    LLMEngine.collective_rpc = collective_rpc
+    AsyncLLM.collective_rpc = collective_rpc_async
 
 
 # What vLLM's dev mode (VLLM_SERVER_DEV_MODE=1) mounts beside the OpenAI routes: its RL routes
@@ -30,6 +78,9 @@ WEIGHT_ROUTES = frozenset({
     "/finish_weight_update", "/update_weight_version", "/weight_info", "/weight_checker", "/get_world_size",
     "/server_info", "/reset_prefix_cache", "/reset_mm_cache", "/reset_encoder_cache", "/collective_rpc",
     "/sleep", "/release_kv_cache_memory", "/wake_up", "/is_sleeping"})
+
+
+_guarding = False  # vLLM's key middleware extended in this process
 
 
 def _uses_wvc(scope) -> bool:
@@ -49,8 +100,10 @@ def _guard_weight_routes() -> None:
         from vllm.entrypoints.serve.middleware.authenticate import AuthenticationMiddleware
     except ImportError:  # pragma: no cover - another vLLM layout
         return
-    if getattr(AuthenticationMiddleware, "_wvc_guarded", False):
+    global _guarding
+    if _guarding:
         return
+    _guarding = True
     original = AuthenticationMiddleware.__call__
 
     def __call__(self, scope, receive, send):
@@ -61,7 +114,6 @@ def _guard_weight_routes() -> None:
         return original(self, scope, receive, send)
 
     AuthenticationMiddleware.__call__ = __call__
-    AuthenticationMiddleware._wvc_guarded = True
 
 
 _reporting = False  # AsyncLLM extended in this process (a plugin may be loaded more than once)

@@ -15,11 +15,13 @@ mix of two versions: the backend fetches a whole version before it writes any of
 
 from __future__ import annotations
 
+import http.client
 import json
+import re
+import socket
+import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 
 from ...errors import WvcError
 
@@ -80,32 +82,69 @@ class VllmServer:
     def call(self, method: str, route: str, body: dict | None = None, *, timeout: float | None = None,
              deadline: float | None = None) -> dict:
         """One route, retried on transient failures until ``deadline`` (or ``timeout`` from
-        now); its JSON answer (a dict)."""
+        now), a total deadline: a server that answers a byte at a time is cut off at it; its
+        JSON answer (a dict)."""
         if deadline is None:
             deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         data = None if body is None else json.dumps(body).encode()
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
         wait = BACKOFF[0]
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise ServerError(self.url, f"{method} {route}: no answer before the deadline")
-            headers = {"Content-Type": "application/json"}
-            if self.api_key:
-                headers["Authorization"] = f"Bearer {self.api_key}"
-            request = urllib.request.Request(self.url + route, data=data, method=method, headers=headers)
             try:
-                with urllib.request.urlopen(request, timeout=left) as answer:
-                    return _json(answer.read(MAX_ANSWER + 1))
-            except urllib.error.HTTPError as exc:
-                if exc.code not in RETRIED_STATUS:
-                    raise ServerError(self.url, f"{method} {route}: {_reason(exc)}", status=exc.code) from None
-                problem = f"HTTP {exc.code}"
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as exc:
-                problem = str(getattr(exc, "reason", exc))
+                status, raw = _exchange(method, self.url + route, data, headers, left)
+                if 200 <= status < 300:
+                    return _json(raw)
+                if status not in RETRIED_STATUS:
+                    raise ServerError(self.url, f"{method} {route}: {_reason(status, raw)}", status=status)
+                problem = f"HTTP {status}"
+            except (http.client.HTTPException, ConnectionError, TimeoutError, OSError) as exc:
+                problem = "no answer before the deadline" if time.monotonic() >= deadline else _clean(str(exc))
             if time.monotonic() + wait >= deadline:
                 raise ServerError(self.url, f"{method} {route}: {problem} (retried until the deadline)")
             time.sleep(wait)  # (a server restarting or busy: nothing to wait on but time)
             wait = min(wait * 2, BACKOFF[1])
+
+
+def _exchange(method: str, url: str, data: bytes | None, headers: dict, seconds: float) -> tuple[int, bytes]:
+    """One HTTP request: (status, at most MAX_ANSWER + 1 bytes of the answer), within
+    ``seconds`` in all. A socket timeout bounds each read only, so a watchdog shuts the
+    connection at the deadline (the blocked read then fails)."""
+    parts = urllib.parse.urlsplit(url)
+    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    conn = kind(parts.hostname, parts.port, timeout=seconds)
+    expired = threading.Event()
+
+    def cut_off():
+        expired.set()
+        sock = conn.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    watchdog = threading.Timer(seconds, cut_off)
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        conn.request(method, parts.path + (f"?{parts.query}" if parts.query else ""), body=data, headers=headers)
+        answer = conn.getresponse()
+        raw = answer.read(MAX_ANSWER + 1)
+        if expired.is_set():
+            raise TimeoutError("no answer before the deadline")
+        return answer.status, raw
+    except (http.client.HTTPException, OSError):
+        if expired.is_set():
+            raise TimeoutError("no answer before the deadline") from None
+        raise
+    finally:
+        watchdog.cancel()
+        conn.close()
 
 
 def _json(raw: bytes) -> dict:
@@ -120,18 +159,25 @@ def _json(raw: bytes) -> dict:
     return out if isinstance(out, dict) else {}
 
 
-def _reason(exc: urllib.error.HTTPError) -> str:
+MAX_REASON = 300  # characters of a server's own message kept in an error
+
+
+def _clean(text: str) -> str:
+    """A server's text as one short printable line: terminal escapes and control characters
+    dropped, whitespace runs made one space, at most MAX_REASON characters."""
+    text = re.sub(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-_]", "", text)
+    text = " ".join("".join(c if c.isprintable() else " " for c in text).split())
+    return text if len(text) <= MAX_REASON else text[: MAX_REASON - 3] + "..."
+
+
+def _reason(status: int, raw: bytes) -> str:
     """The server's own message (vLLM answers errors as JSON: ``{"error": {"message": ...}}``
-    or FastAPI's ``{"detail": ...}``), else the status line."""
-    try:
-        body = json.loads(exc.read(MAX_ANSWER) or b"{}")
-    except (ValueError, OSError):
-        body = {}
-    if isinstance(body, dict):
-        for key in ("error", "detail", "message"):
-            value = body.get(key)
-            if isinstance(value, dict):
-                value = value.get("message") or json.dumps(value)[:500]
-            if value:
-                return str(value)[:2000]
-    return f"HTTP {exc.code} {exc.reason}"
+    or FastAPI's ``{"detail": ...}``), else the status, made one short printable line."""
+    body = _json(raw) if len(raw) <= MAX_ANSWER else {}
+    for key in ("error", "detail", "message"):
+        value = body.get(key)
+        if isinstance(value, dict):
+            value = value.get("message") or json.dumps(value)[:500]
+        if value:
+            return _clean(str(value))
+    return f"HTTP {status}"

@@ -40,6 +40,43 @@ def _checkpoint_files(model: str, revision: str | None = None) -> list[Path]:
     return files
 
 
+def checkpoint_layout(model: str, revision: str | None = None) -> dict[str, tuple[str, tuple]]:
+    """(dtype, shape) of each tensor of the files the engine was started from, read from
+    their headers only (bounded, validated): what a version must hold to be loaded into it."""
+    from ...formats.safetensors import read_header
+
+    layout: dict[str, tuple[str, tuple]] = {}
+    for path in _checkpoint_files(model, revision):
+        with open(path, "rb") as fh:
+            header = read_header(fh, path.stat().st_size, str(path))
+        for t in header.tensors:
+            layout.setdefault(t.name, (t.dtype.name, tuple(t.shape)))
+    return layout
+
+
+def fits(layout: dict[str, tuple[str, tuple]]):
+    """A follower's ``accept``: a version must hold the engine's tensors, no other, each of
+    the same dtype and shape; else it is refused before anything is fetched or allocated (a
+    fresh engine would refuse it, and a version lacking a tensor would leave that tensor's
+    old values in place)."""
+
+    def accept(entries: dict) -> None:
+        missing = sorted(layout.keys() - entries.keys())
+        extra = sorted(entries.keys() - layout.keys())
+        differ = [f"{n} is {entries[n].dtype} {tuple(entries[n].shape)}, the engine's {layout[n][0]} {layout[n][1]}"
+                  for n in sorted(layout.keys() & entries.keys())
+                  if (entries[n].dtype, tuple(entries[n].shape)) != layout[n]]
+        problems = ([f"lacks {', '.join(missing[:3])}" + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")]
+                    if missing else []) + \
+                   ([f"has tensors the engine does not ({', '.join(extra[:3])}" +
+                     (f" and {len(extra) - 3} more" if len(extra) > 3 else "") + ")"] if extra else []) + differ[:3]
+        if problems:
+            raise InvalidArgument("the version does not fit the engine's model (a fresh engine would refuse it): "
+                                  + "; ".join(problems))
+
+    return accept
+
+
 def host_copy(model: str, revision: str | None = None) -> dict:
     """The engine's checkpoint tensors, read into host memory (the follower's copy)."""
     from safetensors.torch import load_file
@@ -57,12 +94,17 @@ class EngineFollower:
 
     def __init__(self, make_weights, source: str, branch: str = "main", *, at: str | None = None,
                  model: str | None = None, revision: str | None = None):
-        state_dict = None
+        state_dict = accept = None
         if at is not None:
             if model is None:
                 raise InvalidArgument("at= needs the model the engine was started from")
             state_dict = host_copy(model, revision)
-        self.follower = Follower(source, branch, state_dict=state_dict, at=at, patches=True)
+        if model is not None:
+            try:
+                accept = fits(checkpoint_layout(model, revision))
+            except InvalidArgument as exc:  # (files not on this machine: vLLM's own load checks what it can)
+                log.warning("wvc: versions cannot be checked against the engine's files before loading: %s", exc)
+        self.follower = Follower(source, branch, state_dict=state_dict, at=at, patches=True, accept=accept)
         if at is not None:
             self.follower._start_at()  # checked now: a wrong commit= fails at init, not at the first update
         self._make_weights = make_weights
