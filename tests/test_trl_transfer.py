@@ -216,6 +216,14 @@ def test_keep_prunes_the_remote_as_the_run_goes(tmp_path):
     assert all(torch.equal(tip[k].view(torch.int16), want[k].to(torch.bfloat16).view(torch.int16)) for k in want)
     with pytest.raises(wvc.WvcError):  # a pruned step's weights are gone from the remote
         wvc.open(remote, log[3].id).state_dict()
+    # issue 64 finding 11: the start version stays on the remote (a restarted server starts
+    # at= it), byte for byte the start directory's weights
+    assert log[-1].id == transfer.start_commit
+    got = wvc.open(remote, transfer.start_commit).state_dict()
+    assert all(torch.equal(got[k].view(torch.int16), v.view(torch.int16)) for k, v in start.items())
+    follower = wvc.follow(remote, "main", state_dict={k: v.clone() for k, v in start.items()},
+                          at=transfer.start_commit)
+    assert follower.update().commit == transfer.commit
 
 
 def test_each_sync_reaches_each_kind_of_remote_as_one_step(remote_url, request, tmp_path, monkeypatch):

@@ -377,11 +377,13 @@ class Repo:
         return prune.prune(self._repository, branch, keep, dry_run=dry_run, protect=protect, progress=progress)
 
     def remote_prune(self, remote: str = "origin", branch: str | None = None, *, keep, dry_run: bool = False,
-                     progress: Progress = NULL):
-        """Apply the retention policy ``keep`` to ``branch`` on ``remote`` (ops/prune.py)."""
+                     protect=frozenset(), progress: Progress = NULL):
+        """Apply the retention policy ``keep`` to ``branch`` on ``remote`` (ops/prune.py);
+        ``protect``: commits kept whatever ``keep`` says."""
         from .ops import prune
 
-        return prune.remote_prune(self._repository, remote, branch, keep, dry_run=dry_run, progress=progress)
+        return prune.remote_prune(self._repository, remote, branch, keep, dry_run=dry_run, progress=progress,
+                                  protect=protect)
 
     def fsck(self):
         """Verify every object, tree and commit (and the base's files); returns what is wrong, if anything."""

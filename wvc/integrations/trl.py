@@ -206,7 +206,7 @@ class WvcWeightTransfer:
         t = time.perf_counter()
         protect = {self.start_commit} if self.start_commit else set()  # what a restarted server is checked against
         here = repo.prune(self.branch, keep=self.keep, protect=protect)
-        there = repo.remote_prune("origin", self.branch, keep=self.keep)
+        there = repo.remote_prune("origin", self.branch, keep=self.keep, protect=protect)  # (a restarted server starts at= it)
         self._since_prune = 0
         entry = {"pruned": here.pruned, "bytes_freed": here.bytes_freed, "remote_pruned": there.pruned,
                  "remote_bytes_freed": there.bytes_freed, "seconds": time.perf_counter() - t}

@@ -323,8 +323,9 @@ def _kept_places(repo, pruned: set[str], run) -> list[dict]:
 
 
 def remote_prune(repo, remote_name: str, branch: str | None = None, keep=None, *, dry_run: bool = False,
-                 progress: Progress = NULL, attempts: int = 5) -> PruneResult:
-    """Apply ``keep`` to ``branch``'s run on a remote: the pruned commits are listed in one
+                 progress: Progress = NULL, attempts: int = 5, protect=frozenset()) -> PruneResult:
+    """Apply ``keep`` to ``branch``'s run on a remote (``protect``: commits kept whatever the
+    policy says: a trainer's start version, which its servers may start from): the pruned commits are listed in one
     ``pruned/`` record (the union with the ones before, which it replaces), and what only they
     needed is removed as ``gc --remote`` removes garbage, by compare-and-swap against the
     listing it read (a push meanwhile makes it start over, up to ``attempts`` times). Chains
@@ -341,7 +342,7 @@ def remote_prune(repo, remote_name: str, branch: str | None = None, keep=None, *
     for attempt in range(attempts):
         remote = open_remote_repository(repo, remote_name)
         try:
-            return _remote_prune_once(repo, remote, remote_name, branch, policy, dry_run, progress)
+            return _remote_prune_once(repo, remote, remote_name, branch, policy, dry_run, progress, protect)
         except RemoteChanged:
             if attempt + 1 == attempts:
                 raise
@@ -349,7 +350,7 @@ def remote_prune(repo, remote_name: str, branch: str | None = None, keep=None, *
 
 
 def _remote_prune_once(repo, remote, remote_name: str, branch: str, policy: KeepPolicy, dry_run: bool,
-                       progress: Progress) -> PruneResult:
+                       progress: Progress, protect=frozenset()) -> PruneResult:
     import tempfile
     from pathlib import Path
 
@@ -370,6 +371,9 @@ def _remote_prune_once(repo, remote, remote_name: str, branch: str, policy: Keep
     for ref, target in sorted(remote.refs.items()):
         if target in in_run:
             reasons.setdefault(target, []).append("ref " + short_ref(ref))
+    for commit in protect:
+        if commit in in_run:
+            reasons.setdefault(commit, []).append("protected")
     to_prune = [c for c in run if c not in reasons and c not in already]
     pruned = already | set(to_prune)
     live_commits, live_trees, live_objects = remote.reachable(pruned=pruned)
