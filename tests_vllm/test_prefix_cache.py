@@ -95,3 +95,24 @@ def test_a_version_a_fresh_engine_would_refuse_is_refused_before_anything_is_wri
         llm.update_weights({"update_info": {"commit": bad}})
     assert llm.collective_rpc("wvc_loaded_commit") == held
     assert long_probe(llm) == before
+
+
+def test_an_offline_engine_refuses_a_label_that_is_not_the_commit_it_holds(run):
+    """Issue 64 finding 10: the server refused ``weight_version="step-42"``, the offline
+    engine accepted and reported it."""
+    trainer, llm = run
+    held = llm.collective_rpc("wvc_loaded_commit")[0]
+    llm.start_weight_update()
+    with pytest.raises(ValueError, match="refused"):
+        llm.finish_weight_update("step-42")
+    with pytest.raises(ValueError, match="refused"):
+        llm.update_weight_version("step-42")
+    assert llm.get_weight_version() == held
+
+
+def test_an_update_before_init_is_a_runtime_error_as_vllms_own_backends_raise(tmp_path, monkeypatch):
+    from wvc.integrations.vllm.transfer import WvcWeightTransferEngine
+
+    engine = WvcWeightTransferEngine.__new__(WvcWeightTransferEngine)
+    with pytest.raises(RuntimeError, match="not initialized"):
+        engine.start_weight_update()

@@ -1,5 +1,8 @@
 """A vLLM server with the ``wvc`` backend serves only what it was told to (issue 64):
 
+- it reports the commit its workers hold, and no route relabels it (finding 10); a wait for
+  a new commit does not hold up completions (finding 9);
+
 - the remote it follows is fixed by whoever starts it (``WVC_VLLM_REMOTE``), never chosen by a
   route's caller, and with ``--api-key`` its weight routes need the key (finding 3);
 - from the moment a write into the engine fails midway (parts of two versions held), it
@@ -9,6 +12,7 @@ One real server over HTTP for both (the second leaves it unusable, so it comes l
 
 import json
 import os
+import threading
 import urllib.error
 import urllib.request
 
@@ -33,6 +37,8 @@ if os.environ.get("WVC_TEST_FAIL_WRITE"):
     _apply = engine_weights.EngineWeights.apply
 
     def apply(self, host, changed, patches=None):
+        if not os.path.exists(os.environ["WVC_TEST_FAIL_WRITE"]):  # (the test creates it when the write must fail)
+            return _apply(self, host, changed, patches)
         first = sorted(changed)[:1]
         _apply(self, host, first, None if patches is None else {k: v for k, v in patches.items() if k in first})
         raise RuntimeError("injected: the copy into the engine stopped midway")
@@ -78,7 +84,7 @@ def test_only_the_servers_own_remote_with_its_key_moves_its_weights_and_a_broken
     inject.mkdir()
     (inject / "sitecustomize.py").write_text(INJECT)
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(inject), os.environ.get("PYTHONPATH")])),
-           "WVC_TEST_FAIL_WRITE": "1"}
+           "WVC_TEST_FAIL_WRITE": str(tmp_path / "fail-the-next-write")}
     with server(start_dir, tmp_path / "server.log", wvc_backend=True, remote=trainer.remote, api_key=KEY,
                 env_extra=env) as base:
         before = _keyed_probe(base, start_dir)
@@ -98,7 +104,34 @@ def test_only_the_servers_own_remote_with_its_key_moves_its_weights_and_a_broken
         # the trainer: the server's remote (named or not) with the key
         status, text = _call(base + "/init_weight_transfer_engine", {"init_info": {"commit": trainer.first}}, key=KEY)
         assert status == 200, text
+        # finding 10: a label that is not the commit the workers hold is refused, not reported
+        status, text = _call(base + "/update_weight_version", {"new_version": "step-42"}, key=KEY)
+        assert status != 200 and "refused" in text, text
+        assert json.loads(_call(base + "/weight_info", key=KEY, method="GET")[1])["weight_version"] == trainer.first
+        # finding 9: a wait for a new commit (update_info.timeout) does not hold up serving
+        waited = {}
+
+        def wait_for_a_commit():
+            assert _call(base + "/start_weight_update", key=KEY)[0] == 200
+            waited["answer"] = _call(base + "/update_weights", {"update_info": {"timeout": 120}}, key=KEY)
+
+        waiting = threading.Thread(target=wait_for_a_commit)
+        waiting.start()
+        status, text = _call(base + "/v1/completions", {"model": str(start_dir), "prompt": "the cat", "max_tokens": 4,
+                                                        "temperature": 0}, key=KEY)
+        assert status == 200 and waiting.is_alive(), "a completion waited for the weight update's wait"
+        moved = trainer.step(["model.layers.1.self_attn.k_proj.weight"])
+        waiting.join(300)
+        assert waited["answer"][0] == 200, waited
+        assert _call(base + "/finish_weight_update", {"weight_version": moved}, key=KEY)[0] == 200
+        assert json.loads(_call(base + "/weight_info", key=KEY, method="GET")[1])["weight_version"] == moved
+        # finding 12: init without a commit, then start and finish with no update: as vLLM's protocol has it
+        assert _call(base + "/init_weight_transfer_engine", {"init_info": {}}, key=KEY)[0] == 200
+        assert _call(base + "/start_weight_update", key=KEY)[0] == 200
+        status, text = _call(base + "/finish_weight_update", {}, key=KEY)
+        assert status == 200, text
         # finding 4: a write that fails midway
+        (tmp_path / "fail-the-next-write").touch()
         commit = trainer.step(["model.layers.0.self_attn.q_proj.weight", "model.layers.1.mlp.down_proj.weight"])
         assert _call(base + "/start_weight_update", key=KEY)[0] == 200
         status, text = _call(base + "/update_weights", {"update_info": {"commit": commit}}, key=KEY)

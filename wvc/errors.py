@@ -167,6 +167,11 @@ class RemoteExists(WvcError, FileExistsError):
     """A remote of that name is configured already."""
 
 
+class TransferNotInitialized(WvcError, RuntimeError):
+    """A weight update asked of an engine whose wvc weight transfer was not initialized
+    (a RuntimeError, as vLLM's own backends raise)."""
+
+
 class EngineUnusable(WvcError):
     """An inference engine's weights were left part old, part new by an update that failed
     midway: it must be restarted (its outputs would be a silent mix of two versions)."""

@@ -404,8 +404,10 @@ class Follower:
             flat = self.state_dict[name].detach().reshape(-1).view(_uint8())
             for i, (cid, (begin, end)) in enumerate(zip(e.chunks, tensor_spans(e, view.tree.chunk_bytes))):
                 if ids.chunk_id(flat[begin:end].cpu().numpy().tobytes()) != cid:
-                    raise InvalidArgument(f"the state dict does not hold {ids.short(view.commit)} (at=): {name} "
-                                          f"differs in chunk {i}")
+                    raise InvalidArgument(
+                        f"the weights given are not version {ids.short(view.commit)} (at=): their {name} differs "
+                        f"from that version's (from chunk {i} of {len(e.chunks)}); name the version they were "
+                        f"loaded from, or none (the first update then loads the whole version)")
         self.commit, self._tree, self._entries, self._chunk_bytes = view.commit, view.tree, entries, view.tree.chunk_bytes
         self._at = None
 

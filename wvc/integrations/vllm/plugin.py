@@ -120,14 +120,40 @@ _reporting = False  # AsyncLLM extended in this process (a plugin may be loaded 
 # engine client -> why it must not serve (a worker holds parts of two versions); vLLM's class
 # is not given attributes
 _UNUSABLE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+# engine client -> (remote, branch) its workers follow (transfer.followed, at init)
+_FOLLOWED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _uses_backend(engine) -> bool:
+    config = getattr(getattr(engine, "vllm_config", None), "weight_transfer_config", None)
+    return config is not None and config.backend == BACKEND
+
+
+def _one_commit(held: list) -> str | None:
+    """The one commit every worker holds; None before anything is loaded (init without a
+    commit); an error when workers differ."""
+    held = set(held)
+    if held == {None}:
+        return None
+    if len(held) != 1 or None in held:
+        raise RuntimeError(f"wvc: the workers hold {sorted(map(str, held))}, not one commit")
+    return held.pop()
+
+
+def _label_error(label: str, commit: str | None) -> ValueError:
+    held = f"the commit its workers hold ({commit})" if commit else "the commit its workers hold, and none is loaded yet"
+    return ValueError(f"wvc: weight_version {label!r} is refused: the version an engine reports is {held}")
 
 
 def _report_loaded_commit() -> None:
-    """``/finish_weight_update {"weight_version": V}`` sets what ``/weight_info`` reports to
-    whatever the trainer says. With the wvc backend the workers know which commit they hold:
-    the version is set to it, and a ``weight_version`` that names another commit is refused
-    (the route's error) rather than reported."""
+    """The version an engine reports is the commit its workers hold, on the server
+    (``AsyncLLM``) and offline (``LLM``) alike: ``/finish_weight_update {"weight_version": V}``
+    and ``/update_weight_version`` would set it to whatever a caller says, so with the wvc
+    backend a label that is not that commit (or a prefix of it) is refused, and
+    ``/weight_info`` asks the workers. Also: a wait for a new commit (``update_info.timeout``)
+    happens here, off the engine, so serving goes on meanwhile."""
     try:
+        from vllm.entrypoints.rl.offline import RLOfflineMixin
         from vllm.v1.engine.async_llm import AsyncLLM
     except ImportError:  # pragma: no cover - another vLLM layout: versions as the trainer says
         return
@@ -136,47 +162,64 @@ def _report_loaded_commit() -> None:
         return
     _reporting = True
     original = AsyncLLM.finish_weight_update
+    set_original = AsyncLLM.update_weight_version
 
     async def finish_weight_update(self, weight_version: str | None = None) -> None:
-        config = getattr(self.vllm_config, "weight_transfer_config", None)
-        if config is None or config.backend != BACKEND:
+        if not _uses_backend(self):
             return await original(self, weight_version)
         await self.collective_rpc("finish_weight_update")
-        held = set(await self.collective_rpc(LOADED_COMMIT))
-        if len(held) != 1 or None in held:
-            raise RuntimeError(f"wvc: the workers hold {sorted(map(str, held))}, not one commit")
-        commit = held.pop()
-        await self.update_weight_version(commit)
-        if weight_version is not None and not commit.startswith(weight_version):
-            raise ValueError(f"wvc: weight_version {weight_version} is not the commit loaded ({commit}); "
-                             f"the server reports {commit}")
+        commit = _one_commit(await self.collective_rpc(LOADED_COMMIT))
+        if commit is not None:
+            await set_original(self, commit)
+        if weight_version is not None and (commit is None or not commit.startswith(weight_version)):
+            raise _label_error(weight_version, commit)
+
+    async def update_weight_version(self, new_version: str) -> None:
+        if not _uses_backend(self):
+            return await set_original(self, new_version)
+        commit = _one_commit(await self.collective_rpc(LOADED_COMMIT))
+        if commit is None or not commit.startswith(new_version):
+            raise _label_error(new_version, commit)
+        await set_original(self, commit)
 
     init_original = AsyncLLM.init_weight_transfer_engine
 
     async def init_weight_transfer_engine(self, request) -> None:
         await init_original(self, request)
-        config = getattr(self.vllm_config, "weight_transfer_config", None)
-        if config is not None and config.backend == BACKEND:
-            held = set(await self.collective_rpc(LOADED_COMMIT))
-            if len(held) == 1 and None not in held:  # started from a known commit (init_info's)
-                await self.update_weight_version(held.pop())
+        if _uses_backend(self):
+            from .transfer import WvcInitInfo, followed
+
+            info = request.init_info or {}
+            _FOLLOWED[self] = followed(WvcInitInfo(remote=info.get("remote"), branch=info.get("branch")))
+            commit = _one_commit(await self.collective_rpc(LOADED_COMMIT))
+            if commit is not None:  # started from a known commit (init_info's)
+                await set_original(self, commit)
 
     update_original = AsyncLLM.update_weights
 
     async def update_weights(self, request) -> None:
+        if not _uses_backend(self):
+            return await update_original(self, request)
+        request = await _wait_for_new_commit(self, request)
+        if request is None:
+            return None  # nothing new within the wait
         try:
             return await update_original(self, request)
         except BaseException:
-            config = getattr(self.vllm_config, "weight_transfer_config", None)
-            if config is not None and config.backend == BACKEND:
-                await _stop_serving_if_unusable(self)
+            await _stop_serving_if_unusable(self)
             raise
 
     version_original = AsyncLLM.get_weight_version
 
     async def get_weight_version(self):
         reason = _UNUSABLE.get(self)
-        return f"unusable: {reason}" if reason else await version_original(self)
+        if reason:
+            return f"unusable: {reason}"
+        if _uses_backend(self):
+            commit = _one_commit(await self.collective_rpc(LOADED_COMMIT))
+            if commit is not None:
+                return commit
+        return await version_original(self)
 
     dead_original = AsyncLLM.dead_error
 
@@ -191,12 +234,97 @@ def _report_loaded_commit() -> None:
     # vLLM has no hook for what a backend's workers report back: its engine client is
     # extended here (a server builds that class itself, so it cannot be handed a subclass)
     AsyncLLM.finish_weight_update = finish_weight_update
+    AsyncLLM.update_weight_version = update_weight_version
     AsyncLLM.init_weight_transfer_engine = init_weight_transfer_engine
     AsyncLLM.update_weights = update_weights
     AsyncLLM.get_weight_version = get_weight_version
     AsyncLLM.dead_error = property(dead_error)
     errored_original = AsyncLLM.errored
     AsyncLLM.errored = property(lambda self: bool(_UNUSABLE.get(self)) or errored_original.fget(self))
+    _report_offline(RLOfflineMixin)
+
+
+def _report_offline(mixin) -> None:
+    """The same labels rule for an offline ``LLM`` (vLLM's RLOfflineMixin)."""
+    finish_original, set_original = mixin.finish_weight_update, mixin.update_weight_version
+    get_original = mixin.get_weight_version
+
+    def held(llm) -> str | None:
+        return _one_commit(llm.llm_engine.collective_rpc(LOADED_COMMIT))
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        if not _uses_backend(self.llm_engine):
+            return finish_original(self, weight_version)
+        self.llm_engine.collective_rpc("finish_weight_update")
+        commit = held(self)
+        if commit is not None:
+            self.llm_engine.set_weight_version(commit)
+        if weight_version is not None and (commit is None or not commit.startswith(weight_version)):
+            raise _label_error(weight_version, commit)
+
+    def update_weight_version(self, new_version: str) -> None:
+        if not _uses_backend(self.llm_engine):
+            return set_original(self, new_version)
+        commit = held(self)
+        if commit is None or not commit.startswith(new_version):
+            raise _label_error(new_version, commit)
+        self.llm_engine.set_weight_version(commit)
+
+    def get_weight_version(self) -> str:
+        if _uses_backend(self.llm_engine):
+            commit = held(self)
+            if commit is not None:
+                return commit
+        return get_original(self)
+
+    mixin.finish_weight_update = finish_weight_update
+    mixin.update_weight_version = update_weight_version
+    mixin.get_weight_version = get_weight_version
+
+
+POLL_SECONDS = (0.25, 5.0)  # a wait for a new commit: first and longest pause between reads of the ref
+
+
+async def _wait_for_new_commit(engine, request):
+    """``update_info.timeout``: wait up to that many seconds for the branch to move past the
+    commit the workers hold, here in the server's event loop (serving goes on), then ask the
+    workers for that commit; None when nothing new came. Before, the wait happened inside the
+    workers' RPC and every completion waited with it."""
+    import asyncio
+    import time
+
+    from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+    info = dict(request.update_info or {})
+    timeout = info.pop("timeout", None)
+    if timeout is None or info.get("commit"):
+        return WeightTransferUpdateRequest(update_info=info)
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 <= timeout <= 86400:
+        raise ValueError(f"wvc: update_info.timeout must be seconds (0 to 86400), not {timeout!r}")
+    followed = _FOLLOWED.get(engine)
+    if followed is None:
+        raise RuntimeError("the wvc weight transfer is not initialized: POST /init_weight_transfer_engine first")
+    held = _one_commit(await engine.collective_rpc(LOADED_COMMIT))
+    deadline, pause = time.monotonic() + timeout, POLL_SECONDS[0]
+    while True:
+        tip = await asyncio.to_thread(_branch_tip, *followed)
+        if tip is not None and tip != held:
+            return WeightTransferUpdateRequest(update_info={**info, "commit": tip})
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        await asyncio.sleep(min(pause, left))  # (a poll of the remote's ref: nothing to wait on but time)
+        pause = min(pause * 2, POLL_SECONDS[1])
+
+
+def _branch_tip(remote: str, branch: str) -> str | None:
+    from ...errors import RemoteNotFound
+    from ...remotes import open_backend
+
+    try:
+        return open_backend(remote).read_ref("refs/heads/" + branch)
+    except RemoteNotFound:
+        return None
 
 
 async def _stop_serving_if_unusable(engine) -> None:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from vllm.distributed.weight_transfer.base import WeightTransferEngine, WeightTransferInitInfo, WeightTransferUpdateInfo
 
-from ...errors import WvcError
+from ...errors import TransferNotInitialized, WvcError
 from .engine_weights import EngineWeights
 from .session import EngineFollower
 
@@ -100,7 +100,8 @@ class WvcWeightTransferEngine(WeightTransferEngine[WvcInitInfo, WvcUpdateInfo]):
 
     def start_weight_update(self) -> None:
         if self.session is None:
-            raise WvcError("the wvc weight transfer is not initialized: POST /init_weight_transfer_engine first")
+            raise TransferNotInitialized("the wvc weight transfer is not initialized: POST "
+                                         "/init_weight_transfer_engine first")
         if self.session.unusable is not None:
             raise WvcError(f"this engine must be restarted: {self.session.unusable}")
 
