@@ -405,7 +405,7 @@ class Follower:
             for i, (cid, (begin, end)) in enumerate(zip(e.chunks, tensor_spans(e, view.tree.chunk_bytes))):
                 if ids.chunk_id(flat[begin:end].cpu().numpy().tobytes()) != cid:
                     raise InvalidArgument(
-                        f"the weights given are not version {ids.short(view.commit)} (at=): their {name} differs "
+                        f"the state dict does not hold version {ids.short(view.commit)} (at=): its {name} differs "
                         f"from that version's (from chunk {i} of {len(e.chunks)}); name the version they were "
                         f"loaded from, or none (the first update then loads the whole version)")
         self.commit, self._tree, self._entries, self._chunk_bytes = view.commit, view.tree, entries, view.tree.chunk_bytes

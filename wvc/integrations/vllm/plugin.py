@@ -153,7 +153,7 @@ def _report_loaded_commit() -> None:
     ``/weight_info`` asks the workers. Also: a wait for a new commit (``update_info.timeout``)
     happens here, off the engine, so serving goes on meanwhile."""
     try:
-        from vllm.entrypoints.rl.offline import RLOfflineMixin
+        from vllm.entrypoints.rl.offline import RLOfflineMixin  # noqa: F401 - (the offline side's, below)
         from vllm.v1.engine.async_llm import AsyncLLM
     except ImportError:  # pragma: no cover - another vLLM layout: versions as the trainer says
         return
@@ -241,13 +241,15 @@ def _report_loaded_commit() -> None:
     AsyncLLM.dead_error = property(dead_error)
     errored_original = AsyncLLM.errored
     AsyncLLM.errored = property(lambda self: bool(_UNUSABLE.get(self)) or errored_original.fget(self))
-    _report_offline(RLOfflineMixin)
+    _report_offline()
 
 
-def _report_offline(mixin) -> None:
+def _report_offline() -> None:
     """The same labels rule for an offline ``LLM`` (vLLM's RLOfflineMixin)."""
-    finish_original, set_original = mixin.finish_weight_update, mixin.update_weight_version
-    get_original = mixin.get_weight_version
+    from vllm.entrypoints.rl.offline import RLOfflineMixin
+
+    finish_original, set_original = RLOfflineMixin.finish_weight_update, RLOfflineMixin.update_weight_version
+    get_original = RLOfflineMixin.get_weight_version
 
     def held(llm) -> str | None:
         return _one_commit(llm.llm_engine.collective_rpc(LOADED_COMMIT))
@@ -277,9 +279,9 @@ def _report_offline(mixin) -> None:
                 return commit
         return get_original(self)
 
-    mixin.finish_weight_update = finish_weight_update
-    mixin.update_weight_version = update_weight_version
-    mixin.get_weight_version = get_weight_version
+    RLOfflineMixin.finish_weight_update = finish_weight_update
+    RLOfflineMixin.update_weight_version = update_weight_version
+    RLOfflineMixin.get_weight_version = get_weight_version
 
 
 POLL_SECONDS = (0.25, 5.0)  # a wait for a new commit: first and longest pause between reads of the ref

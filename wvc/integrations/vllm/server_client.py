@@ -128,9 +128,8 @@ def _exchange(method: str, url: str, data: bytes | None, headers: dict, seconds:
             except OSError:
                 pass
 
-    watchdog = threading.Timer(seconds, cut_off)
-    watchdog.daemon = True
-    watchdog.start()
+    answered = threading.Event()
+    threading.Thread(target=lambda: answered.wait(seconds) or cut_off(), daemon=True).start()
     try:
         conn.request(method, parts.path + (f"?{parts.query}" if parts.query else ""), body=data, headers=headers)
         answer = conn.getresponse()
@@ -143,7 +142,7 @@ def _exchange(method: str, url: str, data: bytes | None, headers: dict, seconds:
             raise TimeoutError("no answer before the deadline") from None
         raise
     finally:
-        watchdog.cancel()
+        answered.set()
         conn.close()
 
 
