@@ -96,10 +96,15 @@ def test_only_the_servers_own_remote_with_its_key_moves_its_weights_and_a_broken
                             ("/collective_rpc", {"method": "reload_weights"})):
             status, text = _call(base + route, body)
             assert status == 401, (route, status, text)
-        # with the key, a remote other than the server's own is refused, by name
+        # with the key, a remote other than the server's own is refused, by name: the caller's error
         status, text = _call(base + "/init_weight_transfer_engine",
                              {"init_info": {"remote": str(tmp_path / "evil-remote")}}, key=KEY)
-        assert status != 200 and "WVC_VLLM_REMOTE" in text, text
+        assert status == 400 and "WVC_VLLM_REMOTE" in text, text
+        # finding 12: an NCCL backend's init_info is the caller's error too (400, not 500)
+        status, text = _call(base + "/init_weight_transfer_engine",
+                             {"init_info": {"master_address": "10.0.0.1", "master_port": 29500, "rank_offset": 1,
+                                            "world_size": 2}}, key=KEY)
+        assert status == 400 and "master_address" in text, text
         assert _keyed_probe(base, start_dir) == before  # nothing moved
         # the trainer: the server's remote (named or not) with the key
         status, text = _call(base + "/init_weight_transfer_engine", {"init_info": {"commit": trainer.first}}, key=KEY)

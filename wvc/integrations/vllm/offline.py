@@ -5,8 +5,9 @@
     engine.update()            # the branch's tip, applied in place; None if already there
 
 Each of the engine's workers runs its own follower (session.py), reached through
-``LLM.collective_rpc`` with a function (no worker class needed), so the same works with
-worker processes. ``WorkerExtension`` gives the same as named worker methods for those who
+``LLM.collective_rpc`` by method name (``wvc_attach``, ``wvc_update``, ``wvc_info``: the
+plugin adds them to vLLM's worker wrapper in every process, so no function has to be
+pickled across to worker processes, which vLLM refuses by default). ``WorkerExtension`` gives the same as named worker methods for those who
 drive workers by name (``LLM(worker_extension_cls="wvc.integrations.vllm.WorkerExtension")``).
 """
 
@@ -71,6 +72,17 @@ def _info(worker) -> dict:
     return {"commit": None} if session is None else session.info()
 
 
+WORKER_METHODS = ("wvc_attach", "wvc_update", "wvc_info")  # added to vLLM's worker wrapper (plugin.py)
+
+
+def add_worker_methods(wrapper_class) -> None:
+    """``wvc_attach``, ``wvc_update`` and ``wvc_info`` on vLLM's worker wrapper, by name."""
+    for name, method in zip(WORKER_METHODS, (WorkerExtension.wvc_attach, WorkerExtension.wvc_update,
+                                             WorkerExtension.wvc_info)):
+        if not hasattr(wrapper_class, name):
+            setattr(wrapper_class, name, method)
+
+
 class WorkerExtension:
     """Worker methods for ``LLM(worker_extension_cls=...)``: ``wvc_attach(source, branch, at)``,
     ``wvc_update(rev=None, timeout=None)``, ``wvc_info()``, each called on every worker with
@@ -91,7 +103,7 @@ class AttachedEngine:
 
     def __init__(self, llm, source: str, branch: str = "main", at: str | None = None):
         self.llm, self.source, self.branch = llm, str(source), branch
-        infos = llm.collective_rpc(_attach, args=(self.source, branch, at))
+        infos = llm.collective_rpc(WORKER_METHODS[0], args=(self.source, branch, at))
         self.commit: str | None = infos[0]["commit"]
         if self.commit is not None:
             self._set_version(self.commit)
@@ -101,7 +113,7 @@ class AttachedEngine:
         seconds for a new commit; the Update (its ``applied``: what went into the engine how),
         or None when nothing is new. On a failure the engine keeps the old version, or (when
         writing into the engine failed midway) raises EngineUnusable: restart it."""
-        results = self.llm.collective_rpc(_update, args=(rev, timeout))
+        results = self.llm.collective_rpc(WORKER_METHODS[1], args=(rev, timeout))
         if all(r is None for r in results):
             return None
         commits = {None if r is None else r["commit"] for r in results}
@@ -123,7 +135,7 @@ class AttachedEngine:
             engine.set_weight_version(commit)  # what vLLM reports with each output
 
     def info(self) -> list[dict]:
-        return self.llm.collective_rpc(_info)
+        return self.llm.collective_rpc(WORKER_METHODS[2])
 
 
 def attach(llm, source, branch: str = "main", *, at: str | None = None) -> AttachedEngine:

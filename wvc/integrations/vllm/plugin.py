@@ -19,6 +19,13 @@ def register() -> None:
     _report_loaded_commit()
     _reset_caches_after_updates()
     _guard_weight_routes()
+    try:
+        from vllm.v1.worker.worker_base import WorkerWrapperBase
+    except ImportError:  # pragma: no cover - another vLLM layout
+        return
+    from .offline import add_worker_methods
+
+    add_worker_methods(WorkerWrapperBase)  # attach() reaches workers by method name
 
 
 # Worker calls after which cached KV holds values computed with the old weights: the wvc
@@ -185,12 +192,10 @@ def _report_loaded_commit() -> None:
     init_original = AsyncLLM.init_weight_transfer_engine
 
     async def init_weight_transfer_engine(self, request) -> None:
+        if _uses_backend(self):
+            _FOLLOWED[self] = _checked_init(request.init_info)  # (a ValueError: the route's 400, workers untouched)
         await init_original(self, request)
         if _uses_backend(self):
-            from .transfer import WvcInitInfo, followed
-
-            info = request.init_info or {}
-            _FOLLOWED[self] = followed(WvcInitInfo(remote=info.get("remote"), branch=info.get("branch")))
             commit = _one_commit(await self.collective_rpc(LOADED_COMMIT))
             if commit is not None:  # started from a known commit (init_info's)
                 await set_original(self, commit)
@@ -282,6 +287,28 @@ def _report_offline() -> None:
     RLOfflineMixin.finish_weight_update = finish_weight_update
     RLOfflineMixin.update_weight_version = update_weight_version
     RLOfflineMixin.get_weight_version = get_weight_version
+
+
+def _checked_init(info) -> tuple[str, str]:
+    """(remote, branch) an init asks for, checked before any worker is: fields the wvc
+    backend does not take (an NCCL backend's, say) and a remote or branch that is not the
+    server's are the caller's error (ValueError, which vLLM answers 400), not a worker's 500."""
+    from ...errors import WvcError
+    from .transfer import WvcInitInfo, followed
+
+    if not isinstance(info, dict):
+        raise ValueError("wvc: init_info must be an object")
+    unknown = sorted(set(info) - {"remote", "branch", "commit"})
+    if unknown:
+        raise ValueError(f"wvc: init_info takes commit (and remote, branch: the server's own), not "
+                         f"{', '.join(map(str, unknown))[:200]}")
+    for key in ("remote", "branch", "commit"):
+        if info.get(key) is not None and not isinstance(info[key], str):
+            raise ValueError(f"wvc: init_info.{key} must be a string")
+    try:
+        return followed(WvcInitInfo(remote=info.get("remote"), branch=info.get("branch")))
+    except WvcError as exc:
+        raise ValueError(str(exc)) from None
 
 
 POLL_SECONDS = (0.25, 5.0)  # a wait for a new commit: first and longest pause between reads of the ref
