@@ -100,6 +100,12 @@ def test_only_the_servers_own_remote_with_its_key_moves_its_weights_and_a_broken
         status, text = _call(base + "/init_weight_transfer_engine",
                              {"init_info": {"remote": str(tmp_path / "evil-remote")}}, key=KEY)
         assert status == 400 and "WVC_VLLM_REMOTE" in text, text
+        # finding 12: a server whose remote does not exist says so at init, not at the first update
+        remote_dir = tmp_path / "remote"
+        hidden = remote_dir.rename(tmp_path / "remote-hidden")
+        status, text = _call(base + "/init_weight_transfer_engine", {"init_info": {}}, key=KEY)
+        hidden.rename(remote_dir)
+        assert status == 400 and "cannot be read" in text, text
         # finding 12: an NCCL backend's init_info is the caller's error too (400, not 500)
         status, text = _call(base + "/init_weight_transfer_engine",
                              {"init_info": {"master_address": "10.0.0.1", "master_port": 29500, "rank_offset": 1,

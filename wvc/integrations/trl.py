@@ -113,7 +113,8 @@ class WvcWeightTransfer:
             self.commit = self.resumed_from = tip
         elif self.start_commit is not None:
             self.commit = self.start_commit
-        self._each(self._init_server, "init")
+        if self.commit is not None:  # (else nothing is on the remote yet: each server is initialized at its first load)
+            self._each(self._init_server, "init")
 
     def pause(self) -> None:
         self._each(lambda s: s.pause(timeout=min(self.timeout, 300.0)), "pause")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import weakref
 
 BACKEND = "wvc"
+REMOTE_ENV = "WVC_VLLM_REMOTE"  # (transfer.py reads it: the remote a server follows)
 LOADED_COMMIT = "wvc_loaded_commit"  # (transfer.py adds these to vLLM's workers; not imported here: it imports vLLM's worker side)
 UNUSABLE = "wvc_unusable"
 
@@ -193,7 +194,13 @@ def _report_loaded_commit() -> None:
 
     async def init_weight_transfer_engine(self, request) -> None:
         if _uses_backend(self):
-            _FOLLOWED[self] = _checked_init(request.init_info)  # (a ValueError: the route's 400, workers untouched)
+            import asyncio
+
+            followed = _checked_init(request.init_info)  # (a ValueError: the route's 400, workers untouched)
+            problem = await asyncio.to_thread(_unreadable, followed[0])
+            if problem:
+                raise ValueError(f"wvc: the remote this server follows ({REMOTE_ENV}) cannot be read: {problem}")
+            _FOLLOWED[self] = followed
         await init_original(self, request)
         if _uses_backend(self):
             commit = _one_commit(await self.collective_rpc(LOADED_COMMIT))
@@ -344,6 +351,19 @@ async def _wait_for_new_commit(engine, request):
             return None
         await asyncio.sleep(min(pause, left))  # (a poll of the remote's ref: nothing to wait on but time)
         pause = min(pause * 2, POLL_SECONDS[1])
+
+
+def _unreadable(remote: str) -> str | None:
+    """Why ``remote`` cannot be followed (nothing there, or not a wvc remote), or None."""
+    from ...errors import WvcError
+    from ...remotes import open_backend
+    from ...remotes.repository import read_state
+
+    try:
+        read_state(open_backend(remote))
+    except WvcError as exc:
+        return str(exc)
+    return None
 
 
 def _branch_tip(remote: str, branch: str) -> str | None:
