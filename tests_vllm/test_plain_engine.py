@@ -19,20 +19,38 @@ def run(tmp_path_factory):
     return trainer, llm, attach(llm, trainer.remote, "main", at=trainer.first), engine.probe(llm)
 
 
-def test_untied_steps_go_as_sparse_patches_and_equal_a_fresh_engine(run):
+def test_untied_steps_go_as_patches_of_the_kind_that_cost_less_and_equal_a_fresh_engine(run):
+    """The first step goes as sparse patches (only the changed elements), the second as dense
+    ones (both kinds then measured in this engine), the third as whichever cost less per
+    element: each exact."""
     trainer, llm, attached, before = run
+    kinds = []
     for names in (["model.layers.0.self_attn.k_proj.weight", "lm_head.weight", "model.embed_tokens.weight"],
-                  ["model.layers.1.mlp.gate_proj.weight", "model.layers.1.post_attention_layernorm.weight"]):
+                  ["model.layers.1.mlp.gate_proj.weight", "model.layers.1.post_attention_layernorm.weight"],
+                  ["model.layers.0.mlp.up_proj.weight", "model.layers.1.self_attn.v_proj.weight"]):
         commit = trainer.step(names)
+        measured = llm.collective_rpc(_costs)[0]  # (what the choice is made on)
         up = attached.update()
         assert up.commit == commit and up.changed == sorted(names)
-        assert up.applied["reloaded"] == [] and sorted(up.applied["sparse"]) == sorted(names)
-        for name in names:  # only the changed elements went in: ~3% of each tensor
-            assert 0 < up.applied["sparse"][name] <= 0.04 * trainer.sd[name].numel()
+        assert up.applied["reloaded"] == []
+        sparse, dense = up.applied["sparse"], up.applied["dense"]
+        assert sorted([*sparse, *dense]) == sorted(names) and not (sparse and dense)
+        kinds.append("sparse" if sparse else "dense")
+        for name in sparse:  # only the changed elements went in: ~3% of each tensor
+            assert 0 < sparse[name] <= 0.04 * trainer.sd[name].numel()
         got = engine.probe(llm)
         assert got == engine.fresh_probe(trainer.checkout(commit), packing=False)
         assert got != before
         before = got
+    assert kinds[:2] == ["sparse", "dense"]
+    assert kinds[2] == min(measured, key=measured.get), (kinds, measured)
+
+
+def _costs(worker) -> dict:
+    from wvc.integrations.vllm import offline
+
+    session = offline._SESSIONS[offline._worker_of(worker)]
+    return {} if session._weights is None else dict(session._weights.costs.per_element)
 
 
 def test_the_worker_extension_drives_the_same_follower_by_method_name(run):

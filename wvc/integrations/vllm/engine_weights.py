@@ -34,7 +34,9 @@ SPARSE_MAX_CHANGED = 0.1  # past this share of a tensor's elements, a patch is s
 class _Costs:
     """Seconds per element of tensor patched, measured in this engine for each kind of patch
     (a moving average): a sparse patch is chosen only where it has cost no more than dense.
-    Before a kind is measured, a tensor with few changed elements goes sparse."""
+    A tensor with few changed elements goes sparse until sparse is measured, then dense once
+    (so both are: dense was never tried before, and on the CPU backend vLLM's sparse loader
+    cost several times a dense write of the same tensors), then whichever cost less."""
 
     per_element: dict = field(default_factory=dict)  # "dense" / "sparse" -> seconds
 
@@ -42,8 +44,10 @@ class _Costs:
         if changed is None or changed > SPARSE_MAX_CHANGED * numel:
             return "dense"
         dense, sparse = self.per_element.get("dense"), self.per_element.get("sparse")
-        if dense is None or sparse is None:
+        if sparse is None:
             return "sparse"
+        if dense is None:
+            return "dense"
         return "sparse" if sparse <= dense else "dense"
 
     def record(self, kind: str, seconds: float, elements: int) -> None:
