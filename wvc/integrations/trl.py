@@ -65,8 +65,8 @@ class WvcWeightTransfer:
     ``branch``: the branch the versions go on. ``repo``: the local repository the versions are
     committed in first (default: one per remote and branch under the wvc cache; one transfer
     at a time uses it). ``start``: what the servers were started from (a directory, or a commit
-    on the remote); default: the trainer's own model. ``keep``: a retention policy (``"last=10,every=100"``, as ``wvc
-    prune`` takes it) applied every ``prune_every`` syncs to the local repository and the
+    on the remote); default: the trainer's own model. ``keep``: a retention policy
+    (``"last=10,every=100"``, as ``wvc prune`` takes it) applied every ``prune_every`` syncs to the local repository and the
     remote. ``timeout``: seconds a sync may take per server (TRL's ``weight_sync_timeout``).
     ``keep_bytes``: host memory for each sync's raw chunks, kept as the next one's delta bases
     (two such sets at most, as the Publisher keeps). ``api_key``: the servers' ``--api-key``

@@ -124,13 +124,15 @@ def parse_delta(data: bytes, where: str) -> tuple[str, list]:
 HEAD_BYTES = 200  # what tells a stored tree's form and a delta's base: the magic and ``{"base":"<id>"``
 
 
-def keep(trees: dict[str, bytes], tree_id: str, data: bytes) -> None:
-    """Record one stored form of ``tree_id`` in ``trees`` (merged over a remote's segments):
-    a whole tree wins over a delta, since several segments may hold the same tree (a version
-    seen before and pushed again by a wvc that stored it a second time, as a delta whose chain
-    came back to itself; docs/design.md, "Tree deltas"), and a whole one always resolves."""
-    if tree_id not in trees or (is_delta(trees[tree_id]) and not is_delta(data)):
-        trees[tree_id] = data
+def merge_forms(trees: dict[str, bytes], more: dict[str, bytes]) -> None:
+    """Add the stored forms ``more`` (one segment's trees) to ``trees`` (merged over a
+    remote's segments): a whole tree wins over a delta, since several segments may hold the
+    same tree (a version seen before and pushed again by a wvc that stored it a second time,
+    as a delta whose chain came back to itself; docs/design.md, "Tree deltas"), and a whole
+    one always resolves."""
+    for tree_id, data in more.items():
+        if tree_id not in trees or (is_delta(trees[tree_id]) and not is_delta(data)):
+            trees[tree_id] = data
 
 
 def looping(trees: dict[str, bytes]) -> set[str]:

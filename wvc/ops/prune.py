@@ -325,8 +325,8 @@ def _kept_places(repo, pruned: set[str], run) -> list[dict]:
 def remote_prune(repo, remote_name: str, branch: str | None = None, keep=None, *, dry_run: bool = False,
                  progress: Progress = NULL, attempts: int = 5, protect=frozenset()) -> PruneResult:
     """Apply ``keep`` to ``branch``'s run on a remote (``protect``: commits kept whatever the
-    policy says: a trainer's start version, which its servers may start from): the pruned commits are listed in one
-    ``pruned/`` record (the union with the ones before, which it replaces), and what only they
+    policy says: a trainer's start version, which its servers may start from): the pruned
+    commits are listed in one ``pruned/`` record (the union with the ones before, which it replaces), and what only they
     needed is removed as ``gc --remote`` removes garbage, by compare-and-swap against the
     listing it read (a push meanwhile makes it start over, up to ``attempts`` times). Chains
     are not re-encoded on a remote: another store may hold the same chunks, and a ULP_STEP

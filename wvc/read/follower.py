@@ -360,8 +360,8 @@ class Follower:
                  patches: bool = False, accept=None):
         """``accept(entries)``: raises when a version (its TensorEntry by name) must not be
         taken at all, checked before anything is fetched or allocated (an engine's follower:
-        what a fresh engine would refuse). ``at``: the commit whose version ``state_dict`` already holds (an engine started from
-        that checkout): the first update then reads only what changed since it, not the whole
+        what a fresh engine would refuse). ``at``: the commit whose version ``state_dict``
+        already holds (an engine started from that checkout): the first update then reads only what changed since it, not the whole
         version. It is checked, not trusted: every chunk of the state dict is hashed against
         that version's chunk ids before the first update (InvalidArgument if one differs).
         ``patches``: each Update names the changed elements of each changed tensor (their flat

@@ -122,8 +122,7 @@ def merge_segments(download, old: list, new_pack: Path | None, new: Catalog,
     for seg in old:
         for cid, data in seg.commits.items():
             merged.commits.setdefault(cid, data)
-        for tid, data in seg.trees.items():
-            tree_diff.keep(merged.trees, tid, data)  # (a whole form over a delta: model/tree_diff.py)
+        tree_diff.merge_forms(merged.trees, seg.trees)  # (a whole form over a delta: model/tree_diff.py)
     if not sources:
         return None, merged, None
     writer = PackWriter(work_dir)

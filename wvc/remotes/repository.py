@@ -82,8 +82,7 @@ class _MergedIndexes:
             index.update(seg.located)
         for seg in segments:
             commits.update(seg.commits)
-            for tid, data in seg.trees.items():
-                tree_diff.keep(trees, tid, data)
+            tree_diff.merge_forms(trees, seg.trees)
         return index, commits, trees
 
     @staticmethod
@@ -110,8 +109,7 @@ class _MergedIndexes:
             for oid, where in seg.located.items():
                 index.setdefault(oid, where)
             commits.update(seg.commits)
-            for tid, data in seg.trees.items():
-                tree_diff.keep(trees, tid, data)
+            tree_diff.merge_forms(trees, seg.trees)
         if any(x not in index and x not in commits and x not in trees for x in lost):
             return None  # held only by what went away, or by a segment that stayed: build again
         return index, commits, trees

@@ -42,12 +42,11 @@ def stored_trees(graph, live_segments, new_commits: list[str]) -> dict[str, byte
     out: dict[str, bytes] = {}
     held: dict[str, bytes] = {}
     for seg in live_segments:
-        for tid, data in seg.trees.items():
-            tree_diff.keep(held, tid, data)
+        tree_diff.merge_forms(held, seg.trees)
     # A remote an older wvc wrote may hold a tree only as deltas that loop back to it (a
     # version pushed again was stored again, as a delta of its child's tree): this push
     # repairs it with the whole tree wherever this repository has it (readers prefer a
-    # whole form: tree_diff.keep).
+    # whole form: tree_diff.merge_forms).
     for tid in sorted(tree_diff.looping(held)):
         if graph.has_tree(tid):
             out[tid] = graph.tree_bytes(tid)

@@ -7,8 +7,8 @@
 Each of the engine's workers runs its own follower (session.py), reached through
 ``LLM.collective_rpc`` by method name (``wvc_attach``, ``wvc_update``, ``wvc_info``: the
 plugin adds them to vLLM's worker wrapper in every process, so no function has to be
-pickled across to worker processes, which vLLM refuses by default). ``WorkerExtension`` gives the same as named worker methods for those who
-drive workers by name (``LLM(worker_extension_cls="wvc.integrations.vllm.WorkerExtension")``).
+pickled across to worker processes, which vLLM refuses by default). ``WorkerExtension``
+gives the same worker methods to those who drive workers by name (``LLM(worker_extension_cls="wvc.integrations.vllm.WorkerExtension")``).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def _info(worker) -> dict:
     return {"commit": None} if session is None else session.info()
 
 
-WORKER_METHODS = ("wvc_attach", "wvc_update", "wvc_info")  # added to vLLM's worker wrapper (plugin.py)
+ATTACH, UPDATE, INFO = WORKER_METHODS = ("wvc_attach", "wvc_update", "wvc_info")  # on vLLM's worker wrapper (plugin.py)
 
 
 def add_worker_methods(wrapper_class) -> None:
@@ -103,7 +103,7 @@ class AttachedEngine:
 
     def __init__(self, llm, source: str, branch: str = "main", at: str | None = None):
         self.llm, self.source, self.branch = llm, str(source), branch
-        infos = llm.collective_rpc(WORKER_METHODS[0], args=(self.source, branch, at))
+        infos = llm.collective_rpc(ATTACH, args=(self.source, branch, at))
         self.commit: str | None = infos[0]["commit"]
         if self.commit is not None:
             self._set_version(self.commit)
@@ -113,7 +113,7 @@ class AttachedEngine:
         seconds for a new commit; the Update (its ``applied``: what went into the engine how),
         or None when nothing is new. On a failure the engine keeps the old version, or (when
         writing into the engine failed midway) raises EngineUnusable: restart it."""
-        results = self.llm.collective_rpc(WORKER_METHODS[1], args=(rev, timeout))
+        results = self.llm.collective_rpc(UPDATE, args=(rev, timeout))
         if all(r is None for r in results):
             return None
         commits = {None if r is None else r["commit"] for r in results}
@@ -124,7 +124,7 @@ class AttachedEngine:
         applied = first.pop("applied")
         first.pop("changed_elements", None)
         up = EngineUpdate(**first, applied=applied)
-        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        # (the prefix cache: reset by the plugin after every wvc_update, running requests included)
         self.commit = up.commit
         self._set_version(up.commit)
         return up
@@ -135,7 +135,7 @@ class AttachedEngine:
             engine.set_weight_version(commit)  # what vLLM reports with each output
 
     def info(self) -> list[dict]:
-        return self.llm.collective_rpc(WORKER_METHODS[2])
+        return self.llm.collective_rpc(INFO)
 
 
 def attach(llm, source, branch: str = "main", *, at: str | None = None) -> AttachedEngine:

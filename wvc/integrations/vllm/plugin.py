@@ -7,9 +7,13 @@ from __future__ import annotations
 import weakref
 
 BACKEND = "wvc"
-REMOTE_ENV = "WVC_VLLM_REMOTE"  # (transfer.py reads it: the remote a server follows)
+REMOTE_ENV = "WVC_VLLM_REMOTE"  # the remote a server follows, set by whoever starts it (transfer.followed)
+BRANCH_ENV = "WVC_VLLM_BRANCH"  # its branch; unset: the one init names (default main)
 LOADED_COMMIT = "wvc_loaded_commit"  # (transfer.py adds these to vLLM's workers; not imported here: it imports vLLM's worker side)
 UNUSABLE = "wvc_unusable"
+
+
+_extended = False  # vLLM's classes extended in this process (a plugin may be loaded more than once)
 
 
 def register() -> None:
@@ -17,6 +21,10 @@ def register() -> None:
 
     if BACKEND not in WeightTransferEngineFactory._registry:
         WeightTransferEngineFactory.register_engine(BACKEND, "wvc.integrations.vllm.transfer", "WvcWeightTransferEngine")
+    global _extended
+    if _extended:
+        return
+    _extended = True
     _report_loaded_commit()
     _reset_caches_after_updates()
     _guard_weight_routes()
@@ -32,14 +40,12 @@ def register() -> None:
 # Worker calls after which cached KV holds values computed with the old weights: the wvc
 # backend's update, and the worker extension's (offline.WorkerExtension)
 UPDATES = ("update_weights", "wvc_update")
-_resetting = False  # engine clients extended in this process
 
 
 def _changed_weights(engine, method, results) -> bool:
     if method == "wvc_update":
         return any(r is not None for r in results or ())
-    config = getattr(getattr(engine, "vllm_config", None), "weight_transfer_config", None)
-    return method == "update_weights" and config is not None and config.backend == BACKEND
+    return method == "update_weights" and _uses_backend(engine)
 
 
 def _reset_caches_after_updates() -> None:
@@ -54,10 +60,6 @@ def _reset_caches_after_updates() -> None:
         from vllm.v1.engine.llm_engine import LLMEngine
     except ImportError:  # pragma: no cover - another vLLM layout
         return
-    global _resetting
-    if _resetting:
-        return
-    _resetting = True
     sync_original, async_original = LLMEngine.collective_rpc, AsyncLLM.collective_rpc
 
     def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
@@ -88,9 +90,6 @@ WEIGHT_ROUTES = frozenset({
     "/sleep", "/release_kv_cache_memory", "/wake_up", "/is_sleeping"})
 
 
-_guarding = False  # vLLM's key middleware extended in this process
-
-
 def _uses_wvc(scope) -> bool:
     """Whether the app serving ``scope`` runs the wvc backend (unknown: guarded too)."""
     state = getattr(scope.get("app"), "state", None)
@@ -108,10 +107,6 @@ def _guard_weight_routes() -> None:
         from vllm.entrypoints.serve.middleware.authenticate import AuthenticationMiddleware
     except ImportError:  # pragma: no cover - another vLLM layout
         return
-    global _guarding
-    if _guarding:
-        return
-    _guarding = True
     original = AuthenticationMiddleware.__call__
 
     def __call__(self, scope, receive, send):
@@ -124,7 +119,6 @@ def _guard_weight_routes() -> None:
     AuthenticationMiddleware.__call__ = __call__
 
 
-_reporting = False  # AsyncLLM extended in this process (a plugin may be loaded more than once)
 # engine client -> why it must not serve (a worker holds parts of two versions); vLLM's class
 # is not given attributes
 _UNUSABLE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -161,14 +155,9 @@ def _report_loaded_commit() -> None:
     ``/weight_info`` asks the workers. Also: a wait for a new commit (``update_info.timeout``)
     happens here, off the engine, so serving goes on meanwhile."""
     try:
-        from vllm.entrypoints.rl.offline import RLOfflineMixin  # noqa: F401 - (the offline side's, below)
         from vllm.v1.engine.async_llm import AsyncLLM
     except ImportError:  # pragma: no cover - another vLLM layout: versions as the trainer says
         return
-    global _reporting
-    if _reporting:
-        return
-    _reporting = True
     original = AsyncLLM.finish_weight_update
     set_original = AsyncLLM.update_weight_version
 
@@ -258,7 +247,10 @@ def _report_loaded_commit() -> None:
 
 def _report_offline() -> None:
     """The same labels rule for an offline ``LLM`` (vLLM's RLOfflineMixin)."""
-    from vllm.entrypoints.rl.offline import RLOfflineMixin
+    try:
+        from vllm.entrypoints.rl.offline import RLOfflineMixin
+    except ImportError:  # pragma: no cover - another vLLM layout
+        return
 
     finish_original, set_original = RLOfflineMixin.finish_weight_update, RLOfflineMixin.update_weight_version
     get_original = RLOfflineMixin.get_weight_version

@@ -60,16 +60,18 @@ def fits(layout: dict[str, tuple[str, tuple]]):
     fresh engine would refuse it, and a version lacking a tensor would leave that tensor's
     old values in place)."""
 
+    def some(names: list) -> str:
+        return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
     def accept(entries: dict) -> None:
         missing = sorted(layout.keys() - entries.keys())
         extra = sorted(entries.keys() - layout.keys())
-        differ = [f"{n} is {entries[n].dtype} {tuple(entries[n].shape)}, the engine's {layout[n][0]} {layout[n][1]}"
-                  for n in sorted(layout.keys() & entries.keys())
-                  if (entries[n].dtype, tuple(entries[n].shape)) != layout[n]]
-        problems = ([f"lacks {', '.join(missing[:3])}" + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")]
-                    if missing else []) + \
-                   ([f"has tensors the engine does not ({', '.join(extra[:3])}" +
-                     (f" and {len(extra) - 3} more" if len(extra) > 3 else "") + ")"] if extra else []) + differ[:3]
+        problems = [f"lacks {some(missing)}"] if missing else []
+        if extra:
+            problems.append(f"has tensors the engine does not ({some(extra)})")
+        problems += [f"{n} is {entries[n].dtype} {tuple(entries[n].shape)}, the engine's {layout[n][0]} {layout[n][1]}"
+                     for n in sorted(layout.keys() & entries.keys())
+                     if (entries[n].dtype, tuple(entries[n].shape)) != layout[n]][:3]
         if problems:
             raise InvalidArgument("the version does not fit the engine's model (a fresh engine would refuse it): "
                                   + "; ".join(problems))

@@ -34,11 +34,8 @@ from vllm.distributed.weight_transfer.base import WeightTransferEngine, WeightTr
 
 from ...errors import TransferNotInitialized, WvcError
 from .engine_weights import EngineWeights
+from .plugin import BRANCH_ENV, REMOTE_ENV
 from .session import EngineFollower
-
-
-REMOTE_ENV = "WVC_VLLM_REMOTE"  # the remote a server follows, set by whoever starts it
-BRANCH_ENV = "WVC_VLLM_BRANCH"  # its branch; unset: the one init names (default main)
 
 
 @dataclass
