@@ -41,6 +41,7 @@ MODELS = {  # Qwen2-shaped; parameter counts printed by the run
     "0.5b": dict(hidden=896, layers=24, vocab=151936, heads=14, kv_heads=2, inter=4864, tied=True),  # Qwen2.5-0.5B's
 }
 PROMPTS = ["the cat sat on the mat and", "one two three four", "why did the big red dog run"]
+RELOADS = 3  # warm reload_weights timed in the fresh engine (after its probe), median kept
 
 
 # -- the engine processes -------------------------------------------------------------------
@@ -92,7 +93,14 @@ def engine_main(model_dir: str, remote: str | None, at: str | None) -> None:
             up = attached.update(line.strip())
             _say({"commit": up.commit, "downloaded": up.downloaded_bytes, "fetch_s": up.seconds,
                   "apply_s": up.applied["seconds"], "changed": len(up.changed), "rss": _rss("VmRSS")})
-    _say({"probe": _probe(llm), "peak_rss": _rss("VmHWM")})
+    probe, peak = _probe(llm), _rss("VmHWM")
+    reload_s = []
+    if remote is None:  # the yardstick without wvc: vLLM reloads the whole checkpoint in place, warm
+        for _ in range(RELOADS):
+            t3 = time.perf_counter()
+            llm.collective_rpc("reload_weights", kwargs={"weights_path": model_dir})
+            reload_s.append(time.perf_counter() - t3)
+    _say({"probe": probe, "peak_rss": peak, "reload_s": reload_s})
 
 
 class Engine:
@@ -189,7 +197,9 @@ def run_model(name: str, spec: dict, steps: int, work: Path, lr: float) -> dict:
     rows = []
     for step in range(1, steps + 1):
         adam_step(master, g, lr)
+        t0 = time.perf_counter()
         cur = publish(train, master)
+        save_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         commit = repo.commit(f"step {step}").commit
         commit_s = time.perf_counter() - t0
@@ -202,7 +212,7 @@ def run_model(name: str, spec: dict, steps: int, work: Path, lr: float) -> dict:
         got = follower.read()
         assert got["commit"] == commit, got
         rows.append({"step": step, "changed_share": changed / total, "downloaded": got["downloaded"],
-                     "trl_sparse": trl, "full": 2 * params, "commit_s": commit_s, "push_s": push_s,
+                     "trl_sparse": trl, "full": 2 * params, "commit_s": commit_s, "push_s": push_s, "save_s": save_s,
                      "fetch_s": got["fetch_s"], "apply_s": got["apply_s"], "rss": got["rss"]})
         print(f"  step {step}: {changed / total:.1%} changed, follower {got['downloaded'] / 1e6:.2f} MB, "
               f"TRL sparse {trl / 1e6:.2f} MB, fetch {got['fetch_s']:.2f} s, apply {got['apply_s']:.2f} s", flush=True)
@@ -221,7 +231,7 @@ def run_model(name: str, spec: dict, steps: int, work: Path, lr: float) -> dict:
                                 "attach_s": attached["attach_s"], "rss_after_attach": attached["rss"],
                                 "peak_rss": end["peak_rss"]},
             "fresh_engine": {"import_s": fresh_started["import_s"], "start_s": fresh_started["start_s"],
-                             "peak_rss": fresh_end["peak_rss"]}}
+                             "peak_rss": fresh_end["peak_rss"], "reload_s": fresh_end["reload_s"]}}
 
 
 def _count(probe: list) -> int:
@@ -232,8 +242,9 @@ def markdown(results: list[dict]) -> str:
     from .sync import _median  # (here: benchmarks.sync imports torch, which the engine process times itself)
 
     lines = ["| model | follower MB / step | TRL sparse MB / step | full MB | vs TRL | fetch s | apply s | "
-             "fresh engine s | engine peak RSS MB (fresh / with follower) | exact |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "fresh engine s | engine peak RSS MB (fresh / with follower) | exact | update / reload_weights | "
+             "publish (commit + push) / save_file |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         s = r["steps"]
         down, trl = _median([x["downloaded"] for x in s]), _median([x["trl_sparse"] for x in s])
@@ -244,7 +255,11 @@ def markdown(results: list[dict]) -> str:
             f"{_median([x['fetch_s'] for x in s]):.2f} | {_median([x['apply_s'] for x in s]):.2f} | "
             f"{fresh['start_s']:.1f} (+{fresh['import_s']:.1f} import) | "
             f"{fresh['peak_rss'] / 1e6:.0f} / {r['follower_engine']['peak_rss'] / 1e6:.0f} | "
-            f"{r['values_compared']} of {r['values_compared']} |")
+            f"{r['values_compared']} of {r['values_compared']} | "
+            f"{_median([x['fetch_s'] + x['apply_s'] for x in s]) / _median(fresh['reload_s']):.1f}x "
+            f"({_median(fresh['reload_s']):.2f} s) | "
+            f"{_median([x['commit_s'] + x['push_s'] for x in s]) / _median([x['save_s'] for x in s]):.1f}x "
+            f"({_median([x['save_s'] for x in s]):.2f} s) |")
     lines.append("")
     lines.append("Medians over the steps; changed elements a step: " + ", ".join(
         f"{r['parameters'] / 1e6:.0f}M {min(x['changed_share'] for x in r['steps']):.1%}-"
