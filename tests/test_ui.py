@@ -237,10 +237,18 @@ def _chromium():
 
 
 @pytest.fixture(scope="module")
-def browser():
+def _chromium_driver():
     driver = _chromium()
     yield driver
     driver.quit()
+
+
+@pytest.fixture
+def browser(_chromium_driver):
+    """One Chromium for the module, its console log emptied for each test: a test that expects
+    refusals (the 403s of the cross-origin test) must not fail the next one, whatever the order."""
+    _chromium_driver.get_log("browser")
+    yield _chromium_driver
 
 
 def _artifacts(name: str) -> Path:
@@ -252,6 +260,7 @@ def _artifacts(name: str) -> Path:
 def _visit(browser, srv, view: str, shot: str):
     from selenium.webdriver.common.by import By
 
+    browser.get_log("browser")  # only this page's errors count
     browser.get(srv.url + view)
     errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
     assert not errors, errors
