@@ -51,6 +51,7 @@ def test_the_start_version_then_one_step_a_sync_with_trls_version_and_step(tmp_p
         trainer.weights, trainer.state.global_step = _trained(start, step), step * 2
         transfer.send_weights(trainer._streaming_iter())
         trainer.model_version += 1
+        transfer.wait()  # (the commit, push and loads run in the background)
         sync = transfer.syncs[-1]
         assert sync["model_version"] == step and sync["step"] == step * 2
         # one step, not the model: the bf16 weights of the step, coded against the start
@@ -344,5 +345,168 @@ def test_a_servers_error_text_reaches_the_trainer_as_one_short_printable_line(tm
         reason = info.value.failures[server.url]
         assert "pwned line two" in reason and "\x1b" not in reason and "\n" not in reason and len(reason) <= 400
         assert "\x1b" not in str(info.value) and len(str(info.value)) < 1000
+    finally:
+        server.close()
+
+
+class _LoadingServer:
+    """A stand-in for a wvc-backed vLLM server's weight routes: it holds the commit the last
+    /update_weights named (reported by /weight_info) and records each; an update waits for
+    ``gate`` (set: answer at once), and one naming a commit in ``refuse`` is a 500."""
+
+    def __init__(self):
+        import http.server
+        import json
+        import threading
+
+        self.gate, self.loads, self.refuse, self.held = threading.Event(), [], set(), None
+        self.waiting = threading.Event()  # an update is held at the gate
+        self.gate.set()
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self):
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+                status, answer = 200, {}
+                if self.path == "/update_weights":
+                    commit = body["update_info"]["commit"]
+                    outer.waiting.set()
+                    outer.gate.wait(60)
+                    if commit in outer.refuse:
+                        status, answer = 500, {"error": {"message": "the step's objects cannot be read"}}
+                    else:
+                        outer.held = commit
+                        outer.loads.append(commit)
+                elif self.path == "/weight_info":
+                    answer = {"weight_version": outer.held}
+                data = json.dumps(answer).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *_):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def close(self):
+        self.gate.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class _RolloutWorker:
+    """TRL's rollout worker as the transfer sees it: the version it tags rollouts with."""
+
+    def __init__(self):
+        self.model_version = 0
+
+    def update_model_version(self, version):
+        self.model_version = version
+
+
+class _TrlTrainer(_Trainer):
+    """Its sync as AsyncGRPOTrainer._sync_weight_merged runs it: pause, send, resume, then the
+    version bumped and told to the rollout worker."""
+
+    def __init__(self, weights, transfer):
+        super().__init__(weights)
+        self.rollout_worker, self.weight_transfer = _RolloutWorker(), transfer
+
+    def sync_weight(self):
+        self.weight_transfer.pause()
+        self.weight_transfer.send_weights(self._streaming_iter())
+        self.weight_transfer.resume()
+        self.model_version += 1
+        self.rollout_worker.update_model_version(self.model_version)
+
+
+def _bf16_equal(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k].view(torch.int16), b[k].to(torch.bfloat16).view(torch.int16))
+                                        for k in a)
+
+
+def test_send_weights_returns_with_a_snapshot_while_the_server_loads_and_rollouts_carry_what_it_holds(tmp_path):
+    """Issue 65: the trainer is blocked for a snapshot only. send_weights returns while the
+    server's load is held; the weights changed in place right after are not what is
+    published; the rollout worker keeps the version the server holds until it holds the new
+    one; a sync sent while one runs waits, and a newer one takes its place."""
+    start = _model_dir(tmp_path / "start")
+    server = _LoadingServer()
+    try:
+        transfer = WvcWeightTransfer(str(tmp_path / "remote"), servers=[server.url], repo=tmp_path / "staging",
+                                     start=tmp_path / "start", timeout=60)
+        transfer.init_weight_transfer()
+        trainer = _TrlTrainer(_trained(start, 1), transfer)
+        sent = {k: v.clone() for k, v in trainer.weights.items()}
+        server.gate.clear()
+        trainer.sync_weight()  # returns with the load held at the server
+        assert server.waiting.wait(60) and server.loads == [] and transfer.commit is not None
+        assert trainer.rollout_worker.model_version == 0  # the server still holds version 0
+        for v in trainer.weights.values():
+            v.add_(1.0)  # the optimizer's next step, in place
+        second = {k: v.clone() for k, v in trainer.weights.items()}
+        trainer.sync_weight()  # waits behind the first...
+        for v in trainer.weights.values():
+            v.add_(1.0)
+        third = {k: v.clone() for k, v in trainer.weights.items()}
+        trainer.sync_weight()  # ...and is superseded by this one
+        assert trainer.model_version == 3 and trainer.rollout_worker.model_version == 0
+        server.gate.set()
+        transfer.wait()
+        assert transfer.superseded == 1
+        published = [s["commit"] for s in transfer.syncs]
+        assert server.loads == published and len(published) == 2
+        assert _bf16_equal(wvc.open(str(tmp_path / "remote"), published[0]).state_dict(), sent)
+        assert _bf16_equal(wvc.open(str(tmp_path / "remote"), published[1]).state_dict(), third)
+        assert not _bf16_equal(third, second)
+        assert [s["model_version"] for s in transfer.syncs] == [1, 3]
+        assert trainer.rollout_worker.model_version == 3  # the server holds version 3 now
+        assert all(s["snapshot_s"] >= 0 and s["done_s"] >= s["queued_s"] for s in transfer.syncs)
+        transfer.destroy()
+    finally:
+        server.close()
+
+
+def test_a_background_sync_that_fails_is_raised_by_the_next_send_and_by_wait(tmp_path):
+    start = _model_dir(tmp_path / "start")
+    server = _LoadingServer()
+    try:
+        transfer = WvcWeightTransfer(str(tmp_path / "remote"), servers=[server.url], repo=tmp_path / "staging",
+                                     start=tmp_path / "start", timeout=60)
+        transfer.init_weight_transfer()
+        trainer = _TrlTrainer(_trained(start, 1), transfer)
+        server.gate.clear()
+        trainer.sync_weight()
+        assert server.waiting.wait(60)
+        server.refuse.add(transfer.commit)  # this sync's load fails at the server
+        server.gate.set()
+        with pytest.raises(WeightSyncError) as failed:
+            transfer.wait()
+        assert list(failed.value.failures) == [server.url] and "cannot be read" in failed.value.failures[server.url]
+        assert trainer.rollout_worker.model_version == 0  # the server never held version 1
+        server.refuse.clear()
+        trainer.weights = _trained(start, 2)
+        trainer.sync_weight()  # the failure was heard (by wait): this one goes on
+        transfer.wait()
+        assert server.held == transfer.commit and trainer.rollout_worker.model_version == 2
+        server.gate.clear()
+        server.waiting.clear()
+        trainer.weights = _trained(start, 3)
+        trainer.sync_weight()
+        assert server.waiting.wait(60)
+        server.refuse.add(transfer.commit)
+        server.gate.set()
+        transfer._queue._thread.join(60)  # the failed sync has ended, unheard
+        with pytest.raises(WeightSyncError):  # heard at the next call, as a blocking sync's would be
+            trainer.sync_weight()
+        transfer.destroy()
     finally:
         server.close()

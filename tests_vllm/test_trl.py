@@ -33,13 +33,14 @@ def readme_snippet() -> str:
 
 
 class ReportingTransfer(WvcWeightTransfer):
-    """Records what the servers report right after each sync (as the trainer resumes them)."""
+    """Records what the servers report right after each sync's load (in the background)."""
 
     reported: list
 
-    def resume(self) -> None:
-        super().resume()
+    def notify(self, servers=None, commit=None):
+        seconds = super().notify(servers, commit)
         self.reported = getattr(self, "reported", []) + [[s.weight_version() for s in self.servers]]
+        return seconds
 
 
 def test_the_cpu_attention_is_causal_attention():
@@ -80,13 +81,18 @@ def test_async_grpo_syncs_a_vllm_server_through_wvc_every_step(tmp_path, monkeyp
             code = code.replace(was, now)
         scope = {"reward": trl_on_cpu.letter_reward, "dataset": dataset, "ReportingTransfer": ReportingTransfer}
         exec(compile(code, "README.md", "exec"), scope)
-        transfer = scope["trainer"].weight_transfer
+        trainer = scope["trainer"]
+        transfer = trainer.weight_transfer
         synced = [s["commit"] for s in transfer.syncs]
-        assert len(synced) == 1 + STEPS  # the cold sync at train begin, then one a step
+        # the cold sync at train begin, then one a step (in the background: one sent while
+        # another ran and a newer one came is superseded, never published)
+        assert len(synced) + transfer.superseded == 1 + STEPS
         assert transfer.reported == [[c] for c in synced]  # the server reports the trainer's commit
         log = {c.id: c for c in Repo.open(staging).log("main")}
-        assert [(log[c].metadata["model_version"], log[c].metadata["step"]) for c in synced] == \
-            [(v + 1, v) for v in range(1 + STEPS)]
+        versions = [(log[c].metadata["model_version"], log[c].metadata["step"]) for c in synced]
+        assert versions == sorted(versions) and set(versions) <= {(v + 1, v) for v in range(1 + STEPS)}
+        assert versions[0] == (1, 0) and versions[-1] == (1 + STEPS, STEPS)  # the first and the last always
+        assert trainer.rollout_worker.model_version == 1 + STEPS  # rollouts tagged with what the server holds
         assert transfer.syncs[0]["stored_bytes"] == 0  # the first sync is the start version: nothing new
         outputs = {synced[-1]: http_probe(base, start)}  # as the run left it
         client = VllmServer(base)

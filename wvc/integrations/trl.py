@@ -14,11 +14,19 @@ Each server runs vLLM with the ``wvc`` weight-transfer backend (``--weight-trans
   or the trainer's own model: its directory, or its Hub id in the local Hub cache; model files
   only, and never a path a server names) and points every server at it, so the first sync is
   one step; a run restarted on a branch that has versions goes on from its tip instead;
-- ``send_weights(iterator)`` commits TRL's stream of ``(name, tensor)`` pairs as one version,
-  a tensor at a time (``wvc.TensorStream``: under FSDP each gathered parameter is encoded and
-  let go, never a second copy of the model), cast to the checkpoint's dtype, with TRL's model
-  version and global step in its metadata; pushes it; and tells each server to load it;
-- ``pause``/``resume`` are the servers' routes, as TRL's own transfer calls them.
+- ``send_weights(iterator)`` takes a snapshot of TRL's stream of ``(name, tensor)`` pairs (a
+  host copy, each tensor cast to the checkpoint's dtype: the trainer is blocked for that copy
+  only) and returns; in a background thread the snapshot is committed as one version (TRL's
+  model version and global step in its metadata), pushed, and loaded into every server, while
+  training goes on. One sync runs at a time; one sent meanwhile waits, and a newer one takes its
+  place (``superseded``). A sync's failure is raised by the next ``send_weights`` (and by
+  ``wait()``). TRL's rollouts are tagged with the version the servers hold: the rollout
+  worker's version moves when the servers have loaded a sync, not when it was sent, so TRL's
+  staleness accounting counts what a rollout was really generated with;
+- ``pause``/``resume`` do nothing: a server stops generating only while it writes a version
+  into its engine (its update runs between engine steps), not for the trainer's whole sync.
+  ``background=False`` is the blocking sync (commit, push and load inside ``send_weights``,
+  the servers paused around it, as TRL's own transfer does).
 
 Outside TRL, any loop: ``publish(state_dict)`` then ``notify()`` (docs/training.md).
 
@@ -35,6 +43,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import sys
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -46,6 +55,7 @@ from ..read.cache import cache_root
 from ..errors import InvalidArgument, NonFastForward, RemoteNotFound, WeightSyncError
 from ..remotes import open_backend
 from .publisher import KEEP_BYTES
+from .sync_queue import SyncQueue
 from ..worktree.snapshot import TensorStream
 from .vllm.server_client import ServerError, VllmServer
 
@@ -70,11 +80,18 @@ class WvcWeightTransfer:
     remote. ``timeout``: seconds a sync may take per server (TRL's ``weight_sync_timeout``).
     ``keep_bytes``: host memory for each sync's raw chunks, kept as the next one's delta bases
     (two such sets at most, as the Publisher keeps). ``api_key``: the servers' ``--api-key``
-    (default: ``VLLM_API_KEY``), which their weight routes check."""
+    (default: ``VLLM_API_KEY``), which their weight routes check. ``background``: syncs run
+    off the trainer's thread (default; ``send_weights`` returns once it holds a snapshot), or
+    inside ``send_weights`` (False).
+
+    Host memory for syncs in the background: at most two snapshots of the checkpoint (the sync
+    running and one waiting), each the size of the checkpoint in its own dtype, besides what
+    the commit holds (``keep_bytes``)."""
 
     def __init__(self, remote: str, servers: Iterable[str] = (), branch: str = "main", *, repo=None,
                  start=None, keep=None, prune_every: int | None = None, timeout: float = 1800.0,
-                 device: str = "auto", keep_bytes: int = KEEP_BYTES, api_key: str | None = None):
+                 device: str = "auto", keep_bytes: int = KEEP_BYTES, api_key: str | None = None,
+                 background: bool = True):
         from ..model.keep_policy import KeepPolicy
         from ..store.refs import check_ref_name
 
@@ -99,6 +116,14 @@ class WvcWeightTransfer:
         self._since_prune = 0
         self.resumed_from: str | None = None  # the branch's tip when this run found one
         self._lock = None  # the staging repository's, held from the first use to destroy()
+        self.background = background
+        self._queue = SyncQueue("wvc-trl-sync")
+        self._dtypes: dict | None = None  # tensor name -> the checkpoint's torch dtype (the snapshot's casts)
+        self._versions = threading.Lock()
+        self._asked_version: int | None = None  # what TRL last told its rollout worker
+        self._served_version: int | None = None  # TRL's version of the newest sync every server loaded
+        self._rollout_worker = None
+        self._tell_rollouts = None  # the rollout worker's own update_model_version
 
     # -- TRL's WeightTransferProtocol ------------------------------------------------------
     def init_weight_transfer(self) -> None:
@@ -117,19 +142,60 @@ class WvcWeightTransfer:
             self._each(self._init_server, "init")
 
     def pause(self) -> None:
-        self._each(lambda s: s.pause(timeout=min(self.timeout, 300.0)), "pause")
+        """Blocking syncs only: in-flight requests held while the sync runs. In the background
+        a server pauses itself, only while it writes."""
+        if not self.background:
+            self._each(lambda s: s.pause(timeout=min(self.timeout, 300.0)), "pause")
 
     def send_weights(self, iterator) -> None:
-        """Commit TRL's stream as one version, push it, and load it into every server."""
-        version, step = _trl_progress(iterator)
-        self.publish(iterator, metadata={"model_version": version, "step": step},
-                     message=f"trl sync {version}" + (f" (step {step})" if step is not None else ""))
-        self.notify()
+        """Commit TRL's stream as one version, push it, and load it into every server: in the
+        background, from a snapshot taken here (the trainer waits for that copy only), or here
+        (``background=False``). A background sync's failure is raised by the next call."""
+        version, step, trainer = _trl_progress(iterator)
+        metadata = {"model_version": version, "step": step}
+        message = f"trl sync {version}" + (f" (step {step})" if step is not None else "")
+        if not self.background:
+            self.publish(iterator, metadata=metadata, message=message)
+            self.notify()
+            return
+        self._queue.raise_failure()  # the sync before failed: heard now, as a blocking sync's would have been
+        t0 = time.perf_counter()
+        snapshot = self._snapshot(iterator)
+        blocked = time.perf_counter() - t0
+        self._hold_rollout_versions(trainer, version)
+        sent = time.perf_counter()
+
+        def sync() -> None:
+            started = time.perf_counter()
+            commit = self.publish(_drain(snapshot), metadata=metadata, message=message)
+            self.syncs[-1].update(snapshot_s=blocked, queued_s=started - sent)
+            self.notify(commit=commit)
+            self.syncs[-1]["done_s"] = time.perf_counter() - sent  # sent -> every server holds it
+            self._served(version)
+
+        self._queue.submit(sync)
 
     def resume(self) -> None:
-        self._each(lambda s: s.resume(timeout=min(self.timeout, 300.0)), "resume")
+        if not self.background:
+            self._each(lambda s: s.resume(timeout=min(self.timeout, 300.0)), "resume")
+
+    @property
+    def superseded(self) -> int:
+        """Background syncs dropped for a newer one before they started."""
+        return self._queue.superseded
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Until the background syncs sent so far are done (False if ``timeout`` seconds
+        passed first); raises the failure of one that failed."""
+        return self._queue.wait(timeout)
 
     def destroy(self) -> None:
+        """After the background syncs finish (a failure is logged: TRL calls this in a
+        ``finally``, where raising would hide the training's own error; ``wait()`` raises it)."""
+        try:
+            self._queue.wait()
+        except Exception as exc:  # noqa: BLE001 - see the docstring
+            log.error("wvc: the last weight sync failed: %s", exc)
         if self._repo is not None:
             self._repo.close()
             self._repo = None
@@ -215,6 +281,65 @@ class WvcWeightTransfer:
         return entry
 
     # -- the parts -------------------------------------------------------------------------
+    def _snapshot(self, iterator) -> dict:
+        """TRL's stream copied to host memory, each tensor cast to its dtype in the checkpoint
+        (the cast the commit makes: the same bytes, half an fp32 master's size for bf16). Under
+        FSDP this is where the gathers happen, on every rank as TRL drives them."""
+        dtypes = self._checkpoint_dtypes()
+        out = {}
+        for name, tensor in iterator:
+            out[name] = tensor.detach().to("cpu", dtype=dtypes.get(name, tensor.dtype), copy=True)
+        return out
+
+    def _checkpoint_dtypes(self) -> dict:
+        """Each tensor's dtype in the branch's checkpoint, read once from its tip (every
+        sync keeps its parent's layout); empty while the branch has no version, and read only
+        while no background sync uses the repository."""
+        if self._dtypes or self._queue.busy:
+            return self._dtypes or {}
+        import torch
+
+        from ..formats.dtypes import DTYPES
+
+        repo = self._open()
+        tip = repo.internals.refs.get(HEADS + self.branch)
+        self._dtypes = {} if tip is None else {
+            t.name: getattr(torch, DTYPES[t.dtype].torch_name)
+            for f in repo.tree_of(tip).files if f.kind == "safetensors" for t in f.tensors}
+        return self._dtypes
+
+    def _hold_rollout_versions(self, trainer, version: int | None) -> None:
+        """TRL bumps its rollout worker's model version as soon as ``send_weights`` returns,
+        and tags each rollout with it; in the background the servers load that version later.
+        The worker's ``update_model_version`` is wrapped (once) to pass on at most the version
+        the servers hold (``_served``), so that a rollout is tagged with what generated it."""
+        worker = getattr(trainer, "rollout_worker", None)
+        original = getattr(worker, "update_model_version", None)
+        if version is None or not callable(original):
+            return
+        with self._versions:
+            if self._served_version is None:
+                self._served_version = version - 1  # the servers hold what came before this sync
+            if self._rollout_worker is worker:
+                return
+            self._rollout_worker, self._tell_rollouts = worker, original
+
+            def update_model_version(model_version: int) -> None:
+                with self._versions:
+                    self._asked_version = model_version
+                    original(min(model_version, self._served_version))
+
+            worker.update_model_version = update_model_version
+
+    def _served(self, version: int | None) -> None:
+        """Every server holds TRL's ``version`` now: the rollout worker may say so."""
+        if version is None:
+            return
+        with self._versions:
+            self._served_version = version
+            if self._tell_rollouts is not None and self._asked_version is not None:
+                self._tell_rollouts(min(self._asked_version, version))
+
     def _open(self) -> Repo:
         if self._repo is not None:
             return self._repo
@@ -402,22 +527,30 @@ def _staging_lock(repo_path: Path, remote: str, branch: str):
     return handle
 
 
+def _drain(snapshot: dict):
+    """A snapshot's pairs, each let go of as the commit takes it."""
+    for name in list(snapshot):
+        yield name, snapshot.pop(name)
+
+
 def _chain(first, rest):
     if first is not None:
         yield first
     yield from rest
 
 
-def _trl_progress(iterator) -> tuple[int | None, int | None]:
-    """TRL's model version this sync makes and the global step, read from the trainer whose
-    ``_streaming_iter`` generator ``iterator`` is (TRL passes nothing else: the protocol's
-    ``send_weights`` takes the stream alone). The model version is bumped after the sync,
-    so this one is the trainer's plus one. (None, None) from any other iterator."""
+def _trl_progress(iterator) -> tuple[int | None, int | None, object]:
+    """TRL's model version this sync makes, the global step and the trainer, read from the
+    trainer whose ``_streaming_iter`` generator ``iterator`` is (TRL passes nothing else: the
+    protocol's ``send_weights`` takes the stream alone). The model version is bumped after
+    the sync, so this one is the trainer's plus one. (None, None, None) from any other
+    iterator."""
     frame = getattr(iterator, "gi_frame", None)
     trainer = frame.f_locals.get("self") if frame is not None else None
     version = getattr(trainer, "model_version", None)
     step = getattr(getattr(trainer, "state", None), "global_step", None)
-    return (version + 1 if isinstance(version, int) else None), (step if isinstance(step, int) else None)
+    return ((version + 1 if isinstance(version, int) else None), (step if isinstance(step, int) else None),
+            trainer if isinstance(version, int) else None)
 
 
 def _default_repo(remote: str, branch: str) -> Path:
