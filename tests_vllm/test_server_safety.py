@@ -13,6 +13,7 @@ One real server over HTTP for both (the second leaves it unusable, so it comes l
 import json
 import os
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -44,18 +45,42 @@ if os.environ.get("WVC_TEST_FAIL_WRITE"):
         raise RuntimeError("injected: the copy into the engine stopped midway")
 
     engine_weights.EngineWeights.apply = apply
+if os.environ.get("WVC_TEST_HOLD_FETCH"):
+    import time
+    from wvc.read import follower
+
+    _update = follower.Follower.update
+
+    def update(self, rev=None, timeout=None):
+        hold = os.environ["WVC_TEST_HOLD_FETCH"]
+        if os.path.exists(hold):  # (the test creates it when a fetch must wait, and removes it to let it go)
+            open(hold + ".held", "w").close()
+            while os.path.exists(hold):
+                time.sleep(0.05)
+        return _update(self, rev, timeout)
+
+    follower.Follower.update = update
 '''
 
 
-def _call(url: str, body: dict | None = None, *, key: str | None = None, method: str = "POST") -> tuple[int, str]:
+def _call(url: str, body: dict | None = None, *, key: str | None = None, method: str = "POST",
+          timeout: float = 300) -> tuple[int, str]:
     headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
     data = None if method == "GET" else json.dumps(body or {}).encode()
     req = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
-        with urllib.request.urlopen(req, timeout=300) as r:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode(errors="replace")
+
+
+def _wait_for(path, seconds: float = 300) -> None:
+    """Until ``path`` exists (a server process signals by creating it)."""
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path.name} did not appear"
+        time.sleep(0.05)
 
 
 def _keyed_probe(base: str, model_dir) -> list:
@@ -84,7 +109,8 @@ def test_only_the_servers_own_remote_with_its_key_moves_its_weights_and_a_broken
     inject.mkdir()
     (inject / "sitecustomize.py").write_text(INJECT)
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(inject), os.environ.get("PYTHONPATH")])),
-           "WVC_TEST_FAIL_WRITE": str(tmp_path / "fail-the-next-write")}
+           "WVC_TEST_FAIL_WRITE": str(tmp_path / "fail-the-next-write"),
+           "WVC_TEST_HOLD_FETCH": str(tmp_path / "hold-the-fetch")}
     with server(start_dir, tmp_path / "server.log", wvc_backend=True, remote=trainer.remote, api_key=KEY,
                 env_extra=env) as base:
         before = _keyed_probe(base, start_dir)
@@ -136,6 +162,28 @@ def test_only_the_servers_own_remote_with_its_key_moves_its_weights_and_a_broken
         assert waited["answer"][0] == 200, waited
         assert _call(base + "/finish_weight_update", {"weight_version": moved}, key=KEY)[0] == 200
         assert json.loads(_call(base + "/weight_info", key=KEY, method="GET")[1])["weight_version"] == moved
+        # issue 65: the next version is fetched while the server serves; the engine waits for the write only
+        hold = tmp_path / "hold-the-fetch"
+        hold.touch()
+        fetched = trainer.step(["model.layers.0.mlp.up_proj.weight"])
+        answer = {}
+
+        def update():
+            assert _call(base + "/start_weight_update", key=KEY)[0] == 200
+            answer["update"] = _call(base + "/update_weights", {"update_info": {"commit": fetched}}, key=KEY)
+
+        updating = threading.Thread(target=update)
+        updating.start()
+        _wait_for(tmp_path / "hold-the-fetch.held")  # the server's fetch is held...
+        status, text = _call(base + "/v1/completions", {"model": str(start_dir), "prompt": "the cat", "max_tokens": 4,
+                                                        "temperature": 0}, key=KEY, timeout=120)
+        assert status == 200 and updating.is_alive(), "a completion waited for the update's fetch"  # ...and it serves
+        assert json.loads(_call(base + "/weight_info", key=KEY, method="GET")[1])["weight_version"] == moved
+        hold.unlink()
+        updating.join(300)
+        assert answer["update"][0] == 200, answer
+        assert _call(base + "/finish_weight_update", {"weight_version": fetched}, key=KEY)[0] == 200
+        assert json.loads(_call(base + "/weight_info", key=KEY, method="GET")[1])["weight_version"] == fetched
         # finding 12: init without a commit, then start and finish with no update: as vLLM's protocol has it
         assert _call(base + "/init_weight_transfer_engine", {"init_info": {}}, key=KEY)[0] == 200
         assert _call(base + "/start_weight_update", key=KEY)[0] == 200

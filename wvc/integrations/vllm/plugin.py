@@ -11,6 +11,8 @@ REMOTE_ENV = "WVC_VLLM_REMOTE"  # the remote a server follows, set by whoever st
 BRANCH_ENV = "WVC_VLLM_BRANCH"  # its branch; unset: the one init names (default main)
 LOADED_COMMIT = "wvc_loaded_commit"  # (transfer.py adds these to vLLM's workers; not imported here: it imports vLLM's worker side)
 UNUSABLE = "wvc_unusable"
+PREFETCH = "wvc_prefetch"  # start fetching the next version while serving
+PREFETCHING = "wvc_prefetching"  # whether that fetch still runs
 
 
 _extended = False  # vLLM's classes extended in this process (a plugin may be loaded more than once)
@@ -204,8 +206,9 @@ def _report_loaded_commit() -> None:
         request = await _wait_for_new_commit(self, request)
         if request is None:
             return None  # nothing new within the wait
+        await _prefetch(self, request)
         try:
-            return await update_original(self, request)
+            return await update_original(self, request)  # (the workers write only: the engine's pause)
         except BaseException:
             await _stop_serving_if_unusable(self)
             raise
@@ -343,6 +346,27 @@ async def _wait_for_new_commit(engine, request):
             return None
         await asyncio.sleep(min(pause, left))  # (a poll of the remote's ref: nothing to wait on but time)
         pause = min(pause * 2, POLL_SECONDS[1])
+
+
+PREFETCH_POLL_SECONDS = (0.02, 0.25)  # first and longest pause between asking the workers whether they have fetched
+
+
+async def _prefetch(engine, request) -> None:
+    """Every worker fetches the update's version into its host copy in a thread of its own
+    while the engine goes on serving; only then is the update sent, which writes. Before,
+    the whole update (download, decode, verify, write) ran inside the workers' RPC, between
+    two engine steps, and every request waited for all of it. A fetch's failure is raised by
+    the update itself (nothing written)."""
+    import asyncio
+
+    commit = (request.update_info or {}).get("commit")
+    if commit is not None and not isinstance(commit, str):
+        return  # (the update refuses it)
+    await engine.collective_rpc(PREFETCH, args=(commit,))
+    pause = PREFETCH_POLL_SECONDS[0]
+    while any(await engine.collective_rpc(PREFETCHING)):
+        await asyncio.sleep(pause)  # (the workers' threads: nothing here to wait on but their answer)
+        pause = min(pause * 2, PREFETCH_POLL_SECONDS[1])
 
 
 def _unreadable(remote: str) -> str | None:

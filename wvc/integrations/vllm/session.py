@@ -8,11 +8,18 @@ engine on the old version), then sent into the engine (engine_weights.py). A fai
 the engine is being written cannot be undone (vLLM keeps no copy to roll back to, and a
 failed partial reload was seen to poison later outputs), so the session is then marked
 unusable with the reason: every later update refuses, and the engine must be restarted.
+
+A server fetches while it serves (issue 65): ``prefetch`` moves the host copy to the next
+version in a thread of its own while the engine goes on generating (the engine never reads
+the host copy), and the update that follows only writes what changed into the engine: the
+engine is held for the write alone. The commit the engine reports is the one written into
+it, not the one the host copy has reached.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 
 from ...errors import EngineUnusable, InvalidArgument
@@ -113,11 +120,44 @@ class EngineFollower:
         self._weights = None
         self.unusable: str | None = None
         self.last_applied = None
+        self._held = self.follower.commit  # what the engine holds (the host copy may be ahead: _fetched)
+        self._fetched = None  # the host copy's moves not yet written into the engine (one Update)
+        self._fetching: threading.Thread | None = None
+        self._fetch_failure: BaseException | None = None
+        self._host = threading.Lock()  # the host copy: one fetch or one write at a time
 
     @property
     def commit(self) -> str | None:
         """The commit the engine holds (None before the first update, without at=)."""
-        return None if self.unusable else self.follower.commit
+        return None if self.unusable else self._held
+
+    def prefetch(self, rev: str | None = None) -> None:
+        """Start fetching ``rev`` (default: the branch's tip) into the host copy, in a thread,
+        and return: the engine serves meanwhile, and the next ``update`` only writes. A
+        prefetch still running is left to finish (``update`` waits for it)."""
+        if self.unusable is not None or self.prefetching:
+            return
+        self._fetching = threading.Thread(target=self._fetch, args=(rev, None), name="wvc-prefetch", daemon=True)
+        self._fetching.start()
+
+    @property
+    def prefetching(self) -> bool:
+        return self._fetching is not None and self._fetching.is_alive()
+
+    def _fetch(self, rev: str | None, timeout: float | None) -> None:
+        try:
+            with self._host:
+                up = self.follower.update(rev, timeout)  # all of it fetched and verified, or nothing changed
+                if up is not None:
+                    self._fetched = up if self._fetched is None else _combined(self._fetched, up)
+        except BaseException as exc:  # noqa: BLE001 - the update's error, raised where it is waited for
+            self._fetch_failure = exc
+
+    def _fetch_now(self, rev: str | None, timeout: float | None) -> None:
+        self._fetch(rev, timeout)
+        failure, self._fetch_failure = self._fetch_failure, None
+        if failure is not None:
+            raise failure
 
     def _engine(self, names):
         if self._weights is None:
@@ -129,12 +169,23 @@ class EngineFollower:
         None when the engine holds it already."""
         if self.unusable is not None:
             raise EngineUnusable(f"this engine must be restarted: {self.unusable}")
-        up = self.follower.update(rev, timeout)  # all of it fetched and verified, or nothing changed
+        prefetched = self._fetching is not None
+        if prefetched:
+            self._fetching.join()
+            self._fetching = None
+            failure, self._fetch_failure = self._fetch_failure, None
+            if failure is not None:
+                raise failure
+        if not prefetched or (rev is not None and rev != self.follower.commit):
+            self._fetch_now(rev, timeout)
+        up = self._fetched
         if up is None:
             return None
         try:
-            self.last_applied = self._engine(self.follower.state_dict).apply(self.follower.state_dict, up.changed,
-                                                                             up.patches)
+            with self._host:
+                self.last_applied = self._engine(self.follower.state_dict).apply(self.follower.state_dict,
+                                                                                 up.changed, up.patches)
+            self._fetched, self._held = None, up.commit
         except BaseException as exc:
             self.unusable = (f"the update to {up.commit[:12]} failed while its weights were being written into "
                              f"the engine ({type(exc).__name__}: {exc}); it holds part of {str(up.parent)[:12]} "
@@ -146,3 +197,18 @@ class EngineFollower:
     def info(self) -> dict:
         return {"commit": self.commit, "branch": self.follower.branch, "source": self.follower.source,
                 "unusable": self.unusable}
+
+
+def _combined(first, then):
+    """Two moves of the host copy, written into the engine as one: what either changed."""
+    from dataclasses import replace
+
+    from ...read.follower import _merge_patches
+
+    patches = None
+    if first.patches is not None and then.patches is not None:
+        patches = dict(first.patches)
+        _merge_patches(patches, then.patches)
+    return replace(then, parent=first.parent, changed=sorted(set(first.changed) | set(then.changed)),
+                   downloaded_bytes=first.downloaded_bytes + then.downloaded_bytes,
+                   seconds=first.seconds + then.seconds, patches=patches)

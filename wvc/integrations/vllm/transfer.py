@@ -34,7 +34,7 @@ from vllm.distributed.weight_transfer.base import WeightTransferEngine, WeightTr
 
 from ...errors import TransferNotInitialized, WvcError
 from .engine_weights import EngineWeights
-from .plugin import BRANCH_ENV, REMOTE_ENV
+from .plugin import BRANCH_ENV, LOADED_COMMIT, PREFETCH, PREFETCHING, REMOTE_ENV, UNUSABLE
 from .session import EngineFollower
 
 
@@ -118,22 +118,34 @@ class WvcWeightTransferEngine(WeightTransferEngine[WvcInitInfo, WvcUpdateInfo]):
         self.session = None
 
 
-LOADED_COMMIT = "wvc_loaded_commit"  # the worker methods plugin.py calls on every worker
-UNUSABLE = "wvc_unusable"
+# the worker methods plugin.py calls on every worker, by these names
+def _session(worker) -> EngineFollower | None:
+    return getattr(getattr(worker, "weight_transfer_engine", None), "session", None)
 
 
 def _loaded_commit(worker) -> str | None:
     """The commit a worker's engine holds."""
-    engine = getattr(worker, "weight_transfer_engine", None)
-    session = getattr(engine, "session", None)
+    session = _session(worker)
     return None if session is None else session.commit
 
 
 def _unusable(worker) -> str | None:
     """Why a worker's engine holds parts of two versions, or None."""
-    engine = getattr(worker, "weight_transfer_engine", None)
-    session = getattr(engine, "session", None)
+    session = _session(worker)
     return None if session is None else session.unusable
+
+
+def _prefetch(worker, commit: str | None) -> None:
+    """Start fetching ``commit`` into the worker's host copy while the engine serves (the
+    update that follows only writes); nothing without a usable session (the update says why)."""
+    session = _session(worker)
+    if session is not None and session.unusable is None:
+        session.prefetch(commit)
+
+
+def _prefetching(worker) -> bool:
+    session = _session(worker)
+    return session is not None and session.prefetching
 
 
 def _add_worker_method() -> None:
@@ -143,10 +155,10 @@ def _add_worker_method() -> None:
     the wvc backend; the wrapper hands everything else to its worker."""
     from vllm.v1.worker.worker_base import WorkerWrapperBase
 
-    if not hasattr(WorkerWrapperBase, LOADED_COMMIT):
-        setattr(WorkerWrapperBase, LOADED_COMMIT, _loaded_commit)
-    if not hasattr(WorkerWrapperBase, UNUSABLE):
-        setattr(WorkerWrapperBase, UNUSABLE, _unusable)
+    for name, method in ((LOADED_COMMIT, _loaded_commit), (UNUSABLE, _unusable), (PREFETCH, _prefetch),
+                         (PREFETCHING, _prefetching)):
+        if not hasattr(WorkerWrapperBase, name):
+            setattr(WorkerWrapperBase, name, method)
 
 
 _add_worker_method()
