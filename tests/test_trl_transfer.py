@@ -433,7 +433,9 @@ def _bf16_equal(a: dict, b: dict) -> bool:
                                         for k in a)
 
 
-def test_send_weights_returns_with_a_snapshot_while_the_server_loads_and_rollouts_carry_what_it_holds(tmp_path):
+@pytest.mark.parametrize("master_dtype", [torch.float32, torch.bfloat16])  # cast into the snapshot, or copied as is
+def test_send_weights_returns_with_a_snapshot_while_the_server_loads_and_rollouts_carry_what_it_holds(tmp_path,
+                                                                                                     master_dtype):
     """Issue 65: the trainer is blocked for a snapshot only. send_weights returns while the
     server's load is held; the weights changed in place right after are not what is
     published; the rollout worker keeps the version the server holds until it holds the new
@@ -444,7 +446,7 @@ def test_send_weights_returns_with_a_snapshot_while_the_server_loads_and_rollout
         transfer = WvcWeightTransfer(str(tmp_path / "remote"), servers=[server.url], repo=tmp_path / "staging",
                                      start=tmp_path / "start", timeout=60)
         transfer.init_weight_transfer()
-        trainer = _TrlTrainer(_trained(start, 1), transfer)
+        trainer = _TrlTrainer({k: v.to(master_dtype) for k, v in _trained(start, 1).items()}, transfer)
         sent = {k: v.clone() for k, v in trainer.weights.items()}
         server.gate.clear()
         trainer.sync_weight()  # returns with the load held at the server

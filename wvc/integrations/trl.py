@@ -288,7 +288,10 @@ class WvcWeightTransfer:
         dtypes = self._checkpoint_dtypes()
         out = {}
         for name, tensor in iterator:
-            out[name] = tensor.detach().to("cpu", dtype=dtypes.get(name, tensor.dtype), copy=True)
+            held = tensor.detach()
+            cast = held.to(dtypes.get(name, held.dtype))  # (on its device: from a GPU, half the bytes cross)
+            fresh = cast is not held and cast.device.type == "cpu"  # (a cast on the host is a copy already)
+            out[name] = cast if fresh else cast.to("cpu", copy=True)
         return out
 
     def _checkpoint_dtypes(self) -> dict:
