@@ -135,12 +135,12 @@ def table(results: list[dict]) -> str:
     for r in results:
         blocked = [s["blocked_s"] for s in r["steps"][1:]]  # (sync 1 reads the checkpoint's dtypes once)
         save = _median([s["save_file_s"] for s in r["steps"]])
-        done = [s["done_s"] for s in r["syncs"][1:] if s.get("done_s") is not None]
+        done = [s["done_s"] for s in r["syncs"] if s.get("done_s") is not None]
         held = f"{_median(done):.2f}" if done else "(inside blocked)"
         lines.append(f"| {r['model']} | {'background' if r['background'] else 'blocking'} | "
                      f"{_median(blocked):.3f}; {max(blocked):.3f} | {save:.3f} | {_median(blocked) / save:.2f}x; "
                      f"{max(blocked) / save:.2f}x | {max(blocked) / _median(blocked):.2f}x | {held} | "
-                     f"{len(r['syncs']) - 1} / {len(r['steps'])} |")
+                     f"{len(r['syncs'])} / {len(r['steps'])} |")
     return "\n".join(lines)
 
 
