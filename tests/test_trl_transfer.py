@@ -402,14 +402,18 @@ class _LoadingServer:
         self.httpd.server_close()
 
 
-class _RolloutWorker:
-    """TRL's rollout worker as the transfer sees it: the version it tags rollouts with."""
+def _rollout_worker():
+    """TRL's rollout worker, its model version (the one it tags rollouts with) and nothing
+    else: no child process started."""
+    import multiprocessing
 
-    def __init__(self):
-        self.model_version = 0
+    from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
 
-    def update_model_version(self, version):
-        self.model_version = version
+    class RolloutWorker(AsyncRolloutWorker):
+        def __init__(self):  # (TRL's starts the generation loop's process)
+            self._model_version_value = multiprocessing.get_context("spawn").Value("i", 0)
+
+    return RolloutWorker()
 
 
 class _TrlTrainer(_Trainer):
@@ -418,7 +422,7 @@ class _TrlTrainer(_Trainer):
 
     def __init__(self, weights, transfer):
         super().__init__(weights)
-        self.rollout_worker, self.weight_transfer = _RolloutWorker(), transfer
+        self.rollout_worker, self.weight_transfer = _rollout_worker(), transfer
 
     def sync_weight(self):
         self.weight_transfer.pause()

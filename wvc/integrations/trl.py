@@ -8,7 +8,8 @@
 Each server runs vLLM with the ``wvc`` weight-transfer backend (``--weight-transfer-config
 '{"backend": "wvc"}'``, integrations/vllm/transfer.py). ``WvcWeightTransfer`` is TRL's
 ``WeightTransferProtocol`` (``init_weight_transfer``, ``pause``, ``send_weights``,
-``resume``, ``destroy``); TRL imports nothing of wvc and wvc nothing of TRL:
+``resume``, ``destroy``); TRL imports nothing of wvc, and wvc of TRL only its rollout worker's
+class, when a trainer that has one syncs (to tag rollouts with the servers' version):
 
 - ``init_weight_transfer`` publishes the version the servers were started from (``start=``,
   or the trainer's own model: its directory, or its Hub id in the local Hub cache; model files
@@ -45,6 +46,7 @@ import logging
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -314,25 +316,23 @@ class WvcWeightTransfer:
     def _hold_rollout_versions(self, trainer, version: int | None) -> None:
         """TRL bumps its rollout worker's model version as soon as ``send_weights`` returns,
         and tags each rollout with it; in the background the servers load that version later.
-        The worker's ``update_model_version`` is wrapped (once) to pass on at most the version
-        the servers hold (``_served``), so that a rollout is tagged with what generated it."""
+        So TRL's rollout worker passes on at most the version the servers hold (``_served``,
+        ``_extend_rollout_worker``): a rollout is tagged with what generated it."""
         worker = getattr(trainer, "rollout_worker", None)
-        original = getattr(worker, "update_model_version", None)
-        if version is None or not callable(original):
+        if version is None or worker is None or not _extend_rollout_worker(type(worker)):
             return
         with self._versions:
             if self._served_version is None:
                 self._served_version = version - 1  # the servers hold what came before this sync
-            if self._rollout_worker is worker:
-                return
-            self._rollout_worker, self._tell_rollouts = worker, original
+            if self._rollout_worker is not worker:
+                self._rollout_worker = worker
+                _HELD_BACK[worker] = self
 
-            def update_model_version(model_version: int) -> None:
-                with self._versions:
-                    self._asked_version = model_version
-                    original(min(model_version, self._served_version))
-
-            worker.update_model_version = update_model_version
+    def _rollout_version(self, worker, model_version: int, tell) -> None:
+        """TRL tells ``worker`` its new version: ``tell`` it at most what the servers hold."""
+        with self._versions:
+            self._asked_version, self._tell_rollouts = model_version, (lambda v: tell(worker, v))
+            tell(worker, min(model_version, self._served_version))
 
     def _served(self, version: int | None) -> None:
         """Every server holds TRL's ``version`` now: the rollout worker may say so."""
@@ -528,6 +528,36 @@ def _staging_lock(repo_path: Path, remote: str, branch: str):
         raise InvalidArgument(f"another trainer is publishing {branch} on {remote} through {repo_path}: two trainers "
                               f"on one branch are refused (give each its own branch)") from None
     return handle
+
+
+_HELD_BACK: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # TRL rollout worker -> its transfer
+
+
+def _extend_rollout_worker(kind: type) -> bool:
+    """TRL's rollout worker passes a transfer's servers' version on, not the trainer's, once
+    the transfer holds it back (TRL has no hook for it: its class is extended, once, the way
+    the vLLM plugin extends vLLM's engine client). False for a worker of another kind."""
+    try:
+        from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
+    except ImportError:
+        return False
+    if not issubclass(kind, AsyncRolloutWorker):
+        return False
+    if not _EXTENDED:
+        original = AsyncRolloutWorker.update_model_version
+
+        def update_model_version(self, model_version: int) -> None:
+            transfer = _HELD_BACK.get(self)
+            if transfer is None:
+                return original(self, model_version)
+            transfer._rollout_version(self, model_version, original)
+
+        AsyncRolloutWorker.update_model_version = update_model_version
+        _EXTENDED.append(AsyncRolloutWorker)
+    return True
+
+
+_EXTENDED: list = []  # TRL's rollout worker class, once extended
 
 
 def _drain(snapshot: dict):
