@@ -274,7 +274,7 @@ class _Misbehaving:
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def _answer(self):
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 respond(self)
 
             do_GET = do_POST = _answer
@@ -355,51 +355,39 @@ class _LoadingServer:
     ``gate`` (set: answer at once), and one naming a commit in ``refuse`` is a 500."""
 
     def __init__(self):
-        import http.server
-        import json
         import threading
 
         self.gate, self.loads, self.refuse, self.held = threading.Event(), [], set(), None
         self.waiting = threading.Event()  # an update is held at the gate
         self.gate.set()
-        outer = self
+        self.server = _Misbehaving(self._answer)
+        self.url = self.server.url
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def _answer(self):
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-                status, answer = 200, {}
-                if self.path == "/update_weights":
-                    commit = body["update_info"]["commit"]
-                    outer.waiting.set()
-                    outer.gate.wait(60)
-                    if commit in outer.refuse:
-                        status, answer = 500, {"error": {"message": "the step's objects cannot be read"}}
-                    else:
-                        outer.held = commit
-                        outer.loads.append(commit)
-                elif self.path == "/weight_info":
-                    answer = {"weight_version": outer.held}
-                data = json.dumps(answer).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+    def _answer(self, handler):
+        import json
 
-            do_GET = do_POST = _answer
-
-            def log_message(self, *_):
-                pass
-
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        status, answer = 200, {}
+        if handler.path == "/update_weights":
+            commit = json.loads(handler.body)["update_info"]["commit"]
+            self.waiting.set()
+            self.gate.wait(60)
+            if commit in self.refuse:
+                status, answer = 500, {"error": {"message": "the step's objects cannot be read"}}
+            else:
+                self.held = commit
+                self.loads.append(commit)
+        elif handler.path == "/weight_info":
+            answer = {"weight_version": self.held}
+        data = json.dumps(answer).encode()
+        handler.send_response(status)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(data)))
+        handler.end_headers()
+        handler.wfile.write(data)
 
     def close(self):
         self.gate.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.server.close()
 
 
 def _rollout_worker():

@@ -124,8 +124,7 @@ class WvcWeightTransfer:
         self._versions = threading.Lock()
         self._asked_version: int | None = None  # what TRL last told its rollout worker
         self._served_version: int | None = None  # TRL's version of the newest sync every server loaded
-        self._rollout_worker = None
-        self._tell_rollouts = None  # the rollout worker's own update_model_version
+        self._tell_rollouts = None  # tells TRL's rollout worker a version (set when TRL first tells it one)
 
     # -- TRL's WeightTransferProtocol ------------------------------------------------------
     def init_weight_transfer(self) -> None:
@@ -324,9 +323,7 @@ class WvcWeightTransfer:
         with self._versions:
             if self._served_version is None:
                 self._served_version = version - 1  # the servers hold what came before this sync
-            if self._rollout_worker is not worker:
-                self._rollout_worker = worker
-                _HELD_BACK[worker] = self
+            _HELD_BACK[worker] = self
 
     def _rollout_version(self, worker, model_version: int, tell) -> None:
         """TRL tells ``worker`` its new version: ``tell`` it at most what the servers hold."""

@@ -153,8 +153,7 @@ class EngineFollower:
         except BaseException as exc:  # noqa: BLE001 - the update's error, raised where it is waited for
             self._fetch_failure = exc
 
-    def _fetch_now(self, rev: str | None, timeout: float | None) -> None:
-        self._fetch(rev, timeout)
+    def _raise_fetch_failure(self) -> None:
         failure, self._fetch_failure = self._fetch_failure, None
         if failure is not None:
             raise failure
@@ -173,11 +172,10 @@ class EngineFollower:
         if prefetched:
             self._fetching.join()
             self._fetching = None
-            failure, self._fetch_failure = self._fetch_failure, None
-            if failure is not None:
-                raise failure
+            self._raise_fetch_failure()
         if not prefetched or (rev is not None and rev != self.follower.commit):
-            self._fetch_now(rev, timeout)
+            self._fetch(rev, timeout)
+            self._raise_fetch_failure()
         up = self._fetched
         if up is None:
             return None
