@@ -367,3 +367,56 @@ def test_a_push_after_a_plain_commit_decodes_what_the_push_before_decoded_once(t
     without = links_decoded(tmp_path / "a", 0)
     kept = links_decoded(tmp_path / "b", default)
     assert without > 0 and kept <= without / 2, (kept, without)
+
+
+def test_a_long_lived_writers_pushes_code_and_decode_nothing_and_followers_stay_exact(tmp_path, monkeypatch):
+    """A writer that keeps its recent chunks (the Publisher, the TRL transfer) codes each
+    step payload at commit time, where the chunk, its parent's and its grandparent's bytes
+    are in hand; the push only sends it. Built at push time, an anchor step's record decoded
+    the grandparent's chain and coded the payload there, serially: its push took 30x a plain
+    step's, and grew with the anchor's depth (issue 65)."""
+    import wvc.remotes.step_records as records_module
+    import wvc.store.chunks as chunks_module
+
+    run = Run(tmp_path / "run", str(tmp_path / "remote"))
+    run.repo.internals.store.keep_recent(1 << 30)
+    work, pushing = {"decoded": 0, "coded": 0}, [False]
+    real_decode, real_encode = chunks_module.decode_links, records_module.encode
+
+    def decoding(links, *args, **kwargs):
+        work["decoded"] += len(links) if pushing[0] else 0
+        return real_decode(links, *args, **kwargs)
+
+    def encoding(*args, **kwargs):
+        work["coded"] += 1
+        return real_encode(*args, **kwargs)
+
+    monkeypatch.setattr(chunks_module, "decode_links", decoding)
+    monkeypatch.setattr(records_module, "encode", encoding)
+    real_push = run.repo.push
+
+    def push(*args, **kwargs):
+        pushing[0] = True
+        try:
+            return real_push(*args, **kwargs)
+        finally:
+            pushing[0] = False
+
+    run.repo.push = push
+    run.step(0)
+    follower = wvc.follow(str(tmp_path / "remote"))
+    follower.update()
+    import wvc.read.follower as module
+
+    def no_ordinary_read(*args, **kwargs):
+        raise AssertionError("the follower read a version the ordinary way: no record for it")
+
+    monkeypatch.setattr(module, "open_remote_version", no_ordinary_read)
+    anchors = []
+    for i in range(1, 14):
+        commit = run.step(i)
+        update = follower.update()
+        assert update.commit == commit and same(follower.state_dict, run.repo.load_state_dict(commit))
+        anchors += [i] if run.reanchored(commit) else []
+    assert anchors, "the run never re-anchored: the test shows nothing"
+    assert work == {"decoded": 0, "coded": 0}, (work, anchors)

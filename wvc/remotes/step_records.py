@@ -158,7 +158,11 @@ def _step_payload(repo, cid: str, base: str, context: str | None, dtype, decoded
     """``cid`` coded against ``base``, in the context of ``context`` where the codec can use it.
     ``decoded``: this place's chunks decoded so far (the parent's chain holds most of the
     grandparent's and often the chunk's base: decoding each chain whole, three times over,
-    was most of a push's time once one step in two carried a step payload)."""
+    was most of a push's time once one step in two carried a step payload). A long-lived
+    writer coded it at commit time (store.step_payloads): taken from there."""
+    coded = repo.store.step_payloads.get((cid, base, context, dtype))
+    if coded is not None:
+        return coded
     base_raw = _raw(repo, base, decoded)
     context_raw = _raw(repo, context, decoded) if context is not None else None
     return encode(_raw(repo, cid, decoded), dtype, base_raw, context=context_raw)

@@ -89,6 +89,9 @@ class ChunkWriter:
         self.offered_ids: set[str] = set()
         self.offered_bytes = 0
         self.rebased = store.rebased_ids()  # never a base with a step context (see _base_and_context)
+        # A long-lived writer's (store.keep_recent_bytes) step payloads: see store.step_payloads
+        self.step_parents: dict[str, str] = {}  # id: the chunk it replaced at its place
+        self.step_coded: dict[tuple, object] = {}  # (id, parent, context, dtype): Encoded, filled on the pool
 
     def __enter__(self):
         return self
@@ -135,6 +138,8 @@ class ChunkWriter:
     def put(self, raw, dtype, base_id: str | None = None) -> str:
         """Offer a chunk; returns its id. New chunks are encoded in the background."""
         object_id = ids.chunk_id(raw)
+        if self.store.keep_recent_bytes and base_id is not None:
+            self.step_parents[object_id] = base_id
         if self.kept_bytes + len(raw) <= self.store.keep_recent_bytes and object_id not in self.kept:
             self.kept[object_id] = bytes(raw)
             self.kept_bytes += len(raw)
@@ -161,7 +166,7 @@ class ChunkWriter:
                 continue
             base_chain = self._base_chain(base_id, object_id, len(raw))
             base_raw = self.store.kept_chunk(base_chain[0].id) if base_chain else None
-            args = (raw, dtype, base_chain, base_raw)
+            args = (raw, dtype, base_chain, base_raw, self._step_sources(object_id, base_id))
             if len(raw) < codec_pool.SMALL_CHUNK:
                 small.add((object_id, len(raw)), args)
             else:
@@ -276,15 +281,49 @@ class ChunkWriter:
             context = None
         return base_raw, context
 
-    def _encode(self, raw, dtype, base_chain, base_raw=None):
+    def _encode(self, raw, dtype, base_chain, base_raw=None, step=None):
         """The chunk encoded against its base chain's head; the link below the head (the
-        base's own base, when the chain was not re-anchored) is ULP_STEP's context."""
+        base's own base, when the chain was not re-anchored) is ULP_STEP's context. With
+        ``step`` (:meth:`_step_sources`), also its step payload where the stored one is not
+        the step's."""
         from .. import codec
 
         base_raw, context = self._base_and_context(raw, base_chain, base_raw)
         encoded = codec.encode(raw, dtype, base_raw, context=context, device=self.device, level=self.level)
         base = base_chain[0] if encoded.uses_base else None
+        if step is not None:
+            self._code_step(raw, dtype, encoded, base_chain, step)
         return encoded, len(raw), base, _context_id(encoded, base_chain)
+
+    def _step_sources(self, object_id: str, parent_id: str | None):
+        """What a push's step record codes a new chunk against (remotes/step_records.py): its
+        parent chunk's bytes, and as context the chunk the grandparent held at its place
+        (None where it held the parent's), when this writer keeps recent chunks and has both
+        in hand; else None (the push codes it, if it needs to)."""
+        if not self.store.keep_recent_bytes or parent_id is None or parent_id == object_id:
+            return None
+        parent_raw = self.store.kept_chunk(parent_id)
+        grand = self.store.step_parents.get(parent_id)  # (the last commit's put of the parent chunk)
+        if parent_raw is None or grand is None:
+            return None
+        if grand == parent_id:
+            return object_id, parent_id, parent_raw, None, None
+        context_raw = self.store.kept_chunk(grand)
+        return None if context_raw is None else (object_id, parent_id, parent_raw, grand, context_raw)
+
+    def _code_step(self, raw, dtype, encoded, base_chain, step) -> None:
+        """The chunk's step payload (against its parent chunk, in its grandparent's context),
+        unless the stored payload is that step already: for the next push's step record,
+        coded here, on the pool, with every chunk it needs in hand."""
+        from .. import codec
+
+        object_id, parent_id, parent_raw, context_id, context_raw = step
+        stored_context = base_chain[1].id if base_chain and len(base_chain) > 1 else None
+        if (encoded.uses_base and base_chain[0].id == parent_id
+                and (stored_context == context_id or (context_id is None and not encoded.method.uses_context))):
+            return  # a follower of the parent decodes the stored payload: the record sends it
+        coded = codec.encode(raw, dtype, parent_raw, context=context_raw, level=self.level)
+        self.step_coded[(object_id, parent_id, context_id, dtype)] = coded
 
     def _drain_one(self) -> None:
         object_id, future, size = self.in_flight.popleft()
@@ -314,5 +353,8 @@ class ChunkWriter:
             # the next commit's delta bases, and their bases: ULP_STEP's contexts
             self.store.keep_anchors(self.chain_moves.values())
             self.store.older_chunks, self.store.recent_chunks = self.store.recent_chunks, self.kept
+            self.store.step_parents = self.step_parents
+            for key, coded in self.step_coded.items():
+                self.store.step_payloads.put(key, coded)
         self.kept = {}
         return (self.finished if self.finished[0] else None), rows

@@ -26,6 +26,7 @@ from .packs import PackReader, PackWriter, copy_payloads, pack_filename
 from .rows import ObjectRow
 
 ROW_BATCH = 500  # ids per query (SQLite before 3.32 binds at most 999 parameters)
+STEP_PAYLOAD_BYTES = 256 << 20  # step payloads coded at commit time (below), for the pushes after
 RECENT_DECODED_BYTES = 64 << 20  # chunks the step records of a repository's pushes keep decoded for the next push's
 FIRST_ROWS = 16  # ids of get_many's first query: enough to start the pool, quick to answer
 
@@ -85,6 +86,15 @@ class ObjectStore:
         # plain commit came before (no Publisher keeping raw chunks) decoded the parent's and
         # grandparent's whole chains again: two thirds of a push's time in benchmarks/long_run.py.
         self.recent_decoded: LRUCache[str, bytes] = LRUCache(RECENT_DECODED_BYTES, weight=len)
+        # A long-lived writer's step payloads, coded at commit time where its stored payload
+        # is not one step's change (an anchor step's, a keyframe's: store/anchors.py), for
+        # the next push's step records (remotes/step_records.py). The commit holds the chunk,
+        # its parent's and its grandparent's bytes (the chunks kept); the push did not and
+        # decoded their chains, serially: the anchor syncs' growth in issue 65 (a push of
+        # 0.03 s took 1.0-1.2 s at an anchor step, 74M). Named by (chunk, parent chunk,
+        # context chunk, dtype): never stale.
+        self.step_payloads: LRUCache[tuple, object] = LRUCache(STEP_PAYLOAD_BYTES, weight=lambda e: len(e.payload))
+        self.step_parents: dict[str, str] = {}  # the last commit's chunks: the chunk each replaced at its place
 
     def keep_recent(self, nbytes: int) -> None:
         """Keep each commit's raw chunks, up to ``nbytes``, for the next one (see above)."""
