@@ -504,3 +504,37 @@ def test_a_background_sync_that_fails_is_raised_by_the_next_send_and_by_wait(tmp
         transfer.destroy()
     finally:
         server.close()
+
+
+def test_a_background_sync_takes_no_tensor_while_the_trainer_snapshots():
+    """The trainer's blocked time is its snapshot's own work: the sync running in the
+    background (its commit taking the last snapshot's tensors one by one) waits while the
+    trainer holds the foreground, then goes on where it was. Measured without it
+    (benchmarks/trainer_blocked.py), the snapshots' slowest was 6-16x their median: the
+    commit's threads had the CPUs."""
+    import threading
+
+    from wvc.integrations.sync_queue import SyncQueue
+    from wvc.integrations.trl import _drain
+
+    queue = SyncQueue("test-sync")
+    snapshot = {f"t{i}": torch.full((4,), float(i)) for i in range(6)}
+    taken, one_taken, next_asked, go_on = [], threading.Event(), threading.Event(), threading.Event()
+
+    def job():
+        pairs = _drain(snapshot, queue)
+        taken.append(next(pairs))
+        one_taken.set()
+        go_on.wait(60)
+        next_asked.set()
+        taken.extend(pairs)
+
+    queue.submit(job)
+    assert one_taken.wait(60)
+    with queue.foreground():
+        go_on.set()
+        assert next_asked.wait(60)
+        assert not queue.wait(0.5) and len(taken) == 1 and len(snapshot) == 5  # paused at the next tensor
+    assert queue.wait(60)
+    assert [name for name, _ in taken] == [f"t{i}" for i in range(6)] and snapshot == {}
+    assert all(torch.equal(t, torch.full((4,), float(i))) for i, (_, t) in enumerate(taken))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from contextlib import contextmanager
 
 
 class SyncQueue:
@@ -27,6 +28,7 @@ class SyncQueue:
         self._running = False
         self._failure: BaseException | None = None
         self._thread: threading.Thread | None = None
+        self._yielding = threading.Event()  # set while the caller's thread wants the CPUs
 
     def submit(self, job: Callable[[], None]) -> None:
         """Run ``job`` after the one running (if any), in place of any job still waiting."""
@@ -38,6 +40,24 @@ class SyncQueue:
                 self._running = True
                 self._thread = threading.Thread(target=self._work, name=self.name)
                 self._thread.start()
+
+    @contextmanager
+    def foreground(self):
+        """While held, the running job pauses at its next ``yield_to_foreground()``: the
+        caller's work (the trainer's snapshot) has the CPUs, the job's in-flight pieces aside."""
+        self._yielding.set()
+        try:
+            yield
+        finally:
+            self._yielding.clear()
+            with self._cond:
+                self._cond.notify_all()
+
+    def yield_to_foreground(self) -> None:
+        """For a job, between its pieces: wait while the caller holds ``foreground()``."""
+        if self._yielding.is_set():
+            with self._cond:
+                self._cond.wait_for(lambda: not self._yielding.is_set())
 
     @property
     def busy(self) -> bool:

@@ -161,14 +161,15 @@ class WvcWeightTransfer:
             return
         self._queue.raise_failure()  # the sync before failed: heard now, as a blocking sync's would have been
         t0 = time.perf_counter()
-        snapshot = self._snapshot(iterator)
+        with self._queue.foreground():  # (the sync running pauses at its next tensor)
+            snapshot = self._snapshot(iterator)
         blocked = time.perf_counter() - t0
         self._hold_rollout_versions(trainer, version)
         sent = time.perf_counter()
 
         def sync() -> None:
             started = time.perf_counter()
-            commit = self.publish(_drain(snapshot), metadata=metadata, message=message)
+            commit = self.publish(_drain(snapshot, self._queue), metadata=metadata, message=message)
             self.syncs[-1].update(snapshot_s=blocked, queued_s=started - sent)
             self.notify(commit=commit)
             self.syncs[-1]["done_s"] = time.perf_counter() - sent  # sent -> every server holds it
@@ -557,9 +558,11 @@ def _extend_rollout_worker(kind: type) -> bool:
 _EXTENDED: list = []  # TRL's rollout worker class, once extended
 
 
-def _drain(snapshot: dict):
-    """A snapshot's pairs, each let go of as the commit takes it."""
+def _drain(snapshot: dict, queue: SyncQueue):
+    """A snapshot's pairs, each let go of as the commit takes it; paused while the trainer
+    takes the next snapshot (its blocked time is its own work, not a contest for the CPUs)."""
     for name in list(snapshot):
+        queue.yield_to_foreground()
         yield name, snapshot.pop(name)
 
 
