@@ -222,7 +222,10 @@ def test_loads_onto_a_device_copy_a_batch_at_a_time_and_check_sizes(tmp_path, mo
     repo.close()
 
 
-def test_a_follower_uploads_many_changed_chunks_in_one_copy(tmp_path, uploads):
+def test_a_follower_uploads_many_changed_chunks_in_one_copy(tmp_path, uploads, monkeypatch):
+    import wvc.read.follower as follower_module
+
+    monkeypatch.setattr(follower_module, "_written_from_host", lambda region: False)  # (the device path, on the host)
     versions = _versions()
     commits = _commit_all(tmp_path / "r", versions)
     follower = wvc.follow(tmp_path / "r")
@@ -232,6 +235,21 @@ def test_a_follower_uploads_many_changed_chunks_in_one_copy(tmp_path, uploads):
         assert all(torch.equal(follower.state_dict[k].view(torch.uint8), v[k].contiguous().view(torch.uint8))
                    for k in v if v[k].numel())
         assert update is not None and len(uploads) < sum(map(len, uploads))  # chunks of many tensors per copy
+
+
+def test_a_follower_on_the_host_writes_decoded_chunks_without_staging_them(tmp_path, uploads):
+    """Into host tensors the decoded bytes are copied from where they lie: staged into a
+    fresh buffer a batch first (the device path's pinned upload), a fifth of a CPU engine's
+    update went to that copy (issue 65)."""
+    versions = _versions()
+    commits = _commit_all(tmp_path / "r", versions)
+    follower = wvc.follow(tmp_path / "r")
+    for commit, v in zip(commits, versions):
+        update = follower.update(rev=commit)
+        assert update is not None and all(
+            torch.equal(follower.state_dict[k].view(torch.uint8), v[k].contiguous().view(torch.uint8))
+            for k in v if v[k].numel())
+    assert uploads == []
 
 
 def test_device_copies_keep_order_and_bytes_on_the_host_backend():

@@ -131,7 +131,7 @@ class _Held:
         if oid not in self.where:
             previous = self.follower._previous.get(oid)
             if previous is not None:
-                return previous if isinstance(previous, bytes) else previous.cpu().numpy().tobytes()
+                return previous if isinstance(previous, bytes) else previous.bytes()
             return self.keyframes[oid]
         mirrored = self.follower._mirror.get(oid)
         if mirrored is not None:  # a device tensor's chunk: its host copy, no copy back
@@ -253,6 +253,19 @@ def _uint8():
     return torch.uint8
 
 
+class _Ints(dict):
+    """Element width in bytes -> the torch integer dtype of that width (torch imported when asked)."""
+
+    def __missing__(self, width: int):
+        import torch
+
+        self.update({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64})
+        return self[width]
+
+
+_INTS = _Ints()
+
+
 # A chunk of a device tensor in which at most this share of the elements changed goes up as
 # a patch: the changed elements' positions and values (vLLM's sparse weight updates; an RL
 # step changes ~1%: 20x fewer bytes over the link than the chunk), applied on the device.
@@ -264,7 +277,7 @@ def _changed_elements(before, after, width: int, first: int):
     ``before``/``after`` its bytes (uint8 tensors), ``first`` the index of its first element."""
     import torch
 
-    kind = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[width]
+    kind = _INTS[width]
     return (torch.nonzero(before.view(kind) != after.view(kind)).reshape(-1) + first).cpu()
 
 
@@ -283,6 +296,62 @@ def _mirrored(tensor) -> bool:
     """Whether a held tensor's chunks are mirrored on the host: device memory's are (a
     seam the tests turn on for host tensors, to run the patch path without a device)."""
     return tensor.device.type != "cpu"
+
+
+class _OldBytes:
+    """What a write into a region replaced, kept for its undo and as the next step's
+    context (the version before): the elements that change and their old values where few
+    do (an RL step changes ~3% of them: ~10% of a copy's memory for bf16), else a copy of the
+    region (a shape's worth of a new version, a keyframe). A whole copy of every replaced
+    chunk held a second copy of the model in a following engine (issue 65)."""
+
+    SPARSE_BELOW = 0.25  # past this share changed, a copy (int32 positions and values cost more)
+
+    def __init__(self, region, positions, values, copy):
+        self.region, self.positions, self.values, self.copy = region, positions, values, copy
+
+    @classmethod
+    def of(cls, region, new, width: int) -> "_OldBytes":
+        """Before ``new`` (uint8, the region's size and device) is written into ``region``."""
+        import torch
+
+        if region.device.type != "cpu":  # (a device tensor's: its host mirror is the context)
+            return cls(region, None, None, region.clone())
+        kind = _INTS[width]
+        old, incoming = region.view(kind), new.view(kind)
+        positions = torch.nonzero(old != incoming).reshape(-1)
+        if positions.numel() > cls.SPARSE_BELOW * old.numel():
+            return cls(region, None, None, region.clone())
+        positions = positions.to(torch.int32)  # (a chunk holds at most 2^28 elements)
+        return cls(region, positions, old[positions.long()], None)
+
+    @property
+    def nbytes(self) -> int:
+        """The host or device memory this holds."""
+        if self.copy is not None:
+            return self.copy.numel()
+        return self.positions.numel() * 4 + self.values.numel() * self.values.element_size()
+
+    def restore(self) -> None:
+        """Put the old bytes back into the region (the undo)."""
+        if self.copy is not None:
+            self.region.copy_(self.copy)
+        else:
+            self.region.view(self.values.dtype)[self.positions.long()] = self.values
+
+    def bytes(self) -> bytes:
+        """The old chunk's bytes, while the region holds the write's new ones."""
+        if self.copy is not None:
+            return self.copy.cpu().numpy().tobytes()
+        old = self.region.clone()
+        old.view(self.values.dtype)[self.positions.long()] = self.values
+        return old.numpy().tobytes()
+
+    def changed(self, region, width: int, first: int):
+        """The flat indices (int64, on the host) of the elements the write changed."""
+        if self.copy is not None:
+            return _changed_elements(self.copy, region, width, first)
+        return self.positions.long() + first
 
 
 @dataclass
@@ -307,6 +376,24 @@ def _patch(before, after, width: int) -> _Patch | None:
     return _Patch(positions.astype(np.int64).tobytes(), new[positions].tobytes(), width)
 
 
+def _written_from_host(region) -> bool:
+    """Whether decoded bytes go into ``region`` straight from where they lie (a host
+    tensor's), not through a batched upload: a seam the tests turn off, to run the device
+    path on the host."""
+    return region.device.type == "cpu"
+
+
+def _host_view(raw):
+    """A uint8 tensor over decoded bytes, without a copy (read only: it is copied from)."""
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # (torch warns of a read-only buffer)
+        return torch.frombuffer(raw, dtype=torch.uint8) if len(raw) else torch.empty(0, dtype=torch.uint8)
+
+
 class _Uploads:
     """What each write puts into its region, on the region's device: the writes from the one
     asked for on, up to a batch's bytes, go up in one copy (wvc/codec/device_copy.py); a patch is
@@ -316,6 +403,9 @@ class _Uploads:
         self.writes, self.lanes, self.ready = writes, {}, {}
 
     def __getitem__(self, k: int):
+        up = self.writes[k][3]
+        if _written_from_host(self.writes[k][2]) and not isinstance(up, _Patch):
+            return _host_view(up)  # (staged into a fresh buffer a batch, it was a fifth of an update)
         if k not in self.ready:
             from ..codec.device_copy import DeviceCopies
 
@@ -380,9 +470,9 @@ class Follower:
         self.commit: str | None = None
         self._entries: dict = {}  # tensor name -> the TensorEntry its values are
         self._tree = None  # the version's tree: a step record's tree diff applies to it
-        # chunk id -> host bytes (a uint8 tensor) of each chunk the last update replaced: the
-        # version before, which a ULP_STEP payload of the next step is coded in the context of
-        # (the old bytes were copied for the undo anyway; kept until the next update)
+        # chunk id -> each chunk the last update replaced (_OldBytes, or a mirror's host bytes):
+        # the version before, which a step payload of the next step is coded in the context of
+        # (what the undo kept of them anyway; kept until the next update)
         self._previous: dict = {}
         # chunk id -> host bytes of each chunk of the tensors held in device memory: the
         # bases its deltas decode against without copying them back, and what a patch of
@@ -559,7 +649,7 @@ class Follower:
         (with ``patches``) each changed tensor's changed element indices (None: all of it)."""
         import torch
 
-        undo: list[tuple[object, object]] = []  # (region, its old bytes)
+        undo: list[_OldBytes] = []
         previous: dict = {}
         fresh: dict[str, object] = {}
         writes: list[tuple[str, int, object, object]] = []  # (name, chunk index, region, what goes up)
@@ -590,19 +680,19 @@ class Follower:
                 if name in fresh:
                     region.copy_(new)
                     continue
-                undo.append((region, region.clone()))
+                width = DTYPES[entries[name].dtype].width
+                undo.append(_OldBytes.of(region, new, width))
                 old = self._entries.get(name)
                 if old is not None and self._chunk_bytes == chunk_bytes and i < len(old.chunks):
                     # (not fresh: the same shape, so the old chunk has this region's size)
-                    previous[old.chunks[i]] = self._mirror.get(old.chunks[i], undo[-1][1])
+                    previous[old.chunks[i]] = self._mirror.get(old.chunks[i], undo[-1])
                 _write_chunk(region, new)
                 if patches is not None:
-                    width = DTYPES[entries[name].dtype].width
                     begin = tensor_spans(entries[name], chunk_bytes)[i][0]
-                    patches.setdefault(name, []).append(_changed_elements(undo[-1][1], region, width, begin // width))
+                    patches.setdefault(name, []).append(undo[-1].changed(region, width, begin // width))
         except BaseException:
-            for region, old in reversed(undo):
-                region.copy_(old)
+            for old in reversed(undo):
+                old.restore()
             raise
         self.state_dict.update(fresh)
         if self._own:
