@@ -490,3 +490,41 @@ def test_kept_versions_whose_tensors_change_at_different_steps_stay_within_max_c
         assert max(r.depth for r in rows.values()) <= repo.max_chain, c
         assert version_digest(repo, c) == digests[c]
     assert repo.fsck().errors == []
+
+
+def test_a_periodic_remote_prune_leaves_a_mostly_live_pack_as_it_is(tmp_path):
+    """A prune every few versions (a trainer's keep=) rewrites a remote pack that keeps live
+    chunks only once half of it is dead: each rewrite copies the live bytes into a new pack
+    and retires the old one for an hour, and rewriting on every prune made a run's remote
+    larger than keeping everything (issue 65). What it leaves stays unreachable: pruned
+    versions read as pruned, kept ones exact; gc --remote or a later prune frees it."""
+    remote = tmp_path / "remote"
+    repo = Repo.init(tmp_path / "r")
+    repo.remote_add("origin", str(remote))
+    digests = run_steps(repo, 12)
+    run = list(digests)
+    repo.push("origin", "main")  # one pack
+
+    def remote_files():
+        return sorted(str(p.relative_to(remote)) for p in remote.rglob("*") if p.is_file()
+                      and p.relative_to(remote).parts[0] in ("packs", "catalogs", "attic"))
+
+    before = remote_files()
+    res = repo.remote_prune("origin", "main", keep={"last": 6}, min_dead_share=0.5)
+    assert res.pruned == 6 and res.bytes_freed == 0 and 0 < res.bytes_left < 0.5 * res.bytes_before
+    assert remote_files() == before  # no pack rewritten, nothing retired
+    clone = clone_repo(str(remote), tmp_path / "c")
+    assert clone.pruned() == set(run[:6])
+    for c in run[6:]:
+        assert version_digest(clone, c) == digests[c]
+    with pytest.raises(VersionPruned):
+        open_version(str(remote), run[2])
+    # an explicit prune frees what it can
+    more = run_steps(repo, 2, start=12, seed=3)
+    repo.push("origin", "main")
+    again = repo.remote_prune("origin", "main", keep={"last": 6})
+    assert again.pruned == 2 and again.bytes_freed >= res.bytes_left and again.bytes_left == 0
+    fresh = clone_repo(str(remote), tmp_path / "c2")
+    for c in run[8:] + list(more):
+        assert version_digest(fresh, c) == {**digests, **more}[c]
+    assert repo.remote_gc("origin").objects_removed == 0

@@ -377,13 +377,15 @@ class Repo:
         return prune.prune(self._repository, branch, keep, dry_run=dry_run, protect=protect, progress=progress)
 
     def remote_prune(self, remote: str = "origin", branch: str | None = None, *, keep, dry_run: bool = False,
-                     protect=frozenset(), progress: Progress = NULL):
+                     protect=frozenset(), progress: Progress = NULL, min_dead_share: float = 0.0):
         """Apply the retention policy ``keep`` to ``branch`` on ``remote`` (ops/prune.py);
-        ``protect``: commits kept whatever ``keep`` says."""
+        ``protect``: commits kept whatever ``keep`` says; ``min_dead_share``: a pack that keeps
+        live chunks is rewritten only once that share of it is dead (a prune every few
+        versions: ``integrations.publisher.PERIODIC_DEAD_SHARE``)."""
         from .ops import prune
 
         return prune.remote_prune(self._repository, remote, branch, keep, dry_run=dry_run, progress=progress,
-                                  protect=protect)
+                                  protect=protect, min_dead_share=min_dead_share)
 
     def fsck(self):
         """Verify every object, tree and commit (and the base's files); returns what is wrong, if anything."""

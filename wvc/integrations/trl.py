@@ -56,7 +56,7 @@ from ..api import Repo
 from ..read.cache import cache_root
 from ..errors import InvalidArgument, NonFastForward, RemoteNotFound, WeightSyncError
 from ..remotes import open_backend
-from .publisher import KEEP_BYTES
+from .publisher import KEEP_BYTES, PERIODIC_DEAD_SHARE
 from .sync_queue import SyncQueue
 from ..worktree.snapshot import TensorStream
 from .vllm.server_client import ServerError, VllmServer
@@ -275,7 +275,8 @@ class WvcWeightTransfer:
         t = time.perf_counter()
         protect = {self.start_commit} if self.start_commit else set()  # what a restarted server is checked against
         here = repo.prune(self.branch, keep=self.keep, protect=protect)
-        there = repo.remote_prune("origin", self.branch, keep=self.keep, protect=protect)  # (a restarted server starts at= it)
+        there = repo.remote_prune("origin", self.branch, keep=self.keep, protect=protect,  # (a restarted server starts at= it)
+                                  min_dead_share=PERIODIC_DEAD_SHARE)
         self._since_prune = 0
         entry = {"pruned": here.pruned, "bytes_freed": here.bytes_freed, "remote_pruned": there.pruned,
                  "remote_bytes_freed": there.bytes_freed, "seconds": time.perf_counter() - t}

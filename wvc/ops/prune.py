@@ -63,6 +63,9 @@ class PruneResult:
     bytes_before: int = 0  # pack bytes
     bytes_after: int = 0
     bytes_freed: int = 0
+    # on a remote: bytes of pruned versions' chunks left in packs that are mostly live (by a
+    # periodic prune's min_dead_share), for a later prune or ``gc --remote`` to free
+    bytes_left: int = 0
     pruned_commits: list[str] = field(default_factory=list)
     # each kept version of the run -> why it keeps its weights ("last 10", "every 100",
     # "tagged", "best loss (min)", "ref main", "HEAD", "base model", "fork point of exp", ...)
@@ -323,7 +326,8 @@ def _kept_places(repo, pruned: set[str], run) -> list[dict]:
 
 
 def remote_prune(repo, remote_name: str, branch: str | None = None, keep=None, *, dry_run: bool = False,
-                 progress: Progress = NULL, attempts: int = 5, protect=frozenset()) -> PruneResult:
+                 progress: Progress = NULL, attempts: int = 5, protect=frozenset(),
+                 min_dead_share: float = 0.0) -> PruneResult:
     """Apply ``keep`` to ``branch``'s run on a remote (``protect``: commits kept whatever the
     policy says: a trainer's start version, which its servers may start from): the pruned
     commits are listed in one ``pruned/`` record (the union with the ones before, which it replaces), and what only they
@@ -331,7 +335,10 @@ def remote_prune(repo, remote_name: str, branch: str | None = None, keep=None, *
     listing it read (a push meanwhile makes it start over, up to ``attempts`` times). Chains
     are not re-encoded on a remote: another store may hold the same chunks, and a ULP_STEP
     payload's context is its base's base there, so a kept version keeps the links its
-    chains run through (at most ``max_chain`` a chunk)."""
+    chains run through (at most ``max_chain`` a chunk). ``min_dead_share``: a pack that keeps
+    live chunks is rewritten only once this share of it is dead (a prune every few versions:
+    integrations/publisher.PERIODIC_DEAD_SHARE); below it, the pruned versions' chunks stay in it
+    (``bytes_left``) for a later prune."""
     from ..errors import RemoteChanged
     from .remote_config import open_remote_repository
 
@@ -342,7 +349,8 @@ def remote_prune(repo, remote_name: str, branch: str | None = None, keep=None, *
     for attempt in range(attempts):
         remote = open_remote_repository(repo, remote_name)
         try:
-            return _remote_prune_once(repo, remote, remote_name, branch, policy, dry_run, progress, protect)
+            return _remote_prune_once(repo, remote, remote_name, branch, policy, dry_run, progress, protect,
+                                      min_dead_share)
         except RemoteChanged:
             if attempt + 1 == attempts:
                 raise
@@ -350,7 +358,7 @@ def remote_prune(repo, remote_name: str, branch: str | None = None, keep=None, *
 
 
 def _remote_prune_once(repo, remote, remote_name: str, branch: str, policy: KeepPolicy, dry_run: bool,
-                       progress: Progress, protect=frozenset()) -> PruneResult:
+                       progress: Progress, protect=frozenset(), min_dead_share: float = 0.0) -> PruneResult:
     import tempfile
     from pathlib import Path
 
@@ -377,10 +385,10 @@ def _remote_prune_once(repo, remote, remote_name: str, branch: str, policy: Keep
     to_prune = [c for c in run if c not in reasons and c not in already]
     pruned = already | set(to_prune)
     live_commits, live_trees, live_objects = remote.reachable(pruned=pruned)
-    cut = Cut.of(contents.live_segments, live_commits, live_trees, live_objects)
+    cut = Cut.of(contents.live_segments, live_commits, live_trees, live_objects, min_dead_share=min_dead_share)
     result = PruneResult(branch, dry_run, len(run), sum(1 for c in run if c not in pruned), len(to_prune),
                          len(already.intersection(run)), chunks_freed=cut.objects_removed,
-                         bytes_freed=cut.bytes_freed, pruned_commits=to_prune,
+                         bytes_freed=cut.bytes_freed, bytes_left=cut.bytes_left, pruned_commits=to_prune,
                          kept_reasons={c: reasons[c] for c in run if c in reasons})
     stored = sum(seg.pack_bytes for seg in contents.live_segments)
     result.bytes_before, result.bytes_after = stored, stored - cut.bytes_freed
