@@ -463,3 +463,34 @@ def test_a_follower_keeps_of_the_version_before_only_what_changed(tmp_path, monk
     monkeypatch.setattr(follower_module, "_write_chunk", real)
     commit = run.step(8)
     assert follower.update().commit == commit and same(follower.state_dict, run.repo.load_state_dict(commit))
+
+
+def test_a_followers_step_decodes_its_chunks_on_the_codec_pool_and_finds_what_changed_there(tmp_path, monkeypatch):
+    """A step's chunks are decoded, and each write's replaced elements found, side by side on
+    the codec pool (wvc-codec threads), not one after another on the caller's thread: the
+    decode was most of a CPU engine's update, at one core (issue 65)."""
+    import threading
+
+    from wvc.read import follower as follower_module
+
+    run = Run(tmp_path / "run", str(tmp_path / "remote"), n=1 << 19)
+    run.step(0)
+    follower = wvc.follow(str(tmp_path / "remote"))
+    follower.update()
+    threads = {"decode": set(), "replaced": set()}
+    real_call, real_of = follower_module._RecordChunks.__call__, follower_module._OldBytes.of.__func__
+
+    def call(self, oid):
+        threads["decode"].add(threading.current_thread().name)
+        return real_call(self, oid)
+
+    def of(cls, region, new, width):
+        threads["replaced"].add(threading.current_thread().name)
+        return real_of(cls, region, new, width)
+
+    monkeypatch.setattr(follower_module._RecordChunks, "__call__", call)
+    monkeypatch.setattr(follower_module._OldBytes, "of", classmethod(of))
+    commit = run.step(1)
+    assert follower.update().commit == commit and same(follower.state_dict, run.repo.load_state_dict(commit))
+    assert threads["decode"] and all(name.startswith("wvc-codec") for name in threads["decode"]), threads
+    assert threads["replaced"] and all(name.startswith("wvc-codec") for name in threads["replaced"]), threads
