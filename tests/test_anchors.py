@@ -165,3 +165,37 @@ def test_gc_and_prune_leave_no_position_behind(tmp_path):
     positions = repo.internals.db.query("SELECT id FROM anchor_positions")
     assert {o for (o,) in positions} <= set(repo.internals.store.object_ids())
     assert repo.fsck().errors == []
+
+
+def test_a_long_lived_writer_keeps_only_anchors_as_inner_links_and_decodes_no_chain(tmp_path, monkeypatch):
+    """A writer that keeps recent chunks (the Publisher, the TRL transfer) holds, besides the
+    last two commits' chunks, only the inner links a later version can be encoded against or
+    in the context of: anchors (positions that are multiples of ANCHOR_SPACING). It also kept
+    the step versions between anchors, never read again: three copies of the model of every
+    four it held (a 74M trainer's staging kept 0.9 GB of them, issue 65). Every commit still
+    finds its base and context in memory: no chain is decoded."""
+    import wvc.store.chunks as chunks_module
+
+    repo = Repo.init(tmp_path / "r")
+    store = repo.internals.store
+    store.keep_recent(1 << 30)
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(1 << 18, generator=g).to(torch.bfloat16)
+    model_bytes = w.numel() * 2
+    decoded, real = [0], chunks_module.decode_links
+
+    def counting(links, *args, **kwargs):
+        decoded[0] += len(links)
+        return real(links, *args, **kwargs)
+
+    monkeypatch.setattr(chunks_module, "decode_links", counting)
+    for step in range(21):
+        idx = torch.randint(0, w.numel(), (w.numel() // 40,), generator=g)
+        w[idx] += torch.randn(idx.numel(), generator=g).to(torch.bfloat16) * 1e-2
+        repo.commit(f"step {step}", source={"w": w.clone()}, branch="run")  # (not HEAD's: no working tree written)
+        positions = store.anchor_positions(list(store.anchor_chunks))
+        assert all(positions.get(oid, 0) % anchors.ANCHOR_SPACING == 0 for oid in store.anchor_chunks), (step, positions)
+        # the root and at most three anchors a level below the top one in use (4, 8, 12, then
+        # 16 and its own): never the steps between
+        assert store.anchor_bytes <= 4 * model_bytes, (step, store.anchor_bytes / model_bytes)
+    assert decoded[0] == 0

@@ -351,7 +351,7 @@ class ChunkWriter:
         rows = list(self.pending.values())
         if self.store.keep_recent_bytes:
             # the next commit's delta bases, and their bases: ULP_STEP's contexts
-            self.store.keep_anchors(self.chain_moves.values())
+            self.store.keep_anchors(self.chain_moves.values(), self.base_positions)
             self.store.older_chunks, self.store.recent_chunks = self.store.recent_chunks, self.kept
             self.store.step_parents = self.step_parents
             for key, coded in self.step_coded.items():

@@ -18,6 +18,7 @@ from ..errors import CorruptObject, MissingObject, PackMissing
 from ..lru import LRUCache
 from ..progress import NULL, Progress
 from ..codec import pool as codec_pool
+from . import anchors
 from .chains import MAX_CHAIN_LINKS, decode_links, resolve_chain
 from .chunk_writer import DEFAULT_MAX_CHAIN, ChunkWriter
 from .database import Database
@@ -108,19 +109,24 @@ class ObjectStore:
                 return raw
         return None
 
-    def keep_anchors(self, moves) -> None:
+    def keep_anchors(self, moves, positions: dict[str, int]) -> None:
         """Follow the chains a commit extended: ``moves``, (the parent chunk's chain ids, top
         first; how many links above the new chunk's base), one per new delta. The links
         above its base leave the new chunk's chain; a parent that is the base becomes an
-        inner link, kept while the budget allows (the chunks of the last commit, the bases
-        of most versions, are ``recent_chunks``)."""
+        inner link, kept while the budget allows if it is an anchor (``positions``: its
+        anchor position, store/anchors.py, a multiple of ANCHOR_SPACING; unknown: a root).
+        Only an anchor is ever a later version's base other than its parent, or a base's
+        base (a step context): the step versions between anchors, kept too before, were
+        three of every four copies held here and never read (the chunks of the last commit,
+        the bases of most versions, are ``recent_chunks``; the commit before's, their step
+        contexts, ``older_chunks``)."""
         for chain_ids, above in moves:
             for oid in chain_ids[:above]:
                 raw = self.anchor_chunks.pop(oid, None)
                 if raw is not None:
                     self.anchor_bytes -= len(raw)
             parent = chain_ids[0]
-            if above == 0 and parent not in self.anchor_chunks:
+            if above == 0 and parent not in self.anchor_chunks and positions.get(parent, 0) % anchors.ANCHOR_SPACING == 0:
                 raw = self.recent_chunks.get(parent)
                 if raw is not None and self.anchor_bytes + len(raw) <= self.keep_recent_bytes:
                     self.anchor_chunks[parent] = raw
