@@ -74,8 +74,8 @@ def run_model(name: str, spec: dict, steps: int, work: Path, lr: float, anchor_e
     params = sum(t.numel() for t in master.values())
     full = 2 * params
     print(f"{name}: {params / 1e6:.1f}M parameters, {full / 1e6:.0f} MB bf16", flush=True)
-    with server(start, root / "server.log", wvc_backend=True) as url:
-        remote = root / "remote"
+    remote = root / "remote"
+    with server(start, root / "server.log", wvc_backend=True, remote=remote) as url:  # (a server's remote is its own setting)
         keep_bytes = KEEP_BYTES.get(name, DEFAULT_KEEP_BYTES)
         transfer = WvcWeightTransfer(str(remote), servers=[url], repo=root / "staging", start=start,
                                      keep_bytes=keep_bytes)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from dataclasses import dataclass, field
 from itertools import zip_longest
 from pathlib import Path
@@ -389,15 +390,18 @@ def _written_from_host(region) -> bool:
     return region.device.type == "cpu"
 
 
+# torch warns (once) that a tensor over read-only bytes must not be written: _host_view's are
+# only read. Filtered for this module's calls alone, once (warnings.catch_warnings is not
+# thread-safe, and the views are made on the codec pool).
+warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning,
+                        module=r"wvc\.read\.follower")
+
+
 def _host_view(raw):
     """A uint8 tensor over decoded bytes, without a copy (read only: it is copied from)."""
-    import warnings
-
     import torch
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # (torch warns of a read-only buffer)
-        return torch.frombuffer(raw, dtype=torch.uint8) if len(raw) else torch.empty(0, dtype=torch.uint8)
+    return torch.frombuffer(raw, dtype=torch.uint8) if len(raw) else torch.empty(0, dtype=torch.uint8)
 
 
 class _Uploads:
