@@ -538,3 +538,34 @@ def test_a_background_sync_takes_no_tensor_while_the_trainer_snapshots():
     assert queue.wait(60)
     assert [name for name, _ in taken] == [f"t{i}" for i in range(6)] and snapshot == {}
     assert all(torch.equal(t, torch.full((4,), float(i))) for i, (_, t) in enumerate(taken))
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_a_sync_prunes_only_once_its_servers_hold_the_version(tmp_path, background):
+    """keep= prunes the staging repository and the remote every few syncs (6-8 s at 74M):
+    after the servers hold the sync's version, not between its push and their load, where
+    every server (and, blocking, the trainer) waited for it (issue 65)."""
+    start = _model_dir(tmp_path / "start")
+    server = _LoadingServer()
+    try:
+        transfer = WvcWeightTransfer(str(tmp_path / "remote"), servers=[server.url], repo=tmp_path / "staging",
+                                     start=tmp_path / "start", keep="last=2", prune_every=1, background=background,
+                                     timeout=60)
+        transfer.init_weight_transfer()
+        events, real_prune = [], transfer.prune
+
+        def prune():
+            events.append(("prune", transfer.commit, server.held))
+            return real_prune()
+
+        transfer.prune = prune
+        trainer = _TrlTrainer(_trained(start, 1), transfer)
+        for step in range(1, 4):
+            trainer.weights = _trained(start, step)
+            trainer.sync_weight()
+            transfer.wait()
+        assert len(events) == 3 and all(held == commit for _, commit, held in events), events
+        assert server.loads == [s["commit"] for s in transfer.syncs]
+        transfer.destroy()
+    finally:
+        server.close()

@@ -156,8 +156,9 @@ class WvcWeightTransfer:
         metadata = {"model_version": version, "step": step}
         message = f"trl sync {version}" + (f" (step {step})" if step is not None else "")
         if not self.background:
-            self.publish(iterator, metadata=metadata, message=message)
+            self.publish(iterator, metadata=metadata, message=message, prune=False)
             self.notify()
+            self._prune_when_due()  # (after the servers hold it: a prune took 6-8 s at 74M)
             return
         self._queue.raise_failure()  # the sync before failed: heard now, as a blocking sync's would have been
         t0 = time.perf_counter()
@@ -169,11 +170,12 @@ class WvcWeightTransfer:
 
         def sync() -> None:
             started = time.perf_counter()
-            commit = self.publish(_drain(snapshot, self._queue), metadata=metadata, message=message)
+            commit = self.publish(_drain(snapshot, self._queue), metadata=metadata, message=message, prune=False)
             self.syncs[-1].update(snapshot_s=blocked, queued_s=started - sent)
             self.notify(commit=commit)
             self.syncs[-1]["done_s"] = time.perf_counter() - sent  # sent -> every server holds it
             self._served(version)
+            self._prune_when_due()
 
         self._queue.submit(sync)
 
@@ -206,10 +208,13 @@ class WvcWeightTransfer:
             self._lock = None
 
     # -- any training loop -----------------------------------------------------------------
-    def publish(self, weights, *, metadata: dict | None = None, message: str | None = None) -> str:
+    def publish(self, weights, *, metadata: dict | None = None, message: str | None = None,
+                prune: bool = True) -> str:
         """Commit ``weights`` (a state dict, or ``(name, tensor)`` pairs) as the branch's next
         version and push it; its commit id. With a start version, the tensors take the place of
-        its namesakes one at a time (its files, shards, dtypes and frozen tensors kept)."""
+        its namesakes one at a time (its files, shards, dtypes and frozen tensors kept). Then,
+        with ``keep`` and ``prune``, the prune that is due (``send_weights`` prunes only once
+        the servers hold the version: before, a sync's servers waited for it)."""
         repo = self._open()
         t0 = time.perf_counter()
         parent = repo.internals.refs.get(HEADS + self.branch)
@@ -235,9 +240,13 @@ class WvcWeightTransfer:
                            "stored_bytes": res.stored_bytes, "uploaded_bytes": pushed.uploaded_bytes,
                            "logical_bytes": res.logical_bytes})
         self._since_prune += 1
+        if prune:
+            self._prune_when_due()
+        return res.commit
+
+    def _prune_when_due(self) -> None:
         if self.keep is not None and self._since_prune >= self.prune_every:
             self.prune()
-        return res.commit
 
     def notify(self, servers: Iterable[str] | None = None, commit: str | None = None) -> dict[str, float]:
         """Load ``commit`` (default: the newest published) into every server (or those named),
