@@ -27,13 +27,18 @@ class Run:
         self.g = torch.Generator().manual_seed(0)
         self.w = torch.randn(n, generator=self.g).to(torch.bfloat16)
         self.url = url
+        self.pushing = False  # while step() pushes (what tests count as a push's work)
 
     def step(self, i: int) -> str:
         if i:
             idx = torch.randint(0, self.w.numel(), (self.w.numel() // 40,), generator=self.g)
             self.w[idx] += torch.randn(idx.numel(), generator=self.g).to(torch.bfloat16) * 1e-2
         commit = self.repo.commit(f"step {i}", source={"w": self.w.clone()}, branch="main").commit
-        self.repo.push()
+        self.pushing = True
+        try:
+            self.repo.push()
+        finally:
+            self.pushing = False
         return commit
 
     def reanchored(self, commit: str) -> bool:
@@ -338,24 +343,14 @@ def test_a_push_after_a_plain_commit_decodes_what_the_push_before_decoded_once(t
     def links_decoded(root, recent_bytes: int) -> int:
         monkeypatch.setattr(chunks_module, "RECENT_DECODED_BYTES", recent_bytes)
         run = Run(root, str(root.parent / f"{root.name}-remote"))
-        counted, pushing = [0], [False]
+        counted = [0]
         real = chunks_module.decode_links
 
         def counting(links, *args, **kwargs):
-            counted[0] += len(links) if pushing[0] else 0
+            counted[0] += len(links) if run.pushing else 0
             return real(links, *args, **kwargs)
 
         monkeypatch.setattr(chunks_module, "decode_links", counting)
-        real_push = run.repo.push
-
-        def push(*args, **kwargs):
-            pushing[0] = True
-            try:
-                return real_push(*args, **kwargs)
-            finally:
-                pushing[0] = False
-
-        run.repo.push = push
         for i in range(24):
             if i == 8:  # chains are deep by now
                 counted[0] = 0
@@ -380,11 +375,11 @@ def test_a_long_lived_writers_pushes_code_and_decode_nothing_and_followers_stay_
 
     run = Run(tmp_path / "run", str(tmp_path / "remote"))
     run.repo.internals.store.keep_recent(1 << 30)
-    work, pushing = {"decoded": 0, "coded": 0}, [False]
+    work = {"decoded": 0, "coded": 0}
     real_decode, real_encode = chunks_module.decode_links, records_module.encode
 
     def decoding(links, *args, **kwargs):
-        work["decoded"] += len(links) if pushing[0] else 0
+        work["decoded"] += len(links) if run.pushing else 0
         return real_decode(links, *args, **kwargs)
 
     def encoding(*args, **kwargs):
@@ -393,16 +388,6 @@ def test_a_long_lived_writers_pushes_code_and_decode_nothing_and_followers_stay_
 
     monkeypatch.setattr(chunks_module, "decode_links", decoding)
     monkeypatch.setattr(records_module, "encode", encoding)
-    real_push = run.repo.push
-
-    def push(*args, **kwargs):
-        pushing[0] = True
-        try:
-            return real_push(*args, **kwargs)
-        finally:
-            pushing[0] = False
-
-    run.repo.push = push
     run.step(0)
     follower = wvc.follow(str(tmp_path / "remote"))
     follower.update()

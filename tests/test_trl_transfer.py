@@ -420,6 +420,15 @@ class _TrlTrainer(_Trainer):
         self.rollout_worker.update_model_version(self.model_version)
 
 
+def _served_transfer(tmp_path, server: _LoadingServer, **options) -> WvcWeightTransfer:
+    """A transfer from ``tmp_path/start`` (made by ``_model_dir``) to ``tmp_path/remote``
+    whose one server is ``server``, initialized."""
+    transfer = WvcWeightTransfer(str(tmp_path / "remote"), servers=[server.url], repo=tmp_path / "staging",
+                                 start=tmp_path / "start", timeout=60, **options)
+    transfer.init_weight_transfer()
+    return transfer
+
+
 def _bf16_equal(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k].view(torch.int16), b[k].to(torch.bfloat16).view(torch.int16))
                                         for k in a)
@@ -435,9 +444,7 @@ def test_send_weights_returns_with_a_snapshot_while_the_server_loads_and_rollout
     start = _model_dir(tmp_path / "start")
     server = _LoadingServer()
     try:
-        transfer = WvcWeightTransfer(str(tmp_path / "remote"), servers=[server.url], repo=tmp_path / "staging",
-                                     start=tmp_path / "start", timeout=60)
-        transfer.init_weight_transfer()
+        transfer = _served_transfer(tmp_path, server)
         trainer = _TrlTrainer({k: v.to(master_dtype) for k, v in _trained(start, 1).items()}, transfer)
         sent = {k: v.clone() for k, v in trainer.weights.items()}
         server.gate.clear()
@@ -473,9 +480,7 @@ def test_a_background_sync_that_fails_is_raised_by_the_next_send_and_by_wait(tmp
     start = _model_dir(tmp_path / "start")
     server = _LoadingServer()
     try:
-        transfer = WvcWeightTransfer(str(tmp_path / "remote"), servers=[server.url], repo=tmp_path / "staging",
-                                     start=tmp_path / "start", timeout=60)
-        transfer.init_weight_transfer()
+        transfer = _served_transfer(tmp_path, server)
         trainer = _TrlTrainer(_trained(start, 1), transfer)
         server.gate.clear()
         trainer.sync_weight()
@@ -548,10 +553,7 @@ def test_a_sync_prunes_only_once_its_servers_hold_the_version(tmp_path, backgrou
     start = _model_dir(tmp_path / "start")
     server = _LoadingServer()
     try:
-        transfer = WvcWeightTransfer(str(tmp_path / "remote"), servers=[server.url], repo=tmp_path / "staging",
-                                     start=tmp_path / "start", keep="last=2", prune_every=1, background=background,
-                                     timeout=60)
-        transfer.init_weight_transfer()
+        transfer = _served_transfer(tmp_path, server, keep="last=2", prune_every=1, background=background)
         events, real_prune = [], transfer.prune
 
         def prune():

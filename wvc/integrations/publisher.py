@@ -52,6 +52,8 @@ log = logging.getLogger("wvc")
 # commit slower than the last), and those of the commit before (the bases' own bases, which
 # ULP_STEP codes a step's change against). Two more host copies of the weights, up to this
 # much each.
+KEEP_BYTES = 2 << 30
+
 # A prune every few versions (keep=) rewrites a remote pack that keeps live chunks only once
 # at least this share of it is dead: a rewrite copies the live bytes into a new pack and
 # retires the old one for the grace period (remotes/compaction.py, an hour), so pruning every
@@ -59,7 +61,6 @@ log = logging.getLogger("wvc")
 # (issue 65: 1.14x over 20 syncs at 74M, one prune rewriting 8.6 MB to free 88 bytes).
 # An explicit prune frees all it can.
 PERIODIC_DEAD_SHARE = 0.5
-KEEP_BYTES = 2 << 30
 
 # The Hub allows a bounded number of commits per repository and hour; one push a minute
 # stays well inside it. Other remotes take every commit.

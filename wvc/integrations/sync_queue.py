@@ -28,7 +28,7 @@ class SyncQueue:
         self._running = False
         self._failure: BaseException | None = None
         self._thread: threading.Thread | None = None
-        self._yielding = threading.Event()  # set while the caller's thread wants the CPUs
+        self._foreground = False  # while the caller's thread wants the CPUs (foreground())
 
     def submit(self, job: Callable[[], None]) -> None:
         """Run ``job`` after the one running (if any), in place of any job still waiting."""
@@ -45,19 +45,19 @@ class SyncQueue:
     def foreground(self):
         """While held, the running job pauses at its next ``yield_to_foreground()``: the
         caller's work (the trainer's snapshot) has the CPUs, the job's in-flight pieces aside."""
-        self._yielding.set()
+        with self._cond:
+            self._foreground = True
         try:
             yield
         finally:
-            self._yielding.clear()
             with self._cond:
+                self._foreground = False
                 self._cond.notify_all()
 
     def yield_to_foreground(self) -> None:
         """For a job, between its pieces: wait while the caller holds ``foreground()``."""
-        if self._yielding.is_set():
-            with self._cond:
-                self._cond.wait_for(lambda: not self._yielding.is_set())
+        with self._cond:
+            self._cond.wait_for(lambda: not self._foreground)
 
     @property
     def busy(self) -> bool:

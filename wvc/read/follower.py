@@ -260,17 +260,11 @@ def _uint8():
     return torch.uint8
 
 
-class _Ints(dict):
-    """Element width in bytes -> the torch integer dtype of that width (torch imported when asked)."""
+def _int_kind(width: int):
+    """The torch integer dtype of ``width`` bytes: elements compared and scattered as bits."""
+    import torch
 
-    def __missing__(self, width: int):
-        import torch
-
-        self.update({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64})
-        return self[width]
-
-
-_INTS = _Ints()
+    return {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[width]
 
 
 # A chunk of a device tensor in which at most this share of the elements changed goes up as
@@ -284,7 +278,7 @@ def _changed_elements(before, after, width: int, first: int):
     ``before``/``after`` its bytes (uint8 tensors), ``first`` the index of its first element."""
     import torch
 
-    kind = _INTS[width]
+    kind = _int_kind(width)
     return (torch.nonzero(before.view(kind) != after.view(kind)).reshape(-1) + first).cpu()
 
 
@@ -324,7 +318,7 @@ class _OldBytes:
 
         if region.device.type != "cpu":  # (a device tensor's: its host mirror is the context)
             return cls(region, None, None, region.clone())
-        kind = _INTS[width]
+        kind = _int_kind(width)
         old, incoming = region.view(kind), new.view(kind)
         positions = torch.nonzero(old != incoming).reshape(-1)
         if positions.numel() > cls.SPARSE_BELOW * old.numel():
@@ -442,7 +436,7 @@ class _Uploads:
         import torch
 
         region, patch = self.writes[k][2], self.writes[k][3]
-        kind = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[patch.width]
+        kind = _int_kind(patch.width)
         positions, values = got
         new = region.clone()
         new.view(kind)[positions.view(torch.int64)] = values.view(kind)
