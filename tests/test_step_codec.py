@@ -253,6 +253,14 @@ def test_mutated_payloads_fail_cleanly_in_both_coders(method, data):
             outcomes.append(out)
         except CorruptObject:
             outcomes.append("refused")
+    if method is not Method.ULP_STEP:  # and so does a decode in a sparse context (decode_changes)
+        positions, values = sparse_context(b, g, 2)
+        decoders = ([step._c.decode_changes] if step.native() else []) + [step._decode_changes_py]
+        for decoder in decoders:
+            try:
+                outcomes.append(decoder(bytes(bits), b, positions, values, 2, 7, method is Method.STEP_RUNS)[0])
+            except (CorruptObject, ValueError):
+                outcomes.append("refused")
     assert len(set(outcomes)) == 1  # C and Python agree on every input
 
 
@@ -371,3 +379,68 @@ def test_any_bytes_after_the_method_byte_fail_cleanly(method, tail):
         assert len(out) == len(x)
     except CorruptObject:
         pass
+
+
+def sparse_context(b: bytes, g: bytes, width: int) -> tuple[bytes, bytes]:
+    """The context ``g`` as a follower keeps it: where it differs from ``b``, and its elements there."""
+    t = {1: np.uint8, 2: np.uint16, 4: np.uint32}[width]
+    base, context = np.frombuffer(b, dtype=t), np.frombuffer(g, dtype=t)
+    where = np.flatnonzero(base != context)
+    return where.astype(np.int32).tobytes(), context[where].tobytes()
+
+
+def changes_of(x: bytes, b: bytes, width: int) -> tuple[bytes, bytes, bytes]:
+    t = {1: np.uint8, 2: np.uint16, 4: np.uint32}[width]
+    new, base = np.frombuffer(x, dtype=t), np.frombuffer(b, dtype=t)
+    where = np.flatnonzero(new != base)
+    return where.astype(np.int32).tobytes(), base[where].tobytes(), new[where].tobytes()
+
+
+@settings(max_examples=120, deadline=None)
+@given(name=hs.sampled_from(STEP_DTYPES), runs=hs.booleans(), data=hs.data())
+def test_a_step_decoded_in_a_sparse_context_gives_the_chunk_and_exactly_its_changes(name, runs, data):
+    """decode_changes (a follower's decode, issue 65): the context given as the elements where
+    it differs from the base gives the chunk the whole context gives, with the positions,
+    old and new elements of exactly the elements that differ from the base, in C and in
+    the Python twin alike."""
+    dtype = DTYPES[name]
+    method = Method.STEP_RUNS if runs else Method.STEP_BLOCKS
+    n = data.draw(hs.integers(0, 700))
+    g = data.draw(hs.binary(min_size=n * dtype.width, max_size=n * dtype.width))
+    b = near(data, g, dtype.width)
+    x = near(data, b, dtype.width)
+    payload = codec.encode(x, dtype, b, context=g, method=method).payload
+    positions, values = sparse_context(b, g, dtype.width)
+    want = (x, *changes_of(x, b, dtype.width))
+    assert codec.decode_step_changes(payload, len(x), b, positions, values) == want
+    bits = step_bits(payload)
+    assert step._decode_changes_py(bits, b, positions, values, dtype.width, dtype.exponent[0], runs) == want
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_sparse_context_out_of_order_or_out_of_the_chunk_is_refused(native, monkeypatch):
+    if native and not step.native():
+        pytest.skip("the C coder was not built")
+    if not native:
+        monkeypatch.setattr(step, "_c", None)
+    g, b, x = adam_like_steps(3, n=512)
+    payload = codec.encode(x, BF16, b, context=g, method=Method.STEP_RUNS).payload
+    positions, values = sparse_context(b, g, 2)
+    where = np.frombuffer(positions, dtype=np.int32)
+    assert len(where) >= 2
+    assert codec.decode_step_changes(payload, len(x), b, positions, values)[0] == x
+    for bad in (where[::-1], np.concatenate([where[:-1], [512]]), np.concatenate([[-1], where[1:]]),
+                np.concatenate([where[:1], where])):
+        with pytest.raises(CorruptObject):
+            codec.decode_step_changes(payload, len(x), b, bad.astype(np.int32).tobytes(), values[:2 * len(bad)])
+    with pytest.raises(CorruptObject):  # a value short
+        codec.decode_step_changes(payload, len(x), b, positions, values[:-2])
+
+
+def test_only_block_step_payloads_decode_in_a_sparse_context():
+    g, b, x = adam_like_steps(3, n=512)
+    positions, values = sparse_context(b, g, 2)
+    for method in (Method.ULP_STEP, None):
+        payload = codec.encode(x, BF16, b, context=g if method else None, method=method).payload
+        assert peek(payload).method not in (Method.STEP_BLOCKS, Method.STEP_RUNS)
+        assert codec.decode_step_changes(payload, len(x), b, positions, values) is None

@@ -37,6 +37,15 @@ def decode(payload, raw_size: int, base=None, *, context=None, device: str = "cp
     return decode_chunk(payload, raw_size, base, context=context, device=device)
 
 
+def decode_step_changes(payload, raw_size: int, base, positions, values) -> tuple[bytes, ...] | None:
+    """A step payload decoded in a context given by where it differs from ``base`` (int32
+    ``positions`` and ``values``), with the elements it changes (positions, old and new
+    elements); None for a payload of another method (transforms.decode_step_changes)."""
+    from .transforms import decode_step_changes
+
+    return decode_step_changes(payload, raw_size, base, positions, values)
+
+
 def decode_on_keyframe(payload, keyframe, raw_size: int) -> bytes | None:
     """``decode(payload, raw_size, decode(keyframe, raw_size))`` in one pass that never
     materialises the base, for the pairs that allow it (see transforms.decode_on_keyframe);

@@ -786,6 +786,53 @@ static inline uint64_t block_moved_sse_32(const uint32_t *b, const uint32_t *g, 
 #define MOVED_SSE(BITS, b, g, x, len)
 #endif
 
+/* A step context given as the elements where it differs from the base (a follower keeps
+ * only those: an RL step moves ~3% of them): ``pos`` strictly ascending, ``val`` the
+ * context's elements there. A block's context is rebuilt on the stack from the base. */
+typedef struct {
+    const int32_t *pos;
+    const void *val;
+    Py_ssize_t n;
+} SparseContext;
+
+/* The elements a decode changed, ascending (grown as needed): their positions, and their
+ * values before and after. What a follower writes, keeps for its undo and as the next
+ * step's context, instead of finding them by comparing the chunks and gathering. */
+typedef struct {
+    int32_t *pos;
+    uint8_t *was, *now; /* ``width`` bytes an element */
+    size_t n, cap;
+    int width;
+} Changes;
+
+static int changes_add(Changes *c, Py_ssize_t i0, uint64_t mask, const void *b, const void *x) {
+    size_t more = (size_t)__builtin_popcountll(mask);
+    if (c->n + more > c->cap) {
+        size_t cap = c->cap ? c->cap : 1024;
+        while (cap < c->n + more) cap *= 2;
+        int32_t *pos = realloc(c->pos, cap * sizeof(int32_t));
+        if (pos) c->pos = pos;
+        uint8_t *was = pos ? realloc(c->was, cap * c->width) : NULL;
+        if (was) c->was = was;
+        uint8_t *now = was ? realloc(c->now, cap * c->width) : NULL;
+        if (!now) return 0;
+        c->now = now, c->cap = cap;
+    }
+    for (; mask; mask &= mask - 1) {
+        Py_ssize_t i = i0 + __builtin_ctzll(mask);
+        c->pos[c->n] = (int32_t)i;
+        if (c->width == 2) {
+            ((uint16_t *)c->was)[c->n] = ((const uint16_t *)b)[i], ((uint16_t *)c->now)[c->n] = ((const uint16_t *)x)[i];
+        } else if (c->width == 4) {
+            ((uint32_t *)c->was)[c->n] = ((const uint32_t *)b)[i], ((uint32_t *)c->now)[c->n] = ((const uint32_t *)x)[i];
+        } else {
+            c->was[c->n] = ((const uint8_t *)b)[i], c->now[c->n] = ((const uint8_t *)x)[i];
+        }
+        c->n++;
+    }
+    return 1;
+}
+
 /* The block's A mask (b != g) and its smallest Z exponent (NO_EXP: none); ``len`` <= BLOCK. */
 #define DEFINE_BLOCKS(T, ST, BITS)                                                             \
     static inline uint64_t block_scan_##BITS(const T *b, const T *g, T *x, int len, int shift, \
@@ -946,16 +993,27 @@ static inline uint64_t block_moved_sse_32(const uint32_t *b, const uint32_t *g, 
             }                                                                                  \
         }                                                                                      \
     }                                                                                          \
-    /* x holds b on entry; the changed elements are written */                                 \
+    /* the base is copied into x and the changed elements written; the context is g, or (g  \
+     * NULL) ``sg``'s; ``ch``: where the changed positions go, or NULL */                      \
     static const char *decode_blocks_##BITS(Dec *d, const T *b, const T *g, Py_ssize_t n,      \
-                                            const Layout *L, Blocks *M, T *x, int runs) {      \
+                                            const Layout *L, Blocks *M, T *x, int runs,        \
+                                            const SparseContext *sg, Changes *ch) {            \
         const int shift = L->shift;                                                            \
         const unsigned emask = (unsigned)L->emask;                                             \
         int hot = 0; /* whether the last block with Z elements had a Z element change */      \
         int64_t pending = -1; /* STEP_RUNS: Z blocks left to pass unchanged; -1: none coded */ \
+        Py_ssize_t gk = 0; /* sg: its next element */                                          \
+        T gl[BLOCK];                                                                           \
         for (Py_ssize_t i0 = 0; i0 < n; i0 += BLOCK) {                                         \
             int len = n - i0 < BLOCK ? (int)(n - i0) : BLOCK;                                  \
-            const T *bb = b + i0, *gb = g + i0;                                                \
+            const T *bb = b + i0, *gb = gl;                                                    \
+            if (g) gb = g + i0;                                                                \
+            else {                                                                             \
+                memcpy(gl, bb, (size_t)len * sizeof(T));                                       \
+                for (; gk < sg->n && sg->pos[gk] < i0 + len; gk++)                             \
+                    gl[sg->pos[gk] - i0] = ((const T *)sg->val)[gk];                           \
+            }                                                                                  \
+            uint64_t wrote = 0; /* the block's changed elements */                             \
             T *xb = x + i0;                                                                    \
             unsigned mn = NO_EXP;                                                              \
             uint64_t a;                                                                        \
@@ -995,6 +1053,7 @@ static inline uint64_t block_moved_sse_32(const uint32_t *b, const uint32_t *g, 
                     uint64_t delta = dec_key_delta(d, k, &M->esc[0], L, dec_bit(d, &k->sign), 0, runs); \
                     if (!delta) return "STEP_BLOCKS payload: a delta is out of range";         \
                     xb[j] = ORDERED(T, ST, BITS, (T)(ORDERED(T, ST, BITS, bb[j]) + (T)delta));  \
+                    wrote |= 1ULL << j;                                                        \
                 }                                                                              \
             }                                                                                  \
             while (a) {                                                                        \
@@ -1016,7 +1075,9 @@ static inline uint64_t block_moved_sse_32(const uint32_t *b, const uint32_t *g, 
                 }                                                                              \
                 if (!delta) return "STEP_BLOCKS payload: a delta is out of range";             \
                 xb[j] = ORDERED(T, ST, BITS, (T)(ORDERED(T, ST, BITS, bb[j]) + (T)delta));      \
+                wrote |= 1ULL << j;                                                            \
             }                                                                                  \
+            if (ch && wrote && !changes_add(ch, i0, wrote, b, x)) return "out of memory";      \
         }                                                                                      \
         return pending > 0 ? "STEP_RUNS payload: a run passes the end of the chunk" : NULL;    \
     }
@@ -1041,15 +1102,17 @@ done:
 }
 
 static const char *decode_blocks_as(const uint8_t *data, size_t len, const uint8_t *b, const uint8_t *g,
-                                    Py_ssize_t n, const Layout *L, uint8_t *x, int runs) {
+                                    Py_ssize_t n, const Layout *L, uint8_t *x, int runs, const SparseContext *sg,
+                                    Changes *ch) {
     Blocks M = {0};
     const char *err = "out of memory";
     if (!blocks_init(&M, L->nexp)) goto done;
     Dec d;
     dec_init(&d, data, len);
-    if (L->bits == 8) err = decode_blocks_8(&d, b, g, n, L, &M, x, runs);
-    else if (L->bits == 16) err = decode_blocks_16(&d, (const uint16_t *)b, (const uint16_t *)g, n, L, &M, (uint16_t *)x, runs);
-    else err = decode_blocks_32(&d, (const uint32_t *)b, (const uint32_t *)g, n, L, &M, (uint32_t *)x, runs);
+    if (L->bits == 8) err = decode_blocks_8(&d, b, g, n, L, &M, x, runs, sg, ch);
+    else if (L->bits == 16)
+        err = decode_blocks_16(&d, (const uint16_t *)b, (const uint16_t *)g, n, L, &M, (uint16_t *)x, runs, sg, ch);
+    else err = decode_blocks_32(&d, (const uint32_t *)b, (const uint32_t *)g, n, L, &M, (uint32_t *)x, runs, sg, ch);
     if (!err && d.at != len)
         err = runs ? "STEP_RUNS payload length does not match its contents"
                    : "STEP_BLOCKS payload length does not match its contents";
@@ -1065,7 +1128,7 @@ static const char *encode_blocks(const uint8_t *x, const uint8_t *b, const uint8
 
 static const char *decode_blocks(const uint8_t *data, size_t len, const uint8_t *b, const uint8_t *g, Py_ssize_t n,
                                  const Layout *L, uint8_t *x) {
-    return decode_blocks_as(data, len, b, g, n, L, x, 0);
+    return decode_blocks_as(data, len, b, g, n, L, x, 0, NULL, NULL);
 }
 
 static const char *encode_runs(const uint8_t *x, const uint8_t *b, const uint8_t *g, Py_ssize_t n,
@@ -1075,7 +1138,7 @@ static const char *encode_runs(const uint8_t *x, const uint8_t *b, const uint8_t
 
 static const char *decode_runs(const uint8_t *data, size_t len, const uint8_t *b, const uint8_t *g, Py_ssize_t n,
                                const Layout *L, uint8_t *x) {
-    return decode_blocks_as(data, len, b, g, n, L, x, 1);
+    return decode_blocks_as(data, len, b, g, n, L, x, 1, NULL, NULL);
 }
 
 /* ---- Python ------------------------------------------------------------------------------ */
@@ -1160,6 +1223,49 @@ static PyObject *py_decode_runs(PyObject *self, PyObject *args) {
     return run_decode(args, decode_runs, "STEP_RUNS payload: sizes, width or shift do not fit", PY_SSIZE_T_MAX);
 }
 
+/* decode_changes(data, base, positions, values, width, shift, runs) -> (chunk, positions,
+ * old values, new values): STEP_BLOCKS (runs 0) or STEP_RUNS in the context given sparsely
+ * (int32 positions strictly ascending where it differs from the base, and its elements
+ * there), with the elements the chunk changes from the base */
+static PyObject *py_decode_changes(PyObject *self, PyObject *args) {
+    Py_buffer data, b, pos, val;
+    int width, shift, runs;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*iii", &data, &b, &pos, &val, &width, &shift, &runs)) return NULL;
+    Layout L;
+    PyObject *chunk = NULL, *result = NULL;
+    Changes ch = {0};
+    ch.width = width;
+    SparseContext sg = {(const int32_t *)pos.buf, val.buf, pos.len / 4};
+    int fits = layout(&L, width, shift) && b.len % width == 0 && b.len / width <= INT32_MAX && pos.len % 4 == 0
+               && val.len == sg.n * width;
+    for (Py_ssize_t k = 0; fits && k < sg.n; k++) /* (ascending, inside the chunk: the rebuild relies on it) */
+        fits = sg.pos[k] >= 0 && sg.pos[k] < b.len / width && (k == 0 || sg.pos[k] > sg.pos[k - 1]);
+    if (!fits) {
+        PyErr_SetString(PyExc_ValueError, "step decode_changes: sizes, width, shift or context positions do not fit");
+        goto done;
+    }
+    chunk = PyBytes_FromStringAndSize(NULL, b.len);
+    if (!chunk) goto done;
+    const char *err;
+    Py_BEGIN_ALLOW_THREADS
+    err = decode_blocks_as(data.buf, (size_t)data.len, b.buf, NULL, b.len / width, &L,
+                           (uint8_t *)PyBytes_AS_STRING(chunk), runs != 0, &sg, &ch);
+    Py_END_ALLOW_THREADS
+    if (err) {
+        PyErr_SetString(strcmp(err, "out of memory") ? PyExc_ValueError : PyExc_MemoryError, err);
+        goto done;
+    }
+    static const char none[1] = {0};
+    result = Py_BuildValue("(Oy#y#y#)", chunk, ch.n ? (const char *)ch.pos : none, (Py_ssize_t)(ch.n * 4),
+                           ch.n ? (const char *)ch.was : none, (Py_ssize_t)(ch.n * width),
+                           ch.n ? (const char *)ch.now : none, (Py_ssize_t)(ch.n * width));
+done:
+    Py_XDECREF(chunk);
+    free(ch.pos), free(ch.was), free(ch.now);
+    PyBuffer_Release(&data), PyBuffer_Release(&b), PyBuffer_Release(&pos), PyBuffer_Release(&val);
+    return result;
+}
+
 static PyObject *py_z_blocks(PyObject *self, PyObject *args) {
     Py_buffer x, b, g;
     int width;
@@ -1195,6 +1301,8 @@ static PyMethodDef methods[] = {
      "encode_runs(x, base, context, width, shift) -> the coded deltas of x against base (STEP_RUNS)"},
     {"decode_runs", py_decode_runs, METH_VARARGS,
      "decode_runs(data, base, context, width, shift) -> the chunk (ValueError on a corrupt payload)"},
+    {"decode_changes", py_decode_changes, METH_VARARGS,
+     "decode_changes(data, base, positions, values, width, shift, runs) -> (chunk, changed int32 positions, their old values, their new values)"},
     {"z_blocks", py_z_blocks, METH_VARARGS,
      "z_blocks(x, base, context, width) -> (blocks with unmoved elements, those where one of them changed)"},
     {NULL, NULL, 0, NULL},

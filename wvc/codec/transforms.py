@@ -610,6 +610,23 @@ def decode_chunk(payload, raw_size: int, base=None, *, context=None, device: str
     return xp.to_bytes(_inverse(info.method, y, b, bits))
 
 
+def decode_step_changes(payload, raw_size: int, base, positions, values) -> tuple[bytes, ...] | None:
+    """``decode(payload, raw_size, base, context=...)`` for a STEP_BLOCKS or STEP_RUNS payload
+    whose context is given by where it differs from ``base`` (``positions``, int32 ascending,
+    and its elements there), with the elements the chunk changes from ``base``: (chunk, their
+    positions, their old elements, their new ones), codec/step.py's decode_changes. None for
+    a payload of another method (the caller decodes it the usual way)."""
+    info = peek(payload, table=False)
+    if info.method not in (Method.STEP_BLOCKS, Method.STEP_RUNS):
+        return None
+    if info.raw_size != raw_size:
+        raise CorruptObject(f"payload holds {info.raw_size} bytes, expected {raw_size}")
+    if len(memoryview(base).cast("B")) != raw_size:
+        return None  # (a base of another size: fitted, its changes are not positions in it)
+    return step.decode_changes(step_bits(payload), base, positions, values, info.width, info.param,
+                               info.method is Method.STEP_RUNS)
+
+
 def decode_on_keyframe(payload, keyframe, raw_size: int) -> bytes | None:
     """The chunk that ``payload`` decodes to over the chunk that ``keyframe`` decodes to, in
     one C call that never materialises that base, where the pair has the shape it takes

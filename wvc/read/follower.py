@@ -129,6 +129,16 @@ class _Held:
     def __contains__(self, oid) -> bool:
         return oid in self.where or oid in self.follower._previous or oid in self.keyframes
 
+    def step_context(self, context, base) -> "_OldBytes | None":
+        """What the last update kept of the chunk ``context`` it replaced, where that is the
+        elements it changed and their old values and its region now holds ``base``: a step
+        payload over ``base`` in the context ``context`` then decodes from the region and those
+        elements alone (codec.decode_step_changes)."""
+        kept = self.follower._previous.get(context) if context is not None and base is not None else None
+        if isinstance(kept, _OldBytes) and kept.copy is None and kept.written == base:
+            return kept
+        return None
+
     def __getitem__(self, oid) -> bytes:
         if oid not in self.where:
             previous = self.follower._previous.get(oid)
@@ -186,7 +196,7 @@ class _RecordChunks:
         return c.length if c is not None else 0
 
     def __call__(self, oid: str) -> bytes:
-        from ..store.chains import decode_verified
+        from ..store.chains import decode_step_verified, decode_verified
 
         c = self.chunks.get(oid)
         if c is None:
@@ -198,10 +208,16 @@ class _RecordChunks:
         payload = self.payloads.pop(oid, None)
         if payload is None:
             payload = self.record.payload(c) if c.pack is None else steps.stored_payload(self.remote, c)
+        where = f"step record of {ids.short(self.record.commit)}"
+        kept = self.held.step_context(c.context, c.base)
+        if kept is not None:  # decoded over the held bytes, in the context kept: no copy of either
+            got = decode_step_verified(oid, payload, c.raw_size, kept.region.numpy(), kept.positions.numpy(),
+                                       kept.values.numpy(), where)
+            if got is not None:
+                return _StepChunk(got[0], c.base, *got[1:])
         context = None if c.context is None else (lambda: self.held[c.context])
         base = None if c.base is None else self.held[c.base]
-        return decode_verified(oid, payload, c.raw_size, base, f"step record of "
-                               f"{ids.short(self.record.commit)}", context=context)
+        return decode_verified(oid, payload, c.raw_size, base, where, context=context)
 
 
 PREFETCH_BYTES = 64 << 20  # payloads read ahead of their decoding, at most (one larger payload alone)
@@ -249,9 +265,38 @@ def _check_places(entries: dict, staged: dict, chunk_bytes: int) -> None:
                                     f"where its place holds {end - begin}")
 
 
+class _StepChunk:
+    """A step record's chunk decoded over the bytes held at its place, with the elements it
+    changes from them (store.chains.decode_step_verified: their int32 positions, old and new
+    elements): the write and its undo neither compare the chunks nor gather elements."""
+
+    __slots__ = ("raw", "base", "positions", "old", "new")
+
+    def __init__(self, raw: bytes, base: str, positions: bytes, old: bytes, new: bytes):
+        self.raw, self.base, self.positions, self.old, self.new = raw, base, positions, old, new
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+
+@dataclass
+class _Changed:
+    """The elements of a region a write changes: positions (int32) and their new values."""
+
+    positions: object
+    values: object
+
+    def write(self, region) -> None:
+        region.view(self.values.dtype)[self.positions] = self.values
+
+
 def _write_chunk(region, new) -> None:
-    """One chunk's bytes into a tensor's region (a seam the tests interrupt)."""
-    region.copy_(new)
+    """One chunk's bytes into a tensor's region: all of them, or only the changed elements
+    (_Changed). A seam the tests interrupt."""
+    if isinstance(new, _Changed):
+        new.write(region)
+    else:
+        region.copy_(new)
 
 
 def _uint8():
@@ -310,21 +355,41 @@ class _OldBytes:
 
     def __init__(self, region, positions, values, copy):
         self.region, self.positions, self.values, self.copy = region, positions, values, copy
+        self.written: str | None = None  # the chunk the region holds after the write (_apply)
+        self.incoming = None  # the new elements at ``positions``, where the decoder gave them
 
     @classmethod
-    def of(cls, region, new, width: int) -> "_OldBytes":
-        """Before ``new`` (uint8, the region's size and device) is written into ``region``."""
+    def of(cls, region, new, width: int, known: _StepChunk | None = None) -> "_OldBytes":
+        """Before ``new`` (uint8, the region's size and device) is written into ``region``;
+        ``known``: the decoded chunk's changes from the region's bytes, when the decoder gave
+        them (then nothing is compared or gathered here)."""
         import torch
 
         if region.device.type != "cpu":  # (a device tensor's: its host mirror is the context)
             return cls(region, None, None, region.clone())
         kind = _int_kind(width)
-        old, incoming = region.view(kind), new.view(kind)
-        positions = torch.nonzero(old != incoming).reshape(-1)
+        old = region.view(kind)
+        if known is not None:
+            positions = _host_view(known.positions).view(torch.int32)
+            if positions.numel() <= cls.SPARSE_BELOW * old.numel():
+                kept = cls(region, positions, _host_view(known.old).view(kind), None)
+                kept.incoming = _host_view(known.new).view(kind)
+                return kept
+        else:
+            # (a chunk holds at most 2^28 elements)
+            positions = torch.nonzero(old != new.view(kind)).reshape(-1).to(torch.int32)
         if positions.numel() > cls.SPARSE_BELOW * old.numel():
             return cls(region, None, None, region.clone())
-        positions = positions.to(torch.int32)  # (a chunk holds at most 2^28 elements)
-        return cls(region, positions, old[positions.long()], None)
+        return cls(region, positions, old[positions], None)
+
+    def write(self, new):
+        """What writing ``new`` into the region changes: only those elements (_Changed) where
+        this holds them, else ``new`` whole."""
+        if self.copy is not None:
+            return new
+        incoming = self.incoming if self.incoming is not None else new.view(self.values.dtype)[self.positions]
+        self.incoming = None  # (kept past the write, it would be held as long as the context)
+        return _Changed(self.positions, incoming)
 
     @property
     def nbytes(self) -> int:
@@ -338,14 +403,14 @@ class _OldBytes:
         if self.copy is not None:
             self.region.copy_(self.copy)
         else:
-            self.region.view(self.values.dtype)[self.positions.long()] = self.values
+            self.region.view(self.values.dtype)[self.positions] = self.values
 
     def bytes(self) -> bytes:
         """The old chunk's bytes, while the region holds the write's new ones."""
         if self.copy is not None:
             return self.copy.cpu().numpy().tobytes()
         old = self.region.clone()
-        old.view(self.values.dtype)[self.positions.long()] = self.values
+        old.view(self.values.dtype)[self.positions] = self.values
         return old.numpy().tobytes()
 
     def changed(self, region, width: int, first: int):
@@ -659,6 +724,7 @@ class Follower:
         previous: dict = {}
         fresh: dict[str, object] = {}
         writes: list[tuple[str, int, object, object]] = []  # (name, chunk index, region, what goes up)
+        known: dict[int, _StepChunk] = {}  # write -> its decoded chunk, with the elements it changes
         mirror: dict = {}
         for name, pieces in staged.items():
             e = entries[name]
@@ -673,6 +739,10 @@ class Follower:
             for i, raw in pieces:
                 region = flat[spans[i][0] : spans[i][1]]
                 was = old.chunks[i] if old is not None and i < len(old.chunks) else None
+                if isinstance(raw, _StepChunk):  # its changes are from the chunk at this place: known
+                    if raw.base == was:
+                        known[len(writes)] = raw
+                    raw = raw.raw
                 before = self._mirror.get(was) if mirrored and was is not None else None
                 patch = _patch(before, raw, DTYPES[e.dtype].width) if before is not None else None
                 writes.append((name, i, region, patch if patch is not None else raw))
@@ -688,7 +758,7 @@ class Follower:
 
         def replaced(k: int) -> _OldBytes:
             name, _, region, _ = writes[k]
-            return _OldBytes.of(region, uploads[k], DTYPES[entries[name].dtype].width)
+            return _OldBytes.of(region, uploads[k], DTYPES[entries[name].dtype].width, known.get(k))
 
         olds = dict(zip(on_host, codec_pool.pool().map(replaced, on_host)))
         try:
@@ -703,7 +773,9 @@ class Follower:
                 if old is not None and self._chunk_bytes == chunk_bytes and i < len(old.chunks):
                     # (not fresh: the same shape, so the old chunk has this region's size)
                     previous[old.chunks[i]] = self._mirror.get(old.chunks[i], undo[-1])
-                _write_chunk(region, new)
+                undo[-1].written = entries[name].chunks[i]
+                # (the changed elements alone where they are known: a step's ~3% of them)
+                _write_chunk(region, undo[-1].write(new))
                 if patches is not None:
                     begin = tensor_spans(entries[name], chunk_bytes)[i][0]
                     patches.setdefault(name, []).append(undo[-1].changed(region, width, begin // width))

@@ -108,6 +108,23 @@ def decode_verified(object_id: str, payload, raw_size: int, base, where: str, *,
         return again
 
 
+def decode_step_verified(object_id: str, payload, raw_size: int, base, positions, values,
+                         where: str) -> tuple[bytes, ...] | None:
+    """:func:`decode_verified` of a step payload whose context is given by where it differs
+    from ``base`` (codec.decode_step_changes), with the elements the result changes from
+    ``base`` (their int32 positions, old and new elements); None for a payload of another
+    method."""
+    from .. import codec
+
+    try:
+        got = codec.decode_step_changes(payload, raw_size, base, positions, values)
+    except CorruptObject as exc:
+        raise CorruptObject(f"object {ids.short(object_id)} in {where}: {exc}") from exc
+    if got is not None and ids.chunk_id(got[0]) != object_id:
+        raise CorruptObject(f"object {ids.short(object_id)} in {where} fails its hash check")
+    return got
+
+
 def decode_links(links, payload_of, *, below=None, context=None, where, verify=None, on_decoded=None):
     """Decode ``links`` (a chain, or its upper part, top first as :func:`resolve_chain` returns
     it) from the bottom up; returns (the top link's bytes, the bytes of its base or None).
