@@ -488,9 +488,9 @@ def test_a_followers_step_decodes_its_chunks_on_the_codec_pool_and_finds_what_ch
         threads["decode"].add(threading.current_thread().name)
         return real_call(self, oid)
 
-    def of(cls, region, new, width, known=None):
+    def of(cls, region, new, width):
         threads["replaced"].add(threading.current_thread().name)
-        return real_of(cls, region, new, width, known)
+        return real_of(cls, region, new, width)
 
     monkeypatch.setattr(follower_module._RecordChunks, "__call__", call)
     monkeypatch.setattr(follower_module._OldBytes, "of", classmethod(of))
@@ -544,3 +544,29 @@ def test_a_followers_step_is_decoded_over_the_held_bytes_and_writes_only_the_ele
         assert same(follower.state_dict, run.repo.load_state_dict(commit))
         changed = int((before.view(torch.int16) != follower.state_dict["w"].view(torch.int16)).sum())
         assert "whole" not in written and sum(written) == changed > 0, (i, written, changed)
+
+
+def test_a_followers_step_stages_the_changed_elements_not_the_decoded_chunks(tmp_path):
+    """Between the fetch and the write, an update holds of each step chunk only the elements it
+    changes (positions, old and new values), not its decoded bytes: staged whole, a step's
+    chunks were a second copy of the model in a following engine (issue 65). Python's own
+    allocations (the decoder's bytes) peak well under the model's size over an update."""
+    import tracemalloc
+
+    run = AdamRun(tmp_path / "run", str(tmp_path / "remote"), n=1 << 25)  # 64 MiB: 16 chunks of 4 MiB
+    run.step(0)
+    follower = wvc.follow(str(tmp_path / "remote"))
+    follower.update()
+    run.step(1)
+    follower.update()
+    model_bytes = 2 << 25
+    for i in (2, 3):
+        commit = run.step(i)
+        tracemalloc.start()
+        try:
+            assert follower.update().commit == commit
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert same(follower.state_dict, run.repo.load_state_dict(commit))
+        assert peak < 0.5 * model_bytes, (i, peak / model_bytes)

@@ -213,8 +213,8 @@ class _RecordChunks:
         if kept is not None:  # decoded over the held bytes, in the context kept: no copy of either
             got = decode_step_verified(oid, payload, c.raw_size, kept.region.numpy(), kept.positions.numpy(),
                                        kept.values.numpy(), where)
-            if got is not None:
-                return _StepChunk(got[0], c.base, *got[1:])
+            if got is not None:  # (the chunk's bytes are dropped here: its changes are what is written)
+                return _StepChunk(len(got[0]), c.base, *got[1:], kept.region)
         context = None if c.context is None else (lambda: self.held[c.context])
         base = None if c.base is None else self.held[c.base]
         return decode_verified(oid, payload, c.raw_size, base, where, context=context)
@@ -266,17 +266,35 @@ def _check_places(entries: dict, staged: dict, chunk_bytes: int) -> None:
 
 
 class _StepChunk:
-    """A step record's chunk decoded over the bytes held at its place, with the elements it
-    changes from them (store.chains.decode_step_verified: their int32 positions, old and new
-    elements): the write and its undo neither compare the chunks nor gather elements."""
+    """A step record's chunk decoded over the bytes held at its place and verified, kept as
+    the elements it changes from them (store.chains.decode_step_verified: their int32
+    positions, old and new elements), not as its bytes: staged whole, a step's decoded chunks
+    were a second copy of the model in a following engine. The write and its undo neither
+    compare chunks nor gather elements."""
 
-    __slots__ = ("raw", "base", "positions", "old", "new")
+    __slots__ = ("size", "base", "positions", "old", "new", "base_region")
 
-    def __init__(self, raw: bytes, base: str, positions: bytes, old: bytes, new: bytes):
-        self.raw, self.base, self.positions, self.old, self.new = raw, base, positions, old, new
+    def __init__(self, size: int, base: str, positions: bytes, old: bytes, new: bytes, base_region):
+        self.size, self.base, self.positions, self.old, self.new = size, base, positions, old, new
+        self.base_region = base_region  # where the base's bytes are held (until the write)
 
     def __len__(self) -> int:
-        return len(self.raw)
+        return self.size
+
+    def changes(self, width: int) -> tuple:
+        """The changed elements' positions (int32), old and new elements, as tensors over the
+        decoder's bytes (``width``: the elements' bytes)."""
+        kind = _int_kind(width)
+        return (_host_view(self.positions).view(_int_kind(4)), _host_view(self.old).view(kind),
+                _host_view(self.new).view(kind))
+
+    def whole(self, width: int) -> bytes:
+        """The chunk's bytes (for a place that does not hold its base: the base's place, before
+        anything is written, with the changes applied)."""
+        positions, _, new = self.changes(width)
+        out = self.base_region.clone()
+        out.view(new.dtype)[positions] = new
+        return out.numpy().tobytes()
 
 
 @dataclass
@@ -356,40 +374,36 @@ class _OldBytes:
     def __init__(self, region, positions, values, copy):
         self.region, self.positions, self.values, self.copy = region, positions, values, copy
         self.written: str | None = None  # the chunk the region holds after the write (_apply)
-        self.incoming = None  # the new elements at ``positions``, where the decoder gave them
 
     @classmethod
-    def of(cls, region, new, width: int, known: _StepChunk | None = None) -> "_OldBytes":
-        """Before ``new`` (uint8, the region's size and device) is written into ``region``;
-        ``known``: the decoded chunk's changes from the region's bytes, when the decoder gave
-        them (then nothing is compared or gathered here)."""
+    def of(cls, region, new, width: int) -> "_OldBytes":
+        """Before ``new`` is written into ``region``: its bytes (uint8, the region's size and
+        device), or a _StepChunk, whose changes from the region's bytes the decoder gave
+        (then nothing is compared or gathered here)."""
         import torch
 
         if region.device.type != "cpu":  # (a device tensor's: its host mirror is the context)
             return cls(region, None, None, region.clone())
         kind = _int_kind(width)
         old = region.view(kind)
-        if known is not None:
-            positions = _host_view(known.positions).view(torch.int32)
-            if positions.numel() <= cls.SPARSE_BELOW * old.numel():
-                kept = cls(region, positions, _host_view(known.old).view(kind), None)
-                kept.incoming = _host_view(known.new).view(kind)
-                return kept
-        else:
-            # (a chunk holds at most 2^28 elements)
+        if isinstance(new, _StepChunk):
+            positions, values, _ = new.changes(width)
+        else:  # (a chunk holds at most 2^28 elements)
             positions = torch.nonzero(old != new.view(kind)).reshape(-1).to(torch.int32)
+            values = None
         if positions.numel() > cls.SPARSE_BELOW * old.numel():
             return cls(region, None, None, region.clone())
-        return cls(region, positions, old[positions], None)
+        return cls(region, positions, old[positions] if values is None else values, None)
 
-    def write(self, new):
-        """What writing ``new`` into the region changes: only those elements (_Changed) where
-        this holds them, else ``new`` whole."""
+    def write(self, new, width: int):
+        """What writing ``new`` (bytes as a uint8 tensor, or a _StepChunk) into the region
+        changes: only those elements (_Changed) where they are known, else ``new`` whole."""
+        if isinstance(new, _StepChunk):
+            positions, _, values = new.changes(width)
+            return _Changed(positions, values)
         if self.copy is not None:
             return new
-        incoming = self.incoming if self.incoming is not None else new.view(self.values.dtype)[self.positions]
-        self.incoming = None  # (kept past the write, it would be held as long as the context)
-        return _Changed(self.positions, incoming)
+        return _Changed(self.positions, new.view(self.values.dtype)[self.positions])
 
     @property
     def nbytes(self) -> int:
@@ -473,6 +487,8 @@ class _Uploads:
 
     def __getitem__(self, k: int):
         up = self.writes[k][3]
+        if isinstance(up, _StepChunk):
+            return up  # (its changes alone are written: _OldBytes.write)
         if _written_from_host(self.writes[k][2]) and not isinstance(up, _Patch):
             return _host_view(up)  # (staged into a fresh buffer a batch, it was a fifth of an update)
         if k not in self.ready:
@@ -724,7 +740,6 @@ class Follower:
         previous: dict = {}
         fresh: dict[str, object] = {}
         writes: list[tuple[str, int, object, object]] = []  # (name, chunk index, region, what goes up)
-        known: dict[int, _StepChunk] = {}  # write -> its decoded chunk, with the elements it changes
         mirror: dict = {}
         for name, pieces in staged.items():
             e = entries[name]
@@ -739,10 +754,8 @@ class Follower:
             for i, raw in pieces:
                 region = flat[spans[i][0] : spans[i][1]]
                 was = old.chunks[i] if old is not None and i < len(old.chunks) else None
-                if isinstance(raw, _StepChunk):  # its changes are from the chunk at this place: known
-                    if raw.base == was:
-                        known[len(writes)] = raw
-                    raw = raw.raw
+                if isinstance(raw, _StepChunk) and (raw.base != was or mirrored or not _written_from_host(region)):
+                    raw = raw.whole(DTYPES[e.dtype].width)  # (its changes are from another place's bytes; nothing is written yet)
                 before = self._mirror.get(was) if mirrored and was is not None else None
                 patch = _patch(before, raw, DTYPES[e.dtype].width) if before is not None else None
                 writes.append((name, i, region, patch if patch is not None else raw))
@@ -758,7 +771,7 @@ class Follower:
 
         def replaced(k: int) -> _OldBytes:
             name, _, region, _ = writes[k]
-            return _OldBytes.of(region, uploads[k], DTYPES[entries[name].dtype].width, known.get(k))
+            return _OldBytes.of(region, uploads[k], DTYPES[entries[name].dtype].width)
 
         olds = dict(zip(on_host, codec_pool.pool().map(replaced, on_host)))
         try:
@@ -775,7 +788,7 @@ class Follower:
                     previous[old.chunks[i]] = self._mirror.get(old.chunks[i], undo[-1])
                 undo[-1].written = entries[name].chunks[i]
                 # (the changed elements alone where they are known: a step's ~3% of them)
-                _write_chunk(region, undo[-1].write(new))
+                _write_chunk(region, undo[-1].write(new, width))
                 if patches is not None:
                     begin = tensor_spans(entries[name], chunk_bytes)[i][0]
                     patches.setdefault(name, []).append(undo[-1].changed(region, width, begin // width))
