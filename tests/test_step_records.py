@@ -546,14 +546,16 @@ def test_a_followers_step_is_decoded_over_the_held_bytes_and_writes_only_the_ele
         assert "whole" not in written and sum(written) == changed > 0, (i, written, changed)
 
 
-def test_a_followers_step_stages_the_changed_elements_not_the_decoded_chunks(tmp_path):
-    """Between the fetch and the write, an update holds of each step chunk only the elements it
+@pytest.mark.parametrize("kind", [AdamRun, Run])
+def test_a_followers_step_stages_the_changed_elements_not_the_decoded_chunks(tmp_path, kind):
+    """Between the fetch and the write, an update holds of each chunk only the elements it
     changes (positions, old and new values), not its decoded bytes: staged whole, a step's
     chunks were a second copy of the model in a following engine (issue 65). Python's own
-    allocations (the decoder's bytes) peak well under the model's size over an update."""
+    allocations (the decoder's bytes) peak well under the model's size over an update, with
+    step payloads (whose decoder says what changed: AdamRun) and without (Run)."""
     import tracemalloc
 
-    run = AdamRun(tmp_path / "run", str(tmp_path / "remote"), n=1 << 25)  # 64 MiB: 16 chunks of 4 MiB
+    run = kind(tmp_path / "run", str(tmp_path / "remote"), n=1 << 25)  # 64 MiB: 16 chunks of 4 MiB
     run.step(0)
     follower = wvc.follow(str(tmp_path / "remote"))
     follower.update()

@@ -214,7 +214,9 @@ class _RecordChunks:
             got = decode_step_verified(oid, payload, c.raw_size, kept.region.numpy(), kept.positions.numpy(),
                                        kept.values.numpy(), where)
             if got is not None:  # (the chunk's bytes are dropped here: its changes are what is written)
-                return _StepChunk(len(got[0]), c.base, *got[1:], kept.region)
+                kind = kept.values.dtype
+                return _ChunkChanges(len(got[0]), c.base, _host_view(got[1]).view(kept.positions.dtype),
+                                     _host_view(got[2]).view(kind), _host_view(got[3]).view(kind), kept.region)
         context = None if c.context is None else (lambda: self.held[c.context])
         base = None if c.base is None else self.held[c.base]
         return decode_verified(oid, payload, c.raw_size, base, where, context=context)
@@ -265,35 +267,41 @@ def _check_places(entries: dict, staged: dict, chunk_bytes: int) -> None:
                                     f"where its place holds {end - begin}")
 
 
-class _StepChunk:
-    """A step record's chunk decoded over the bytes held at its place and verified, kept as
-    the elements it changes from them (store.chains.decode_step_verified: their int32
-    positions, old and new elements), not as its bytes: staged whole, a step's decoded chunks
-    were a second copy of the model in a following engine. The write and its undo neither
-    compare chunks nor gather elements."""
+class _ChunkChanges:
+    """A decoded, verified chunk staged as the elements where it differs from the bytes held
+    at its place (``base``, the chunk there): their int32 positions, old and new elements
+    (tensors), not as its bytes. Staged whole, a step's decoded chunks were a second copy of
+    the model in a following engine (issue 65). A step payload's decoder gives them
+    (store.chains.decode_step_verified), else a comparison right after the decode
+    (:meth:`of`); the write and its undo then touch only those elements."""
 
     __slots__ = ("size", "base", "positions", "old", "new", "base_region")
 
-    def __init__(self, size: int, base: str, positions: bytes, old: bytes, new: bytes, base_region):
+    def __init__(self, size: int, base: str, positions, old, new, base_region):
         self.size, self.base, self.positions, self.old, self.new = size, base, positions, old, new
         self.base_region = base_region  # where the base's bytes are held (until the write)
+
+    @classmethod
+    def of(cls, raw, base: str, region, width: int) -> "_ChunkChanges | None":
+        """``raw`` (a decoded chunk) against ``region`` (the host bytes of ``base``, its size),
+        or None where too many elements differ for this to be smaller."""
+        import torch
+
+        kind = _int_kind(width)
+        held, new = region.view(kind), _host_view(raw).view(kind)
+        positions = torch.nonzero(held != new).reshape(-1).to(torch.int32)  # (a chunk: < 2^28 elements)
+        if positions.numel() > _OldBytes.SPARSE_BELOW * held.numel():
+            return None
+        return cls(len(raw), base, positions, held[positions], new[positions], region)
 
     def __len__(self) -> int:
         return self.size
 
-    def changes(self, width: int) -> tuple:
-        """The changed elements' positions (int32), old and new elements, as tensors over the
-        decoder's bytes (``width``: the elements' bytes)."""
-        kind = _int_kind(width)
-        return (_host_view(self.positions).view(_int_kind(4)), _host_view(self.old).view(kind),
-                _host_view(self.new).view(kind))
-
-    def whole(self, width: int) -> bytes:
+    def whole(self) -> bytes:
         """The chunk's bytes (for a place that does not hold its base: the base's place, before
         anything is written, with the changes applied)."""
-        positions, _, new = self.changes(width)
         out = self.base_region.clone()
-        out.view(new.dtype)[positions] = new
+        out.view(self.new.dtype)[self.positions] = self.new
         return out.numpy().tobytes()
 
 
@@ -378,7 +386,7 @@ class _OldBytes:
     @classmethod
     def of(cls, region, new, width: int) -> "_OldBytes":
         """Before ``new`` is written into ``region``: its bytes (uint8, the region's size and
-        device), or a _StepChunk, whose changes from the region's bytes the decoder gave
+        device), or a _ChunkChanges, whose changes from the region's bytes the decoder gave
         (then nothing is compared or gathered here)."""
         import torch
 
@@ -386,8 +394,8 @@ class _OldBytes:
             return cls(region, None, None, region.clone())
         kind = _int_kind(width)
         old = region.view(kind)
-        if isinstance(new, _StepChunk):
-            positions, values, _ = new.changes(width)
+        if isinstance(new, _ChunkChanges):
+            positions, values = new.positions, new.old
         else:  # (a chunk holds at most 2^28 elements)
             positions = torch.nonzero(old != new.view(kind)).reshape(-1).to(torch.int32)
             values = None
@@ -395,12 +403,11 @@ class _OldBytes:
             return cls(region, None, None, region.clone())
         return cls(region, positions, old[positions] if values is None else values, None)
 
-    def write(self, new, width: int):
-        """What writing ``new`` (bytes as a uint8 tensor, or a _StepChunk) into the region
+    def write(self, new):
+        """What writing ``new`` (bytes as a uint8 tensor, or a _ChunkChanges) into the region
         changes: only those elements (_Changed) where they are known, else ``new`` whole."""
-        if isinstance(new, _StepChunk):
-            positions, _, values = new.changes(width)
-            return _Changed(positions, values)
+        if isinstance(new, _ChunkChanges):
+            return _Changed(new.positions, new.new)
         if self.copy is not None:
             return new
         return _Changed(self.positions, new.view(self.values.dtype)[self.positions])
@@ -487,7 +494,7 @@ class _Uploads:
 
     def __getitem__(self, k: int):
         up = self.writes[k][3]
-        if isinstance(up, _StepChunk):
+        if isinstance(up, _ChunkChanges):
             return up  # (its changes alone are written: _OldBytes.write)
         if _written_from_host(self.writes[k][2]) and not isinstance(up, _Patch):
             return _host_view(up)  # (staged into a fresh buffer a batch, it was a fifth of an update)
@@ -704,6 +711,7 @@ class Follower:
             wanted[name] = [(i, cid) for i, (was, cid) in enumerate(zip_longest(olds, e.chunks))
                             if cid is not None and was != cid]
         staged: dict[str, list] = {name: [] for name in wanted}
+        places = self._host_places(entries, wanted, view.tree.chunk_bytes)
         # the payloads in a few range requests, not one per chunk; a batch at a time, each
         # decoded before the next is read: what a remote names (a record may name 257 MiB a
         # chunk) is never all in memory at once, only the decoded chunks this update writes
@@ -711,8 +719,20 @@ class Follower:
                               getattr(source, "payload_bytes", None)):
             if remote is not None:
                 source.prefetch(cid for _, _, cid in batch)
-            decoded = (codec_pool.pool().map(view.get, [cid for _, _, cid in batch])
-                       if getattr(source, "thread_safe", False) else map(view.get, (cid for _, _, cid in batch)))
+            def fetch(item):  # (decoded and, where few elements changed, staged as its changes at once)
+                name, i, cid = item
+                raw = view.get(cid)
+                place = places.get(name)
+                if place is None or isinstance(raw, _ChunkChanges) or i >= len(place[0]):
+                    return raw
+                olds, flat, spans, width = place
+                region = flat[spans[i][0] : spans[i][1]]
+                if len(raw) != region.numel():
+                    return raw  # (_check_places says what is wrong)
+                return _ChunkChanges.of(raw, olds[i], region, width) or raw
+
+            decoded = (codec_pool.pool().map(fetch, batch) if getattr(source, "thread_safe", False)
+                       else map(fetch, batch))
             for (name, i, _), raw in zip(batch, decoded):
                 staged[name].append((i, raw))
         _check_places(entries, staged, view.tree.chunk_bytes)
@@ -723,6 +743,25 @@ class Follower:
         self._entries, self._chunk_bytes, self._tree = entries, view.tree.chunk_bytes, view.tree
         return Update(view.commit, parent, sorted(staged), remote.bytes_downloaded if remote is not None else 0,
                       time.perf_counter() - t0, patches)
+
+    def _host_places(self, entries: dict, wanted, chunk_bytes: int) -> dict:
+        """Of the tensors an update changes, those whose chunks are written in place on the host
+        (held with the same layout, not mirrored from a device): name -> (the chunk ids held,
+        the tensor's bytes, its chunk spans, its element width)."""
+        import torch
+
+        places = {}
+        for name in wanted:
+            e, old, current = entries[name], self._entries.get(name), self.state_dict.get(name)
+            if old is None or current is None or self._chunk_bytes != chunk_bytes or old.dtype != e.dtype \
+                    or tuple(old.shape) != tuple(e.shape) or _mirrored(current):
+                continue
+            if tuple(current.shape) != tuple(e.shape) or current.dtype != getattr(torch, DTYPES[e.dtype].torch_name):
+                continue  # (the follower's own tensor of another shape: replaced whole, _apply)
+            flat = current.detach().reshape(-1).view(torch.uint8)
+            if _written_from_host(flat):
+                places[name] = (old.chunks, flat, tensor_spans(e, chunk_bytes), DTYPES[e.dtype].width)
+        return places
 
     def _apply(self, entries: dict, staged: dict, chunk_bytes: int) -> tuple[dict, dict | None]:
         """Write the staged chunks. In place, each chunk's old bytes are first copied aside
@@ -754,8 +793,8 @@ class Follower:
             for i, raw in pieces:
                 region = flat[spans[i][0] : spans[i][1]]
                 was = old.chunks[i] if old is not None and i < len(old.chunks) else None
-                if isinstance(raw, _StepChunk) and (raw.base != was or mirrored or not _written_from_host(region)):
-                    raw = raw.whole(DTYPES[e.dtype].width)  # (its changes are from another place's bytes; nothing is written yet)
+                if isinstance(raw, _ChunkChanges) and (raw.base != was or mirrored or not _written_from_host(region)):
+                    raw = raw.whole()  # (its changes are from another place's bytes; nothing is written yet)
                 before = self._mirror.get(was) if mirrored and was is not None else None
                 patch = _patch(before, raw, DTYPES[e.dtype].width) if before is not None else None
                 writes.append((name, i, region, patch if patch is not None else raw))
@@ -788,7 +827,7 @@ class Follower:
                     previous[old.chunks[i]] = self._mirror.get(old.chunks[i], undo[-1])
                 undo[-1].written = entries[name].chunks[i]
                 # (the changed elements alone where they are known: a step's ~3% of them)
-                _write_chunk(region, undo[-1].write(new, width))
+                _write_chunk(region, undo[-1].write(new))
                 if patches is not None:
                     begin = tensor_spans(entries[name], chunk_bytes)[i][0]
                     patches.setdefault(name, []).append(undo[-1].changed(region, width, begin // width))
