@@ -773,6 +773,25 @@ static inline uint64_t block_moved_sse_32(const uint32_t *b, const uint32_t *g, 
     }
     return a;
 }
+/* each part's (SUB elements') smallest Z exponent, NO_EXP where it has none: one register a
+ * part for 16-bit elements, where the loop over a part's Z elements was a fifth of a decode */
+static inline void block_subs_sse_16(const uint16_t *b, const uint16_t *g, int shift, unsigned emask,
+                                     unsigned *subs) {
+    const __m128i em = _mm_set1_epi16((short)emask), none = _mm_set1_epi16(0x7FFF);
+    const __m128i sh = _mm_cvtsi32_si128(shift);
+    for (int s = 0; s < BLOCK / SUB; s++) {
+        __m128i vb = _mm_loadu_si128((const __m128i *)(b + SUB * s));
+        __m128i eq = _mm_cmpeq_epi16(vb, _mm_loadu_si128((const __m128i *)(g + SUB * s)));
+        __m128i e = _mm_and_si128(_mm_srl_epi16(vb, sh), em);
+        unsigned m = min_epi16_all(_mm_or_si128(_mm_and_si128(eq, e), _mm_andnot_si128(eq, none)));
+        subs[s] = m == 0x7FFF ? NO_EXP : m;
+    }
+}
+#define SUBS_SSE(BITS, b, g, len, shift, emask, subs) \
+    if ((BITS) == 16 && SUB == 8 && (len) == BLOCK) { \
+        block_subs_sse_16((const uint16_t *)(const void *)(b), (const uint16_t *)(const void *)(g), shift, emask, subs); \
+        return; \
+    }
 #define MOVED_SSE(BITS, b, g, x, len) \
     if ((BITS) >= 16 && (len) == BLOCK) \
         return (BITS) == 16 ? block_moved_sse_16((const uint16_t *)(const void *)(b), (const uint16_t *)(const void *)(g), (uint16_t *)(void *)(x)) \
@@ -784,6 +803,7 @@ static inline uint64_t block_moved_sse_32(const uint32_t *b, const uint32_t *g, 
 #else
 #define SCAN_SSE(BITS, b, g, x, len, shift, emask, mn)
 #define MOVED_SSE(BITS, b, g, x, len)
+#define SUBS_SSE(BITS, b, g, len, shift, emask, subs)
 #endif
 
 /* A step context given as the elements where it differs from the base (a follower keeps
@@ -894,6 +914,13 @@ static int changes_add(Changes *c, Py_ssize_t i0, uint64_t mask, const void *b, 
         }                                                                                      \
         return mn;                                                                             \
     }                                                                                          \
+    /* every part's sub_min (z: the block's Z elements) */                                     \
+    static inline void block_subs_##BITS(const T *b, const T *g, int len, int shift, unsigned emask, \
+                                         uint64_t z, unsigned *subs) {                         \
+        SUBS_SSE(BITS, b, g, len, shift, emask, subs)                                          \
+        for (int s = 0; s < BLOCK / SUB; s++)                                                  \
+            subs[s] = sub_min_##BITS(b, z & (SUB_MASK << (SUB * s)), shift, emask);            \
+    }                                                                                          \
     /* STEP_RUNS: the blocks with Z elements from i0 on that pass unchanged before the next   \
      * one that changes (all of them when none does) */                                        \
     static uint64_t zrun_##BITS(const T *x, const T *b, const T *g, Py_ssize_t n, Py_ssize_t i0) { \
@@ -946,13 +973,15 @@ static int changes_add(Changes *c, Py_ssize_t i0, uint64_t mask, const void *b, 
                 }                                                                              \
                 if (runs) pending = zc ? -1 : pending - 1;                                     \
                 else hot = zc != 0;                                                            \
+                unsigned subs[BLOCK / SUB];                                                    \
+                if (zc) block_subs_##BITS(bb, gb, len, shift, emask, z, subs);                 \
                 for (int s = 0, anysub = 0, lastsub = 0; zc && s < BLOCK / SUB; s++) {         \
                     uint64_t zs = z & (SUB_MASK << (SUB * s));                                 \
                     if (!zs) continue;                                                         \
                     uint64_t later = s + 1 < BLOCK / SUB ? z >> (SUB * (s + 1)) : 0;           \
                     int sc = (changed & zs) != 0;                                              \
                     if (later || anysub) /* else implied: the block's only changed part */     \
-                        enc_bit(e, &M->sub[2 * sub_min_##BITS(bb, zs, shift, emask) + lastsub], sc); \
+                        enc_bit(e, &M->sub[2 * subs[s] + lastsub], sc);                        \
                     lastsub = sc;                                                              \
                     if (!sc) continue;                                                         \
                     anysub = 1;                                                                \
@@ -1035,12 +1064,13 @@ static int changes_add(Changes *c, Py_ssize_t i0, uint64_t mask, const void *b, 
                 zc = pending == 0;                                                             \
                 pending = zc ? -1 : pending - 1;                                               \
             }                                                                                  \
+            unsigned subs[BLOCK / SUB];                                                        \
+            if (zc) block_subs_##BITS(bb, gb, len, shift, emask, z, subs);                     \
             for (int s = 0, anysub = 0, lastsub = 0; zc && s < BLOCK / SUB; s++) {             \
                 uint64_t zs = z & (SUB_MASK << (SUB * s));                                     \
                 if (!zs) continue;                                                             \
                 uint64_t later = s + 1 < BLOCK / SUB ? z >> (SUB * (s + 1)) : 0;               \
-                lastsub = later || anysub                                                      \
-                    ? dec_bit(d, &M->sub[2 * sub_min_##BITS(bb, zs, shift, emask) + lastsub]) : 1; \
+                lastsub = later || anysub ? dec_bit(d, &M->sub[2 * subs[s] + lastsub]) : 1;   \
                 if (!lastsub) continue;                                                        \
                 anysub = 1;                                                                    \
                 for (int any = 0, last = 0; zs;) {                                             \
