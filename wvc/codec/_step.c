@@ -1037,6 +1037,7 @@ static int changes_add(Changes *c, Py_ssize_t i0, uint64_t mask, const void *b, 
             int len = n - i0 < BLOCK ? (int)(n - i0) : BLOCK;                                  \
             const T *bb = b + i0, *gb = gl;                                                    \
             if (g) gb = g + i0;                                                                \
+            else if (gk == sg->n || sg->pos[gk] >= i0 + len) gb = bb; /* none moved: g is b */ \
             else {                                                                             \
                 memcpy(gl, bb, (size_t)len * sizeof(T));                                       \
                 for (; gk < sg->n && sg->pos[gk] < i0 + len; gk++)                             \
