@@ -572,3 +572,27 @@ def test_a_followers_step_stages_the_changed_elements_not_the_decoded_chunks(tmp
             tracemalloc.stop()
         assert same(follower.state_dict, run.repo.load_state_dict(commit))
         assert peak < 0.5 * model_bytes, (i, peak / model_bytes)
+
+
+def test_an_ordinary_reads_chunks_are_compared_with_the_held_bytes_on_the_codec_pool(tmp_path, monkeypatch):
+    """Where chunks are decoded one after another (a source that is not thread-safe: here a
+    local repository's), each is compared with the held bytes on the codec pool while the
+    next decodes, not on the caller's thread after it."""
+    import threading
+
+    from wvc.read import follower as follower_module
+
+    run = Run(tmp_path / "run", str(tmp_path / "remote"), n=1 << 20)
+    run.step(0)
+    follower = wvc.follow(str(tmp_path / "run"))
+    follower.update()
+    threads, real_of = set(), follower_module._ChunkChanges.of.__func__
+
+    def of(cls, raw, base, region, width):
+        threads.add(threading.current_thread().name)
+        return real_of(cls, raw, base, region, width)
+
+    monkeypatch.setattr(follower_module._ChunkChanges, "of", classmethod(of))
+    commit = run.step(1)
+    assert follower.update().commit == commit and same(follower.state_dict, run.repo.load_state_dict(commit))
+    assert threads and all(name.startswith("wvc-codec") for name in threads), threads

@@ -251,6 +251,21 @@ def _tensor_entries(tree) -> dict:
     return entries
 
 
+def _staged(places: dict, item, raw):
+    """What an update holds of a decoded chunk until its write: where its tensor is written in
+    place on the host (``places``: Follower._host_places) and few of its elements changed, those
+    elements (_ChunkChanges), else its bytes. ``item``: (tensor name, chunk index, chunk id)."""
+    name, i, _ = item
+    place = places.get(name)
+    if place is None or isinstance(raw, _ChunkChanges) or i >= len(place[0]):
+        return raw
+    olds, flat, spans, width = place
+    region = flat[spans[i][0] : spans[i][1]]
+    if len(raw) != region.numel():
+        return raw  # (_check_places says what is wrong)
+    return _ChunkChanges.of(raw, olds[i], region, width) or raw
+
+
 def _check_places(entries: dict, staged: dict, chunk_bytes: int) -> None:
     """Every staged chunk decodes to exactly the bytes of its place in its tensor, as every
     other reader checks (a tree may name any stored chunk at any place: a 1-byte chunk at
@@ -719,20 +734,11 @@ class Follower:
                               getattr(source, "payload_bytes", None)):
             if remote is not None:
                 source.prefetch(cid for _, _, cid in batch)
-            def fetch(item):  # (decoded and, where few elements changed, staged as its changes at once)
-                name, i, cid = item
-                raw = view.get(cid)
-                place = places.get(name)
-                if place is None or isinstance(raw, _ChunkChanges) or i >= len(place[0]):
-                    return raw
-                olds, flat, spans, width = place
-                region = flat[spans[i][0] : spans[i][1]]
-                if len(raw) != region.numel():
-                    return raw  # (_check_places says what is wrong)
-                return _ChunkChanges.of(raw, olds[i], region, width) or raw
-
-            decoded = (codec_pool.pool().map(fetch, batch) if getattr(source, "thread_safe", False)
-                       else map(fetch, batch))
+            pool = codec_pool.pool()
+            if getattr(source, "thread_safe", False):
+                decoded = pool.map(lambda item: _staged(places, item, view.get(item[2])), batch)
+            else:  # decoded one after another here, each compared on the pool while the next decodes
+                decoded = [f.result() for f in [pool.submit(_staged, places, item, view.get(item[2])) for item in batch]]
             for (name, i, _), raw in zip(batch, decoded):
                 staged[name].append((i, raw))
         _check_places(entries, staged, view.tree.chunk_bytes)
