@@ -770,11 +770,11 @@ class Follower:
         return places
 
     def _apply(self, entries: dict, staged: dict, chunk_bytes: int) -> tuple[dict, dict | None]:
-        """Write the staged chunks. In place, each chunk's old bytes are first copied aside
-        (a clone on the tensor's device: on a GPU no copy crosses to the host; on the CPU a
-        scatter of only the changed elements was 4x slower than this copy, 23 against 5 ms
-        a 4 MiB chunk) and kept until the end: if anything raises midway (an interrupt
-        included), every tensor gets its old bytes back before the exception goes on. New
+        """Write the staged chunks. In place, what each write replaces is first kept aside
+        (_OldBytes: on the host the changed elements' positions and old values, which are
+        also all that is written where under a quarter of the chunk changed; on a device a
+        clone, so no copy crosses to the host) until the end: if anything raises midway (an
+        interrupt included), every tensor gets its old bytes back before the exception goes on. New
         tensors (the follower's own, or a changed shape) are filled aside and swapped in at
         the end. The new bytes reach each device in one copy per batch of chunks (pinned, on
         the copy stream: wvc/codec/device_copy.py). Returns the replaced chunks' old bytes by id, and
