@@ -254,6 +254,7 @@ class Publisher:
         self._committer_failed = False  # it could not open the repository: nothing will be committed
         self._pushing = False  # the pusher is pushing
         self._flush_requested = False  # someone waits in flush: push without waiting out push_interval
+        self._writer_store = None  # the committer's store, once it opened the repository
         self._committer = threading.Thread(target=self._commit_loop, name="wvc-commit", daemon=True)
         self._committer.start()
         self._pusher = None
@@ -353,6 +354,7 @@ class Publisher:
                 self._cond.notify_all()
             return
         repo.internals.store.keep_recent(self.keep_bytes)
+        self._writer_store = repo.internals.store  # what the pusher reads the kept chunks of
         try:
             while True:
                 with self._cond:
@@ -438,7 +440,7 @@ class Publisher:
     # -- the pusher ----------------------------------------------------------------------------
     def _push_loop(self) -> None:
         repo = Repo.open(self.repo_path)
-        attempts, last_try = 0, float("-inf")
+        attempts, last_try, reading_kept = 0, float("-inf"), False
         try:
             while True:
                 with self._cond:
@@ -460,6 +462,10 @@ class Publisher:
                 last_try = time.monotonic()
                 try:
                     t = time.perf_counter()
+                    if self._writer_store is not None and not reading_kept:
+                        # the step records take the payloads the commit coded (remotes/step_records.py)
+                        repo.internals.store.read_kept_of(self._writer_store)
+                        reading_kept = True
                     with hub_bars_silenced(self.quiet_hub), self._store_lock:
                         pushed = repo.push(self.remote, self.branch)
                     self.pushes.append({"commit": pushed.new, "commits": pushed.commits,
