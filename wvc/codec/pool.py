@@ -1,12 +1,20 @@
-"""The codec thread pool: one per process, sized to the CPUs the process may use; zstd,
-blake3 and the C kernels release the GIL, so threads scale. Small chunks are coded several
-to a task (:class:`SmallTasks`), since a hand-off to a worker cost more than their coding.
+"""The codec thread pools: sized to the CPUs the process may use; zstd, blake3 and the C
+kernels release the GIL, so threads scale. Small chunks are coded several to a task
+(:class:`SmallTasks`), since a hand-off to a worker cost more than their coding.
+
+Work a caller does not wait for (a trainer's background sync, a server's fetch while it
+serves) runs at a lower CPU priority: a thread that calls :func:`work_in_background` is
+niced (Linux nice is per thread) and its codec work goes to a second pool of niced threads.
+Where they compete for cores, the training step or the generation beside them comes first;
+idle cores still do all of it. On 2 cores, a trainer's snapshot was slowed 3-10x by the
+sync it had queued the step before.
 
 Callers read ``pool()`` and the sizes through this module at call time (tests set them)."""
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -91,14 +99,78 @@ class SmallTasks:
 
 
 _POOL: ThreadPoolExecutor | None = None
+_BACKGROUND_POOL: ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
 
 
+class _ThreadKind(threading.local):
+    """Per thread: whether it does background work (niced, codec work on the niced pool)."""
+
+    def __init__(self):
+        self.low_priority = False
+
+
+_THREAD = _ThreadKind()
+
+
+def background_nice() -> int:
+    """How many nice steps background work runs below the process (``WVC_BACKGROUND_NICE``,
+    0 to 19; default 10: a tenth of a normal thread's share of a contended core)."""
+    value = settings.text("WVC_BACKGROUND_NICE")
+    if value is None:
+        return 10
+    if not value.isdigit() or int(value) > 19:
+        raise ValueError(f"WVC_BACKGROUND_NICE must be 0 to 19, not {value!r}")
+    return int(value)
+
+
+def _lower_this_thread() -> None:
+    """The calling thread niced ``background_nice()`` below the main thread (once: a thread
+    made by a background thread inherits its nice value); nothing where threads have no
+    nice value of their own (not Linux) or it cannot be set."""
+    steps = background_nice()
+    if not steps or not sys.platform.startswith("linux"):
+        return
+    try:
+        me = threading.get_native_id()
+        target = min(19, os.getpriority(os.PRIO_PROCESS, os.getpid()) + steps)  # (the main thread's id is the pid)
+        if os.getpriority(os.PRIO_PROCESS, me) < target:
+            os.setpriority(os.PRIO_PROCESS, me, target)
+    except OSError:  # (a sandbox that refuses it: the work runs as before)
+        pass
+
+
+def _start_background_worker() -> None:
+    _THREAD.low_priority = True
+    _lower_this_thread()
+
+
+def work_in_background() -> None:
+    """Mark the calling thread as background work for the rest of its life: it is niced, and
+    its codec work (``pool()``) goes to the niced pool. For threads wvc starts for work no
+    one waits on (a sync queue's worker, a Publisher's committer and pusher, a server's
+    prefetch): a thread that later does foreground work must not call it (a thread cannot
+    take a lower nice value back without privilege)."""
+    if not _THREAD.low_priority:
+        _start_background_worker()
+
+
+def in_background() -> bool:
+    return _THREAD.low_priority
+
+
 def pool() -> ThreadPoolExecutor:
-    """One process-wide pool: zstd, blake3 and numpy release the GIL, so threads scale."""
-    global _POOL
+    """The process-wide pool of the calling thread's kind (see the module docstring)."""
+    global _POOL, _BACKGROUND_POOL
+    background = in_background()
     with _POOL_LOCK:
-        if _POOL is None:
+        if (_BACKGROUND_POOL if background else _POOL) is None:
             allocator.keep_chunk_buffers()  # chunk-sized buffers: no page faults per chunk
+        if background:
+            if _BACKGROUND_POOL is None:
+                _BACKGROUND_POOL = ThreadPoolExecutor(WORKERS, thread_name_prefix="wvc-codec-bg",
+                                                      initializer=_start_background_worker)
+            return _BACKGROUND_POOL
+        if _POOL is None:
             _POOL = ThreadPoolExecutor(WORKERS, thread_name_prefix="wvc-codec")
         return _POOL

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..api import Repo
+from ..codec.pool import work_in_background
 
 log = logging.getLogger("wvc")
 
@@ -340,6 +341,7 @@ class Publisher:
 
     # -- the committer -------------------------------------------------------------------------
     def _commit_loop(self) -> None:
+        work_in_background()  # (training comes first where they share cores)
         try:
             repo = Repo.open(self.repo_path)  # its own connection: never shares the caller's
         except Exception as exc:  # noqa: BLE001 - reported; every waiting job fails with it
@@ -439,6 +441,7 @@ class Publisher:
 
     # -- the pusher ----------------------------------------------------------------------------
     def _push_loop(self) -> None:
+        work_in_background()
         repo = Repo.open(self.repo_path)
         attempts, last_try, reading_kept = 0, float("-inf"), False
         try:

@@ -18,6 +18,8 @@ import threading
 from collections.abc import Callable
 from contextlib import contextmanager
 
+from ..codec.pool import work_in_background
+
 
 class SyncQueue:
     def __init__(self, name: str = "wvc-sync"):
@@ -81,6 +83,7 @@ class SyncQueue:
         return True
 
     def _work(self) -> None:
+        work_in_background()  # the trainer's own steps come first where they share cores
         while True:
             with self._cond:
                 job, self._waiting = self._waiting, None

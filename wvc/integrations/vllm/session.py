@@ -22,6 +22,7 @@ import logging
 import threading
 from pathlib import Path
 
+from ...codec.pool import work_in_background
 from ...errors import EngineUnusable, InvalidArgument
 from ...read.follower import Follower
 
@@ -145,6 +146,8 @@ class EngineFollower:
         return self._fetching is not None and self._fetching.is_alive()
 
     def _fetch(self, rev: str | None, timeout: float | None) -> None:
+        if threading.current_thread() is self._fetching:
+            work_in_background()  # a prefetch: the engine's generation comes first where they share cores
         try:
             with self._host:
                 up = self.follower.update(rev, timeout)  # all of it fetched and verified, or nothing changed
