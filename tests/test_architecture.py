@@ -119,8 +119,10 @@ def _declared_attributes() -> dict[str, set[str]]:
     return out
 
 
-# ctypes function objects are configured by assigning these (they are no wvc object)
-FOREIGN_PROTOCOL = {"argtypes", "restype"}
+# ctypes function objects are configured by assigning these, and vLLM's CPU backend dispatches
+# a module's matmul through its cpu_linear, which the vLLM writer puts in place of a packed
+# copy it prepared (integrations/vllm/engine_weights.py): none is a wvc object
+FOREIGN_PROTOCOL = {"argtypes", "restype", "cpu_linear"}
 
 
 def _foreign_names(tree: ast.Module) -> set[str]:

@@ -28,6 +28,12 @@ def _packed(worker) -> bool:
                for m in model.modules())
 
 
+def _one_packed_copy_for_tied_weights(worker) -> bool:
+    model = worker.model_runner.get_model()
+    return model.lm_head.weight is model.model.embed_tokens.weight and \
+        model.lm_head.cpu_linear is model.model.embed_tokens.cpu_linear
+
+
 def needs_packed_weights(llm) -> None:
     """The packed layout exists only where vLLM's oneDNN path packs (a CPU with AVX-512): on
     an AVX2-only CPU vLLM keeps plain weights, and what these tests assert of packing cannot
@@ -60,6 +66,11 @@ def test_a_step_leaving_part_of_a_fused_module_equals_a_fresh_engine(run):
     applied = up.applied
     assert set(applied["reloaded"]) == {f"model.layers.0.self_attn.{p}_proj.{w}" for p in "qkv" for w in ("weight", "bias")}
     assert "lm_head" in applied["repacked"]
+    # its packed copy built from the new values before the write (on a server: while it
+    # serves), which only put it in place; one copy for the LM head and the embedding module
+    # it is tied to (vLLM packs the tied weight for each)
+    assert set(applied["prepared"]) == set(applied["repacked"])
+    assert all(run[1].collective_rpc(_one_packed_copy_for_tied_weights))
     # the engine started at=the first commit: it downloaded the step, not the model
     assert 0 < up.downloaded_bytes < 0.15 * trainer.model_bytes(), (up.downloaded_bytes, trainer.model_bytes())
 
@@ -72,6 +83,20 @@ def test_three_consecutive_steps_each_equal_a_fresh_engine(run):
     for names in plans:
         up = _moves_to(run, trainer.step(names))
         assert up.changed == sorted(names)
+
+
+def test_when_nothing_could_be_prepared_the_write_repacks_and_equals_a_fresh_engine(run, monkeypatch):
+    """EngineWeights.prepare is an optimisation: when it fails (or declines), the write
+    rebuilds the LM head's packed copy itself, and the engine is exact all the same."""
+    trainer = run[0]
+    needs_packed_weights(run[1])
+
+    def failing(self, host, changed):
+        raise RuntimeError("no packing before the write")
+
+    monkeypatch.setattr(engine_weights.EngineWeights, "prepare", failing)
+    up = _moves_to(run, trainer.step(["model.embed_tokens.weight", "model.layers.1.mlp.up_proj.weight"]))
+    assert "lm_head" in up.applied["repacked"] and up.applied["prepared"] == []
 
 
 def test_an_update_with_nothing_new_changes_nothing(run):

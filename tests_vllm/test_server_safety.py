@@ -37,9 +37,9 @@ if os.environ.get("WVC_TEST_FAIL_WRITE"):
 
     _apply = engine_weights.EngineWeights.apply
 
-    def apply(self, host, changed, patches=None):
+    def apply(self, host, changed, patches=None, prepared=None):
         if not os.path.exists(os.environ["WVC_TEST_FAIL_WRITE"]):  # (the test creates it when the write must fail)
-            return _apply(self, host, changed, patches)
+            return _apply(self, host, changed, patches, prepared)
         first = sorted(changed)[:1]
         _apply(self, host, first, None if patches is None else {k: v for k, v in patches.items() if k in first})
         raise RuntimeError("injected: the copy into the engine stopped midway")

@@ -15,7 +15,9 @@ the names of the checkpoint tensors that changed and sends each the way its modu
   per element in this engine so far (on CPU the sparse loader was ~50x slower than dense);
 - then every module that keeps a packed copy of a weight that changed (the LM head, tied to
   the embedding or not) is repacked: a reload does not refresh that copy, and outputs were
-  silently off until it was.
+  silently off until it was. ``prepare`` builds those copies beforehand, from the new
+  values in the follower's host copy (on a server, while the engine still serves): the
+  write then only puts them in place (the LM head's packing was a third of a 494M apply).
 
 Which checkpoint tensors make a module is derived from the model's own
 ``packed_modules_mapping`` and ``hf_to_vllm_mapper``, not from a table of names. vLLM is
@@ -66,6 +68,7 @@ class Applied:
     dense: list = field(default_factory=list)  # checkpoint tensors sent as dense patches
     sparse: dict = field(default_factory=dict)  # checkpoint tensor -> changed elements sent
     repacked: list = field(default_factory=list)  # vLLM modules whose packed copy was rebuilt
+    prepared: list = field(default_factory=list)  # those of them whose copy prepare() built
     seconds: float = 0.0
 
     def to_json(self) -> dict:
@@ -110,10 +113,46 @@ class EngineWeights:
         weight = getattr(module, "weight", None)
         return hasattr(module, "cpu_linear") and weight is not None and weight.numel() == 0
 
-    def apply(self, host: dict, changed, patches: dict | None = None) -> Applied:
+    def prepare(self, host: dict, changed) -> dict:
+        """The packed copies ``apply`` would rebuild after sending ``changed`` (the LM head's),
+        built now from the new values in ``host`` on a module of their own: module path ->
+        its new ``cpu_linear``, which ``apply`` puts in place of the old. Modules that share a
+        weight share one packed copy (vLLM packs a tied embedding's weight twice, once for the
+        LM head and once for the embedding module itself: 272 MB each at 494M). vLLM's CPU dispatch
+        copies the weight into its packed form on every path but one (zentorch without
+        prepacking keeps the tensor it is given, which the next fetch would overwrite): there,
+        and for a weight that is not one checkpoint tensor of the module's own shape and dtype
+        (fused, sharded, padded) or beside a bias (one path converts the bias in place), nothing
+        is prepared and ``apply`` repacks as before."""
+        import torch
+        from vllm.platforms import current_platform
+
+        zen = getattr(current_platform, "is_zen_cpu", None)
+        if not current_platform.is_cpu() or zen is None or zen():
+            return {}
+        patched = {self.module_of.get(name) for name in changed} - {None}
+        prepared, built = {}, {}
+        for path, source in self._repack_targets(patched):
+            module, names = self._modules[path], self.members.get(source, [])
+            weight = module.weight
+            if len(names) != 1 or getattr(module, "bias", None) is not None:
+                continue
+            new = host[names[0]]
+            if tuple(new.shape) != tuple(weight.shape) or new.dtype != weight.dtype:
+                continue
+            if id(weight) not in built:  # a tied embedding and LM head: one packed copy for both
+                shadow = torch.nn.Module()
+                shadow.register_parameter("weight", torch.nn.Parameter(new, requires_grad=False))  # (no copy)
+                module.quant_method.process_weights_after_loading(shadow)
+                built[id(weight)] = shadow.cpu_linear
+            prepared[path] = built[id(weight)]
+        return prepared
+
+    def apply(self, host: dict, changed, patches: dict | None = None, prepared: dict | None = None) -> Applied:
         """Send the checkpoint tensors named ``changed`` (their values in ``host``, the
         follower's copy, the new version whole) into the engine. ``patches``: each tensor's
-        changed flat indices (None: all of it), where known."""
+        changed flat indices (None: all of it), where known; ``prepared``: what ``prepare``
+        built from these same values."""
         import torch
 
         t0 = time.perf_counter()
@@ -147,23 +186,34 @@ class EngineWeights:
                 self.costs.record(kind, time.perf_counter() - started, sum(t.numel() for _, t, _, _ in batch))
         if reload:
             _reload(self.vllm_config, self.model, [(name, host[name]) for name in sorted(reload)])
-        done.repacked = self._repack(patched_modules)
+        done.repacked = self._repack(patched_modules, prepared or {})
+        done.prepared = [p for p in done.repacked if p in (prepared or {})]
         done.reloaded, done.dense = sorted(reload), sorted(n for n, *_ in dense)
         done.sparse = {n: int(i.numel()) for n, _, _, i in sparse}
         done.seconds = time.perf_counter() - t0
         return done
 
-    def _repack(self, patched_modules: set[str]) -> list[str]:
-        """Rebuild the packed copy of every module that keeps one beside a weight that was
-        patched in place (the LM head: its own weight, or the embedding's it is tied to)."""
-        touched = {id(getattr(self._modules[p], "weight", None)) for p in patched_modules}
-        touched.discard(id(None))
+    def _repack_targets(self, patched_modules) -> list[tuple[str, str]]:
+        """(module, the patched module whose weight it uses) for every module that keeps a
+        packed copy beside a weight patched in place (the LM head: its own weight, or the
+        embedding's it is tied to)."""
+        owner = {id(getattr(self._modules[p], "weight", None)): p for p in patched_modules}
+        owner.pop(id(None), None)
+        return [(path, owner[id(module.weight)]) for path, module in self._modules.items()
+                if hasattr(module, "cpu_linear") and getattr(module, "weight", None) is not None
+                and module.weight.numel() and id(module.weight) in owner]
+
+    def _repack(self, patched_modules: set[str], prepared: dict) -> list[str]:
+        """Rebuild the packed copy of every module of ``_repack_targets``, or put in place the
+        one ``prepare`` built from the same values."""
         repacked = []
-        for path, module in self._modules.items():
-            weight = getattr(module, "weight", None)
-            if hasattr(module, "cpu_linear") and weight is not None and weight.numel() and id(weight) in touched:
+        for path, _ in self._repack_targets(patched_modules):
+            module = self._modules[path]
+            if path in prepared:
+                module.cpu_linear = prepared[path]
+            else:
                 module.quant_method.process_weights_after_loading(module)
-                repacked.append(path)
+            repacked.append(path)
         return repacked
 
 
