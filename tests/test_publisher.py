@@ -190,42 +190,20 @@ def test_the_publishers_push_sends_the_step_payloads_its_commit_coded(tmp_path, 
     import threading
 
     import wvc
-    import wvc.read.follower as follower_module
-    import wvc.remotes.step_records as records_module
-    import wvc.store.chunks as chunks_module
 
     from .test_follow import same
-    from .test_step_records import AdamRun
+    from .test_step_records import AdamRun, count_push_work, forbid_ordinary_reads
 
     monkeypatch.setenv("WVC_CACHE", str(tmp_path / "cache"))
     run = AdamRun(tmp_path / "run", str(tmp_path / "remote"))  # (its moves: step payloads)
     run.repo.close()
-    work = {"decoded": 0, "coded": 0}
-    real_decode, real_encode = chunks_module.decode_links, records_module.encode
-
-    def pushing() -> bool:
-        return threading.current_thread().name == "wvc-push"
-
-    def decoding(links, *args, **kwargs):
-        work["decoded"] += len(links) if pushing() else 0
-        return real_decode(links, *args, **kwargs)
-
-    def encoding(*args, **kwargs):
-        work["coded"] += 1
-        return real_encode(*args, **kwargs)
-
-    monkeypatch.setattr(chunks_module, "decode_links", decoding)
-    monkeypatch.setattr(records_module, "encode", encoding)
+    work = count_push_work(monkeypatch, lambda: threading.current_thread().name == "wvc-push")
     pub = Publisher(tmp_path / "run", "main", push_to=str(tmp_path / "remote"), push_interval=0)
     pub.publish({"w": run.w}, message="step 0", wait=True)
     assert pub.flush(timeout=60), pub.errors
     follower = wvc.follow(str(tmp_path / "remote"))
     follower.update()
-
-    def no_ordinary_read(*args, **kwargs):
-        raise AssertionError("the follower read a version the ordinary way: no record for it")
-
-    monkeypatch.setattr(follower_module, "open_remote_version", no_ordinary_read)
+    forbid_ordinary_reads(monkeypatch)
     reanchored = []
     for i in range(1, 11):
         run.move()

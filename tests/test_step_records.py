@@ -67,6 +67,39 @@ class AdamRun(Run):
         self.w.view(torch.int16)[self.active[moves]] += self.way[moves]
 
 
+def count_push_work(monkeypatch, pushing) -> dict:
+    """Counts, from now on, the chain links decoded while ``pushing()`` and the step payloads
+    a push's records code (remotes/step_records.py): what a long-lived writer's push should
+    leave to its commit."""
+    import wvc.remotes.step_records as records_module
+    import wvc.store.chunks as chunks_module
+
+    work = {"decoded": 0, "coded": 0}
+    real_decode, real_encode = chunks_module.decode_links, records_module.encode
+
+    def decoding(links, *args, **kwargs):
+        work["decoded"] += len(links) if pushing() else 0
+        return real_decode(links, *args, **kwargs)
+
+    def encoding(*args, **kwargs):
+        work["coded"] += 1
+        return real_encode(*args, **kwargs)
+
+    monkeypatch.setattr(chunks_module, "decode_links", decoding)
+    monkeypatch.setattr(records_module, "encode", encoding)
+    return work
+
+
+def forbid_ordinary_reads(monkeypatch) -> None:
+    """From now on a follower that reads a version the ordinary way (no record) fails."""
+    import wvc.read.follower as module
+
+    def no_ordinary_read(*args, **kwargs):
+        raise AssertionError("the follower read a version the ordinary way: no record for it")
+
+    monkeypatch.setattr(module, "open_remote_version", no_ordinary_read)
+
+
 pytestmark = pytest.mark.usefixtures("hub_env")
 
 
@@ -389,33 +422,13 @@ def test_a_long_lived_writers_pushes_code_and_decode_nothing_and_followers_stay_
     are in hand; the push only sends it. Built at push time, an anchor step's record decoded
     the grandparent's chain and coded the payload there, serially: its push took 30x a plain
     step's, and grew with the anchor's depth (issue 65)."""
-    import wvc.remotes.step_records as records_module
-    import wvc.store.chunks as chunks_module
-
     run = Run(tmp_path / "run", str(tmp_path / "remote"))
     run.repo.internals.store.keep_recent(1 << 30)
-    work = {"decoded": 0, "coded": 0}
-    real_decode, real_encode = chunks_module.decode_links, records_module.encode
-
-    def decoding(links, *args, **kwargs):
-        work["decoded"] += len(links) if run.pushing else 0
-        return real_decode(links, *args, **kwargs)
-
-    def encoding(*args, **kwargs):
-        work["coded"] += 1
-        return real_encode(*args, **kwargs)
-
-    monkeypatch.setattr(chunks_module, "decode_links", decoding)
-    monkeypatch.setattr(records_module, "encode", encoding)
+    work = count_push_work(monkeypatch, lambda: run.pushing)
     run.step(0)
     follower = wvc.follow(str(tmp_path / "remote"))
     follower.update()
-    import wvc.read.follower as module
-
-    def no_ordinary_read(*args, **kwargs):
-        raise AssertionError("the follower read a version the ordinary way: no record for it")
-
-    monkeypatch.setattr(module, "open_remote_version", no_ordinary_read)
+    forbid_ordinary_reads(monkeypatch)
     anchors = []
     for i in range(1, 14):
         commit = run.step(i)
