@@ -140,19 +140,15 @@ def _lower_this_thread() -> None:
         pass
 
 
-def _start_background_worker() -> None:
-    _THREAD.low_priority = True
-    _lower_this_thread()
-
-
 def work_in_background() -> None:
     """Mark the calling thread as background work for the rest of its life: it is niced, and
-    its codec work (``pool()``) goes to the niced pool. For threads wvc starts for work no
-    one waits on (a sync queue's worker, a Publisher's committer and pusher, a server's
-    prefetch): a thread that later does foreground work must not call it (a thread cannot
-    take a lower nice value back without privilege)."""
+    its codec work (``pool()``) goes to the niced pool (whose threads start with this). For
+    threads wvc starts for work no one waits on (a sync queue's worker, a Publisher's
+    committer and pusher, a server's prefetch): a thread that later does foreground work
+    must not call it (a thread cannot take a lower nice value back without privilege)."""
     if not _THREAD.low_priority:
-        _start_background_worker()
+        _THREAD.low_priority = True
+        _lower_this_thread()
 
 
 def in_background() -> bool:
@@ -162,15 +158,14 @@ def in_background() -> bool:
 def pool() -> ThreadPoolExecutor:
     """The process-wide pool of the calling thread's kind (see the module docstring)."""
     global _POOL, _BACKGROUND_POOL
-    background = in_background()
     with _POOL_LOCK:
-        if (_BACKGROUND_POOL if background else _POOL) is None:
-            allocator.keep_chunk_buffers()  # chunk-sized buffers: no page faults per chunk
-        if background:
+        if in_background():
             if _BACKGROUND_POOL is None:
+                allocator.keep_chunk_buffers()  # chunk-sized buffers: no page faults per chunk
                 _BACKGROUND_POOL = ThreadPoolExecutor(WORKERS, thread_name_prefix="wvc-codec-bg",
-                                                      initializer=_start_background_worker)
+                                                      initializer=work_in_background)
             return _BACKGROUND_POOL
         if _POOL is None:
+            allocator.keep_chunk_buffers()
             _POOL = ThreadPoolExecutor(WORKERS, thread_name_prefix="wvc-codec")
         return _POOL

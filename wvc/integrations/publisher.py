@@ -443,7 +443,7 @@ class Publisher:
     def _push_loop(self) -> None:
         work_in_background()
         repo = Repo.open(self.repo_path)
-        attempts, last_try, reading_kept = 0, float("-inf"), False
+        attempts, last_try = 0, float("-inf")
         try:
             while True:
                 with self._cond:
@@ -465,10 +465,9 @@ class Publisher:
                 last_try = time.monotonic()
                 try:
                     t = time.perf_counter()
-                    if self._writer_store is not None and not reading_kept:
+                    if self._writer_store is not None:
                         # the step records take the payloads the commit coded (remotes/step_records.py)
                         repo.internals.store.read_kept_of(self._writer_store)
-                        reading_kept = True
                     with hub_bars_silenced(self.quiet_hub), self._store_lock:
                         pushed = repo.push(self.remote, self.branch)
                     self.pushes.append({"commit": pushed.new, "commits": pushed.commits,

@@ -186,8 +186,9 @@ class EngineWeights:
                 self.costs.record(kind, time.perf_counter() - started, sum(t.numel() for _, t, _, _ in batch))
         if reload:
             _reload(self.vllm_config, self.model, [(name, host[name]) for name in sorted(reload)])
-        done.repacked = self._repack(patched_modules, prepared or {})
-        done.prepared = [p for p in done.repacked if p in (prepared or {})]
+        prepared = prepared or {}
+        done.repacked = self._repack(patched_modules, prepared)
+        done.prepared = [p for p in done.repacked if p in prepared]
         done.reloaded, done.dense = sorted(reload), sorted(n for n, *_ in dense)
         done.sparse = {n: int(i.numel()) for n, _, _, i in sparse}
         done.seconds = time.perf_counter() - t0

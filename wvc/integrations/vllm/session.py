@@ -123,7 +123,7 @@ class EngineFollower:
         self.last_applied = None
         self._held = self.follower.commit  # what the engine holds (the host copy may be ahead: _fetched)
         self._fetched = None  # the host copy's moves not yet written into the engine (one Update)
-        self._prepared: tuple = (None, {})  # (commit, EngineWeights.prepare's) for _fetched
+        self._prepared: dict = {}  # EngineWeights.prepare's for _fetched (set and cleared with it)
         self._fetching: threading.Thread | None = None
         self._fetch_failure: BaseException | None = None
         self._host = threading.Lock()  # the host copy: one fetch or one write at a time
@@ -158,14 +158,14 @@ class EngineFollower:
         except BaseException as exc:  # noqa: BLE001 - the update's error, raised where it is waited for
             self._fetch_failure = exc
 
-    def _prepare(self, up) -> tuple:
-        """What the write can be spared (EngineWeights.prepare), for ``up``'s commit; a
-        failure costs only that (the write then does it)."""
+    def _prepare(self, up) -> dict:
+        """What the write of ``up`` can be spared (EngineWeights.prepare); a failure costs
+        only that (the write then does it)."""
         try:
-            return up.commit, self._engine(self.follower.state_dict).prepare(self.follower.state_dict, up.changed)
+            return self._engine(self.follower.state_dict).prepare(self.follower.state_dict, up.changed)
         except Exception as exc:  # noqa: BLE001 - an optimisation: never the update's error
             log.debug("wvc: nothing prepared for the write (%s)", exc)
-            return up.commit, {}
+            return {}
 
     def _raise_fetch_failure(self) -> None:
         failure, self._fetch_failure = self._fetch_failure, None
@@ -195,10 +195,10 @@ class EngineFollower:
             return None
         try:
             with self._host:
-                prepared = self._prepared[1] if self._prepared[0] == up.commit else None
                 self.last_applied = self._engine(self.follower.state_dict).apply(self.follower.state_dict,
-                                                                                 up.changed, up.patches, prepared)
-            self._fetched, self._held, self._prepared = None, up.commit, (None, {})
+                                                                                 up.changed, up.patches,
+                                                                                 self._prepared)
+            self._fetched, self._held, self._prepared = None, up.commit, {}
         except BaseException as exc:
             self.unusable = (f"the update to {up.commit[:12]} failed while its weights were being written into "
                              f"the engine ({type(exc).__name__}: {exc}); it holds part of {str(up.parent)[:12]} "
