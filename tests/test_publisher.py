@@ -218,3 +218,17 @@ def test_the_publishers_push_sends_the_step_payloads_its_commit_coded(tmp_path, 
     assert pub.close(timeout=60)
     assert reanchored, "the run never re-anchored: the test shows nothing"
     assert work == {"decoded": 0, "coded": 0}, (work, reanchored)
+
+
+def test_a_relative_push_to_directory_is_relative_to_the_caller_not_the_repository(tmp_path, monkeypatch):
+    """``Publisher("run", push_to="remote")`` pushed into run/remote, so a follower of
+    "remote" (beside "run", where the caller named it) found no remote at all."""
+    monkeypatch.chdir(tmp_path)
+    pub = Publisher("run", "main", push_to="shared")
+    for step, sd in model_steps(1):
+        pub.publish(sd, message=f"step {step}")
+    assert pub.close(timeout=60)
+    assert (tmp_path / "shared" / "wvc.json").is_file() and not (tmp_path / "run" / "shared").exists()
+    import wvc
+
+    assert wvc.open(str(tmp_path / "shared"), "main").commit == pub.commits[-1]["commit"]

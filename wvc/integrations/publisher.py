@@ -45,6 +45,7 @@ from pathlib import Path
 
 from ..api import Repo
 from ..codec.pool import work_in_background
+from ..remotes import local_path
 
 log = logging.getLogger("wvc")
 
@@ -236,6 +237,10 @@ class Publisher:
         self.errors: list[str] = []
         self.unpushed = False
         repo = Repo.open(self.repo_path) if (self.repo_path / ".wvc").is_dir() else Repo.init(self.repo_path)
+        if push_to and local_path(push_to) is not None:
+            # a directory given here is relative to the caller, as repo_path is (a remote added
+            # to the repository is relative to its root: the Publisher pushed into its own folder)
+            push_to = str(Path(local_path(push_to)).expanduser().resolve())
         self.push_to = push_to
         if push_to and remote not in repo.remotes():
             repo.remote_add(remote, push_to)
