@@ -1,4 +1,4 @@
-"""The README's offline vLLM snippet runs as written (issue 64 finding 13): only the model
+"""The RL guide's offline vLLM snippet (docs/guides/rl.md) runs as written (issue 64 finding 13): only the model
 directory, the remote and the commit are put in for the placeholders, in a process of its
 own (vLLM starts worker processes; the snippet's ``__main__`` guard is part of what is tested).
 The TRL snippet runs in test_trl.py."""
@@ -14,16 +14,16 @@ import torch
 from .conftest import Trainer
 from .engine import ENGINE_ENV
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "guides" / "rl.md"
 
 
 def offline_snippet() -> str:
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    blocks = re.findall(r"```python\n(.*?)```", GUIDE.read_text(), re.S)
     (block,) = [b for b in blocks if "wvc.integrations.vllm.attach" in b]
     return block
 
 
-def test_the_readmes_offline_vllm_snippet_runs_as_written(tmp_path):
+def test_the_rl_guides_offline_vllm_snippet_runs_as_written(tmp_path):
     trainer = Trainer(tmp_path, tied=False, dtype=torch.bfloat16)
     start_dir = trainer.checkout(trainer.first)
     commit = trainer.step(["model.layers.0.mlp.up_proj.weight"])

@@ -1,4 +1,4 @@
-"""TRL's AsyncGRPOTrainer syncs a real vLLM server through wvc (issue 51): the README's
+"""TRL's AsyncGRPOTrainer syncs a real vLLM server through wvc (issue 51): the RL guide's
 snippet, run as written (its server, model and remote names pointed at this test's, and the
 config sized for a CPU), on a tiny Qwen2, a reward that varies, 3 optimizer steps with
 weight_sync_steps=1 and a directory remote. After each sync the server reports the
@@ -22,13 +22,13 @@ from . import models, trl_on_cpu
 from .engine import server
 from .test_server import http_probe
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+GUIDE = Path(__file__).resolve().parent.parent / "docs" / "guides" / "rl.md"
 STEPS = 3
 
 
 def readme_snippet() -> str:
-    text = README.read_text()
-    section = text[text.index("### TRL's async GRPO"):]
+    text = GUIDE.read_text()
+    section = text[text.index("## TRL's async GRPO"):]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
@@ -80,7 +80,7 @@ def test_async_grpo_syncs_a_vllm_server_through_wvc_every_step(tmp_path, monkeyp
             assert was in code, was
             code = code.replace(was, now)
         scope = {"reward": trl_on_cpu.letter_reward, "dataset": dataset, "ReportingTransfer": ReportingTransfer}
-        exec(compile(code, "README.md", "exec"), scope)
+        exec(compile(code, "docs/guides/rl.md", "exec"), scope)
         trainer = scope["trainer"]
         transfer = trainer.weight_transfer
         synced = [s["commit"] for s in transfer.syncs]
