@@ -351,3 +351,31 @@ def test_a_remote_never_chooses_a_local_directory_to_read(tmp_path):
     assert tree_digests(copy.root) == tree_digests(repo.root)
     assert wvc.open(str(remote), "main", base_dir=moved).read_file("model.safetensors") == \
         (repo.root / "model.safetensors").read_bytes()
+
+
+def test_push_and_clone_say_what_became_of_the_base(tmp_path, hub, cli, monkeypatch):
+    """Issue 66: "2.1 MB downloaded" said nothing of the base a clone also fetched (or found
+    in the Hub cache), nor did a push say that the base was not uploaded."""
+    name, base_folder = publish_base(hub, tmp_path)
+    base_size = sum((base_folder / f).stat().st_size for f in BASE_FILES)
+    repo = Repo.init(tmp_path / "ft", base=f"hf://{name}")
+    fine_tune(base_folder, repo.root)
+    repo.commit("ft")
+    pinned = repo.base().url
+    repo.remote_add("origin", "hf://team/says-base")
+    pushed = cli(repo.root, "push", "--json")
+    assert json.loads(pushed.output)["base"] == {"url": pinned, "logical_bytes": base_size, "downloaded_bytes": 0,
+                                                 "source": "hub cache"}
+    repo.remote_add("again", "hf://team/says-base-2")
+    out = cli(repo.root, "push", "again").output
+    assert f"base {pinned} (" in out and "not uploaded: a clone fetches it from the Hub" in out, out
+
+    here = cli(tmp_path, "clone", "--json", "hf://team/says-base", str(tmp_path / "same-cache"))  # the cache has it all
+    assert json.loads(here.output)["base"] == {"url": pinned, "logical_bytes": base_size, "downloaded_bytes": 0,
+                                               "source": "hub cache"}
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "fresh-cache"))
+    out = cli(tmp_path, "clone", "hf://team/says-base", str(tmp_path / "fresh")).output
+    assert f"base {pinned} (" in out and "downloaded from the Hub" in out, out
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "fresh-cache-2"))
+    fresh = json.loads(cli(tmp_path, "clone", "--json", "hf://team/says-base", str(tmp_path / "fresh-2")).output)
+    assert fresh["base"]["downloaded_bytes"] == base_size and fresh["base"]["source"] == "hub"

@@ -851,7 +851,8 @@ def push(remote_name, branch, force, tags, delete, as_json):
     saved = f" for a {human(res.logical_bytes)} version{ratio_note(res.logical_bytes, res.uploaded_bytes, 'a full upload')}" \
         if res.uploaded_bytes else ""
     click.echo(f"{(res.old or '(new)')[:12]}..{res.new[:12]} {res.branch} -> {remote_name}/{res.branch}"
-               f"{' (forced)' if res.forced else ''}: {plural(res.commits, 'commit')}, {human(res.uploaded_bytes)} uploaded{saved}")
+               f"{' (forced)' if res.forced else ''}: {plural(res.commits, 'commit')}, {human(res.uploaded_bytes)} uploaded{saved}"
+               f"{base_note(res.base, pushed=True)}")
 
 
 @main.command()
@@ -968,7 +969,23 @@ def clone(url, directory, branch, lazy, base_dir, as_json):
         return emit_json(info)
     what = "that version (lazy: other versions on first use)" if lazy else "that version with all its history"
     click.echo(f"Cloned {url} into {info['path']} ({info['branch']} at {info['commit'][:12]}: "
-               f"{human(info['downloaded_bytes'])} downloaded for a {human(info['logical_bytes'])} version: {what})")
+               f"{human(info['downloaded_bytes'])} downloaded for a {human(info['logical_bytes'])} version: {what})"
+               f"{base_note(info.get('base'), pushed=False)}")
+
+
+def base_note(base: dict | None, *, pushed: bool) -> str:
+    """What a push or clone did with the base model its history starts from."""
+    if not base:
+        return ""
+    size = human(base["logical_bytes"])
+    if pushed:
+        where = "a clone fetches it from the Hub" if base["source"] != "directory" else "a clone needs it (--base-dir)"
+        return f"; base {base['url']} ({size}) not uploaded: {where}"
+    if base["source"] == "directory":
+        return f"; base {base['url']} ({size}) read in place"
+    if base["source"] == "hub cache":
+        return f"; base {base['url']} ({size}) from the Hub cache"
+    return f"; base {base['url']} ({size}): {human(base['downloaded_bytes'])} downloaded from the Hub"
 
 
 @main.command()

@@ -85,6 +85,18 @@ def download_hub(url: str, paths: list[str] | None = None, progress: Progress = 
     return f"{HUB_SCHEME}{repo_id}@{sha}", _snapshot_root(found[0], paths[0]), list(paths)
 
 
+def cached_paths(url: str, paths: list[str]) -> set[str]:
+    """Of ``paths`` of the Hub base ``url`` (pinned to a sha), those already in the local
+    huggingface_hub cache: what attaching it will not download."""
+    from huggingface_hub import try_to_load_from_cache
+
+    repo_id, rev = parse_hub(url)
+    if not re.fullmatch(r"[0-9a-f]{40}", rev):
+        return set()
+    cache_dir = hub_cache_dir()
+    return {p for p in paths if isinstance(try_to_load_from_cache(repo_id, p, cache_dir=cache_dir, revision=rev), str)}
+
+
 def _not_cached(what: str, missing: list[str], why: str) -> str:
     listed = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
     return f"{what}: {why} and the local huggingface_hub cache lacks {listed}"

@@ -48,10 +48,25 @@ def check_same_base(remote_name: str, theirs, ours) -> None:
     raise RemoteError(f"remote {remote_name} is based on {theirs.url}, this repository on {ours.url}")
 
 
-def attach_remote_base(repo, remote, base, progress: Progress, base_dir: str | None = None) -> None:
+def attach_remote_base(repo, remote, base, progress: Progress, base_dir: str | None = None) -> dict:
     """Find or download the base a remote (a RemoteRepository) records and check it gives
     the recorded tree (a directory base: read from ``base_dir``, the user's, see
-    base_directory)."""
+    base_directory). Returns :func:`base_report`'s account of it."""
     tree = remote.tree(base.tree)  # format 2: in the catalog of the first push
     spec = base.url if base.is_hub else base_directory(base, remote.url, base_dir)
+    cached = set()
+    if base.is_hub:
+        from .download import cached_paths
+
+        cached = cached_paths(base.url, [f.path for f in tree.files])
     attach(repo, spec, expected=base, expected_tree=tree, set_branch=False, progress=progress)
+    return base_report(base, tree.logical_bytes,
+                       sum(f.size for f in tree.files if f.path not in cached) if base.is_hub else 0)
+
+
+def base_report(base, logical_bytes: int, downloaded_bytes: int) -> dict:
+    """What a clone or push says of a base: its URL, its size, and the bytes of it fetched
+    from the Hub (the rest was in the huggingface_hub cache, or is a directory of this
+    machine); a push uploads none of it."""
+    return {"url": base.url, "logical_bytes": logical_bytes, "downloaded_bytes": downloaded_bytes,
+            "source": "directory" if not base.is_hub else "hub" if downloaded_bytes else "hub cache"}

@@ -65,13 +65,13 @@ def clone(url: str, directory=None, *, branch: str | None = None, lazy: bool = F
     base = remote_base(pinned.base_record, url)
     base_dir = base_directory(base, url, base_dir)  # before anything is created
     created = not target.exists()
-    repo = None
+    repo, base_info = None, None
     try:
         settings = {CLONE_INCOMPLETE: url, **({LAZY_REMOTE_KEY: "origin"} if lazy else {})}
         repo = Repository.create(target, branch=branch, settings=settings)
         pinned = RemoteRepository(remote, pinned.state, index_cache(repo))  # (the same listing)
         if base is not None:
-            attach_remote_base(repo, pinned, base, progress, base_dir)
+            base_info = attach_remote_base(repo, pinned, base, progress, base_dir)
         remote_add(repo, "origin", _absolute(url))
         fetched = fetch(repo, "origin", progress=progress, remote=pinned)
         pull(repo, "origin", branch, progress=progress, fetched=fetched)
@@ -85,4 +85,4 @@ def clone(url: str, directory=None, *, branch: str | None = None, lazy: bool = F
     head = repo.refs.head_commit()
     return repo, {"path": str(repo.root), "branch": branch, "commit": head, "lazy": lazy,
                   "downloaded_bytes": fetched.downloaded_bytes + repo.lazy_downloaded,
-                  "logical_bytes": repo.read_tree(repo.read_commit(head).tree).logical_bytes}
+                  "logical_bytes": repo.read_tree(repo.read_commit(head).tree).logical_bytes, "base": base_info}

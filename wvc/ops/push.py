@@ -15,7 +15,7 @@ from ..progress import NULL, Progress
 from ..store.refs import HEADS, TAGS
 from ..remotes import segment, step_records
 from .remote_config import REMOTES, open_remote_repository
-from ..basemodel.remote import check_same_base, remote_base
+from ..basemodel.remote import base_report, check_same_base, remote_base
 
 
 @dataclass
@@ -32,6 +32,7 @@ class PushResult:
     files_replaced: int = 0  # remote files this push's compaction replaced
     tags: list[str] = field(default_factory=list)  # tag refs this push created or moved
     copied_bytes: int = 0  # server-side copies its compaction made instead of uploading (Backend.compose)
+    base: dict | None = None  # the base the pushed history starts from: never uploaded (basemodel.remote.base_report)
 
     def to_json(self):
         return dict(self.__dict__)
@@ -77,8 +78,11 @@ def push(repo, remote_name: str = "origin", branch: str | None = None, *, force:
                 f"push to {remote_name}/{ref[len(HEADS):]} rejected: the remote has commits you do not have "
                 f"(not a fast-forward); run `wvc pull {remote_name} {ref[len(HEADS):]}` first, or push --force"
             )
+    base = None
+    if ours is not None:
+        base = base_report(ours, repo.read_tree(ours.tree).logical_bytes, 0)
     if not updates:
-        return PushResult(remote_name, name, old, local or "", 0, 0, 0, False, logical)
+        return PushResult(remote_name, name, old, local or "", 0, 0, 0, False, logical, base=base)
     contents = remote.contents
     # Commits the remote has: its catalogs list them, so the walk from our tip stops at the
     # first one (not walking the whole history every push). A format-1 remote lists none:
@@ -121,7 +125,7 @@ def push(repo, remote_name: str = "origin", branch: str | None = None, *, force:
     forced = any(state.refs.get(r) is not None and not graph.is_ancestor(state.refs[r], t) for r, t in updates.items())
     return PushResult(remote_name, name, old, local or "", len(new_commits), len(wanted),
                       remote.backend.bytes_uploaded, force and forced, logical, replaced,
-                      sorted(r for r in updates if r.startswith(TAGS)), remote.backend.bytes_copied)
+                      sorted(r for r in updates if r.startswith(TAGS)), remote.backend.bytes_copied, base)
 
 
 def delete_remote_ref(repo, remote_name: str, name: str) -> dict:
