@@ -40,7 +40,8 @@ TRAIN = textwrap.dedent("""\
     from safetensors.torch import load_file, save_file
     sd = load_file("model.safetensors")
     g = torch.Generator().manual_seed(int(torch.randint(0, 1 << 30, ()).item()))
-    save_file({{k: (v.float() + 1e-3 * torch.randn(v.shape, generator=g)).to(v.dtype) for k, v in sd.items()}},
+    save_file({{k: (v.float() + 1e-3 * torch.randn(v.shape, generator=g)).to(v.dtype) if v.is_floating_point() else v
+               for k, v in sd.items()}},
               "model.safetensors")
     PY""")
 

@@ -1,7 +1,7 @@
 """Every environment variable wvc reads, read here and when it is used, never at import:
 a test sets one with ``monkeypatch.setenv`` and the next call sees it, and nothing else in
 the package touches ``os.environ`` (the CLI only sets defaults for the libraries it drives;
-tests/test_architecture.py holds both). The README lists the ``WVC_*`` ones from
+tests/test_architecture.py holds both). docs/reference/settings.md lists the ``WVC_*`` ones from
 ``VARIABLES``.
 
 Three are read once, at import, because they size or choose something made once per
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 
-# name -> what it does (the README's table); every WVC_* name the package reads is here
+# name -> what it does (docs/reference/settings.md's table); every WVC_* name the package reads is here
 VARIABLES = {
     "WVC_AUTHOR": "author of new commits (default: user@host)",
     "WVC_DIR": "the repository the CLI works in (default: the current directory)",
