@@ -279,3 +279,35 @@ if __name__ == "__main__":  # write the table into docs/architecture.md
     start, end = _table_in_design()
     text = DESIGN.read_text()
     DESIGN.write_text(text[:start] + layer_table() + text[end:])
+
+
+URL_METHODS = {"startswith", "endswith", "removeprefix", "removesuffix", "partition", "rpartition", "split", "find",
+               "index"}
+
+
+def _picks_a_url_apart(node) -> bool:
+    """A string test or cut with a URL scheme's constant ("hf://", "hf://buckets/", "://")."""
+    def schemey(n) -> bool:
+        return isinstance(n, ast.Constant) and isinstance(n.value, str) \
+            and re.fullmatch(r"([a-z][a-z0-9+.-]*)?://[a-z/]*", n.value) is not None
+
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in URL_METHODS:
+        return any(schemey(a) for a in node.args)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "len":
+        return any(schemey(a) for a in node.args)
+    if isinstance(node, ast.Compare) and any(isinstance(op, (ast.In, ast.NotIn, ast.Eq, ast.NotEq)) for op in node.ops):
+        return any(schemey(n) for n in [node.left, *node.comparators])
+    return False
+
+
+def test_remote_urls_are_parsed_in_one_module():
+    """Issue 67: two hf:// parsers with different rules (basemodel/record.py, remotes/hub.py) and
+    three more places picking URLs apart; remotes/urls.py is the one parser now."""
+    found = []
+    for path in SOURCES:
+        if path == PACKAGE / "remotes" / "urls.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if _picks_a_url_apart(node):
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+    assert not found, found

@@ -8,15 +8,14 @@ keeps it in its config; a remote keeps it as ``base.json`` (untrusted: parsed he
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 
 from ..store import config_keys
 from .. import ids
-from ..errors import BaseModelError
+from ..errors import BaseModelError, RemoteError
 from ..model.versions import Commit, canonical_json
+from ..remotes.urls import HF as HUB_SCHEME  # (the one spelling of the scheme)
 
-HUB_SCHEME = "hf://"
 BASE_AUTHOR = "wvc"
 MAX_BASE_JSON = 64 << 10
 
@@ -49,16 +48,18 @@ class BaseRef:
 
 
 def parse_hub(url: str, need_sha: bool = False) -> tuple[str, str]:
-    """hf://org/name[@rev] -> (repo id, revision)."""
-    spec = url[len(HUB_SCHEME):]
-    repo_id, _, rev = spec.partition("@")
-    parts = repo_id.split("/")
-    if len(parts) != 2 or not all(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", p) for p in parts) \
-            or (rev and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/-]*", rev)) or ".." in rev:
+    """hf://org/name[@rev] -> (repo id, revision), by the one remote URL parser (remotes/urls.py)."""
+    from ..remotes.urls import parse
+
+    try:
+        where = parse(url)
+    except RemoteError as exc:
+        raise BaseModelError(f"invalid base {url!r}: {str(exc).partition(': ')[2] or exc}") from None
+    if where.kind != "hub":
         raise BaseModelError(f"invalid base {url!r}: expected hf://org/name or hf://org/name@revision")
-    if need_sha and not re.fullmatch(r"[0-9a-f]{40}", rev):
+    if need_sha and not where.pins_sha:
         raise BaseModelError(f"base {url!r} does not pin a commit sha")
-    return repo_id, rev or "main"
+    return where.repo_id, where.revision or "main"
 
 
 def base_commit(url: str, tree_id: str) -> Commit:

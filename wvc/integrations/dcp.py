@@ -48,6 +48,7 @@ from ..model.layout import chunk_spans, tensor_spans
 from ..model.versions import Commit, FileEntry, Tree, check_metadata
 from ..ops.commit import default_author
 from ..progress import NULL
+from ..remotes.urls import local_repository
 from ..worktree.snapshot import Snapshotter
 from ..store.refs import HEADS
 
@@ -329,7 +330,7 @@ class WvcStorageReader(StorageReader):
         return fut
 
     def _get_many(self, chunk_ids):
-        if "://" not in self.source and (Path(self.source) / ".wvc").is_dir():
+        if local_repository(self.source) is not None:
             if self._repo is None:
                 self._repo = Repo.open(self.source)
             return self._repo.internals.store.get_many(chunk_ids)  # decoded ahead on the pool

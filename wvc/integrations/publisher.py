@@ -45,7 +45,7 @@ from pathlib import Path
 
 from ..api import Repo
 from ..codec.pool import work_in_background
-from ..remotes import local_path
+from ..remotes.urls import is_hub, local_path
 
 log = logging.getLogger("wvc")
 
@@ -247,7 +247,7 @@ class Publisher:
         repo.close()
         if push_interval is None:
             # a Hub repo's commits are under an hourly quota; a bucket has no commits: every step
-            hub_repo = (push_to or "").startswith("hf://") and not push_to.startswith("hf://buckets/")
+            hub_repo = is_hub(push_to or "")
             push_interval = HUB_PUSH_INTERVAL if hub_repo else 0.0
         self.push_interval = push_interval
         self.buffers = SnapshotBuffers(sets=max_pending + 1)

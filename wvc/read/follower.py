@@ -34,6 +34,7 @@ from ..formats.dtypes import DTYPES
 from ..model.layout import tensor_spans
 from .cache import cache_root
 from ..remotes import open_backend, steps
+from ..remotes.urls import local_repository
 from .view import VersionView, open_remote_version, open_version
 
 log = logging.getLogger(__name__)
@@ -586,7 +587,7 @@ class Follower:
         # only the changed elements is computed from (see _apply); one host copy of them
         self._mirror: dict = {}
         self._chunk_bytes = 0
-        self._local = "://" not in self.source and (Path(self.source) / ".wvc").is_dir()
+        self._local = local_repository(self.source) is not None
         # the remote's catalogs are immutable: each is read once, whatever the number of polls
         self._catalogs = cache_root() / "follow" / ids.cache_name(self.source, 24)
         self._keyframes = _Keyframes(self._catalogs / "keyframes")

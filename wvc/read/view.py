@@ -28,6 +28,7 @@ from ..worktree.materialize import file_blocks
 from ..basemodel.remote import base_directory, remote_base
 from .tensors import tensor_from_chunks
 from ..remotes import open_backend
+from ..remotes.urls import HF, local_path, local_repository
 from ..remotes.repository import RemoteRepository
 from ..remotes.transfer import RemoteChunks
 
@@ -90,9 +91,9 @@ def open_version(url_or_path, rev: str = "HEAD", *, base_dir=None) -> VersionVie
     from ..api import Repo
 
     url_or_path = _hub_id_or_path(url_or_path)
-    path = Path(str(url_or_path))
-    if "://" not in str(url_or_path) and (path / ".wvc").is_dir():
-        repo = Repo.open(path)
+    local = local_repository(url_or_path)
+    if local is not None:
+        repo = Repo.open(local)
         commit_id = repo.resolve(rev)
         return VersionView(commit_id, repo.tree_of(commit_id), repo.internals.store.get)
     return open_remote_version(str(url_or_path), rev, base_dir=base_dir)
@@ -140,8 +141,8 @@ def _hub_id_or_path(url_or_path) -> str:
     import re
 
     text = str(url_or_path)
-    if "://" not in text and not Path(text).exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", text):
-        return "hf://" + text
+    if local_path(text) == text and not Path(text).exists() and re.fullmatch(r"[\w.-]+/[\w.-]+", text):
+        return HF + text
     return text
 
 
@@ -165,7 +166,7 @@ def snapshot_download(url_or_path, revision: str = "main", *, cache_dir=None, pr
 
     source = _hub_id_or_path(url_or_path)
     root = Path(cache_dir).expanduser() if cache_dir is not None else cache_root()
-    remote = "://" in source or not (Path(source) / ".wvc").is_dir()
+    remote = local_repository(source) is None
     if remote and offline():  # as huggingface_hub: the cached snapshot, no network at all
         if (hit := cached_tree(root, source, revision)) is not None:
             return hit

@@ -6,39 +6,31 @@ chunks on first use. The verbs (push, fetch, pull, clone) are in ``wvc.ops``."""
 
 from __future__ import annotations
 
-from ..errors import RemoteError
 from ..store import config_keys
+from .urls import local_path, parse
+
+__all__ = ["open_backend", "local_path", "remote_url", "lazy_remote_name"]
 
 
 def open_backend(url: str):
     """The backend for ``url``: ``hf://user/repo``, ``hf://buckets/namespace/bucket[/prefix]``,
-    ``s3://bucket/prefix`` or a local path / ``file://`` URL."""
-    if url.startswith("hf://buckets/"):
+    ``s3://bucket/prefix`` or a local path / ``file://`` URL (``urls.parse`` checks it)."""
+    where = parse(url)
+    if where.kind == "bucket":
         from .bucket import BucketBackend
 
-        return BucketBackend.from_url(url)
-    if url.startswith("hf://"):
+        return BucketBackend(where.repo_id, where.prefix)
+    if where.kind == "hub":
         from .hub import HubBackend
 
-        return HubBackend.from_url(url)
-    if url.startswith("s3://"):
+        return HubBackend(where.repo_id, where.revision)
+    if where.kind == "s3":
         from .s3 import S3Backend  # boto3: imported only when an s3 remote is used
 
         return S3Backend.from_url(url)
-    path = local_path(url)
-    if path is None:
-        raise RemoteError(f"unsupported remote URL {url.removeprefix('file://')!r}: use hf://user/repo, "
-                          "s3://bucket/prefix, a path or file:///path")
     from .path import PathBackend
 
-    return PathBackend(path)
-
-
-def local_path(url: str) -> str | None:
-    """The filesystem path a directory remote's URL names (a path, or ``file://`` and a
-    path), as given (relative or with ``~``); None for any other URL."""
-    path = url.removeprefix("file://")
-    return None if "://" in path else path
+    return PathBackend(where.path)
 
 
 def remote_url(db, name: str) -> str:

@@ -122,18 +122,12 @@ class BucketBackend(HubBackend):
 
     @classmethod
     def from_url(cls, url: str) -> "BucketBackend":
-        rest = url[len("hf://buckets/"):].strip("/")
-        parts = rest.split("/")
-        if len(parts) < 2 or not all(parts) or any(p in (".", "..") for p in parts) or "@" in rest:
-            raise RemoteError(f"invalid bucket URL {url!r}: expected hf://buckets/namespace/bucket[/prefix]")
-        from huggingface_hub.errors import HFValidationError
-        from huggingface_hub.utils import validate_repo_id
+        from .urls import parse
 
-        try:
-            validate_repo_id("/".join(parts[:2]))
-        except HFValidationError as exc:
-            raise RemoteError(f"invalid bucket URL {url!r}: {exc}") from exc
-        return cls("/".join(parts[:2]), "/".join(parts[2:]))
+        where = parse(url)
+        if where.kind != "bucket":
+            raise RemoteError(f"invalid bucket URL {url!r}: expected hf://buckets/namespace/bucket[/prefix]")
+        return cls(where.repo_id, where.prefix)
 
     # -- paths -----------------------------------------------------------------------------------
     def _key(self, path: str) -> str:

@@ -176,20 +176,12 @@ class HubBackend(Backend):
 
     @classmethod
     def from_url(cls, url: str) -> "HubBackend":
-        repo_id, _, revision = url[len("hf://"):].strip("/").partition("@")
-        parts = repo_id.split("/")
-        if len(parts) != 2 or not all(parts) or any(p in (".", "..") for p in parts) or (_ and not revision):
-            raise RemoteError(f"invalid Hub URL {url!r}: expected hf://user/repo or hf://user/repo@revision")
-        from huggingface_hub.errors import HFValidationError
-        from huggingface_hub.utils import validate_repo_id
+        from .urls import parse
 
-        try:
-            validate_repo_id(repo_id)
-        except HFValidationError as exc:
-            raise RemoteError(f"invalid Hub URL {url!r}: {exc}") from exc
-        if revision and (len(revision) > 255 or any(c in revision for c in " ~^:?*[\\") or ".." in revision):
-            raise RemoteError(f"invalid Hub URL {url!r}: {revision!r} is not a revision name")
-        return cls(repo_id, revision or None)
+        where = parse(url)
+        if where.kind != "hub":
+            raise RemoteError(f"invalid Hub URL {url!r}: expected hf://user/repo or hf://user/repo@revision")
+        return cls(where.repo_id, where.revision)
 
     @backs_off
     @retries_reads

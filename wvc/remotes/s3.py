@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import itertools
-import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -44,7 +43,6 @@ MIN_PART = 5 << 20  # S3's smallest part but the last
 FIRST_PAGE = 16  # a listing's first page: the keys before the attic's (README.md), then where it starts
 MAX_COPY_PART = 5 << 30  # S3's largest part
 MAX_ATTEMPTS = 8  # per request, with boto3's exponential back-off between them
-_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _CONDITIONAL_UNSUPPORTED = {"NotImplemented", "InvalidArgument", "InvalidRequest"}
 
 
@@ -55,14 +53,12 @@ class S3Location:
 
     @classmethod
     def parse(cls, url: str) -> "S3Location":
-        rest = url[len("s3://"):]
-        bucket, _, prefix = rest.partition("/")
-        prefix = prefix.strip("/")
-        if not _BUCKET.fullmatch(bucket) or ".." in bucket:
+        from .urls import parse
+
+        where = parse(url)
+        if where.kind != "s3":
             raise RemoteError(f"invalid S3 URL {url!r}: expected s3://bucket[/prefix] with a valid bucket name")
-        if any(part in ("", ".", "..") for part in prefix.split("/")) and prefix:
-            raise RemoteError(f"invalid S3 URL {url!r}: the prefix has an empty, '.' or '..' component")
-        return cls(bucket, prefix + "/" if prefix else "")
+        return cls(where.repo_id, where.prefix)
 
 
 def _client():

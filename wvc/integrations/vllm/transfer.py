@@ -49,9 +49,11 @@ def _same_remote(a: str, b: str) -> bool:
     """Whether two spellings name one remote (a directory: relative or absolute, file://)."""
     import os
 
+    from ...remotes.urls import local_path
+
     def norm(url: str) -> str:
-        url = url.removeprefix("file://")
-        return url.rstrip("/") if "://" in url else os.path.realpath(url)
+        path = local_path(url)
+        return url.rstrip("/") if path is None else os.path.realpath(path)
 
     return norm(a) == norm(b)
 
