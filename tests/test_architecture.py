@@ -311,3 +311,32 @@ def test_remote_urls_are_parsed_in_one_module():
             if _picks_a_url_apart(node):
                 found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
     assert not found, found
+
+
+def test_every_logger_is_named_by_its_module():
+    """Issue 67: one convention, ``logging.getLogger(__name__)``: every logger sits under the
+    ``wvc`` logger by its module's name (five were named by hand: "wvc", "wvc.trl", "wvc.vllm")."""
+    found = []
+    for path in SOURCES:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "getLogger" \
+                    and not (len(node.args) == 1 and isinstance(node.args[0], ast.Name) and node.args[0].id == "__name__"):
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+    assert not found, found
+
+
+def test_each_ref_namespace_is_spelled_once():
+    """Issue 67: "refs/heads/", "refs/tags/" and "refs/remotes/" were spelled in eleven modules
+    (and REMOTES and HEADS defined three times); store/refs.py defines them, all else imports."""
+    found = []
+    for path in SOURCES:
+        # (wvc/testing/hub.py speaks the Hub's API, whose ref names these are too; it imports no wvc)
+        if path == PACKAGE / "store" / "refs.py" or path.is_relative_to(PACKAGE / "testing"):
+            continue
+        tree = ast.parse(path.read_text())
+        docstrings = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings \
+                    and re.search(r"refs/(heads|tags|remotes)/", node.value):
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {node.value!r}")
+    assert not found, found

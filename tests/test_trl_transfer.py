@@ -91,7 +91,7 @@ def test_a_restarted_run_does_not_publish_its_start_again_behind_the_servers_bac
     tip = first.publish(_trained(start, 1), metadata={"step": 1})
     first.destroy()
     again = WvcWeightTransfer(remote, repo=tmp_path / ("a" if staging == "same" else "b"), start=tmp_path / "start")
-    with caplog.at_level("WARNING", logger="wvc.trl"):
+    with caplog.at_level("WARNING", logger="wvc.integrations.trl"):
         again.init_weight_transfer()
     assert wvc.open(remote, "main").commit == tip
     assert again.commit == tip and again.start_commit == first.start_commit

@@ -13,7 +13,7 @@ from .progress import NULL, Progress
 from .repo import DEFAULT_CHUNK_BYTES, Repository, remove_new_repository
 from .store.chunk_writer import DEFAULT_MAX_CHAIN
 from .store.config_keys import BASE_DIR
-from .store.refs import HEADS, TAGS
+from .store.refs import HEADS, REMOTES, TAGS
 
 
 class Repo:
@@ -325,7 +325,7 @@ class Repo:
 
     def remote_branches(self) -> dict[str, str]:
         """Remote-tracking branches (what the last fetch saw): "origin/main" -> commit id."""
-        return self._repository.refs.list("refs/remotes/")
+        return self._repository.refs.list(REMOTES)
 
     def push(self, remote: str = "origin", branch: str | None = None, *, force: bool = False, tags: bool = False,
              progress: Progress = NULL):

@@ -843,7 +843,9 @@ def push(remote_name, branch, force, tags, delete, as_json):
     if as_json:
         return emit_json(res.to_json())
     if res.tags:
-        click.echo(f"{plural(len(res.tags), 'tag')} -> {remote_name}: " + ", ".join(t[len('refs/tags/'):] for t in res.tags))
+        from .store.refs import TAGS
+
+        click.echo(f"{plural(len(res.tags), 'tag')} -> {remote_name}: " + ", ".join(t[len(TAGS):] for t in res.tags))
     if branch is not None and branch in repo.tags() and branch not in repo.branches():
         return None if res.tags else click.echo(f"tag {branch} is on {remote_name} already")
     if res.old == res.new or (tags and branch is None):

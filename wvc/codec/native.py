@@ -161,9 +161,7 @@ def retry_with_bundled(decode):
             kernels.decode_with_bundled(False)
             return None
         version, system_decoder, _dropped = system_decoder, None, True
-    import logging
-
-    logging.getLogger("wvc").warning(
+    log.warning(
         "wvc: the system's libzstd (%s) decoded a chunk wrongly and python-zstandard's decoder "
         "did not; wvc decodes with the latter from now on (WVC_SYSTEM_ZSTD=0 skips the system's)",
         _version_text(version))

@@ -46,8 +46,9 @@ from pathlib import Path
 from ..api import Repo
 from ..codec.pool import work_in_background
 from ..remotes.urls import is_hub, local_path
+from ..store.refs import HEADS, REMOTES
 
-log = logging.getLogger("wvc")
+log = logging.getLogger(__name__)
 
 # Raw chunks of the last commit kept in memory as the next commit's delta bases (a step's
 # chunks are deltas against the step before: decoding their chains instead made each
@@ -426,14 +427,14 @@ class Publisher:
         try:
             protect: set[str] = set()
             if self._pusher is not None:  # what the remote lacks keeps its weights until pushed
-                tip = repo.internals.refs.get(f"refs/heads/{self.branch}")
-                pushed = repo.internals.refs.get(f"refs/remotes/{self.remote}/{self.branch}")
+                tip = repo.internals.refs.get(HEADS + self.branch)
+                pushed = repo.internals.refs.get(f"{REMOTES}{self.remote}/{self.branch}")
                 stop = set(repo.internals.graph.ancestors(pushed)) if pushed else set()
                 protect = set(repo.internals.graph.ancestors(tip, stop=stop)) if tip else set()
             res = repo.prune(self.branch, keep=self.keep, protect=protect)
             self._commits_unpruned = 0
             entry = {"pruned": res.pruned, "bytes_freed": res.bytes_freed, "seconds": time.perf_counter() - t}
-            if self.prune_remote and repo.internals.refs.get(f"refs/remotes/{self.remote}/{self.branch}"):
+            if self.prune_remote and repo.internals.refs.get(f"{REMOTES}{self.remote}/{self.branch}"):
                 there = repo.remote_prune(self.remote, self.branch, keep=self.keep, min_dead_share=PERIODIC_DEAD_SHARE)
                 entry.update(remote_pruned=there.pruned, remote_bytes_freed=there.bytes_freed,
                              seconds=time.perf_counter() - t)

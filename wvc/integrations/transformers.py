@@ -39,7 +39,7 @@ except ImportError as exc:  # the callback is for Trainer runs: say how to get w
 
 from .publisher import Publisher
 
-log = logging.getLogger("wvc")
+log = logging.getLogger(__name__)
 
 # Trainer state we never version: large, not weights, or rewritten at every save.
 CHECKPOINT_EXCLUDES = ("optimizer.pt", "scheduler.pt", "rng_state*.pth", "scaler.pt", "training_args.bin",

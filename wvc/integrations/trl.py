@@ -56,14 +56,14 @@ from ..api import Repo
 from ..read.cache import cache_root
 from ..errors import InvalidArgument, NonFastForward, RemoteNotFound, WeightSyncError
 from ..remotes import open_backend
+from ..store.refs import HEADS
 from .publisher import KEEP_BYTES, PERIODIC_DEAD_SHARE
 from .sync_queue import SyncQueue
 from ..worktree.snapshot import TensorStream
 from .vllm.server_client import ServerError, VllmServer
 
-log = logging.getLogger("wvc.trl")
+log = logging.getLogger(__name__)
 
-HEADS = "refs/heads/"
 # HEAD of the staging repository names a branch nothing commits to: commits onto the synced
 # branch then write the repository only, never a working tree (ops/commit.py: follow_commit)
 STAGING_HEAD = "wvc-staging"

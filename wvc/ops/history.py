@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..fsutil import selected
-from ..store.refs import HEADS, TAGS
+from ..store.refs import HEADS, REMOTES, TAGS
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ def ref_labels(repo) -> dict[str, list[str]]:
         labels.setdefault(head, []).append("HEAD")
     for name, target in repo.refs.list(HEADS).items():
         labels.setdefault(target, []).append(f"HEAD -> {name}" if name == branch else name)
-    for name, target in repo.refs.list("refs/remotes/").items():
+    for name, target in repo.refs.list(REMOTES).items():
         labels.setdefault(target, []).append(name)
     for name, target in repo.refs.list(TAGS).items():
         labels.setdefault(target, []).append(f"tag: {name}")

@@ -7,9 +7,8 @@ import os
 from ..errors import NoSuchRemote, RemoteExists
 from ..remotes import local_path, open_backend, remote_url
 from ..store.config_keys import remote_url_key as url_key
-from ..store.refs import check_ref_name
+from ..store.refs import REMOTES, check_ref_name
 
-REMOTES = "refs/remotes/"
 
 
 def absolute_url(repo, url: str) -> str:

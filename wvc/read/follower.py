@@ -35,6 +35,7 @@ from ..model.layout import tensor_spans
 from .cache import cache_root
 from ..remotes import open_backend, steps
 from ..remotes.urls import local_repository
+from ..store.refs import HEADS
 from .view import VersionView, open_remote_version, open_version
 
 log = logging.getLogger(__name__)
@@ -683,7 +684,7 @@ class Follower:
                     backend = open_backend(self.source)
                     # one small read when nothing is new; a commit named by its id is moved to by
                     # the records too (else an anchor step reads the drift since its anchor)
-                    tip = rev if named else backend.read_ref("refs/heads/" + self.branch)
+                    tip = rev if named else backend.read_ref(HEADS + self.branch)
                     if tip != self.commit:
                         moved = self._by_records(backend, tip, t0) if tip is not None else None
                         if moved is not None:

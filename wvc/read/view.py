@@ -23,6 +23,7 @@ from ..codec.devices import resolve_device
 from .cache import cache_root
 from ..errors import MissingEntry, MissingObject, RevisionNotFound, VersionPruned
 from ..model.versions import Tree
+from ..store.refs import HEADS, TAGS
 from ..store.revparse import match_prefix, resolve_with
 from ..worktree.materialize import file_blocks
 from ..basemodel.remote import base_directory, remote_base
@@ -111,9 +112,9 @@ def open_remote_version(url: str, rev: str, cache_dir: Path | None = None, *, ba
 
     def root_of(root: str) -> str:
         if root == "HEAD":  # a remote's HEAD: its main branch (or its only one), as clone picks
-            heads = sorted(r for r in remote.refs if r.startswith("refs/heads/"))
-            root = "main" if "refs/heads/main" in heads else (heads[0][len("refs/heads/"):] if len(heads) == 1 else root)
-        for ref in (f"refs/heads/{root}", f"refs/tags/{root}", root):
+            heads = sorted(r for r in remote.refs if r.startswith(HEADS))
+            root = "main" if HEADS + "main" in heads else (heads[0][len(HEADS):] if len(heads) == 1 else root)
+        for ref in (HEADS + root, TAGS + root, root):
             if (target := remote.refs.get(ref)) is not None:
                 return target
         if ids.is_object_id(root):

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from .. import settings
 from ..errors import RemoteFileTooLarge, RemoteNotFound, WvcError
+from ..store.refs import HEADS
 from .interface import (Listing, Backend, RemoteChanged, RemoteError, TransientError, content_size, local_write_errors,
                         retries_reads, upload_progress)
 from .layout import check_ref_count, parse_refs
@@ -335,7 +336,7 @@ def model_card(repo_id: str, refs: dict[str, str]) -> str:
     except metadata.PackageNotFoundError:  # run from a source tree
         __version__ = "(from source)"
 
-    branches = "\n".join(f"- `{r.partition('refs/heads/')[2]}`" for r in sorted(refs) if r.startswith("refs/heads/"))
+    branches = "\n".join(f"- `{r[len(HEADS):]}`" for r in sorted(refs) if r.startswith(HEADS))
     return f"""---
 tags:
 - wvc

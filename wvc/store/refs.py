@@ -17,6 +17,7 @@ from .database import Database
 
 HEADS = "refs/heads/"
 TAGS = "refs/tags/"
+REMOTES = "refs/remotes/"  # refs/remotes/<remote>/<branch>: remote-tracking branches
 _BAD_CHARS = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]")
 
 

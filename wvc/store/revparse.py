@@ -9,7 +9,7 @@ from typing import Callable
 from .. import ids
 from ..errors import RevisionNotFound
 from .graph import CommitGraph
-from .refs import HEADS, TAGS, Refs
+from .refs import HEADS, REMOTES, TAGS, Refs
 
 _SUFFIX = re.compile(r"(~\d*|\^\d*)$")
 _REFLOG = re.compile(r"^(.*)@\{(\d{1,9})\}$")
@@ -69,7 +69,7 @@ def _resolve_root(refs: Refs, graph: CommitGraph, root: str, rev: str) -> str:
         if head is None:
             raise RevisionNotFound("HEAD has no commits yet")
         return head
-    for prefix in (HEADS, TAGS, "refs/remotes/", ""):  # "": a full ref name (refs/heads/main)
+    for prefix in (HEADS, TAGS, REMOTES, ""):  # "": a full ref name (refs/heads/main)
         target = refs.get(prefix + root) if prefix or root.startswith("refs/") else None
         if target is not None:
             return target

@@ -11,10 +11,9 @@ import re
 from ..errors import InvalidArgument, VersionPruned
 from ..ops.changes import changes_of, ensure_changes, first_parent_history, missing_changes
 from ..ops.diff import diff
-from ..store.refs import HEADS, TAGS, short_ref
+from ..store.refs import HEADS, REMOTES, TAGS, short_ref
 from ..model.versions import finite_number
 
-REMOTES = "refs/remotes/"
 METRICS = {"rel_l2": "relative L2 change", "fraction": "fraction of elements changed", "ulps": "max |delta| in ULPs"}
 DEFAULT_LIMIT = 200
 

@@ -22,6 +22,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from ..errors import InvalidArgument, WvcError
 from ..progress import NULL
+from ..store.refs import HEADS
 from . import data, pages
 
 MAX_FIELDS = 50  # query fields a request may have (no view takes more than a few)
@@ -32,7 +33,7 @@ def prepare(repo, revs=None, limit: int = data.DEFAULT_LIMIT, progress=NULL) -> 
     """Compute the change numbers of each branch's (or each of ``revs``') last ``limit``
     first-parent commits; refuses a history with no tensor at all. Returns how many commits
     were computed now."""
-    revs = revs or [f"refs/heads/{b}" for b in repo.refs.list("refs/heads/")] or ["HEAD"]
+    revs = revs or [HEADS + b for b in repo.refs.list(HEADS)] or ["HEAD"]
     commits: list[str] = []
     for rev in revs:
         commits += [c for c in data.commits_of(repo, rev, limit) if c not in commits]

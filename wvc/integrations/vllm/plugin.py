@@ -385,9 +385,10 @@ def _unreadable(remote: str) -> str | None:
 def _branch_tip(remote: str, branch: str) -> str | None:
     from ...errors import RemoteNotFound
     from ...remotes import open_backend
+    from ...store.refs import HEADS
 
     try:
-        return open_backend(remote).read_ref("refs/heads/" + branch)
+        return open_backend(remote).read_ref(HEADS + branch)
     except RemoteNotFound:
         return None
 
@@ -407,4 +408,4 @@ async def _stop_serving_if_unusable(engine) -> None:
     if not reasons:
         return
     _UNUSABLE[engine] = reasons[0]
-    logging.getLogger("wvc.vllm").error("wvc: the engine stops serving: %s", reasons[0])
+    logging.getLogger(__name__).error("wvc: the engine stops serving: %s", reasons[0])

@@ -26,7 +26,7 @@ from ...codec.pool import work_in_background
 from ...errors import EngineUnusable, InvalidArgument
 from ...read.follower import Follower
 
-log = logging.getLogger("wvc.vllm")
+log = logging.getLogger(__name__)
 
 
 def _checkpoint_files(model: str, revision: str | None = None) -> list[Path]:
