@@ -22,8 +22,10 @@ class Repo:
     It is a facade over the internal repository (``wvc/repo.py``: the database, the chunk
     store, the commit graph and the refs it is made of): the verbs are its methods, and the
     queries a user (or a test of behaviour) asks are too: ``head()``, ``resolve(rev)``,
-    ``read_commit(rev)``, ``tree_of(rev)``, ``is_pruned(rev)``. ``internals`` reaches the parts,
-    for wvc's own integrations and tests of storage; they are no stable API."""
+    ``read_commit(rev)``, ``tree_of(rev)``, ``is_pruned(rev)``. Writers that run beside a
+    training loop (the Publisher, the TRL transfer, DCP's storage writer) use the methods of
+    "Writers beside a training loop" below. ``internals`` reaches the parts, for tests of
+    storage; they are no stable API."""
 
     def __init__(self, root):
         """The repository whose ``.wvc`` is in ``root`` (``Repo.open`` also looks above)."""
@@ -138,6 +140,69 @@ class Repo:
     def pruned(self) -> set[str]:
         """The ids of every commit whose weights `wvc prune` dropped."""
         return self._repository.graph.pruned()
+
+    def has_commit(self, commit_id: str) -> bool:
+        """Whether the commit ``commit_id`` (a full id) is in this repository."""
+        return self._repository.graph.has_commit(commit_id)
+
+    def branch_tip(self, branch: str, remote: str | None = None) -> str | None:
+        """The commit ``branch`` points at, or None when there is no such branch. ``remote``:
+        that remote's branch, as this repository last saw it (its remote-tracking branch)."""
+        return self._repository.refs.get(f"{REMOTES}{remote}/{branch}" if remote else HEADS + branch)
+
+    def ancestors(self, commits, *, stop=frozenset()) -> list[str]:
+        """``commits`` (an id or several) and every commit they descend from that is here,
+        not walking past the commits in ``stop``."""
+        return self._repository.graph.ancestors(commits, stop=frozenset(stop))
+
+    # -- writers beside a training loop ----------------------------------------------------------
+    @property
+    def wvc_dir(self):
+        """The repository's own folder (``.wvc`` in the working tree)."""
+        return self._repository.wvc_dir
+
+    def set_head_branch(self, branch: str, reason: str) -> None:
+        """Point HEAD at ``branch`` (which need not exist yet) without touching the working
+        tree: a staging repository commits onto another branch than the one it publishes."""
+        self._repository.refs.set_head("ref: " + HEADS + branch, reason)
+
+    def keep_recent_chunks(self, max_bytes: int) -> None:
+        """Keep the raw chunks of recent commits in memory (up to ``max_bytes``) for the next
+        commit's deltas and step payloads: a writer that commits every training step decodes
+        no chain (store/chunks.py, ``keep_recent``)."""
+        self._repository.store.keep_recent(max_bytes)
+
+    def share_kept_chunks(self, writer: "Repo") -> None:
+        """Read what ``writer`` (another Repo of this repository, on another thread) keeps
+        in memory: a pusher then sends the step payloads the committer coded."""
+        self._repository.store.read_kept_of(writer._repository.store)
+
+    def read_chunk(self, chunk_id: str) -> bytes:
+        """A stored chunk's bytes, decoded and verified against its id."""
+        return self._repository.store.get(chunk_id)
+
+    def read_chunks(self, chunk_ids):
+        """Stored chunks' bytes in the order of ``chunk_ids``, decoded ahead on the codec pool."""
+        return self._repository.store.get_many(chunk_ids)
+
+    def chunk_writer(self, *, device: str = "cpu", max_chain: int | None = None):
+        """A writer of new chunks into one new pack (a context manager; ``finish()`` gives the
+        pack and its rows for :meth:`record_commit`): DCP's ranks each write their shards."""
+        kwargs = {} if max_chain is None else {"max_chain": max_chain}
+        return self._repository.store.writer(device=device, **kwargs)
+
+    def record_commit(self, commit, tree, stored_bytes: int, *, packs, branch: str, expected: str | None,
+                      reason: str) -> None:
+        """Record ``commit`` (its ``tree`` and the ``packs`` the chunk writers finished) and
+        move ``branch`` to it if it still points at ``expected`` (else nothing is recorded:
+        compare and swap); the working tree follows when ``branch`` is HEAD's."""
+        parent_tree = self._repository.tree_of(expected, weights=False) if expected else None
+        self._repository.record([(commit, tree, stored_bytes)], packs=packs, ref=HEADS + branch, expected=expected,
+                                reason=reason)
+        if branch == self.head_branch():
+            from .worktree.follow import follow_commit
+
+            follow_commit(self._repository, parent_tree, tree)
 
     # -- verbs -----------------------------------------------------------------------------
     def status(self):

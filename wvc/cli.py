@@ -295,10 +295,10 @@ def init(path, branch, base, chunk_size, max_chain, as_json):
     if as_json:
         emit_json({"path": str(repo.root), "branch": branch, "base": ref.to_json() if ref else None})
     elif ref is None:
-        click.echo(f"Initialized empty wvc repository in {repo.internals.wvc_dir}")
+        click.echo(f"Initialized empty wvc repository in {repo.wvc_dir}")
     else:
         size = repo.tree_of(ref.commit, weights=False).logical_bytes
-        click.echo(f"Initialized wvc repository in {repo.internals.wvc_dir} on base {ref.url} "
+        click.echo(f"Initialized wvc repository in {repo.wvc_dir} on base {ref.url} "
                    f"({human(size)}, read in place from {repo.base_dir()}); "
                    f"{branch} is at the base commit {ref.commit[:12]}. Put the fine-tuned files here and "
                    f"`wvc commit`; `wvc checkout {branch}` writes the base's own files here")
@@ -578,7 +578,7 @@ def text_diffs(repo, rev_a, rev_b, files) -> None:
             return p.read_bytes() if p.is_file() and p.stat().st_size <= MAX_TEXT_DIFF_BYTES else None
         if rev not in views:
             commit = repo.resolve(rev)
-            views[rev] = VersionView(commit, repo.tree_of(commit), repo.internals.store.get)
+            views[rev] = VersionView(commit, repo.tree_of(commit), repo.read_chunk)
         entry = views[rev].tree.by_path().get(path)
         return views[rev].read_file(path) if entry is not None and entry.size <= MAX_TEXT_DIFF_BYTES else None
 

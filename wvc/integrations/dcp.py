@@ -50,7 +50,6 @@ from ..ops.commit import default_author
 from ..progress import NULL
 from ..remotes.urls import local_repository
 from ..worktree.snapshot import Snapshotter
-from ..store.refs import HEADS
 
 
 @dataclass(frozen=True)
@@ -103,7 +102,7 @@ class WvcStorageWriter(StorageWriter):
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         with Repo.open(self.repo_path) as repo:
-            self._parent = repo.internals.refs.get(HEADS + self._branch(repo))  # finish moves the branch from here (CAS)
+            self._parent = repo.branch_tip(self._branch(repo))  # finish moves the branch from here (CAS)
         return [dataclasses.replace(p, storage_data=_RankPlan(i, self._parent)) for i, p in enumerate(plans)]
 
     def write_data(self, plan: SavePlan, planner) -> Future:
@@ -137,7 +136,7 @@ class WvcStorageWriter(StorageWriter):
             tensors = [i for i in items if i.type != WriteItemType.BYTE_IO]
             blobs = [i for i in items if i.type == WriteItemType.BYTE_IO]
             results, files = [], []
-            with repo.internals.store.writer(device=commit_device(self.device), max_chain=repo.max_chain) as writer:
+            with repo.chunk_writer(device=commit_device(self.device), max_chain=repo.max_chain) as writer:
                 snap = Snapshotter(writer, parent_tree, chunk_bytes, NULL)
                 if tensors:
                     entry, names = _write_tensors(snap, path, tensors, planner)
@@ -192,7 +191,7 @@ def _record(repo, w: WvcStorageWriter, metadata: Metadata, results) -> tuple[str
         layout.tensors[fqn] = item
     branch = w._branch(repo)
     parent = w._parent  # what every rank deltas against; a save that landed since fails the CAS
-    with repo.internals.store.writer() as writer:
+    with repo.chunk_writer() as writer:
         data = layout.to_bytes()
         parent_tree = repo.tree_of(parent) if parent else None
         old = parent_tree.by_path().get(layout_format.METADATA_PATH) if parent_tree else None
@@ -206,12 +205,8 @@ def _record(repo, w: WvcStorageWriter, metadata: Metadata, results) -> tuple[str
     meta = {**w.metadata, "dcp": {"world_size": len(results), "items": len(metadata.state_dict_metadata)}}
     new = Commit(tree.id, (parent,) if parent else (), w.author or default_author(), int(time.time()), w.message, meta)
     packs = [(rank[0].storage_data.pack, rank[0].storage_data.rows) for rank in results if rank] + [(pack, rows)]
-    repo.internals.record([(new, tree, stored)], packs=packs, ref=HEADS + branch, expected=parent,  # CAS
-                reason=f"dcp save: {new.summary}")
-    if branch == repo.head_branch():  # HEAD's new version: the working tree follows it
-        from ..worktree.follow import follow_commit
-
-        follow_commit(repo.internals, parent_tree, tree)
+    repo.record_commit(new, tree, stored, packs=packs, branch=branch, expected=parent,  # CAS; HEAD's: the files follow
+                       reason=f"dcp save: {new.summary}")
     return new.id, stored
 
 
@@ -333,7 +328,7 @@ class WvcStorageReader(StorageReader):
         if local_repository(self.source) is not None:
             if self._repo is None:
                 self._repo = Repo.open(self.source)
-            return self._repo.internals.store.get_many(chunk_ids)  # decoded ahead on the pool
+            return self._repo.read_chunks(chunk_ids)  # decoded ahead on the pool
         return self.view.get_many(chunk_ids)
 
     @classmethod

@@ -46,7 +46,6 @@ from pathlib import Path
 from ..api import Repo
 from ..codec.pool import work_in_background
 from ..remotes.urls import is_hub, local_path
-from ..store.refs import HEADS, REMOTES
 
 log = logging.getLogger(__name__)
 
@@ -261,7 +260,7 @@ class Publisher:
         self._committer_failed = False  # it could not open the repository: nothing will be committed
         self._pushing = False  # the pusher is pushing
         self._flush_requested = False  # someone waits in flush: push without waiting out push_interval
-        self._writer_store = None  # the committer's store, once it opened the repository
+        self._writer = None  # the committer's Repo, once it opened the repository
         self._committer = threading.Thread(target=self._commit_loop, name="wvc-commit", daemon=True)
         self._committer.start()
         self._pusher = None
@@ -361,8 +360,8 @@ class Publisher:
                 self._pending.clear()
                 self._cond.notify_all()
             return
-        repo.internals.store.keep_recent(self.keep_bytes)
-        self._writer_store = repo.internals.store  # what the pusher reads the kept chunks of
+        repo.keep_recent_chunks(self.keep_bytes)
+        self._writer = repo  # what the pusher reads the kept chunks of
         try:
             while True:
                 with self._cond:
@@ -398,8 +397,8 @@ class Publisher:
                 if job.write_files is not None:
                     from ..fsutil import sweep_work_dirs, work_dir
 
-                    sweep_work_dirs(repo.internals.wvc_dir)
-                    source = stack.enter_context(work_dir(repo.internals.wvc_dir, "publish"))
+                    sweep_work_dirs(repo.wvc_dir)
+                    source = stack.enter_context(work_dir(repo.wvc_dir, "publish"))
                     job.write_files(job.snapshot, source)
                 else:
                     source = job.directory if job.directory is not None else job.snapshot
@@ -427,14 +426,14 @@ class Publisher:
         try:
             protect: set[str] = set()
             if self._pusher is not None:  # what the remote lacks keeps its weights until pushed
-                tip = repo.internals.refs.get(HEADS + self.branch)
-                pushed = repo.internals.refs.get(f"{REMOTES}{self.remote}/{self.branch}")
-                stop = set(repo.internals.graph.ancestors(pushed)) if pushed else set()
-                protect = set(repo.internals.graph.ancestors(tip, stop=stop)) if tip else set()
+                tip = repo.branch_tip(self.branch)
+                pushed = repo.branch_tip(self.branch, remote=self.remote)
+                stop = set(repo.ancestors(pushed)) if pushed else set()
+                protect = set(repo.ancestors(tip, stop=stop)) if tip else set()
             res = repo.prune(self.branch, keep=self.keep, protect=protect)
             self._commits_unpruned = 0
             entry = {"pruned": res.pruned, "bytes_freed": res.bytes_freed, "seconds": time.perf_counter() - t}
-            if self.prune_remote and repo.internals.refs.get(f"{REMOTES}{self.remote}/{self.branch}"):
+            if self.prune_remote and repo.branch_tip(self.branch, remote=self.remote):
                 there = repo.remote_prune(self.remote, self.branch, keep=self.keep, min_dead_share=PERIODIC_DEAD_SHARE)
                 entry.update(remote_pruned=there.pruned, remote_bytes_freed=there.bytes_freed,
                              seconds=time.perf_counter() - t)
@@ -471,9 +470,9 @@ class Publisher:
                 last_try = time.monotonic()
                 try:
                     t = time.perf_counter()
-                    if self._writer_store is not None:
+                    if self._writer is not None:
                         # the step records take the payloads the commit coded (remotes/step_records.py)
-                        repo.internals.store.read_kept_of(self._writer_store)
+                        repo.share_kept_chunks(self._writer)
                     with hub_bars_silenced(self.quiet_hub), self._store_lock:
                         pushed = repo.push(self.remote, self.branch)
                     self.pushes.append({"commit": pushed.new, "commits": pushed.commits,

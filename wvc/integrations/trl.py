@@ -133,7 +133,7 @@ class WvcWeightTransfer:
         again, and the next sync is committed on top of the tip."""
         trainer = _trl_trainer(sys._getframe(1))  # TRL's train-begin callback calls this
         repo = self._open()
-        tip = repo.internals.refs.get(HEADS + self.branch)
+        tip = repo.branch_tip(self.branch)
         self.start_commit = self._publish_start(trainer, tip)
         if tip is not None:
             self.commit = self.resumed_from = tip
@@ -217,7 +217,7 @@ class WvcWeightTransfer:
         the servers hold the version: before, a sync's servers waited for it)."""
         repo = self._open()
         t0 = time.perf_counter()
-        parent = repo.internals.refs.get(HEADS + self.branch)
+        parent = repo.branch_tip(self.branch)
         pairs = weights.items() if isinstance(weights, Mapping) else weights
         if parent is not None:
             pairs = iter(pairs)
@@ -317,7 +317,7 @@ class WvcWeightTransfer:
         from ..formats.dtypes import DTYPES
 
         repo = self._open()
-        tip = repo.internals.refs.get(HEADS + self.branch)
+        tip = repo.branch_tip(self.branch)
         self._dtypes = {} if tip is None else {
             t.name: getattr(torch, DTYPES[t.dtype].torch_name)
             for f in repo.tree_of(tip).files if f.kind == "safetensors" for t in f.tensors}
@@ -360,7 +360,7 @@ class WvcWeightTransfer:
         else:
             repo = Repo.init(self.repo_path)
         if repo.head_branch() != STAGING_HEAD:
-            repo.internals.refs.set_head("ref: " + HEADS + STAGING_HEAD, "wvc trl: staging")
+            repo.set_head_branch(STAGING_HEAD, "wvc trl: staging")
         urls = repo.remotes()
         if "origin" not in urls:
             repo.remote_add("origin", self.remote)
@@ -369,7 +369,7 @@ class WvcWeightTransfer:
                                   f"another directory")
         # each sync's raw chunks kept for the next (the Publisher's reason: an anchor step's
         # delta against an older version otherwise decodes its chain, 7-12 s a sync at 0.5B)
-        repo.internals.store.keep_recent(self.keep_bytes)
+        repo.keep_recent_chunks(self.keep_bytes)
         self._repo = repo
         self._catch_up(repo)
         return repo
@@ -383,11 +383,11 @@ class WvcWeightTransfer:
             there = None
         if there is None:
             return
-        here = repo.internals.refs.get(HEADS + self.branch)
-        if here == there or (here is not None and there in set(repo.internals.graph.ancestors(here))):
+        here = repo.branch_tip(self.branch)
+        if here == there or (here is not None and there in set(repo.ancestors(here))):
             return  # up to date, or ahead (an earlier push that did not land is sent next time)
         repo.fetch("origin")
-        if here is not None and here not in set(repo.internals.graph.ancestors(there)):
+        if here is not None and here not in set(repo.ancestors(there)):
             raise NonFastForward(f"{self.branch} on {self.remote} has commits the local repository "
                                  f"{self.repo_path} does not, and the other way round: use another branch")
         repo.force_branch(self.branch, there)
@@ -482,12 +482,12 @@ START_SEARCH = 100_000  # first-parent commits walked back for the start a run r
 
 def _recorded_start(repo: Repo, tip: str) -> str | None:
     """The newest commit on ``tip``'s first parents that recorded a start version."""
-    graph, cursor = repo.internals.graph, tip
+    cursor = tip
     for _ in range(START_SEARCH):
-        commit = graph.read_commit(cursor)
+        commit = repo.read_commit(cursor)
         if "start" in commit.metadata:
             return cursor
-        if not commit.parents or not graph.has_commit(commit.parents[0]):
+        if not commit.parents or not repo.has_commit(commit.parents[0]):
             return None
         cursor = commit.parents[0]
     return None

@@ -6,7 +6,7 @@ import os
 
 from ..errors import NoSuchRemote, RemoteExists
 from ..remotes import local_path, open_backend, remote_url
-from ..store.config_keys import remote_url_key as url_key
+from ..store.config_keys import REMOTE_URL_KEYS, remote_of_url_key, remote_url_key as url_key
 from ..store.refs import REMOTES, check_ref_name
 
 
@@ -65,7 +65,7 @@ def remote_rename(repo, old: str, new: str) -> None:
 
 
 def remotes(repo) -> dict[str, str]:
-    return {k[len("remote."):-len(".url")]: v for k, v in repo.db.config_like("remote.%.url")}
+    return {remote_of_url_key(k): v for k, v in repo.db.config_like(REMOTE_URL_KEYS)}
 
 
 def open_remote_named(repo, name: str):

@@ -96,7 +96,7 @@ def open_version(url_or_path, rev: str = "HEAD", *, base_dir=None) -> VersionVie
     if local is not None:
         repo = Repo.open(local)
         commit_id = repo.resolve(rev)
-        return VersionView(commit_id, repo.tree_of(commit_id), repo.internals.store.get)
+        return VersionView(commit_id, repo.tree_of(commit_id), repo.read_chunk)
     return open_remote_version(str(url_or_path), rev, base_dir=base_dir)
 
 

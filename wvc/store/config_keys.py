@@ -30,3 +30,11 @@ RETIRED_PACKS = "prune.retired"  # packs a prune's (or gc's) transaction dropped
 def remote_url_key(name: str) -> str:
     """The key of remote ``name``'s URL."""
     return f"remote.{name}.url"
+
+
+REMOTE_URL_KEYS = "remote.%.url"  # (a LIKE pattern: every remote's URL key)
+
+
+def remote_of_url_key(key: str) -> str:
+    """The remote a :func:`remote_url_key` names."""
+    return key[len("remote."):-len(".url")]
