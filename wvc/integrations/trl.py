@@ -96,7 +96,9 @@ class WvcWeightTransfer:
                  background: bool = True):
         from ..model.keep_policy import KeepPolicy
         from ..store.refs import check_ref_name
+        from .versions import require
 
+        require("trl", optional=True)  # (it reads TRL's trainer and extends its rollout worker; another loop needs no TRL)
         check_ref_name(branch)
         self.remote, self.branch = str(remote), branch
         self.api_key = api_key if api_key is not None else settings.text("VLLM_API_KEY")

@@ -4,7 +4,10 @@ configured with it), and makes the version a server reports the commit its worke
 
 from __future__ import annotations
 
+import logging
 import weakref
+
+from ... import settings
 
 BACKEND = "wvc"
 REMOTE_ENV = "WVC_VLLM_REMOTE"  # the remote a server follows, set by whoever starts it (transfer.followed)
@@ -21,12 +24,22 @@ _extended = False  # vLLM's classes extended in this process (a plugin may be lo
 def register() -> None:
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
-    if BACKEND not in WeightTransferEngineFactory._registry:
+    from ..versions import installed, problem
+
+    try:  # vLLM's public registration (a server that names it hears a version's problem from it)
         WeightTransferEngineFactory.register_engine(BACKEND, "wvc.integrations.vllm.transfer", "WvcWeightTransferEngine")
+    except ValueError:  # registered already: the plugin runs once per process, or more
+        pass
     global _extended
     if _extended:
         return
     _extended = True
+    why = problem("vllm", installed("vllm") or "0")
+    if why is not None and not settings.switch("WVC_ALLOW_UNTESTED_VERSIONS"):
+        # vLLM's classes are extended below by name and signature: on a vLLM they were not
+        # built for, leave them alone (every vLLM process loads this plugin, wvc or not)
+        logging.getLogger(__name__).warning("wvc: %s; the wvc backend is not enabled in this process", why)
+        return
     _report_loaded_commit()
     _reset_caches_after_updates()
     _guard_weight_routes()
