@@ -222,10 +222,10 @@ LAYER_JOBS = [
     ("storage", "SQLite and its migrations, packs, delta chains, the chunk store and writer, the anchor and "
                 "re-encoding policies, a prune's plan, the commit graph, refs, REV syntax; the working-tree "
                 "scan and stat cache; the cache of downloaded versions"),
-    ("working tree, remotes", "files or a state dict -> chunks and a tree, and back; the working tree following "
-                              "a commit made elsewhere; tensors out of a version; the remote layout map, the "
+    ("working tree, remotes", "files or a state dict -> chunks and a tree, and back; the working tree refreshed "
+                              "to a commit made elsewhere; tensors out of a version; the remote layout map, the "
                               "backend interface and four backends, the remote repository, catalogs, step "
-                              "records, compaction, transfers, a lazy clone's chunk supply"),
+                              "records, compaction, downloads, a lazy clone's chunk supply"),
     ("base models", "a history on a base model: its record, the Hub cache, where each chunk lies in its files"),
     ("composition root", "`Repository`: opens `.wvc/`, builds the parts, records versions; runs no verb"),
     ("operations", "one module a verb (prune: which versions no policy prunes, and the crash-safe steps)"),
@@ -361,3 +361,20 @@ def test_integrations_use_the_public_repo_not_its_internals():
         if n and path != PACKAGE / "api.py":  # (where it is defined)
             found[str(path.relative_to(PACKAGE.parent))] = n
     assert found == INTERNALS_ALLOWED
+
+
+# Module names used in two folders, and why they are one thing (issue 67: "layout" was four
+# modules, "transfer" two, "follow" a working-tree update and a live reader).
+NAMES_SHARED = {
+    # the Hub backend and the local Hub server it talks to in tests: the two sides of one protocol
+    "hub": {"wvc/remotes/hub.py", "wvc/testing/hub.py"},
+}
+
+
+def test_no_module_name_means_two_things():
+    by_name: dict = {}
+    for path in SOURCES:
+        if path.name != "__init__.py":
+            by_name.setdefault(path.stem, set()).add(str(path.relative_to(PACKAGE.parent)))
+    shared = {name: paths for name, paths in by_name.items() if len(paths) > 1}
+    assert shared == NAMES_SHARED

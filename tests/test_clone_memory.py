@@ -1,5 +1,5 @@
 """A clone's memory does not grow with the model: fetch verification streams, keeping
-decoded delta bases in a bounded cache (remotes/transfer.py). ``python -m
+decoded delta bases in a bounded cache (remotes/downloads.py). ``python -m
 benchmarks.clone_memory`` gives the 600 MB figures against a checkout; this measures the
 growth between two model sizes, which a verifier that kept every decoded base would show
 as the size of the first version."""

@@ -124,7 +124,7 @@ def test_a_format_1_file_hash_that_does_not_match_the_bytes_fails_checkout(small
 
 def test_a_base_recorded_in_tree_format_1_still_attaches_and_a_changed_one_is_refused(tmp_path):
     from tests.test_base_model import make_base
-    from wvc.basemodel.attach import attach
+    from wvc.basemodel.setup import set_base
     from wvc.basemodel.record import BaseRef, base_commit
     from wvc.errors import BaseModelError as BaseError
 
@@ -136,9 +136,9 @@ def test_a_base_recorded_in_tree_format_1_still_attaches_and_a_changed_one_is_re
                      for f in tree.files), tree.chunk_bytes, format=1)
     recorded = BaseRef(str(base_folder), old.id, base_commit(str(base_folder), old.id).id)  # as an older wvc
     second = Repo.init(tmp_path / "b")
-    ref = attach(second.internals, str(base_folder), expected=recorded, expected_tree=old)
+    ref = set_base(second.internals, str(base_folder), expected=recorded, expected_tree=old)
     assert (ref.tree, ref.commit) == (recorded.tree, recorded.commit)  # the history's ids hold
     assert second.tree_of(ref.commit).format == 1
     (base_folder / "config.json").write_text("{}")
     with pytest.raises(BaseError, match="does not match the one this history was made from"):
-        attach(Repo.init(tmp_path / "c").internals, str(base_folder), expected=recorded, expected_tree=old)
+        set_base(Repo.init(tmp_path / "c").internals, str(base_folder), expected=recorded, expected_tree=old)

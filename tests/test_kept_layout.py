@@ -1,4 +1,4 @@
-"""The kept versions' layout after a prune (store/kept_layout.py): the tree search is exact over
+"""The kept versions' layout after a prune (store/kept_bases.py): the tree search is exact over
 nested trees within the depth bound, and the cost estimate orders deltas by what they change."""
 
 import itertools
@@ -7,7 +7,7 @@ import math
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from wvc.store.kept_layout import estimated_bits, nested_tree
+from wvc.store.kept_bases import estimated_bits, nested_tree
 
 
 def _depths(parents, root_depth):
@@ -63,7 +63,7 @@ def test_a_delta_over_more_steps_is_estimated_to_cost_more():
 
 
 def test_a_version_whose_tensors_changed_at_different_steps_stays_only_on_the_versions_holding_its_bases():
-    from wvc.store.kept_layout import staying_parents
+    from wvc.store.kept_bases import staying_parents
     from wvc.store.rows import ObjectRow
 
     def row(oid, base):

@@ -1,5 +1,5 @@
 """benchmarks/layout_bound.py's claim rests on its dynamic program finding the cheapest nested
-tree: checked against prune's interval search (store/kept_layout.py, written separately) on
+tree: checked against prune's interval search (store/kept_bases.py, written separately) on
 random span costs, and against a direct search over every tree for small windows."""
 
 import itertools
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from benchmarks.layout_bound import cheapest_trees, cost_curve, mean_depth, policy_cost, tree_of
-from wvc.store.kept_layout import nested_tree
+from wvc.store.kept_bases import nested_tree
 
 # a delta over more steps costs no less (what the codec measures): increments of a span's cost
 growth = st.lists(st.floats(min_value=0.0, max_value=20, allow_nan=False), min_size=8, max_size=8)

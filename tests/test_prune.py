@@ -438,7 +438,7 @@ def test_a_kept_version_is_re_encoded_against_the_kept_version_before(tmp_path):
 
 def test_more_kept_versions_than_max_chain_stay_within_it_and_off_the_keyframe(tmp_path):
     """24 kept versions of a drifting run cannot all be chained on the one before within
-    max_chain (8). Before the layout by estimated cost (store/kept_layout.py), the ninth
+    max_chain (8). Before the layout by estimated cost (store/kept_bases.py), the ninth
     kept version went onto the nearest link that stays whatever its depth: chains of 10
     links. Each kept version must now be within max_chain, and a delta on the run's kept
     versions (not a keyframe of its own). (What the layout saves is measured by

@@ -56,7 +56,7 @@ def test_the_last_commits_chunks_are_the_next_ones_delta_bases_without_decoding(
     monkeypatch.setattr(ObjectStore, "_decode",
                         lambda self, chain, with_base: decodes.append(len(chain)) or real(self, chain, with_base))
     Repo.init(tmp_path / "kept", max_chain=64).close()
-    # (a branch HEAD is not on: onto HEAD's branch the working tree follows each commit,
+    # (a branch HEAD is not on: onto HEAD's branch the working tree is refreshed to each commit,
     # which reads the new version's header from the store)
     pub = Publisher(tmp_path / "kept", "run/kept", max_pending=100)
     for step, sd in model_steps(17):

@@ -164,7 +164,7 @@ def test_the_server_is_read_only_and_on_loopback(history):
 
 
 def test_a_remote_is_viewed_through_a_lazy_copy(history, tmp_path, monkeypatch):
-    from wvc.ui.remote import local_copy
+    from wvc.ui.remote_copy import local_copy
 
     monkeypatch.setenv("WVC_CACHE", str(tmp_path / "cache"))
     history.remote_add("origin", str(tmp_path / "remote"))
@@ -427,7 +427,7 @@ def test_a_page_of_another_origin_in_chromium_reads_nothing_and_writes_nothing(h
     import http.server
     import threading
 
-    from wvc.ui.remote import local_copy
+    from wvc.ui.remote_copy import local_copy
 
     monkeypatch.setenv("WVC_CACHE", str(tmp_path / "cache"))
     history.remote_add("origin", str(tmp_path / "remote"))

@@ -118,9 +118,9 @@ def _committed(repo, out) -> bytes:
 
 
 def test_a_commit_from_a_directory_leaves_the_working_tree_the_bytes_it_read(tmp_path, monkeypatch):
-    """The working tree follows a commit from a directory with the files as the commit read
+    """The working tree is refreshed to a commit from a directory with the files as the commit read
     them (written as they were hashed), not decoded from the store."""
-    import wvc.worktree.follow as follow
+    import wvc.worktree.refresh as follow
 
     def decoded(*_a, **_k):
         raise AssertionError("the file was decoded from the store")
@@ -146,13 +146,13 @@ def test_a_source_rewritten_after_the_commit_read_it_is_not_what_the_working_tre
     root = tmp_path / "repo"
     repo = Repo.init(root)
     committed = _checkpoint(tmp_path / "ckpt", 0)
-    real = commit_op.follow_commit
+    real = commit_op.refresh_worktree
 
     def rewritten_first(*args, **kwargs):
         _checkpoint(tmp_path / "ckpt", 1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(commit_op, "follow_commit", rewritten_first)
+    monkeypatch.setattr(commit_op, "refresh_worktree", rewritten_first)
     repo.commit("step 0", source=tmp_path / "ckpt")
     assert (tmp_path / "ckpt" / "model.safetensors").read_bytes() != committed
     assert (root / "model.safetensors").read_bytes() == committed == _committed(repo, tmp_path / "out")
@@ -170,7 +170,7 @@ def test_a_failed_commit_from_a_directory_leaves_no_copies_behind(tmp_path, monk
     def fails(*_a, **_k):
         raise OSError("disk gone")
 
-    monkeypatch.setattr(commit_op, "follow_commit", fails)
+    monkeypatch.setattr(commit_op, "refresh_worktree", fails)
     with pytest.raises(OSError):
         repo.commit("step 0", source=tmp_path / "ckpt")
     assert sorted(p.name for p in root.iterdir()) == [".wvc"]
@@ -180,7 +180,7 @@ def test_a_state_dict_commit_writes_the_working_tree_from_its_tensors(tmp_path, 
     """A state dict committed onto HEAD's branch reaches the working tree from its tensors and
     the stored header (checked as a copy is), not decoded from the store; a tensor changed
     after the commit read it fails the check, and the committed bytes are decoded instead."""
-    import wvc.worktree.follow as follow
+    import wvc.worktree.refresh as follow
 
     def decoded(*_a, **_k):
         raise AssertionError("the file was decoded from the store")
@@ -199,14 +199,14 @@ def test_a_state_dict_commit_writes_the_working_tree_from_its_tensors(tmp_path, 
 
     import wvc.ops.commit as commit_op
 
-    real = commit_op.follow_commit
+    real = commit_op.refresh_worktree
 
     def trained_on(*args, **kwargs):
         sd["b"] += 1  # the trainer's next step, before the working tree is written
         return real(*args, **kwargs)
 
     sd["w"] += 1
-    monkeypatch.setattr(commit_op, "follow_commit", trained_on)
+    monkeypatch.setattr(commit_op, "refresh_worktree", trained_on)
     repo.commit("step 3", source=sd)
     assert (root / "model.safetensors").read_bytes() == _committed(repo, tmp_path / "out-3")
     assert repo.status().clean
@@ -223,7 +223,7 @@ def test_a_teed_file_removed_before_the_follow_takes_it_is_decoded_instead(tmp_p
     root = tmp_path / "repo"
     repo = Repo.init(root)
     committed = _checkpoint(tmp_path / "ckpt", 0)
-    real = commit_op.follow_commit
+    real = commit_op.refresh_worktree
 
     def collected_first(*args, **kwargs):
         for p in root.iterdir():
@@ -231,7 +231,7 @@ def test_a_teed_file_removed_before_the_follow_takes_it_is_decoded_instead(tmp_p
                 os.unlink(p)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(commit_op, "follow_commit", collected_first)
+    monkeypatch.setattr(commit_op, "refresh_worktree", collected_first)
     repo.commit("step 0", source=tmp_path / "ckpt")
     assert (root / "model.safetensors").read_bytes() == committed
     assert repo.status().clean
@@ -240,7 +240,7 @@ def test_a_teed_file_removed_before_the_follow_takes_it_is_decoded_instead(tmp_p
 def test_a_state_dicts_tensors_reach_the_working_tree_a_slice_at_a_time(tmp_path, monkeypatch):
     """A tensor is brought to the host TENSOR_SLICE bytes at a time (a device's tensor is never
     copied whole); the file is the same."""
-    import wvc.worktree.follow as follow
+    import wvc.worktree.refresh as follow
     import wvc.worktree.materialize as materialize
 
     def decoded(*_a, **_k):

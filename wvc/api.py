@@ -52,10 +52,10 @@ class Repo:
         created_root = not Path(path).exists()
         repository = Repository.create(path, chunk_bytes=chunk_bytes, max_chain=max_chain, branch=branch)
         if base is not None:
-            from .basemodel.attach import attach
+            from .basemodel.setup import set_base
 
             try:
-                attach(repository, base, progress=progress)
+                set_base(repository, base, progress=progress)
             except BaseException:
                 repository.close()
                 remove_new_repository(repository.root, created_root)
@@ -195,14 +195,14 @@ class Repo:
                       reason: str) -> None:
         """Record ``commit`` (its ``tree`` and the ``packs`` the chunk writers finished) and
         move ``branch`` to it if it still points at ``expected`` (else nothing is recorded:
-        compare and swap); the working tree follows when ``branch`` is HEAD's."""
+        compare and swap); the working tree is refreshed when ``branch`` is HEAD's."""
         parent_tree = self._repository.tree_of(expected, weights=False) if expected else None
         self._repository.record([(commit, tree, stored_bytes)], packs=packs, ref=HEADS + branch, expected=expected,
                                 reason=reason)
         if branch == self.head_branch():
-            from .worktree.follow import follow_commit
+            from .worktree.refresh import refresh_worktree
 
-            follow_commit(self._repository, parent_tree, tree)
+            refresh_worktree(self._repository, parent_tree, tree)
 
     # -- verbs -----------------------------------------------------------------------------
     def status(self):
@@ -223,7 +223,7 @@ class Repo:
         ``state_dict_path``: the file a state dict is stored as; ``branch``: commit onto that
         branch (created from HEAD if missing) without checking it out; ``exclude``:
         gitignore-style patterns for a directory source; ``amend``: replace HEAD's commit.
-        Onto HEAD's branch, the working tree follows a commit it was not the source of."""
+        Onto HEAD's branch, the working tree is refreshed to a commit it was not the source of."""
         from .ops import commit
 
         return commit.commit(self._repository, message, source, author=author, metadata=metadata, allow_empty=allow_empty,

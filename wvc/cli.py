@@ -1129,7 +1129,7 @@ def ui_command(source, port, no_browser, revs, limit):
 
 
 def _ui_copy_of(url: str):
-    from .ui.remote import local_copy
+    from .ui.remote_copy import local_copy
 
     return local_copy(url, BarProgress())
 

@@ -69,7 +69,7 @@ class Repository:
 
     def _locate_base_files(self):
         """Where the base model's files are (found, or downloaded again, on the first read of one)."""
-        from .basemodel.attach import locate
+        from .basemodel.setup import locate
 
         return locate(self.db)
 
@@ -245,7 +245,7 @@ class Repository:
         Then the trees and commits, and ``ref`` moved from ``expected`` to the last commit by
         compare-and-swap with a reflog entry ``reason`` (None: no ref moves here; a merge
         moves its branch after the working tree). ``during(db)``: more writes of the same
-        transaction (commit's stat cache and HEAD rules, attach's base settings)."""
+        transaction (commit's stat cache and HEAD rules, set_base's settings)."""
         from .errors import MissingObject
 
         with self.db.write():

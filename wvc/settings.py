@@ -43,7 +43,7 @@ VARIABLES = {
     "WVC_VLLM_REMOTE": "the remote a vLLM server with the wvc backend follows (set by whoever starts it; required)",
     "WVC_VLLM_BRANCH": "the branch that server follows (default: the one init names, else main)",
     "WVC_ALLOW_UNTESTED_VERSIONS": "1: use the vLLM and TRL integrations with versions they were not tested with "
-                                   "(integrations/versions.py; default: refused, naming the supported range)",
+                                   "(integrations/library_versions.py; default: refused, naming the supported range)",
 }
 # read as the libraries that own them do (huggingface_hub, XDG, boto3)
 OTHERS = ("HF_ENDPOINT", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "XDG_CACHE_HOME", "AWS_RETRY_MODE",

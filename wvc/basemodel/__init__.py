@@ -2,5 +2,5 @@
 
 ``record`` (the reference and its hf:// form), ``download`` (the Hub cache), ``index``
 (where each chunk lies in the base's files), ``remote_chunks`` (base chunks for a remote
-view), ``attach`` (record a base in a repository, find its files again, fsck them).
+view), ``setup`` (set a base up in a repository, find its files again, fsck them).
 """

@@ -87,7 +87,7 @@ def download_hub(url: str, paths: list[str] | None = None, progress: Progress = 
 
 def cached_paths(url: str, paths: list[str]) -> set[str]:
     """Of ``paths`` of the Hub base ``url`` (pinned to a sha), those already in the local
-    huggingface_hub cache: what attaching it will not download."""
+    huggingface_hub cache: what setting it up will not download."""
     from huggingface_hub import try_to_load_from_cache
 
     repo_id, rev = parse_hub(url)

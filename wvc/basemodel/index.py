@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import ids
-from ..model.layout import file_chunks
+from ..model.chunk_spans import file_chunks
 from ..model.versions import Tree
 from ..progress import NULL, Progress
 from ..worktree.snapshot import Snapshotter

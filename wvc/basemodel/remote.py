@@ -1,9 +1,9 @@
-"""The base model a remote records, checked against this repository's and attached on clone."""
+"""The base model a remote records, checked against this repository's and set up on clone."""
 
 from __future__ import annotations
 
 from .. import ids
-from .attach import attach
+from .setup import set_base
 from .record import base_commit, parse_base_json
 from ..errors import BaseModelError, RemoteError
 from ..progress import Progress
@@ -48,7 +48,7 @@ def check_same_base(remote_name: str, theirs, ours) -> None:
     raise RemoteError(f"remote {remote_name} is based on {theirs.url}, this repository on {ours.url}")
 
 
-def attach_remote_base(repo, remote, base, progress: Progress, base_dir: str | None = None) -> dict:
+def set_remote_base(repo, remote, base, progress: Progress, base_dir: str | None = None) -> dict:
     """Find or download the base a remote (a RemoteRepository) records and check it gives
     the recorded tree (a directory base: read from ``base_dir``, the user's, see
     base_directory). Returns :func:`base_report`'s account of it."""
@@ -59,7 +59,7 @@ def attach_remote_base(repo, remote, base, progress: Progress, base_dir: str | N
         from .download import cached_paths
 
         cached = cached_paths(base.url, [f.path for f in tree.files])
-    attach(repo, spec, expected=base, expected_tree=tree, set_branch=False, progress=progress)
+    set_base(repo, spec, expected=base, expected_tree=tree, set_branch=False, progress=progress)
     return base_report(base, tree.logical_bytes,
                        sum(f.size for f in tree.files if f.path not in cached) if base.is_hub else 0)
 

@@ -1,4 +1,4 @@
-"""Base chunks for a view of a remote (``wvc.open``) on a machine that did not attach the base."""
+"""Base chunks for a view of a remote (``wvc.open``) on a machine that did not set the base up."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from .record import BaseRef, parse_hub
 
 
 class RemoteBaseChunks:
-    """Base chunks for a view of a remote (wvc.open) when this machine did not attach the base:
+    """Base chunks for a view of a remote (wvc.open) when this machine did not set the base up:
     from the huggingface_hub cache when a file is there, else by HTTP range reads from the
     base's own Hub repo (a directory base: from the directory). Every chunk is hash-checked."""
 

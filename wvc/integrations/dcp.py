@@ -11,7 +11,7 @@ Saving: every rank encodes its own write items (tensor shards with their offsets
 DCP's BytesIO items) as wvc chunks, each shard delta-encoded against the same shard (same
 FQN, same offsets) of the parent commit, and seals its own pack in ``.wvc/packs`` of the
 shared repository. Nothing is gathered: a rank sees only its shards. The coordinator then
-records every rank's pack and objects, one tree (formats/dcp_layout.py) and one commit in
+records every rank's pack and objects, one tree (formats/dcp_tree.py) and one commit in
 one transaction, moving the branch by compare-and-swap, exactly as a commit does
 (docs/design.md, "DCP saves"). Only the coordinator writes the database; a rank killed at
 any point leaves packs nothing refers to, which gc removes.
@@ -42,9 +42,9 @@ from torch.futures import Future
 from ..api import Repo
 from ..codec.device_choice import commit_device
 from ..errors import FormatError
-from ..formats import dcp_layout as layout_format
+from ..formats import dcp_tree
 from ..formats.dtypes import BYTES, DTYPES, by_torch_dtype
-from ..model.layout import chunk_spans, tensor_spans
+from ..model.chunk_spans import chunk_spans, tensor_spans
 from ..model.versions import Commit, FileEntry, Tree, check_metadata
 from ..ops.commit import default_author
 from ..progress import NULL
@@ -132,7 +132,7 @@ class WvcStorageWriter(StorageWriter):
             parent_tree = repo.tree_of(info.parent) if info.parent else None
             chunk_bytes = parent_tree.chunk_bytes if parent_tree else repo.chunk_bytes
             parents = parent_tree.by_path() if parent_tree else {}
-            path = layout_format.rank_file(info.rank)
+            path = dcp_tree.rank_file(info.rank)
             tensors = [i for i in items if i.type != WriteItemType.BYTE_IO]
             blobs = [i for i in items if i.type == WriteItemType.BYTE_IO]
             results, files = [], []
@@ -144,7 +144,7 @@ class WvcStorageWriter(StorageWriter):
                     results += [WriteResult(index=i.index, size_in_bytes=_nbytes(i), storage_data=_ItemRef(path, n))
                                 for i, n in zip(tensors, names)]
                 for k, item in enumerate(blobs):
-                    blob_path = layout_format.bytes_file(info.rank, k)
+                    blob_path = dcp_tree.bytes_file(info.rank, k)
                     data = planner.resolve_data(item).getvalue()
                     files.append(_write_blob(writer, blob_path, data, chunk_bytes, parents.get(blob_path)))
                     results.append(WriteResult(index=item.index, size_in_bytes=len(data),
@@ -162,7 +162,7 @@ def _nbytes(item) -> int:
 def _write_tensors(snap: Snapshotter, path: str, items, planner) -> tuple[FileEntry, list[str]]:
     """This rank's shards as one safetensors file entry (nothing written but chunks): each
     shard a tensor named ``<fqn>@<offsets>``, so the parent's same shard is its delta base."""
-    data = {layout_format.shard_name(item.index.fqn, item.tensor_data.chunk.offsets): planner.resolve_data(item)
+    data = {dcp_tree.shard_name(item.index.fqn, item.tensor_data.chunk.offsets): planner.resolve_data(item)
             for item in items}
     return snap.state_dict_file(data, path), list(data)
 
@@ -178,28 +178,28 @@ def _record(repo, w: WvcStorageWriter, metadata: Metadata, results) -> tuple[str
     """The coordinator: the layout, the tree and the commit, in one transaction."""
     refs = {r.index: r.storage_data for rank in results for r in rank}
     files = [f for rank in results if rank for f in rank[0].storage_data.rank_files]
-    layout = layout_format.Layout()
+    layout = dcp_tree.Layout()
     for fqn, md in metadata.state_dict_metadata.items():
         if isinstance(md, BytesStorageMetadata):
             layout.blobs[fqn] = refs[MetadataIndex(fqn)].file
             continue
-        item = layout_format.TensorItem(by_torch_dtype(md.properties.dtype).name, tuple(md.size),
+        item = dcp_tree.TensorItem(by_torch_dtype(md.properties.dtype).name, tuple(md.size),
                                         requires_grad=bool(md.properties.requires_grad))
         for chunk in md.chunks:
             ref = refs[MetadataIndex(fqn, chunk.offsets)]
-            item.shards.append(layout_format.Shard(tuple(chunk.offsets), tuple(chunk.sizes), ref.file, ref.tensor))
+            item.shards.append(dcp_tree.Shard(tuple(chunk.offsets), tuple(chunk.sizes), ref.file, ref.tensor))
         layout.tensors[fqn] = item
     branch = w._branch(repo)
     parent = w._parent  # what every rank deltas against; a save that landed since fails the CAS
     with repo.chunk_writer() as writer:
         data = layout.to_bytes()
         parent_tree = repo.tree_of(parent) if parent else None
-        old = parent_tree.by_path().get(layout_format.METADATA_PATH) if parent_tree else None
+        old = parent_tree.by_path().get(dcp_tree.METADATA_PATH) if parent_tree else None
         chunk_bytes = parent_tree.chunk_bytes if parent_tree else repo.chunk_bytes
-        files.append(_write_blob(writer, layout_format.METADATA_PATH, data, chunk_bytes, old))
+        files.append(_write_blob(writer, dcp_tree.METADATA_PATH, data, chunk_bytes, old))
         pack, rows = writer.finish()
     if parent_tree is not None:  # the version's other files (config, tokenizer) stay in it
-        files += [f.with_content_id() for f in parent_tree.files if not f.path.startswith(layout_format.PREFIX)]
+        files += [f.with_content_id() for f in parent_tree.files if not f.path.startswith(dcp_tree.PREFIX)]
     tree = Tree(tuple(sorted(files, key=lambda f: f.path)), chunk_bytes)
     stored = writer.stored_bytes + sum(r[0].storage_data.stored_bytes for r in results if r)
     meta = {**w.metadata, "dcp": {"world_size": len(results), "items": len(metadata.state_dict_metadata)}}
@@ -222,7 +222,7 @@ class WvcStorageReader(StorageReader):
         self.rev = rev
         self.trust_pickles = trust_pickles
         self._view = None
-        self._layout: layout_format.Layout | None = None
+        self._layout: dcp_tree.Layout | None = None
         self.storage_data: dict = {}
         self._repo = None  # a local source: its store decodes ahead on its pool
 
@@ -233,8 +233,8 @@ class WvcStorageReader(StorageReader):
             from ..read.view import open_version
 
             self._view = open_version(self.source, self.rev)
-            if layout_format.METADATA_PATH not in self._view.tree.by_path():
-                raise FormatError(f"{self.source} {self.rev}: not a DCP commit (no {layout_format.METADATA_PATH})")
+            if dcp_tree.METADATA_PATH not in self._view.tree.by_path():
+                raise FormatError(f"{self.source} {self.rev}: not a DCP commit (no {dcp_tree.METADATA_PATH})")
         return self._view
 
     @property
@@ -244,21 +244,21 @@ class WvcStorageReader(StorageReader):
         remote = getattr(source, "remote", None)
         return remote.bytes_downloaded if remote is not None else 0
 
-    def layout(self) -> layout_format.Layout:
+    def layout(self) -> dcp_tree.Layout:
         """The save's layout (which rank file holds each shard), validated against the tree."""
         if self._layout is None:
-            self._layout = layout_format.Layout.from_bytes(self.view.read_file(layout_format.METADATA_PATH))
+            self._layout = dcp_tree.Layout.from_bytes(self.view.read_file(dcp_tree.METADATA_PATH))
             files = self.view.tree.by_path()
             for fqn, item in self._layout.tensors.items():
                 for s in item.shards:
                     entry = files.get(s.file)
                     t = next((t for t in entry.tensors if t.name == s.tensor), None) if entry else None
                     if t is None or t.dtype != item.dtype or tuple(t.shape) != s.sizes:
-                        raise FormatError(f"{layout_format.METADATA_PATH}: shard {s.tensor!r} of {fqn!r} does "
+                        raise FormatError(f"{dcp_tree.METADATA_PATH}: shard {s.tensor!r} of {fqn!r} does "
                                           "not match the tree")
             for fqn, path in self._layout.blobs.items():
                 if path not in files:
-                    raise FormatError(f"{layout_format.METADATA_PATH}: {fqn!r} names a missing file")
+                    raise FormatError(f"{dcp_tree.METADATA_PATH}: {fqn!r} names a missing file")
         return self._layout
 
     def reset(self, checkpoint_id=None) -> None:
@@ -344,11 +344,11 @@ def _check_plain(data: bytes, fqn: str) -> None:
                           "load it with WvcStorageReader(..., trust_pickles=True) only if you trust its source") from exc
 
 
-def _pieces(entry, shard: layout_format.Shard, req, chunk_bytes: int):
+def _pieces(entry, shard: dcp_tree.Shard, req, chunk_bytes: int):
     """For a request contiguous in its saved shard: [(chunk id, begin, end, offset in the
     target)] of the bytes to copy, only the chunks under the region; None otherwise."""
     width = DTYPES[entry.dtype].width
-    span = layout_format.contiguous_rows(shard.sizes, tuple(req.storage_offsets), tuple(req.lengths))
+    span = dcp_tree.contiguous_rows(shard.sizes, tuple(req.storage_offsets), tuple(req.lengths))
     if span is None:
         return None
     begin, end = span[0] * width, span[1] * width

@@ -17,7 +17,7 @@ remote, run at most once per ``push_interval`` seconds: the Hub has an hourly co
 per repository, a directory or object-storage remote has none.
 
 Onto the branch the repository's HEAD is on, each commit is HEAD's new version and the
-working tree follows it (worktree/follow.py: the model file is written out after each
+working tree is refreshed to it (worktree/refresh.py: the model file is written out after each
 commit); a branch of its own (``run/<name>``, as the Trainer callback uses) writes nothing
 but the repository.
 

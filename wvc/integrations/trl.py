@@ -65,7 +65,7 @@ from .vllm.server_client import ServerError, VllmServer
 log = logging.getLogger(__name__)
 
 # HEAD of the staging repository names a branch nothing commits to: commits onto the synced
-# branch then write the repository only, never a working tree (ops/commit.py: follow_commit)
+# branch then write the repository only, never a working tree (ops/commit.py: refresh_worktree)
 STAGING_HEAD = "wvc-staging"
 NOT_INITIALIZED = "not initialized"  # what the backend answers a server that has no follower yet
 
@@ -96,7 +96,7 @@ class WvcWeightTransfer:
                  background: bool = True):
         from ..model.keep_policy import KeepPolicy
         from ..store.refs import check_ref_name
-        from .versions import require
+        from .library_versions import require
 
         require("trl", optional=True)  # (it reads TRL's trainer and extends its rollout worker; another loop needs no TRL)
         check_ref_name(branch)

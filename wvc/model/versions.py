@@ -12,7 +12,7 @@ import math
 from functools import cached_property
 from dataclasses import dataclass, field, replace
 
-from .layout import chunk_spans  # noqa: F401 - (trees check their chunk counts with it)
+from .chunk_spans import chunk_spans  # noqa: F401 - (trees check their chunk counts with it)
 from .. import ids
 from ..errors import FormatError
 from ..formats.dtypes import DTYPES

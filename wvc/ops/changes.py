@@ -1,6 +1,6 @@
 """Changes along a history: each commit's per-tensor change against its first parent (the
 numbers `wvc diff PARENT COMMIT` gives: elements changed, max |delta|, max ULPs, relative
-L2, stored bytes), computed once and kept in the repository database (store/changes.py).
+L2, stored bytes), computed once and kept in the repository database (store/change_table.py).
 
 Computing them for a history that lacks them walks it parent first and decodes only the
 chunks that changed, with the chunks decoded for one commit cached for the next (a commit's
@@ -14,7 +14,7 @@ from __future__ import annotations
 from ..errors import RevisionNotFound
 from ..lru import LRUCache
 from ..progress import NULL, Progress
-from ..store.changes import ChangeStats, TensorChange
+from ..store.change_table import ChangeStats, TensorChange
 from ..model.versions import Tree, first_parents
 from .diff import diff
 

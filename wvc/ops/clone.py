@@ -16,7 +16,7 @@ from ..store.database import peek_config
 from ..store.refs import HEADS
 from .fetch import fetch
 from .pull import pull
-from ..basemodel.remote import attach_remote_base, base_directory, remote_base
+from ..basemodel.remote import set_remote_base, base_directory, remote_base
 from .remote_config import index_cache, remote_add
 
 
@@ -71,7 +71,7 @@ def clone(url: str, directory=None, *, branch: str | None = None, lazy: bool = F
         repo = Repository.create(target, branch=branch, settings=settings)
         pinned = RemoteRepository(remote, pinned.state, index_cache(repo))  # (the same listing)
         if base is not None:
-            base_info = attach_remote_base(repo, pinned, base, progress, base_dir)
+            base_info = set_remote_base(repo, pinned, base, progress, base_dir)
         remote_add(repo, "origin", _absolute(url))
         fetched = fetch(repo, "origin", progress=progress, remote=pinned)
         pull(repo, "origin", branch, progress=progress, fetched=fetched)

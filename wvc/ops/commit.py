@@ -24,7 +24,7 @@ from ..model.versions import Commit, Tree, check_metadata
 from ..progress import NULL, Progress
 from ..store.config_keys import MERGE_HEAD, MERGE_RECIPE
 from ..store.refs import HEADS
-from ..worktree.follow import SourceCopies, StateDictSource, follow_commit
+from ..worktree.refresh import SourceCopies, StateDictSource, refresh_worktree
 from ..worktree.scan import StatCache, scan
 from ..worktree.snapshot import STATE_DICT_PATH, Snapshotter, TensorStream
 
@@ -165,8 +165,8 @@ def _commit(repo, message, source, *, author, metadata, allow_empty, device, sta
         scanned = scan(root, exclude)
         scanned.refuse_bad_names()  # before anything is written
 
-    # onto HEAD's branch from another directory, the working tree follows: the files it will
-    # take are written as they are read (worktree/follow.SourceCopies)
+    # onto HEAD's branch from another directory, the working tree is refreshed: the files it will
+    # take are written as they are read (worktree/refresh.SourceCopies)
     copies = held.enter_context(SourceCopies(repo.root)) \
         if root not in (None, repo.root) and (branch is None or branch == repo.refs.head_branch()) else None
     with repo.store.writer(device=commit_device(device, data_location(source)), max_chain=repo.max_chain) as writer:
@@ -215,7 +215,7 @@ def _commit(repo, message, source, *, author, metadata, allow_empty, device, sta
 
     repo.record([(new, tree, writer.stored_bytes)], packs=[(pack, rows)], during=move_refs)
     if root != repo.root and (branch is None or branch == repo.refs.head_branch()):
-        follow_commit(repo, parent_tree, tree, progress,  # HEAD's new version came from elsewhere
+        refresh_worktree(repo, parent_tree, tree, progress,  # HEAD's new version came from elsewhere
                       source=StateDictSource(state_dict_path, source) if isinstance(source, Mapping) else copies)
     result = CommitResult(new.id, tree.id, parents, tree.logical_bytes, writer.stored_bytes, len(rows))
     if scanned is not None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from ..formats import safetensors as st
 from ..formats.dtypes import DTYPES, ulp_position
 from ..fsutil import selected
-from ..model.layout import chunk_spans
+from ..model.chunk_spans import chunk_spans
 from ..model.versions import FileEntry, TensorEntry
 from ..progress import NULL, Progress
 from ..worktree.scan import scan

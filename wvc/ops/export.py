@@ -1,6 +1,6 @@
 """Export: a version as Hugging Face-style sharded safetensors (``from_pretrained`` reads it).
 
-A DCP commit (formats/dcp_layout.py) is reassembled tensor by tensor from its ranks'
+A DCP commit (formats/dcp_tree.py) is reassembled tensor by tensor from its ranks'
 shards; any other commit's safetensors tensors are taken as they are, and its other files
 (config, tokenizer) copied. Shards hold tensors in name order up to ``max_shard_bytes``
 (a tensor larger than that gets a shard of its own), named like transformers names them,
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import CorruptObject, InvalidArgument, PathInTheWay
-from ..formats import dcp_layout
+from ..formats import dcp_tree
 from ..formats import safetensors as st
 from ..formats.dtypes import DTYPES
 from ..fsutil import atomic_write, atomic_writer, resolve_inside
@@ -64,7 +64,7 @@ def export(repo, rev: str, out_dir, *, max_shard_bytes: int = DEFAULT_MAX_SHARD_
     tree = repo.tree_of(commit_id)
     files = tree.by_path()
     repo.store.ensure_local(tree.chunk_ids(), progress)
-    if dcp_layout.METADATA_PATH in files:
+    if dcp_tree.METADATA_PATH in files:
         sources = _dcp_sources(repo, files)
         others = []
     else:
@@ -90,8 +90,8 @@ def export(repo, rev: str, out_dir, *, max_shard_bytes: int = DEFAULT_MAX_SHARD_
 
 
 def _dcp_sources(repo, files) -> list[_Source]:
-    data = b"".join(file_blocks(repo.store, files[dcp_layout.METADATA_PATH]))
-    layout = dcp_layout.Layout.from_bytes(data)
+    data = b"".join(file_blocks(repo.store, files[dcp_tree.METADATA_PATH]))
+    layout = dcp_tree.Layout.from_bytes(data)
     sources = []
     for fqn, item in sorted(layout.tensors.items()):
         pairs = []
@@ -99,7 +99,7 @@ def _dcp_sources(repo, files) -> list[_Source]:
             entry = files.get(s.file)
             t = next((t for t in entry.tensors if t.name == s.tensor), None) if entry else None
             if t is None or t.dtype != item.dtype or tuple(t.shape) != s.sizes:
-                raise CorruptObject(f"{dcp_layout.METADATA_PATH}: shard {s.tensor!r} does not match the tree")
+                raise CorruptObject(f"{dcp_tree.METADATA_PATH}: shard {s.tensor!r} does not match the tree")
             pairs.append((s, t))
         covered = sum(math.prod(s.sizes) for s, _ in pairs)
         if covered != math.prod(item.size):  # replicated shards are saved once: each element once

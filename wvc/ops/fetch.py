@@ -1,6 +1,6 @@
 """Fetch: refs -> missing commits (verified against their ids) -> missing trees (verified)
 -> the packs holding missing chunks, downloaded and checked (pack checksum, every object
-decoded and hashed, streaming: remotes/transfer.py) -> one local transaction records it all
+decoded and hashed, streaming: remotes/downloads.py) -> one local transaction records it all
 and moves the remote-tracking refs ``refs/remotes/<remote>/<branch>``. Nothing unverified
 is ever recorded."""
 
@@ -17,7 +17,7 @@ from ..fsutil import fsync_dir, make_work_dir, sweep_work_dirs
 from ..model.versions import Commit, Tree
 from ..progress import NULL, Progress
 from ..remotes import lazy_remote_name
-from ..remotes.transfer import verify_packs
+from ..remotes.downloads import verify_packs
 from ..store.graph import UNKNOWN
 from ..store.packs import pack_filename
 from ..store.refs import HEADS, TAGS

@@ -22,7 +22,7 @@ from ..errors import WvcError
 from ..fsutil import TEMP_PREFIX, stale_work_dirs, temp_in_use
 from ..repo import INIT_PREFIX
 from ..model.versions import Commit, Tree
-from ..basemodel.attach import verify as verify_base
+from ..basemodel.setup import verify as verify_base
 from ..remotes import lazy_remote_name
 from ..store.chains import close_over_bases
 from ..store.packs import pack_filename, read_pack_index

@@ -22,7 +22,7 @@ from ..codec.devices import resolve_device
 from ..errors import InvalidArgument, MergeInProgress, NothingToCommit, UncommittedChanges, WvcError
 from ..formats.dtypes import DTYPES
 from ..model.merge_methods import COMPUTED, TAKE_SIDE, MergeParameters, merge_tensor
-from ..model.layout import chunk_spans
+from ..model.chunk_spans import chunk_spans
 from ..model.versions import Commit, FileEntry, TensorEntry, Tree
 from ..progress import NULL, Progress
 from ..store.config_keys import MERGE_HEAD, MERGE_RECIPE

@@ -6,7 +6,7 @@ are kept, and it is marked in `pruned_commits`; reading its weights (checkout, e
 diff, merge, open) raises VersionPruned naming the nearest kept versions. The chunks only
 pruned versions used are freed. A chunk a kept version needs whose delta chain runs through
 a freed chunk is re-encoded against the same place in another kept version of the run, as
-the kept versions' layout by estimated cost has it (store/kept_layout.py), else against the
+the kept versions' layout by estimated cost has it (store/kept_bases.py), else against the
 nearest link of its chain that stays, or as a keyframe.
 
 Order (docs/design.md, "prune"): 1. the change statistics of the commits to prune and of

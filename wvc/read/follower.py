@@ -31,7 +31,7 @@ from ..codec import pool as codec_pool
 from ..codec.devices import resolve_device
 from ..errors import CorruptObject, InvalidArgument, MissingObject, RemoteNotFound, RevisionNotFound, WvcError
 from ..formats.dtypes import DTYPES
-from ..model.layout import tensor_spans
+from ..model.chunk_spans import tensor_spans
 from .cache import cache_root
 from ..remotes import open_backend, steps
 from ..remotes.urls import local_repository
@@ -174,7 +174,7 @@ class _RecordChunks:
         self.payloads: dict[str, bytes] = {}
 
     def prefetch(self, object_ids) -> None:
-        from ..remotes.transfer import read_payloads
+        from ..remotes.downloads import read_payloads
         from ..store.packs import PackEntry
 
         wanted, carried = {}, {}

@@ -10,7 +10,7 @@ A remote view reads the version's commit and tree (verified against their ids) a
 remote's pack indexes, then fetches each chunk it needs, and the delta bases that chunk
 needs, with range reads into the packs. Every decoded chunk is checked against its id.
 Decoded chunks are kept in a small LRU cache (bounded in bytes) so bases shared by
-neighbouring chunks are fetched once (remotes/transfer.py).
+neighbouring chunks are fetched once (remotes/downloads.py).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from .tensors import tensor_from_chunks
 from ..remotes import open_backend
 from ..remotes.urls import HF, local_path, local_repository
 from ..remotes.repository import RemoteRepository
-from ..remotes.transfer import RemoteChunks
+from ..remotes.downloads import RemoteChunks
 
 
 class VersionView:

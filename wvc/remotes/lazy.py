@@ -4,7 +4,7 @@
 with a :class:`LazyRemote` (wvc/repo.py), which the store asks for any chunk none of its
 packs hold. Each request range-reads the chunks and the delta bases they need from the
 remote's packs, verifies them object by object like a fetch, and records them in one
-transaction (remotes/transfer.py). A checkout of one version downloads that version only.
+transaction (remotes/downloads.py). A checkout of one version downloads that version only.
 
 The remote is listed once for as long as the repository is open (a tensor of eight chunks
 asks eight times; each listing on the Hub is several requests), and listed again only
@@ -19,7 +19,7 @@ from ..errors import MissingObject, RemoteError
 from ..progress import NULL, Progress
 from . import lazy_remote_name, open_backend, remote_url
 from .repository import RemoteRepository
-from .transfer import fetch_objects
+from .downloads import fetch_objects
 
 
 class LazyRemote:

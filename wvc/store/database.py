@@ -79,7 +79,7 @@ def _m0004_stat_cache_executable_bit(db: "sqlite_utils.Database") -> None:
 
 
 def _m0005_tensor_changes(db: "sqlite_utils.Database") -> None:
-    # per commit, each tensor's change against the first parent (store/changes.py): what
+    # per commit, each tensor's change against the first parent (store/change_table.py): what
     # `wvc ui` and `wvc plot` draw, computed once and kept
     db.execute("CREATE TABLE tensor_changes (commit_id TEXT NOT NULL, parent TEXT, file TEXT NOT NULL, "
                "tensor TEXT NOT NULL, status TEXT NOT NULL, numel INTEGER, changed INTEGER, max_abs_delta REAL, "

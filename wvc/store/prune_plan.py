@@ -16,7 +16,7 @@ from .. import ids
 from ..codec.container import Method
 from ..formats.dtypes import BYTES, DTYPES
 from ..progress import NULL, Progress
-from . import kept_layout
+from . import kept_bases
 from .packs import PackWriter, copy_payloads
 from .rows import ObjectRow
 
@@ -57,12 +57,12 @@ def preferred_bases(versions: list[dict]) -> tuple[dict[str, str], dict[str, int
 
 def _laid_out(store, versions: list[dict], dtypes, rows, kept: set[str], base_of, max_chain: int,
               preferred: dict[str, str]) -> set[str]:
-    """Bases for the chunks of the run's kept versions from :mod:`.kept_layout` (a tree of
+    """Bases for the chunks of the run's kept versions from :mod:`.kept_bases` (a tree of
     kept versions by estimated cost, within ``max_chain``), written into ``preferred``; the
     chunks to re-encode onto theirs even where their chain stays (the versions it lays out
     afresh). Without a layout, ``preferred`` stays the kept version before. ``versions``: the
     places of the run's kept versions, oldest first (the newest MAX_VERSIONS are laid out)."""
-    versions = versions[-kept_layout.MAX_VERSIONS:]
+    versions = versions[-kept_bases.MAX_VERSIONS:]
     if len(versions) < 2:
         return set()
 
@@ -82,7 +82,7 @@ def _laid_out(store, versions: list[dict], dtypes, rows, kept: set[str], base_of
         return 0 if link is None else (rows[link].depth if link in rows else 0) + 1
 
     root_depth = max((depth_now(c) for c in versions[0].values()), default=0)
-    layout = kept_layout.kept_parents(store, versions, dtypes, rows, needs, max_chain, root_depth)
+    layout = kept_bases.kept_parents(store, versions, dtypes, rows, needs, max_chain, root_depth)
     if layout is None:
         return set()
     parents, stays = layout

@@ -22,7 +22,7 @@ from .. import ids
 from ..errors import UnsafePath, WvcError
 from ..formats import safetensors as st
 from ..fsutil import TEMP_PREFIX, folded_clashes, reserved_name, validate_relpath
-from ..model.layout import chunk_spans
+from ..model.chunk_spans import chunk_spans
 from ..model.versions import FileEntry, TensorEntry
 
 log = logging.getLogger(__name__)

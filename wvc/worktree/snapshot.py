@@ -16,7 +16,7 @@ from pathlib import Path
 from ..errors import ConcurrentUpdate, InvalidArgument, SafetensorsFormatError, UnsupportedTensor
 from ..formats import safetensors as st
 from ..formats.dtypes import BYTES, DTYPES, by_torch_dtype
-from ..model.layout import chunk_spans
+from ..model.chunk_spans import chunk_spans
 from ..model.versions import FileEntry, TensorEntry, Tree
 from ..progress import Progress
 from ..store.chunk_writer import ChunkWriter
@@ -72,7 +72,7 @@ class Snapshotter:
         from a file lies in it (a base model's index records that instead of storing chunks).
         ``tee(path, executable)``, if given, gives a sink for each file read from a directory
         (``write(bytes)``, ``finish(entry)``, ``abort()``) that gets the file's bytes as they
-        are hashed: the very bytes the entry names (worktree/follow.SourceCopies)."""
+        are hashed: the very bytes the entry names (worktree/refresh.SourceCopies)."""
         self.writer = writer
         self.parent = ParentIndex.of(parent)
         self.chunk_bytes = chunk_bytes

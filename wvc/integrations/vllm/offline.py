@@ -143,7 +143,7 @@ def attach(llm, source, branch: str = "main", *, at: str | None = None) -> Attac
     remote URL). ``at``: the commit the engine was started from (its checkout: checked chunk
     by chunk against the files it loaded), so that the first update downloads one step, not
     the model; without it the first update loads the whole version."""
-    from ..versions import require
+    from ..library_versions import require
 
     require("vllm")
     return AttachedEngine(llm, source, branch, at)

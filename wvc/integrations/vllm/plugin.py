@@ -24,7 +24,7 @@ _extended = False  # vLLM's classes extended in this process (a plugin may be lo
 def register() -> None:
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
-    from ..versions import installed, problem
+    from ..library_versions import installed, problem
 
     try:  # vLLM's public registration (a server that names it hears a version's problem from it)
         WeightTransferEngineFactory.register_engine(BACKEND, "wvc.integrations.vllm.transfer", "WvcWeightTransferEngine")

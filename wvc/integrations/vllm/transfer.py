@@ -91,7 +91,7 @@ class WvcWeightTransferEngine(WeightTransferEngine[WvcInitInfo, WvcUpdateInfo]):
     last_update = None
 
     def init_transfer_engine(self, init_info: WvcInitInfo) -> None:
-        from ..versions import require
+        from ..library_versions import require
 
         require("vllm")  # (the plugin left vLLM alone on another version: say why here)
         model, config = self.model, self.vllm_config

@@ -1,5 +1,5 @@
 """The vLLM and TRL integrations are gated on the versions they were built for (issue 67):
-declared once (wvc/integrations/versions.py, the extras agree), checked before the library's
+declared once (wvc/integrations/library_versions.py, the extras agree), checked before the library's
 internals are touched, refused with one line naming the supported range and the version found."""
 
 import re
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from wvc.integrations import versions
-from wvc.integrations.versions import UnsupportedVersion
+from wvc.integrations import library_versions as versions
+from wvc.integrations.library_versions import UnsupportedVersion
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,5 @@
-"""Attaching a base to a repository, finding its files again, and checking them (fsck)."""
+"""Setting a base model up in a repository (indexing its files, recording it as the history's
+root), finding its files again, and checking them (fsck)."""
 
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def locate(db) -> Path:
     return root
 
 
-# -- attaching a base to a repository ------------------------------------------------------------
+# -- setting a base up in a repository ------------------------------------------------------------
 def resolve(spec: str, *, chunk_bytes: int, paths: list[str] | None = None, progress: Progress = NULL):
     """Download (Hub) or find (DIR) a base and index it: (url, root, tree, locations)."""
     if spec.startswith(HUB_SCHEME):
@@ -77,7 +78,7 @@ def resolve(spec: str, *, chunk_bytes: int, paths: list[str] | None = None, prog
     return url, root, tree, locations
 
 
-def attach(repo, spec: str, *, expected: BaseRef | None = None, expected_tree: Tree | None = None,
+def set_base(repo, spec: str, *, expected: BaseRef | None = None, expected_tree: Tree | None = None,
            set_branch: bool = True, progress: Progress = NULL) -> BaseRef:
     """Index the base ``spec`` and record it as this repository's root.
 

@@ -1,4 +1,4 @@
-"""The working tree follows a commit it was not the source of.
+"""The working tree refreshed to a commit it was not the source of.
 
 A state dict, a checkpoint directory or a DCP save committed onto HEAD's branch (or a
 detached HEAD) is HEAD's new version; if the working tree kept the parent's files they
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 class SourceCopies:
     """The files a commit from another directory reads, written as it reads them (the
     Snapshotter's ``tee``) into claimed temp files in the working tree ``root``: the very
-    bytes whose hashes the commit records, so the follow renames them into place with no
+    bytes whose hashes the commit records, so the refresh renames them into place with no
     copy and no check to make (a copy of the source after the commit would need a check, as
     the source may have changed since). A file without one (a `gc --grace 0` removed it,
     or its folder is on another file system) is decoded from the store."""
@@ -105,7 +105,7 @@ class StateDictSource:
     tensors: Mapping
 
 
-def follow_commit(repo, parent_tree: Tree | None, new_tree: Tree, progress: Progress = NULL,
+def refresh_worktree(repo, parent_tree: Tree | None, new_tree: Tree, progress: Progress = NULL,
                   source: SourceCopies | StateDictSource | None = None) -> None:
     """``source``: what the commit read (a directory's files as it read them, or a state
     dict), from which a file is taken (or written and checked) rather than decoded from the
