@@ -9,7 +9,7 @@ import torch
 
 from wvc import Repo, clone
 from wvc.errors import RemoteError
-from wvc.remotes import compaction, steps
+from wvc.remotes import compaction, step_records
 from wvc.remotes.path import PathBackend
 
 from .conftest import tree_digests
@@ -175,7 +175,7 @@ def test_the_hub_deduplicates_a_merged_pack_down_to_its_new_payloads(tmp_path, h
     hub = hub_env
     # no step records: an anchor's record carries its step payload (1 step in 4, and the
     # step after), which is not what this measures (see the directory test above)
-    monkeypatch.setattr(steps, "KEEP", 0)
+    monkeypatch.setattr(step_records, "KEEP", 0)
     repo = Repo.init(tmp_path / "a")
     repo.remote_add("hub", f"hf://team/dedup-{tmp_path.name}")
     g = torch.Generator().manual_seed(0)

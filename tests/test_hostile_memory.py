@@ -18,7 +18,7 @@ import zstandard
 
 import wvc
 from wvc.remotes.layout import step_path
-from wvc.remotes import steps
+from wvc.remotes import step_records
 from wvc.remotes.catalog import MAGIC, catalog_name
 
 REPO_ROOT = Path(__file__).parent.parent
@@ -112,7 +112,7 @@ def test_a_huge_sparse_step_record_is_read_by_ranges_and_the_follower_is_exact(t
 
 def test_step_record_ranges_of_200_mib_are_decoded_as_they_arrive(tmp_path):
     repo, remote, commits = _run(tmp_path)
-    record = steps.parse((remote / step_path(commits[-1])).read_bytes(), commits[-1])
+    record = step_records.parse((remote / step_path(commits[-1])).read_bytes(), commits[-1])
     honest, honest_peak = _reader("follow", remote, commits[0])
     big = "ab" * 32
     with open(remote / "packs" / f"pack-{big}.pack", "wb") as fh:
@@ -120,7 +120,7 @@ def test_step_record_ranges_of_200_mib_are_decoded_as_they_arrive(tmp_path):
     lying = [(c.id, c.base, c.context, c.raw_size, big, 16 + k * (200 << 20), 200 << 20, None)
              for k, c in enumerate(record.chunks[:8])]
     assert lying
-    _replace_record(remote, commits[-1], steps.build(record.commit, record.parent, record.commit_bytes,
+    _replace_record(remote, commits[-1], step_records.build(record.commit, record.parent, record.commit_bytes,
                                                      record.tree_bytes, record.tree_diff, lying))
     outcome, peak = _reader("follow", remote, commits[0])
     print(f"follower: honest peak {honest_peak} MB, {len(lying)} x 200 MiB ranges peak {peak} MB")
@@ -133,7 +133,7 @@ def test_a_dense_step_record_header_is_refused_and_the_follower_reads_the_versio
     honest, honest_peak = _reader("follow", remote, commits[0])
     header = b'{"chunks": [' + b'{"":[]},' * (60 << 17) + b'{"":[]}], "commit": "x"}'  # 60 MiB of structure
     frame = zstandard.ZstdCompressor().compress(header)
-    _replace_record(remote, commits[-1], steps.MAGIC + struct.pack("<Q", len(frame)) + frame)
+    _replace_record(remote, commits[-1], step_records.MAGIC + struct.pack("<Q", len(frame)) + frame)
     outcome, peak = _reader("follow", remote, commits[0])
     print(f"follower: honest peak {honest_peak} MB, dense record header peak {peak} MB")
     assert outcome == honest  # refused unparsed; the version read the ordinary way, exactly

@@ -33,7 +33,7 @@ def test_unset_or_empty_is_the_default_and_anything_else_an_error(monkeypatch):
 
 def _kernels_loaded(value: str) -> str:
     env = {**os.environ, "WVC_NO_NATIVE": value}
-    out = subprocess.run([sys.executable, "-c", "import wvc.codec.native as n, wvc.codec.step as s; "
+    out = subprocess.run([sys.executable, "-c", "import wvc.codec.native as n, wvc.codec.step_coder as s; "
                           "print(n.kernels is not None, s._c is not None)"],
                          env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -14,7 +14,7 @@ from hypothesis import strategies as hs
 import wvc
 from wvc import codec
 from wvc.api import Repo
-from wvc.codec import step
+from wvc.codec import step_coder
 from wvc.codec.container import Method, peek, step_bits
 from wvc.codec import transforms
 from wvc.codec.transforms import STEP_MAX_CHANGED, applicable_methods, step_applies
@@ -23,14 +23,14 @@ from wvc.formats.dtypes import DTYPES, by_torch_dtype
 
 STEP_DTYPES = sorted(name for name, d in DTYPES.items() if step_applies(d))
 BF16 = by_torch_dtype(torch.bfloat16)
-needs_c = pytest.mark.skipif(not step.native(), reason="the C coder was not built")
+needs_c = pytest.mark.skipif(not step_coder.native(), reason="the C coder was not built")
 STEP_CODERS = [Method.ULP_STEP, Method.STEP_BLOCKS, Method.STEP_RUNS]
 # each coder's Python twin: (encode, decode) on the coded bits
-TWINS = {Method.ULP_STEP: (step._encode_py, step._decode_py),
-         Method.STEP_BLOCKS: (step._encode_blocks_py, step._decode_blocks_py),
-         Method.STEP_RUNS: (functools.partial(step._encode_blocks_py, runs=True),
-                            functools.partial(step._decode_blocks_py, runs=True))}
-NATIVE = {Method.ULP_STEP: step.decode, Method.STEP_BLOCKS: step.decode_blocks, Method.STEP_RUNS: step.decode_runs}
+TWINS = {Method.ULP_STEP: (step_coder._encode_py, step_coder._decode_py),
+         Method.STEP_BLOCKS: (step_coder._encode_blocks_py, step_coder._decode_blocks_py),
+         Method.STEP_RUNS: (functools.partial(step_coder._encode_blocks_py, runs=True),
+                            functools.partial(step_coder._decode_blocks_py, runs=True))}
+NATIVE = {Method.ULP_STEP: step_coder.decode, Method.STEP_BLOCKS: step_coder.decode_blocks, Method.STEP_RUNS: step_coder.decode_runs}
 
 
 def test_the_method_is_offered_for_floats_with_an_exponent_and_only_with_a_context():
@@ -113,7 +113,7 @@ def test_correlated_steps_choose_the_method_and_cost_under_half_of_the_best_with
     g, b, x = adam_like_steps(3)
     without = codec.encode(x, BF16, b)
     with_context = codec.encode(x, BF16, b, context=g)
-    assert with_context.method is Method.STEP_BLOCKS  # a fresh change in ~22% of the blocks: step.prefers_runs
+    assert with_context.method is Method.STEP_BLOCKS  # a fresh change in ~22% of the blocks: step_coder.prefers_runs
     sizes = len(with_context.payload), len(without.payload)
     assert sizes[0] < 0.5 * sizes[1], sizes
     assert codec.decode(with_context.payload, len(x), b, context=g) == x
@@ -127,7 +127,7 @@ def test_a_step_whose_changes_follow_the_step_before_is_written_with_runs():
     b = g + moving
     x = b + moving  # only elements that moved before move again: no block's unmoved ones change
     fresh = x.copy()
-    fresh[::64 * 10] += 1  # a fresh change in every tenth block: past step.RUNS_MAX_CHANGED_BLOCKS
+    fresh[::64 * 10] += 1  # a fresh change in every tenth block: past step_coder.RUNS_MAX_CHANGED_BLOCKS
     for step_x, method in ((x, Method.STEP_RUNS), (fresh, Method.STEP_BLOCKS)):
         enc = codec.encode(step_x.tobytes(), BF16, b.tobytes(), context=g.tobytes())
         assert enc.method is method
@@ -144,29 +144,29 @@ def test_the_choice_of_runs_counts_the_same_blocks_in_c_and_in_python(width, dat
     g = data.draw(hs.binary(min_size=n * width, max_size=n * width))
     b = near(data, g, width)
     x = near(data, b, width)
-    counts = step._z_blocks_py(x, b, g, width)
-    if step.native():
-        assert step._c.z_blocks(x, b, g, width) == counts
-    assert counts[1] <= counts[0] <= -(-n // step.BLOCK)
+    counts = step_coder._z_blocks_py(x, b, g, width)
+    if step_coder.native():
+        assert step_coder._c.z_blocks(x, b, g, width) == counts
+    assert counts[1] <= counts[0] <= -(-n // step_coder.BLOCK)
 
 
 @pytest.mark.parametrize("native", [True, False])
 def test_a_run_past_the_end_of_the_chunk_is_refused(native, monkeypatch):
-    if native and not step.native():
+    if native and not step_coder.native():
         pytest.skip("the C coder was not built")
     if not native:
-        monkeypatch.setattr(step, "_c", None)
+        monkeypatch.setattr(step_coder, "_c", None)
     n = 64 * 8
     b = np.arange(n, dtype=np.uint16) + 0x3000
-    whole = step.encode_runs(b.tobytes(), b.tobytes(), b.tobytes(), 2, 7)  # one run: 8 unchanged blocks
-    assert step.decode_runs(whole, b.tobytes(), b.tobytes(), 2, 7) == b.tobytes()
+    whole = step_coder.encode_runs(b.tobytes(), b.tobytes(), b.tobytes(), 2, 7)  # one run: 8 unchanged blocks
+    assert step_coder.decode_runs(whole, b.tobytes(), b.tobytes(), 2, 7) == b.tobytes()
     half = b[: n // 2].tobytes()
     with pytest.raises(CorruptObject, match="run passes the end"):  # 8 blocks of 4
-        step.decode_runs(whole, half, half, 2, 7)
+        step_coder.decode_runs(whole, half, half, 2, 7)
     g = b.copy()
     g[n // 2:] += 1  # the last 4 blocks hold moved elements only: 4 blocks to run over, not 8
     with pytest.raises(CorruptObject):
-        step.decode_runs(whole, b.tobytes(), g.tobytes(), 2, 7)
+        step_coder.decode_runs(whole, b.tobytes(), g.tobytes(), 2, 7)
 
 
 @needs_c
@@ -212,8 +212,8 @@ def test_a_chunk_with_a_fifth_of_its_elements_changed_does_not_try_the_method(mo
     assert forced < len(codec.encode(x.tobytes(), BF16, b.tobytes()).payload)
     tried = []
     for coder in ("encode", "encode_blocks", "encode_runs"):
-        real = getattr(step, coder)
-        monkeypatch.setattr(step, coder, lambda *a, real=real: tried.append(1) or real(*a))
+        real = getattr(step_coder, coder)
+        monkeypatch.setattr(step_coder, coder, lambda *a, real=real: tried.append(1) or real(*a))
     assert not codec.encode(x.tobytes(), BF16, b.tobytes(), context=g.tobytes()).method.uses_context
     assert tried == []
 
@@ -246,7 +246,7 @@ def test_mutated_payloads_fail_cleanly_in_both_coders(method, data):
         else:
             bits += data.draw(hs.binary(min_size=1, max_size=8))
     outcomes = []
-    for decoder in ([NATIVE[method]] if step.native() else []) + [TWINS[method][1]]:
+    for decoder in ([NATIVE[method]] if step_coder.native() else []) + [TWINS[method][1]]:
         try:
             out = decoder(bytes(bits), b, g, 2, 7)
             assert len(out) == len(x)
@@ -255,7 +255,7 @@ def test_mutated_payloads_fail_cleanly_in_both_coders(method, data):
             outcomes.append("refused")
     if method is not Method.ULP_STEP:  # and so does a decode in a sparse context (decode_changes)
         positions, values = sparse_context(b, g, 2)
-        decoders = ([step._c.decode_changes] if step.native() else []) + [step._decode_changes_py]
+        decoders = ([step_coder._c.decode_changes] if step_coder.native() else []) + [step_coder._decode_changes_py]
         for decoder in decoders:
             try:
                 outcomes.append(decoder(bytes(bits), b, positions, values, 2, 7, method is Method.STEP_RUNS)[0])
@@ -347,7 +347,7 @@ def test_a_grandparent_of_another_shape_or_dtype_is_never_the_context(tmp_path):
 def test_without_the_c_build_the_python_twin_decodes_what_c_wrote(monkeypatch, method):
     g, b, x = adam_like_steps(3, n=8192)
     payload = codec.encode(x, BF16, b, context=g, method=method).payload
-    monkeypatch.setattr(step, "_c", None)
+    monkeypatch.setattr(step_coder, "_c", None)
     assert codec.decode(payload, len(x), b, context=g) == x
     assert not codec.encode(x, BF16, b, context=g).method.uses_context  # never chosen: too slow in Python
 
@@ -414,15 +414,15 @@ def test_a_step_decoded_in_a_sparse_context_gives_the_chunk_and_exactly_its_chan
     want = (x, *changes_of(x, b, dtype.width))
     assert codec.decode_step_changes(payload, len(x), b, positions, values) == want
     bits = step_bits(payload)
-    assert step._decode_changes_py(bits, b, positions, values, dtype.width, dtype.exponent[0], runs) == want
+    assert step_coder._decode_changes_py(bits, b, positions, values, dtype.width, dtype.exponent[0], runs) == want
 
 
 @pytest.mark.parametrize("native", [True, False])
 def test_a_sparse_context_out_of_order_or_out_of_the_chunk_is_refused(native, monkeypatch):
-    if native and not step.native():
+    if native and not step_coder.native():
         pytest.skip("the C coder was not built")
     if not native:
-        monkeypatch.setattr(step, "_c", None)
+        monkeypatch.setattr(step_coder, "_c", None)
     g, b, x = adam_like_steps(3, n=512)
     payload = codec.encode(x, BF16, b, context=g, method=Method.STEP_RUNS).payload
     positions, values = sparse_context(b, g, 2)

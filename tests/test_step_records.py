@@ -1,4 +1,4 @@
-"""Step records (remotes/steps.py): a follower's bytes a step are that step's change, also on
+"""Step records (remotes/step_records.py): a follower's bytes a step are that step's change, also on
 the steps where the publisher re-anchors a chain (whose stored payload carries the drift
 since its anchor), and an update reads no listing and no catalog."""
 
@@ -11,7 +11,7 @@ import torch
 import wvc
 from wvc.remotes.layout import commit_of_step_path, step_path
 from wvc import Repo
-from wvc.remotes import open_backend, steps
+from wvc.remotes import open_backend, step_records
 
 from .test_follow import same
 
@@ -54,7 +54,7 @@ class Run:
 class AdamRun(Run):
     """A Run whose steps move the same 2.5% of the elements each step, each mostly by one unit
     in the last place the same way (Adam's moments at a small learning rate): what the step
-    coders are for (codec/step.py), so its payloads are step payloads."""
+    coders are for (codec/step_coder.py), so its payloads are step payloads."""
 
     def __init__(self, root, url, n=1 << 19):
         super().__init__(root, url, n)
@@ -69,9 +69,9 @@ class AdamRun(Run):
 
 def count_push_work(monkeypatch, pushing) -> dict:
     """Counts, from now on, the chain links decoded while ``pushing()`` and the step payloads
-    a push's records code (remotes/step_records.py): what a long-lived writer's push should
+    a push's records code (remotes/step_record_writer.py): what a long-lived writer's push should
     leave to its commit."""
-    import wvc.remotes.step_records as records_module
+    import wvc.remotes.step_record_writer as records_module
     import wvc.store.chunks as chunks_module
 
     work = {"decoded": 0, "coded": 0}
@@ -136,7 +136,7 @@ def test_a_followers_step_costs_the_same_on_re_anchored_steps(tmp_path, remote_u
     assert max(got.values()) <= 2 * median, (got, anchors)
     stored = {i: e.stored_bytes for i, e in zip(range(18, 0, -1), run.repo.log())}
     assert any(stored[i] > 3 * median for i in anchors), (stored, anchors)  # what it would have downloaded
-    assert len(record_names(remote_url)) <= steps.KEEP
+    assert len(record_names(remote_url)) <= step_records.KEEP
 
 
 def test_step_context_survives_a_re_anchor_for_followers(tmp_path):
@@ -167,7 +167,7 @@ def test_step_context_survives_a_re_anchor_for_followers(tmp_path):
         update = follower.update()
         assert same(follower.state_dict, run.repo.load_state_dict(commit))
         got[i] = update.downloaded_bytes
-        record = steps.parse((tmp_path / "remote" / step_path(commit)).read_bytes(), commit)
+        record = step_records.parse((tmp_path / "remote" / step_path(commit)).read_bytes(), commit)
         contexts += sum(c.context is not None and c.pack is None for c in record.chunks)
         if run.reanchored(commit):
             anchors.append(i)
@@ -204,7 +204,7 @@ def test_a_keyframe_written_when_a_chain_outweighs_it_reaches_a_follower_as_its_
         assert update.commit == commit and same(follower.state_dict, repo.load_state_dict(commit))
     chunk = repo.tree_of(commit).files[0].tensors[0].chunks[0]
     assert repo.internals.store.row(chunk).base is None  # stored whole: the case this is about
-    record = steps.parse((tmp_path / "remote" / step_path(commit)).read_bytes(), commit)
+    record = step_records.parse((tmp_path / "remote" / step_path(commit)).read_bytes(), commit)
     assert [c.pack for c in record.chunks] == [None]  # a step payload, in the record
     assert update.downloaded_bytes < 0.25 * repo.internals.store.row(chunk).length
 
@@ -241,7 +241,7 @@ def test_a_missing_or_damaged_record_falls_back_to_the_ordinary_read(tmp_path, d
     assert run.reanchored(commit)
     path = tmp_path / "remote" / step_path(commit)
     data = path.read_bytes()
-    record = steps.parse(data, commit)
+    record = step_records.parse(data, commit)
     carried = [c for c in record.chunks if c.pack is None]
     assert carried  # a step payload rides in the record
     if damage == "missing":
@@ -267,19 +267,19 @@ def test_step_records_are_refused_when_malformed(tmp_path):
     run.step(0)
     commit = run.step(1)
     data = (tmp_path / "remote" / step_path(commit)).read_bytes()
-    assert steps.parse(data, commit).commit == commit
+    assert step_records.parse(data, commit).commit == commit
     with pytest.raises(CorruptObject):
-        steps.parse(data, run.repo.resolve("main~1"))  # read for another commit
+        step_records.parse(data, run.repo.resolve("main~1"))  # read for another commit
     import struct
 
     import zstandard
 
-    bomb = zstandard.ZstdCompressor().compress(b"{" * (steps.MAX_HEADER + 1))
-    for bad in (b"", steps.MAGIC, steps.MAGIC + struct.pack("<Q", 1 << 40),
-                steps.MAGIC + struct.pack("<Q", len(bomb)) + bomb,  # a header past its bound
+    bomb = zstandard.ZstdCompressor().compress(b"{" * (step_records.MAX_HEADER + 1))
+    for bad in (b"", step_records.MAGIC, step_records.MAGIC + struct.pack("<Q", 1 << 40),
+                step_records.MAGIC + struct.pack("<Q", len(bomb)) + bomb,  # a header past its bound
                 data[:-1]):  # the data area one byte short of what the header says
         with pytest.raises(CorruptObject):
-            steps.parse(bad, commit)
+            step_records.parse(bad, commit)
 
 
 def test_pushing_another_branch_keeps_mains_records(tmp_path):
@@ -290,11 +290,11 @@ def test_pushing_another_branch_keeps_mains_records(tmp_path):
     before = record_names(url)
     assert len(before) == 3  # the root has no parent to step from
     run.repo.create_branch("exp")
-    for i in range(steps.KEEP + 2):
+    for i in range(step_records.KEEP + 2):
         run.repo.commit(f"exp {i}", source={"w": run.w + (i + 1)}, branch="exp")
     run.repo.push(branch="exp")
     after = record_names(url)
-    assert set(before) <= set(after) and len(after) == len(before) + steps.KEEP
+    assert set(before) <= set(after) and len(after) == len(before) + step_records.KEEP
 
 
 def test_gc_remote_drops_records_of_unreachable_commits(tmp_path, remote_url):
@@ -378,7 +378,7 @@ def test_a_record_reads_only_its_own_bytes_and_the_payloads_it_names(tmp_path):
         update = follower.update()
         assert same(follower.state_dict, repo.load_state_dict(commit))
         path = tmp_path / "remote" / step_path(commit)
-        record = steps.parse(path.read_bytes(), commit)
+        record = step_records.parse(path.read_bytes(), commit)
         named = sum(c.length for c in record.chunks if c.pack is not None)
         mixed += any(c.pack is None for c in record.chunks) and named > 0
         ref = len((tmp_path / "remote" / "refs" / "heads" / "main").read_bytes())

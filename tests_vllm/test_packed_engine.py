@@ -109,9 +109,9 @@ def test_a_remote_object_deleted_mid_update_leaves_the_engine_on_the_old_version
     trainer, llm, attached, last = run
     held = attached.commit
     pushed = trainer.step(["model.layers.0.mlp.gate_proj.weight"])
-    from wvc.remotes import steps
+    from wvc.remotes import step_records
 
-    real_fetch = steps.fetch
+    real_fetch = step_records.fetch
     aside = tmp_path / "packs-aside"
     aside.mkdir()
 
@@ -121,7 +121,7 @@ def test_a_remote_object_deleted_mid_update_leaves_the_engine_on_the_old_version
             pack.rename(aside / pack.name)
         return record
 
-    monkeypatch.setattr(steps, "fetch", fetch_then_lose_the_packs)
+    monkeypatch.setattr(step_records, "fetch", fetch_then_lose_the_packs)
     try:
         with pytest.raises(WvcError):
             attached.update()

@@ -6,7 +6,7 @@ tests/test_architecture.py holds both). docs/reference/settings.md lists the ``W
 
 Three are read once, at import, because they size or choose something made once per
 process: ``WVC_NO_NATIVE`` (whether the C kernels are loaded at all: codec/native.py,
-codec/step.py; both paths write the same bytes), ``WVC_CODEC_THREADS`` (the codec pool:
+codec/step_coder.py; both paths write the same bytes), ``WVC_CODEC_THREADS`` (the codec pool:
 codec/pool.py) and ``WVC_DEVICE_BATCH_MB`` (codec/device_copy.py); ``VARIABLES`` says so of each.
 
 A switch (``switch``) reads the same way everywhere: ``1``, ``true``, ``yes``, ``on`` turn it

@@ -1,7 +1,7 @@
 /* The step-context coder of ULP_STEP (method 7): a float chunk's ULP deltas against its
  * base, each coded in the context of the same element's previous step (the base's own
  * delta against *its* base) and of the base's exponent. docs/design.md, "ULP_STEP", is
- * the format; codec/step.py is the Python twin, which writes and reads the same bytes.
+ * the format; codec/step_coder.py is the Python twin, which writes and reads the same bytes.
  *
  * Per element i, with o() the value-ordered integer of a float's bits (ULP's transform):
  *   d = o(x) - o(b)      the delta coded (wrapping at the element's width)

@@ -16,7 +16,7 @@ Layout of a payload (all integers little-endian)::
 The step coders' header (ULP_STEP, STEP_BLOCKS, STEP_RUNS) is shorter (their payloads are tens
 of bytes for a small tensor's step, where twelve bytes were a tenth of a step): u8 version,
 method, width, parameter, then the raw size as an unsigned LEB128 varint (at most 10 bytes, the shortest
-form), then the range-coded bits (codec/step.py); no stream table.
+form), then the range-coded bits (codec/step_coder.py); no stream table.
 
 A stream is one byte plane (byte *k* of every element, of the value or of its delta), or
 for grouped methods one plane of one group. Splitting bytes by significance puts the
@@ -50,7 +50,7 @@ STEP_WIDTHS = (1, 2, 4)  # the element widths a ULP_STEP payload may have
 
 def step_supports(width: int, shift: int) -> bool:
     """Whether a ULP_STEP payload may have elements of ``width`` bytes with an exponent field
-    at ``shift`` (codec/step.py codes exactly these)."""
+    at ``shift`` (codec/step_coder.py codes exactly these)."""
     return width in STEP_WIDTHS and 1 <= shift < 8 * width - 1 and 8 * width - 1 - shift <= MAX_EXPONENT_BITS
 
 
@@ -65,9 +65,9 @@ class Method(enum.IntEnum):
     SUB = 4  # byte planes of zigzag(value - base), integers
     ULP_EXP = 5  # ULP deltas grouped by the base value's exponent, planes per group
     SPARSE = 6  # positions (gap-coded) and values of the nonzero deltas of an inner method
-    ULP_STEP = 7  # ULP deltas range-coded in the context of the base's own step (codec/step.py)
-    STEP_BLOCKS = 8  # the same, coded in element order by blocks of 64: decodes in one pass (codec/step.py)
-    STEP_RUNS = 9  # STEP_BLOCKS with runs of unchanged blocks for its block flags: a lighter pass (codec/step.py)
+    ULP_STEP = 7  # ULP deltas range-coded in the context of the base's own step (codec/step_coder.py)
+    STEP_BLOCKS = 8  # the same, coded in element order by blocks of 64: decodes in one pass (codec/step_coder.py)
+    STEP_RUNS = 9  # STEP_BLOCKS with runs of unchanged blocks for its block flags: a lighter pass (codec/step_coder.py)
 
     @property
     def uses_base(self) -> bool:

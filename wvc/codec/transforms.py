@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from ..errors import CorruptObject
 from ..formats.dtypes import DType, value_order
-from . import native, step
+from . import native, step_coder
 from .container import (ENTROPY_SAMPLE_STRIDE, INCOMPRESSIBLE_BITS, PACKED_BELOW, ROTATED, STEP_METHODS, Method,
                         compress_stream, pack, pack_step, peek, step_bits, stream_bytes, zstd_parameters)
 
@@ -147,7 +147,7 @@ def applicable_methods(dtype: DType, has_base: bool, has_context: bool = False) 
 def step_applies(dtype: DType) -> bool:
     """The step coders (ULP_STEP, STEP_BLOCKS) code floats of 1, 2 or 4 bytes with an exponent
     field (bf16, fp16, fp32, fp8)."""
-    return dtype.kind == "float" and bool(dtype.exponent) and step.supports(dtype.width, dtype.exponent[0])
+    return dtype.kind == "float" and bool(dtype.exponent) and step_coder.supports(dtype.width, dtype.exponent[0])
 
 
 # A step coder is tried only when at most this share of the chunk's elements changed: its
@@ -293,21 +293,21 @@ def _decode_native(payload, info, b) -> bytes:
     return raw
 
 
-# The step coder the encoder writes; None: STEP_RUNS or STEP_BLOCKS, as step.prefers_runs says
+# The step coder the encoder writes; None: STEP_RUNS or STEP_BLOCKS, as step_coder.prefers_runs says
 # (docs/codec.md has the figures; ULP_STEP is still read; benchmarks/step_decode.py and long_run
 # --step-coder set one to compare them).
 STEP_CODER: Method | None = None
-# each step coder's functions in codec/step.py (encode, decode: the bits after the short header)
+# each step coder's functions in codec/step_coder.py (encode, decode: the bits after the short header)
 _STEP_CODERS = {Method.ULP_STEP: ("encode", "decode"), Method.STEP_BLOCKS: ("encode_blocks", "decode_blocks"),
                 Method.STEP_RUNS: ("encode_runs", "decode_runs")}
 
 
 def _encode_step(raw, base, context, dtype: DType, method: Method | None = None) -> Encoded:
     """A step coder's payload: ``method`` if given (a caller forcing one), else STEP_CODER's."""
-    method = method or STEP_CODER or (Method.STEP_RUNS if step.prefers_runs(raw, base, context, dtype.width)
+    method = method or STEP_CODER or (Method.STEP_RUNS if step_coder.prefers_runs(raw, base, context, dtype.width)
                                       else Method.STEP_BLOCKS)
     shift = dtype.exponent[0]
-    coder = getattr(step, _STEP_CODERS[method][0])
+    coder = getattr(step_coder, _STEP_CODERS[method][0])
     return Encoded(pack_step(dtype.width, shift, len(raw), coder(raw, base, context, dtype.width, shift), method),
                    method)
 
@@ -353,7 +353,7 @@ def tries_step(raw, dtype: DType, base, context) -> bool:
 
 def _tries_step(raw, dtype: DType, base, context) -> bool:
     """(``base`` fitted, ``context`` None unless it applies: encode_chunk's arguments)"""
-    if not (context is not None and step.native() and len(raw)):
+    if not (context is not None and step_coder.native() and len(raw)):
         return False
     if native.kernels is not None:
         def count(x, b):
@@ -575,7 +575,7 @@ def decode_chunk(payload, raw_size: int, base=None, *, context=None, device: str
         context = context() if callable(context) else context
         if context is None:
             raise CorruptObject(f"{info.method.name} payload without the version before its base")
-        coder = getattr(step, _STEP_CODERS[info.method][1])
+        coder = getattr(step_coder, _STEP_CODERS[info.method][1])
         return coder(step_bits(payload), base_raw, fit_base(context, raw_size), width, info.param)
     if whole:
         return _decode_whole(payload, info, base_raw)
@@ -614,7 +614,7 @@ def decode_step_changes(payload, raw_size: int, base, positions, values) -> tupl
     """``decode(payload, raw_size, base, context=...)`` for a STEP_BLOCKS or STEP_RUNS payload
     whose context is given by where it differs from ``base`` (``positions``, int32 ascending,
     and its elements there), with the elements the chunk changes from ``base``: (chunk, their
-    positions, their old elements, their new ones), codec/step.py's decode_changes. None for
+    positions, their old elements, their new ones), codec/step_coder.py's decode_changes. None for
     a payload of another method (the caller decodes it the usual way)."""
     info = peek(payload, table=False)
     if info.method not in (Method.STEP_BLOCKS, Method.STEP_RUNS):
@@ -623,7 +623,7 @@ def decode_step_changes(payload, raw_size: int, base, positions, values) -> tupl
         raise CorruptObject(f"payload holds {info.raw_size} bytes, expected {raw_size}")
     if len(memoryview(base).cast("B")) != raw_size:
         return None  # (a base of another size: fitted, its changes are not positions in it)
-    return step.decode_changes(step_bits(payload), base, positions, values, info.width, info.param,
+    return step_coder.decode_changes(step_bits(payload), base, positions, values, info.width, info.param,
                                info.method is Method.STEP_RUNS)
 
 

@@ -471,7 +471,7 @@ class Publisher:
                 try:
                     t = time.perf_counter()
                     if self._writer is not None:
-                        # the step records take the payloads the commit coded (remotes/step_records.py)
+                        # the step records take the payloads the commit coded (remotes/step_record_writer.py)
                         repo.share_kept_chunks(self._writer)
                     with hub_bars_silenced(self.quiet_hub), self._store_lock:
                         pushed = repo.push(self.remote, self.branch)

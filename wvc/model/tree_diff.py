@@ -3,7 +3,7 @@
 A training step changes chunk ids and nothing else (same files, tensors, shapes), and most
 often few of them: 1% of a 250,000-chunk model's. Two formats carry such a tree as a diff:
 
-- a follower's step record (remotes/steps.py) carries its commit's tree as a diff of the
+- a follower's step record (remotes/step_records.py) carries its commit's tree as a diff of the
   parent's tree;
 - a remote catalog (remotes/catalog.py) may store a tree as a **tree delta**: the bytes
   ``DELTA_MAGIC`` + canonical JSON ``{"base": <tree id>, "changes": [[path, tensor | null,

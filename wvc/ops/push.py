@@ -13,7 +13,7 @@ from ..errors import DetachedHead, NonFastForward, RevisionNotFound, VersionPrun
 from ..fsutil import sweep_work_dirs, work_dir
 from ..progress import NULL, Progress
 from ..store.refs import HEADS, TAGS
-from ..remotes import segment, step_records
+from ..remotes import segment, step_record_writer
 from .remote_config import REMOTES, open_remote_repository
 from ..basemodel.remote import base_report, check_same_base, remote_base
 
@@ -116,7 +116,7 @@ def push(repo, remote_name: str = "origin", branch: str | None = None, *, force:
         replaced = remote.push_segment(
             pack_file, catalog, dict(updates), f"wvc push {name} {ids.short(local or next(iter(updates.values())))}",
             Path(tmp), base_record=base_json(ours) if ours is not None else None, progress=progress,
-            step_records=step_records.for_push(repo, tip, new_commits, others) if tip is not None else None)
+            step_records=step_record_writer.for_push(repo, tip, new_commits, others) if tip is not None else None)
     with repo.db.write():
         for ref, target in updates.items():
             if ref.startswith(HEADS):

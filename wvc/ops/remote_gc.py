@@ -48,7 +48,7 @@ def remote_gc(repo, remote_name: str, *, dry_run: bool = False, progress: Progre
     result = RemoteGcResult(remote_name, dry_run, len(contents.live_segments), len(cut.dead), len(cut.partial),
                             cut.objects_removed, cut.commits_removed, cut.bytes_freed)
     rewriting = bool(cut.dead or cut.partial)
-    # followers' step records (remotes/steps.py) of commits no ref reaches, or naming packs
+    # followers' step records (remotes/step_records.py) of commits no ref reaches, or naming packs
     # this rewrite replaces: shortcuts that no longer lead anywhere, deleted (not retired)
     stale = [p for p in remote.state.files if (c := commit_of_step_path(p)) is not None
              and (rewriting or c not in live_commits)]

@@ -33,7 +33,7 @@ from ..errors import CorruptObject, InvalidArgument, MissingObject, RemoteNotFou
 from ..formats.dtypes import DTYPES
 from ..model.chunk_spans import tensor_spans
 from .cache import cache_root
-from ..remotes import open_backend, steps
+from ..remotes import open_backend, step_records
 from ..remotes.urls import local_repository
 from ..store.refs import HEADS
 from .view import VersionView, open_remote_version, open_version
@@ -158,7 +158,7 @@ class _Held:
 
 
 class _RecordChunks:
-    """The chunks a step record gives (remotes/steps.py): each decoded against the chunk the
+    """The chunks a step record gives (remotes/step_records.py): each decoded against the chunk the
     follower holds at its place (and the step context it kept), from the record's own bytes
     or a range of a pack, and checked against its id. Anything else is missing: the caller
     then falls back to the ordinary read."""
@@ -209,7 +209,7 @@ class _RecordChunks:
             raise MissingObject(f"the follower does not hold the base of chunk {ids.short(oid)}")
         payload = self.payloads.pop(oid, None)
         if payload is None:
-            payload = self.record.payload(c) if c.pack is None else steps.stored_payload(self.remote, c)
+            payload = self.record.payload(c) if c.pack is None else step_records.stored_payload(self.remote, c)
         where = f"step record of {ids.short(self.record.commit)}"
         kept = self.held.step_context(c.context, c.base)
         if kept is not None:  # decoded over the held bytes, in the context kept: no copy of either
@@ -618,7 +618,7 @@ class Follower:
                                    held=_Held(self), keep_keyframe=self._keyframes.put)
 
     def _by_records(self, backend, tip: str, t0: float) -> Update | None:
-        """Move to ``tip`` by the remote's step records (remotes/steps.py): one small read a
+        """Move to ``tip`` by the remote's step records (remotes/step_records.py): one small read a
         step, then the changed chunks' payloads, each a delta against a chunk held; no
         listing, no catalog. None when there is no usable record chain back to the version
         held (the caller then reads the version the ordinary way, from where this left off)."""
@@ -627,11 +627,11 @@ class Follower:
         records, commit, header_bytes = [], tip, 0
         try:
             while commit != self.commit:
-                record = steps.fetch(backend, commit) if len(records) < steps.KEEP else None
+                record = step_records.fetch(backend, commit) if len(records) < step_records.KEEP else None
                 if record is None:
                     return None
                 header_bytes += record.header_bytes
-                if header_bytes > steps.MAX_HEADER:  # the chain's headers, parsed and held at once
+                if header_bytes > step_records.MAX_HEADER:  # the chain's headers, parsed and held at once
                     return None
                 records.append(record)
                 commit = record.parent

@@ -7,7 +7,7 @@
     catalogs/<hex>.cat                    format 2: a segment's catalog (remotes/catalog.py)
     retired/<time>-<16 hex>.json          files compaction, gc or prune replaced (remotes/compaction.py)
     pruned/<time>-<16 hex>.json           commits whose weights `prune --remote` dropped
-    steps/<commit id>.step                a follower's step record (remotes/steps.py)
+    steps/<commit id>.step                a follower's step record (remotes/step_records.py)
     attic/<path>                          retired files moved out of the listing (``Backend.moves_retired``)
     packs/pack-<hex>.idx                  format 1: a pack's index
     objects/commits/<2 hex>/<id>          format 1: immutable commit objects (canonical bytes)

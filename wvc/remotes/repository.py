@@ -509,7 +509,7 @@ class RemoteRepository:
         state. Compaction may merge the segment with others of its tier first (the file
         count stays bounded); files retired long enough ago are purged after. Returns the
         number of files the segment replaced. ``step_records(locate)``: the followers' step
-        records (remotes/steps.py) to publish with it, given where each chunk will be
+        records (remotes/step_records.py) to publish with it, given where each chunk will be
         (``locate(id)`` -> (pack, entry) or None), and the commits whose records it replaces."""
         from ..progress import NULL
 

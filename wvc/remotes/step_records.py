@@ -1,207 +1,248 @@
-"""The step records a push publishes for followers (format: remotes/steps.py).
+"""Step records: what a follower needs to move from a commit to its child, in one small read.
 
-For each of the newest ``steps.KEEP`` first-parent steps of the pushed branch that the push
-carries, a record of what changed against the parent: each changed chunk's stored payload
-when it is a delta against the parent's chunk at that place (and its step context, if it
-has one, is the chunk the grandparent held there: what a follower kept), else a step
-payload coded here against the parent's chunk (with the grandparent's as its context). A
-re-anchored chunk is the usual case for the latter: its stored payload is coded against
-its chain's anchor, and carries the drift since then; so is a keyframe, unless the step
-payload is not much smaller.
+A follower holding commit B moves to its child C by reading ``steps/<C>.step`` (the name
+comes from the ref it polls: no listing, no catalog). The record carries C's commit bytes,
+C's tree as a diff of B's (the chunk ids that changed, at their places; the format also
+allows the whole tree) and, for every chunk that changed, where its payload is
+as a delta against the chunk B held at that place: a range of a pack, when the stored
+payload already is that delta (its step context, if it has one, being the chunk the
+version before B held there), else a **step payload** carried in the record itself: the
+chunk coded against B's chunk, with an explicit context. So a follower's bytes a step are
+that step's change, whatever the anchor policy stored (a re-anchored chunk's stored payload
+carries the drift since its anchor), and its cost does not grow with the history (no
+catalog is read). Records are an optimisation: a push keeps the newest ``KEEP`` of a
+branch (older ones are replaced like compacted files), and a follower that finds none, or
+one it cannot use, reads the version the ordinary way. Every byte of a record is checked
+before use: the commit against its id, the tree against the commit, each chunk against
+its id.
+
+File: ``b"WVCSTEP\\x01\\n"``, u64 length of the header, the header (a zstd frame of
+canonical JSON, below), then the data area: the commit's bytes, the tree's bytes (when not
+a diff) and the step payloads, back to back::
+
+    {"commit": id, "parent": id, "commit_bytes": [offset, length], "tree_bytes": [offset, length] | null,
+     "tree_diff": [[path, tensor name | null, chunk index, chunk id], ...] | null,
+     "chunks": [[id, base | null, context | null, raw size, pack | null, offset, length], ...]}
+
+A chunk's ``pack`` names the remote pack holding the payload at ``offset``; null means the
+data area. A null ``base``: the stored payload is a keyframe (the anchor policy writes one only
+when it beats every delta), which decodes alone.
 """
 
 from __future__ import annotations
 
-import logging
-from ..errors import WvcError
-from ..model import tree_diff
-from ..model.versions import first_parents
-from ..codec import Method, encode
-from ..formats.dtypes import DTYPES
-from . import steps
-from .layout import step_path
-from ..lru import LRUCache
+import json
+import struct
+from dataclasses import dataclass
 
-log = logging.getLogger(__name__)
+from .. import ids
+from ..errors import CorruptObject, FormatError
+from ..formats import bounded_json
+from ..model.tree_diff import check_changes
+from .layout import pack_path, step_path
+from ..model.versions import MAX_PAYLOAD, MAX_RAW_CHUNK, MAX_TREE_BYTES, canonical_json
 
-BYTES = DTYPES["U8"]
-STEP_GAIN = 0.8  # a step payload replaces a stored delta only if it is at most this share of it
-
-
-def for_push(repo, tip: str, new_commits, others) -> "callable":
-    """What ``RemoteRepository.push_segment`` calls, given where each chunk will be
-    (``locate``), for the records a push of ``new_commits`` onto ``tip`` publishes and the
-    commits whose records it replaces; ``others``: the remote's other branch tips (their
-    records stay). A record is a shortcut (a follower without one reads the version the
-    usual way), so a version none can be built for gets none, and a history this repository
-    holds only in part gets none at all."""
-
-    def records(locate) -> tuple[dict[str, bytes], list[str]]:
-        built = {}
-        try:
-            for cid in records_for(repo, tip, new_commits):
-                try:
-                    data = build_record(repo, cid, locate)
-                except (WvcError, ValueError, KeyError) as exc:  # (e.g. a version whose chunks a prune dropped)
-                    log.debug("step records: none for %s (%s)", cid[:12], exc)
-                    data = None
-                if data is not None:
-                    built[step_path(cid)] = data
-            return built, dropped_records(repo, tip, len(new_commits), others)
-        except WvcError as exc:  # (a history this repository holds only in part)
-            log.debug("step records: none replaced (%s); followers read those versions the usual way", exc)
-            return built, []
-
-    return records
+MAGIC = b"WVCSTEP\x01\n"
+KEEP = 8  # records a push keeps of its branch: the newest first-parent steps
+MAX_HEADER = 64 << 20  # decompressed
+MAX_RECORD = 4 << 30  # a step of a very large model carries its re-anchored chunks' step payloads
+MAX_CHUNKS = 1 << 20
 
 
-def records_for(repo, tip: str, new_commits) -> list[str]:
-    """The commits of ``new_commits`` a push writes records for: the newest ``KEEP`` steps
-    along ``tip``'s first parents (a merge's record is against its first parent)."""
-    chosen, commit = [], tip
-    new = set(new_commits)
-    while commit in new and len(chosen) < steps.KEEP:
-        parents = repo.read_commit(commit).parents
-        if not parents:
-            break
-        chosen.append(commit)
-        commit = parents[0]
-    return chosen
+@dataclass(frozen=True)
+class StepChunk:
+    id: str
+    base: str | None  # None: a keyframe
+    context: str | None
+    raw_size: int
+    pack: str | None  # None: the payload is in the record
+    offset: int
+    length: int
+
+    def to_json(self):
+        return [self.id, self.base, self.context, self.raw_size, self.pack, self.offset, self.length]
 
 
-def dropped_records(repo, tip: str, pushed: int, others=()) -> list[str]:
-    """The commits whose records a push of ``pushed`` commits to ``tip`` replaces: those that
-    fall out of the newest ``KEEP`` first-parent steps now (older ones were replaced by the
-    pushes before), unless among the newest ``KEEP`` of another branch (``others``: their
-    tips on the remote)."""
-    walked = first_parents(repo.read_commit, tip, pushed + 2 * steps.KEEP)
-    keep = set(walked[: steps.KEEP])
-    for other in others:
-        if repo.graph.has_commit(other):
-            keep.update(first_parents(repo.read_commit, other, steps.KEEP))
-    return [c for c in walked[steps.KEEP :] if c not in keep]
+@dataclass
+class StepRecord:
+    commit: str
+    parent: str
+    commit_bytes: bytes
+    tree_bytes: bytes | None  # the whole tree, or None with ``tree_diff``
+    tree_diff: list | None  # [path, tensor name | None, index, chunk id]
+    chunks: list[StepChunk]
+    data: "bytes | memoryview | _Ranges" = b""  # the data area (step payloads), or where to read it
+    header_bytes: int = 0  # its header's size, decompressed (what parsing it may hold: bounded_json)
+
+    def payload(self, chunk: StepChunk) -> bytes:
+        if isinstance(self.data, _Ranges):
+            return self.data.read(chunk.offset, chunk.length)
+        return bytes(self.data[chunk.offset : chunk.offset + chunk.length])
+
+    def data_path(self) -> tuple[str, int] | None:
+        """(the record's remote path, where its data area starts) when payloads are read from
+        the remote as needed, else None (the record was read whole)."""
+        return (self.data.path, self.data.start) if isinstance(self.data, _Ranges) else None
 
 
-
-def build_record(repo, commit_id: str, locate) -> bytes | None:
-    """The record moving ``commit_id``'s first parent to it, or None when this writer makes
-    none: a base model's chunk changed, or the tree changed beyond chunk ids (files, shapes,
-    headers: rare steps, which a follower reads the usual way; the format could carry the
-    whole tree, this writer does not).
-    ``locate(id)``: (pack, PackEntry) where the remote holds that chunk after this push."""
-    commit = repo.read_commit(commit_id)
-    parent = commit.parents[0]
-    new_tree = repo.read_tree(commit.tree)
-    parent_commit = repo.read_commit(parent)
-    old_tree = repo.read_tree(parent_commit.tree)
-    before = parent_commit.parents
-    older = tree_diff.places(repo.read_tree(repo.read_commit(before[0]).tree)) if before else {}
-    diff = tree_diff.diff_trees(old_tree, new_tree)
-    if diff is None:
-        return None
-    old, dtypes = tree_diff.places(old_tree), _dtypes(new_tree)
-    held = set(old.values())  # what a follower of the parent holds: its chunks need nothing
-    chunks, done = [], set()
-    for path, tensor, index, cid in diff:
-        if cid in held or cid in done:
-            continue
-        done.add(cid)
-        decoded = _Decoded(repo.store.recent_decoded)  # this place's versions decoded so far: they share chains
-        place = (path, tensor, index)
-        base, context = old[place], older.get(place)
-        if context == base:
-            context = None
-        row = repo.store.row(cid)
-        if row is None or row.external:
-            return None
-        dtype = dtypes.get((path, tensor), BYTES)
-        if row.base is None and (found := locate(cid)) is not None:
-            # A keyframe: anyone decodes it. The anchor policy writes one when it beats every
-            # delta against the chunk's anchor (store/anchors.py), or when the chain is full:
-            # the step's own change is then mostly far smaller, and a follower gets that.
-            stored_base, stored_context, try_step = None, None, True
-        else:
-            found = locate(cid) if row.base == base else None
-            stored_base, stored_context = base, None
-            if found is not None and Method(row.method).uses_context:
-                base_row = repo.store.row(base)  # the stored payload's step context: its base's base
-                stored_context = base_row.base if base_row is not None else None
-                if stored_context is None or not (stored_context == context or stored_context in held):
-                    found = None  # a follower would not hold it: send a step payload instead
-            # The step after an anchor: its stored payload was coded without the step before
-            # (its base's base is an older anchor), ~3x a step; coded with it, it is a step again.
-            try_step = (found is not None and stored_context is None and context is not None
-                        and _context_lost(repo, base, context))
-        coded = None
-        if try_step:
-            coded = _step_payload(repo, cid, base, context, dtype, decoded)
-            if len(coded.payload) >= STEP_GAIN * found[1].length:
-                coded = None
-        if found is not None and coded is None:
-            pack, entry = found
-            chunks.append((cid, stored_base, stored_context, row.raw_size, pack, entry.offset, entry.length, None))
-            continue
-        coded = coded or _step_payload(repo, cid, base, context, dtype, decoded)
-        chunks.append((cid, base, context if coded.method.uses_context else None, row.raw_size, None, 0, 0,
-                       coded.payload))
-    return steps.build(commit_id, parent, commit.to_bytes(), None, diff, chunks)
+def stored_payload(backend, chunk: StepChunk) -> bytes:
+    """A record's chunk whose payload is a stored one (``chunk.pack``), read by range."""
+    return backend.read_range(pack_path(chunk.pack), chunk.offset, chunk.length)
 
 
-def _context_lost(repo, base: str, context: str) -> bool:
-    """Whether ``base`` is stored against something other than ``context`` (the chunk the
-    step before it held): then a payload on ``base`` had no step context to be coded in."""
-    row = repo.store.row(base)
-    return row is not None and row.base != context
+class _Ranges:
+    """A large record's data area left on the remote: each payload is a range read of it."""
+
+    def __init__(self, backend, path: str, start: int):
+        self.backend, self.path, self.start = backend, path, start
+
+    def read(self, offset: int, length: int) -> bytes:
+        return self.backend.read_range(self.path, self.start + offset, length)
 
 
-def _step_payload(repo, cid: str, base: str, context: str | None, dtype, decoded):
-    """``cid`` coded against ``base``, in the context of ``context`` where the codec can use it.
-    ``decoded``: this place's chunks decoded so far (the parent's chain holds most of the
-    grandparent's and often the chunk's base: decoding each chain whole, three times over,
-    was most of a push's time once one step in two carried a step payload). A long-lived
-    writer coded it at commit time (store.step_payloads): taken from there."""
-    coded = repo.store.step_payloads.get((cid, base, context, dtype))
-    if coded is not None:
-        return coded
-    base_raw = _raw(repo, base, decoded)
-    context_raw = _raw(repo, context, decoded) if context is not None else None
-    return encode(_raw(repo, cid, decoded), dtype, base_raw, context=context_raw)
+# A record up to this size is read whole, in one request (a step's record is small: its
+# change's payloads); a larger one (a re-anchor of a large model's every chunk, or a hostile
+# remote's 4 GiB) is read as its header, then each payload's range as it is decoded: a
+# follower's memory holds the header and the payloads in flight, never the file.
+WHOLE_READ = 16 << 20
 
 
-def _dtypes(tree) -> dict:
-    return {(f.path, t.name): DTYPES[t.dtype] for f in tree.files for t in f.tensors}
+def fetch(backend, commit_id: str) -> StepRecord | None:
+    """``commit_id``'s record from ``backend`` (None: there is none), parsed; CorruptObject
+    if it is not a valid record."""
+    from ..errors import RemoteFileTooLarge
+
+    path = step_path(commit_id)
+    try:
+        data = backend.read(path, WHOLE_READ)
+    except RemoteFileTooLarge:
+        return _fetch_ranges(backend, path, commit_id)
+    return None if data is None else parse(data, commit_id)
 
 
-class _Decoded:
-    """One place's decoded versions (``ObjectStore.get_from``'s ``known``), backed by the
-    store's recent ones."""
+def _fetch_ranges(backend, path: str, commit_id: str) -> StepRecord:
+    from ..model.versions import Commit
 
-    def __init__(self, recent: LRUCache[str, bytes]):
-        self.mine: dict[str, bytes] = {}
-        self.recent = recent
+    import zstandard
 
-    def __contains__(self, oid) -> bool:
-        return oid in self.mine or oid in self.recent
-
-    def get(self, oid, default=None):
-        raw = self.mine.get(oid)
-        if raw is None:
-            raw = self.recent.get(oid)
-        return default if raw is None else raw
-
-    def __getitem__(self, oid) -> bytes:
-        raw = self.get(oid)
-        if raw is None:
-            raise KeyError(oid)
-        return raw
-
-    def __setitem__(self, oid, raw: bytes) -> None:
-        self.mine[oid] = raw
-        self.recent.put(oid, raw)
+    try:
+        prefix = backend.read_range(path, 0, len(MAGIC) + 8)
+        if prefix[: len(MAGIC)] != MAGIC:
+            raise ValueError("not a step record")
+        (head_len,) = struct.unpack_from("<Q", prefix, len(MAGIC))
+        if head_len > MAX_HEADER + (1 << 20):  # a frame of at most MAX_HEADER bytes is no larger than this
+            raise ValueError("header larger than allowed")
+        frame = backend.read_range(path, len(prefix), head_len)
+        return _parse(frame, commit_id, Commit, area=_Ranges(backend, path, len(prefix) + head_len))
+    except (FormatError, ValueError, TypeError, KeyError, IndexError, RecursionError, struct.error,
+            zstandard.ZstdError) as exc:
+        raise CorruptObject(f"step record of {ids.short(commit_id)} is malformed: {exc}") from exc
 
 
-def _raw(repo, oid: str, decoded: _Decoded) -> bytes:
-    """A chunk's bytes: a Publisher keeps its last two commits' raw chunks and its chains'
-    anchors (no chain decoded); else decoded from the highest link in hand."""
-    kept = repo.store.kept_chunk(oid)
-    return kept if kept is not None else repo.store.get_from(oid, decoded)
+def build(commit: str, parent: str, commit_bytes: bytes, tree_bytes: bytes | None, tree_diff: list | None,
+          chunks: list[tuple[str, str, str | None, int, str | None, int, int, bytes | None]]) -> bytes:
+    """A record's bytes. ``chunks``: (id, base, context, raw size, pack, offset, length,
+    payload): a payload (pack None) goes into the data area and its offset is set here."""
+    import zstandard
+
+    area = [commit_bytes]
+    at = len(commit_bytes)
+    tree_at = None
+    if tree_bytes is not None:
+        tree_at = [at, len(tree_bytes)]
+        area.append(tree_bytes)
+        at += len(tree_bytes)
+    listed = []
+    for cid, base, context, raw_size, pack, offset, length, payload in chunks:
+        if pack is None:
+            offset, length = at, len(payload)
+            area.append(payload)
+            at += length
+        listed.append([cid, base, context, raw_size, pack, offset, length])
+    header = canonical_json({"commit": commit, "parent": parent, "commit_bytes": [0, len(commit_bytes)],
+                             "tree_bytes": tree_at, "tree_diff": tree_diff, "chunks": listed})
+    head = zstandard.ZstdCompressor(level=3).compress(header)
+    return b"".join([MAGIC, struct.pack("<Q", len(head)), head, *area])
+
+
+def parse(data: bytes, commit_id: str) -> StepRecord:
+    """A record read from a remote (untrusted): every field bounded and typed; the commit
+    bytes checked against ``commit_id``. Raises CorruptObject."""
+    from ..model.versions import Commit
+
+    import zstandard
+
+    try:
+        return _parse(data, commit_id, Commit)
+    except (FormatError, ValueError, TypeError, KeyError, IndexError, RecursionError, struct.error,
+            zstandard.ZstdError) as exc:
+        raise CorruptObject(f"step record of {ids.short(commit_id)} is malformed: {exc}") from exc
+
+
+def _parse(data: bytes, commit_id: str, Commit, area: _Ranges | None = None) -> StepRecord:
+    """``data``: the whole record; or, with ``area`` (the data area left on the remote), its
+    header's zstd frame."""
+    import zstandard
+
+    if area is None:
+        if len(data) < len(MAGIC) + 8 or data[: len(MAGIC)] != MAGIC:
+            raise ValueError("not a step record")
+        (head_len,) = struct.unpack_from("<Q", data, len(MAGIC))
+        start = len(MAGIC) + 8
+        if head_len > len(data) - start:
+            raise ValueError("header runs past the end")
+        frame = bytes(data[start : start + head_len])
+    else:
+        frame, start, head_len = bytes(data), 0, len(data)
+    declared = zstandard.frame_content_size(frame)
+    if not 0 <= declared <= MAX_HEADER:  # the writer declares it; a bomb is refused unread
+        raise ValueError("header size undeclared or too large")
+    header = zstandard.ZstdDecompressor().decompress(frame, max_output_size=declared)
+    raw = bounded_json.loads(header, f"step record of {ids.short(commit_id)}")
+    if not isinstance(raw, dict) or set(raw) != {"commit", "parent", "commit_bytes", "tree_bytes", "tree_diff", "chunks"}:
+        raise ValueError("unexpected header fields")
+    if area is None:
+        area = memoryview(data)[start + head_len :]
+        size = len(area)
+    else:
+        size = None  # (a range past the end fails when it is read)
+    if raw["commit"] != commit_id or not ids.is_object_id(raw["parent"]):
+        raise ValueError("names another commit")
+
+    def span(value, limit: int) -> tuple[int, int]:
+        offset, length = value
+        if type(offset) is not int or type(length) is not int or offset < 0 or not 0 <= length <= limit \
+                or (size is not None and offset + length > size):
+            raise ValueError("a range out of bounds")
+        return offset, length
+
+    def read(o: int, n: int) -> bytes:
+        return area.read(o, n) if isinstance(area, _Ranges) else bytes(area[o : o + n])
+
+    o, n = span(raw["commit_bytes"], 1 << 24)
+    commit_bytes = read(o, n)
+    commit = Commit.from_bytes(commit_bytes, commit_id)
+    if not commit.parents or commit.parents[0] != raw["parent"]:
+        raise ValueError("its parent is not the commit's first parent")
+    tree_bytes = tree_diff = None
+    if raw["tree_bytes"] is not None:
+        o, n = span(raw["tree_bytes"], MAX_TREE_BYTES)
+        tree_bytes = read(o, n)
+    else:
+        tree_diff = check_changes(raw["tree_diff"], MAX_CHUNKS)
+    chunks = []
+    if not isinstance(raw["chunks"], list) or len(raw["chunks"]) > MAX_CHUNKS:
+        raise ValueError("bad chunk list")
+    for cid, base, context, raw_size, pack, offset, length in raw["chunks"]:
+        if not (ids.is_object_id(cid) and (base is None or ids.is_object_id(base))
+                and (context is None or (base is not None and ids.is_object_id(context)))):
+            raise ValueError("bad chunk id")
+        if type(raw_size) is not int or not 0 <= raw_size <= MAX_RAW_CHUNK:
+            raise ValueError("bad raw size")
+        if pack is None:
+            offset, length = span([offset, length], MAX_PAYLOAD)
+        elif not ids.is_object_id(pack) or type(offset) is not int or type(length) is not int \
+                or offset < 0 or not 0 < length <= MAX_PAYLOAD:
+            raise ValueError("bad pack range")
+        chunks.append(StepChunk(cid, base, context, raw_size, pack, offset, length))
+    return StepRecord(commit_id, raw["parent"], commit_bytes, tree_bytes, tree_diff, chunks, area, len(header))

@@ -57,7 +57,7 @@ def choose_base(chain: list[ObjectRow], positions: dict[str, int], max_chain: in
     below the target with room instead (the policy before, ``choose_base_nearest`` in benchmarks/retired_anchor_policies.py) left the
     positions counting on, so the next versions were full too: in 5,000 steps, 72% of the
     versions were deltas over a span (17.6 steps on average) instead of a step, each stored
-    bigger and sent to followers again as a step payload (remotes/step_records.py). With the
+    bigger and sent to followers again as a step payload (remotes/step_record_writer.py). With the
     jump, 42% (6.5 steps on average); measured in docs/measurements.md ("Anchor jumps")."""
     position = positions.get(chain[0].id, 0) + 1
     at: dict[int, int] = {}  # position -> index in ``chain`` of the (topmost) link there

@@ -296,7 +296,7 @@ class ChunkWriter:
         return encoded, len(raw), base, _context_id(encoded, base_chain)
 
     def _step_sources(self, object_id: str, parent_id: str | None):
-        """What a push's step record codes a new chunk against (remotes/step_records.py): its
+        """What a push's step record codes a new chunk against (remotes/step_record_writer.py): its
         parent chunk's bytes, and as context the chunk the grandparent held at its place
         (None where it held the parent's), when this writer keeps recent chunks and has both
         in hand; else None (the push codes it, if it needs to)."""

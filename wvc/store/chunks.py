@@ -89,7 +89,7 @@ class ObjectStore:
         self.recent_decoded: LRUCache[str, bytes] = LRUCache(RECENT_DECODED_BYTES, weight=len)
         # A long-lived writer's step payloads, coded at commit time where its stored payload
         # is not one step's change (an anchor step's, a keyframe's: store/anchors.py), for
-        # the next push's step records (remotes/step_records.py). The commit holds the chunk,
+        # the next push's step records (remotes/step_record_writer.py). The commit holds the chunk,
         # its parent's and its grandparent's bytes (the chunks kept); the push did not and
         # decoded their chains, serially: the anchor syncs' growth in issue 65 (a push of
         # 0.03 s took 1.0-1.2 s at an anchor step, 74M). Named by (chunk, parent chunk,
