@@ -59,7 +59,7 @@ class TensorItem:
 
 
 @dataclass
-class Layout:
+class DcpManifest:
     tensors: dict[str, TensorItem] = field(default_factory=dict)
     blobs: dict[str, str] = field(default_factory=dict)  # fqn -> file of a BytesIO item
 
@@ -74,7 +74,7 @@ class Layout:
         }, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "Layout":
+    def from_bytes(cls, data: bytes) -> "DcpManifest":
         if len(data) > MAX_METADATA_BYTES:
             raise FormatError(f"{METADATA_PATH} is larger than {MAX_METADATA_BYTES} bytes")
         try:

@@ -178,7 +178,7 @@ def _record(repo, w: WvcStorageWriter, metadata: Metadata, results) -> tuple[str
     """The coordinator: the layout, the tree and the commit, in one transaction."""
     refs = {r.index: r.storage_data for rank in results for r in rank}
     files = [f for rank in results if rank for f in rank[0].storage_data.rank_files]
-    layout = dcp_tree.Layout()
+    layout = dcp_tree.DcpManifest()
     for fqn, md in metadata.state_dict_metadata.items():
         if isinstance(md, BytesStorageMetadata):
             layout.blobs[fqn] = refs[MetadataIndex(fqn)].file
@@ -222,7 +222,7 @@ class WvcStorageReader(StorageReader):
         self.rev = rev
         self.trust_pickles = trust_pickles
         self._view = None
-        self._layout: dcp_tree.Layout | None = None
+        self._layout: dcp_tree.DcpManifest | None = None
         self.storage_data: dict = {}
         self._repo = None  # a local source: its store decodes ahead on its pool
 
@@ -244,10 +244,10 @@ class WvcStorageReader(StorageReader):
         remote = getattr(source, "remote", None)
         return remote.bytes_downloaded if remote is not None else 0
 
-    def layout(self) -> dcp_tree.Layout:
+    def layout(self) -> dcp_tree.DcpManifest:
         """The save's layout (which rank file holds each shard), validated against the tree."""
         if self._layout is None:
-            self._layout = dcp_tree.Layout.from_bytes(self.view.read_file(dcp_tree.METADATA_PATH))
+            self._layout = dcp_tree.DcpManifest.from_bytes(self.view.read_file(dcp_tree.METADATA_PATH))
             files = self.view.tree.by_path()
             for fqn, item in self._layout.tensors.items():
                 for s in item.shards:

@@ -91,7 +91,7 @@ def export(repo, rev: str, out_dir, *, max_shard_bytes: int = DEFAULT_MAX_SHARD_
 
 def _dcp_sources(repo, files) -> list[_Source]:
     data = b"".join(file_blocks(repo.store, files[dcp_tree.METADATA_PATH]))
-    layout = dcp_tree.Layout.from_bytes(data)
+    layout = dcp_tree.DcpManifest.from_bytes(data)
     sources = []
     for fqn, item in sorted(layout.tensors.items()):
         pairs = []
