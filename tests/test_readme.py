@@ -56,7 +56,12 @@ class Block:
 
     @property
     def where(self) -> str:
-        return f"{self.page.relative_to(ROOT)}:{self.line}"
+        return f"{_shown(self.page)}:{self.line}"
+
+
+def _shown(page: Path) -> str:
+    """A page as a message names it: from the project's root, or by its name elsewhere."""
+    return str(page.relative_to(ROOT)) if page.is_relative_to(ROOT) else page.name
 
 
 def blocks(page: Path) -> list[Block]:
@@ -74,7 +79,7 @@ def blocks(page: Path) -> list[Block]:
         skip = SKIP.search(before)
         reason = skip.group(1).strip() if skip else None
         if skip and not reason:
-            raise AssertionError(f"{page.relative_to(ROOT)}:{k + 1}: a docs-test skip must say why")
+            raise AssertionError(f"{_shown(page)}:{k + 1}: a docs-test skip must say why")
         out.append(Block(page, k + 1, m.group(1), "\n".join(lines[k + 1 : end]) + "\n", reason))
         k = end + 1
     return out
@@ -174,24 +179,15 @@ def test_a_block_changed_to_fail_fails_the_page(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("intro\n\n```bash\necho fine\n```\n\n```python\nraise SystemExit(3)\n```\n")
     with pytest.raises(pytest.fail.Exception, match=r"page.md:7: the python block failed \(exit 3\)"):
-        run_page_at(page, tmp_path)
+        run_page(page, tmp_path, dict(os.environ))
     page.write_text("```bash\necho fine\nfalse\necho never\n```\n")
     with pytest.raises(pytest.fail.Exception, match="the bash block failed"):
-        run_page_at(page, tmp_path)
+        run_page(page, tmp_path, dict(os.environ))
     page.write_text("<!-- docs-test: skip: -->\n```bash\necho fine\n```\n")
     with pytest.raises(AssertionError, match="must say why"):
-        run_page_at(page, tmp_path)
+        run_page(page, tmp_path, dict(os.environ))
     page.write_text("<!-- docs-test: skip: shown, not run -->\n```bash\nfalse\n```\n")
-    assert run_page_at(page, tmp_path) == []
-
-
-def run_page_at(page: Path, cwd: Path) -> list[str]:
-    global ROOT
-    saved, ROOT = ROOT, page.parent  # (names the page relative to its own folder)
-    try:
-        return run_page(page, cwd, dict(os.environ))
-    finally:
-        ROOT = saved
+    assert run_page(page, tmp_path, dict(os.environ)) == []
 
 
 def test_the_readmes_trl_block_is_the_guides_which_the_vllm_suite_runs():

@@ -196,12 +196,12 @@ class Repo:
         """Record ``commit`` (its ``tree`` and the ``packs`` the chunk writers finished) and
         move ``branch`` to it if it still points at ``expected`` (else nothing is recorded:
         compare and swap); the working tree is refreshed when ``branch`` is HEAD's."""
-        parent_tree = self._repository.tree_of(expected, weights=False) if expected else None
         self._repository.record([(commit, tree, stored_bytes)], packs=packs, ref=HEADS + branch, expected=expected,
                                 reason=reason)
         if branch == self.head_branch():
             from .worktree.refresh import refresh_worktree
 
+            parent_tree = self._repository.tree_of(expected, weights=False) if expected else None
             refresh_worktree(self._repository, parent_tree, tree)
 
     # -- verbs -----------------------------------------------------------------------------

@@ -47,10 +47,15 @@ def problem(package: str, found: str) -> str | None:
             f"(WVC_ALLOW_UNTESTED_VERSIONS=1 uses it anyway)")
 
 
+def refusal(package: str, found: str) -> str | None:
+    """Why ``found`` is refused: :func:`problem`, unless untested versions are allowed."""
+    return None if settings.switch("WVC_ALLOW_UNTESTED_VERSIONS") else problem(package, found)
+
+
 def check(package: str, found: str) -> None:
     """Raise UnsupportedVersion for a version out of range (unless allowed)."""
-    why = problem(package, found)
-    if why is not None and not settings.switch("WVC_ALLOW_UNTESTED_VERSIONS"):
+    why = refusal(package, found)
+    if why is not None:
         raise UnsupportedVersion(why)
 
 

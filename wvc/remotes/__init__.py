@@ -25,9 +25,9 @@ def open_backend(url: str):
 
         return HubBackend(where.repo_id, where.revision)
     if where.kind == "s3":
-        from .s3 import S3Backend  # boto3: imported only when an s3 remote is used
+        from .s3 import S3Backend, S3Location  # boto3: imported only when an s3 remote is used
 
-        return S3Backend.from_url(url)
+        return S3Backend(S3Location(where.repo_id, where.prefix))
     from .path import PathBackend
 
     return PathBackend(where.path)

@@ -120,15 +120,6 @@ class BucketBackend(HubBackend):
         self.head: str | None = None
         self.stale = settings.number("WVC_BUCKET_STALE_SECONDS", STALE_SECONDS)
 
-    @classmethod
-    def from_url(cls, url: str) -> "BucketBackend":
-        from .urls import parse
-
-        where = parse(url)
-        if where.kind != "bucket":
-            raise RemoteError(f"invalid bucket URL {url!r}: expected hf://buckets/namespace/bucket[/prefix]")
-        return cls(where.repo_id, where.prefix)
-
     # -- paths -----------------------------------------------------------------------------------
     def _key(self, path: str) -> str:
         return f"{self.prefix}/{path}" if self.prefix else path

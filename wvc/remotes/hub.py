@@ -175,15 +175,6 @@ class HubBackend(Backend):
         self.api = HfApi(endpoint=self.endpoint)
         self.sha = sha  # the snapshot our reads are pinned to (set by state(), or given: a base's commit)
 
-    @classmethod
-    def from_url(cls, url: str) -> "HubBackend":
-        from .urls import parse
-
-        where = parse(url)
-        if where.kind != "hub":
-            raise RemoteError(f"invalid Hub URL {url!r}: expected hf://user/repo or hf://user/repo@revision")
-        return cls(where.repo_id, where.revision)
-
     @backs_off
     @retries_reads
     def listing(self) -> Listing:

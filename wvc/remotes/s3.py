@@ -51,15 +51,6 @@ class S3Location:
     bucket: str
     prefix: str  # "" or "some/prefix/"
 
-    @classmethod
-    def parse(cls, url: str) -> "S3Location":
-        from .urls import parse
-
-        where = parse(url)
-        if where.kind != "s3":
-            raise RemoteError(f"invalid S3 URL {url!r}: expected s3://bucket[/prefix] with a valid bucket name")
-        return cls(where.repo_id, where.prefix)
-
 
 def _client():
     try:
@@ -182,17 +173,12 @@ def compose_parts(pieces: list, size: int, etags: dict[str, str]) -> list[tuple]
 
 
 class S3Backend(Backend):
-    def __init__(self, location: S3Location, url: str):
+    def __init__(self, location: S3Location):
         self.location = location
-        self.url = url
+        self.url = f"s3://{location.bucket}/{location.prefix}".rstrip("/")
         self.client = _client()
         self._count_lock = threading.Lock()  # parts are sent from several threads
         self._downloaded: dict[str, str] = {}  # path -> ETag of each file download() fetched whole
-
-    @classmethod
-    def from_url(cls, url: str) -> "S3Backend":
-        location = S3Location.parse(url)
-        return cls(location, f"s3://{location.bucket}/{location.prefix}".rstrip("/"))
 
     def _key(self, path: str) -> str:
         return self.location.prefix + path

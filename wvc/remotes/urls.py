@@ -30,7 +30,6 @@ class RemoteURL:
     """A parsed remote URL: ``kind`` is "hub", "bucket", "s3" or "path"."""
 
     kind: str
-    url: str  # as given
     repo_id: str = ""  # hub: user/repo; bucket: namespace/bucket; s3: the bucket
     revision: str | None = None  # hub: the revision after "@", if any
     prefix: str = ""  # bucket: "a/b"; s3: "a/b/" (with the slash the keys are built with)
@@ -75,7 +74,7 @@ def parse(url: str) -> RemoteURL:
     if path is None:
         raise RemoteError(f"unsupported remote URL {url.removeprefix(FILE)!r}: use hf://user/repo, "
                           "s3://bucket/prefix, a path or file:///path")
-    return RemoteURL("path", url, path=path)
+    return RemoteURL("path", path=path)
 
 
 def _check_repo_id(repo_id: str, url: str, what: str) -> None:
@@ -96,7 +95,7 @@ def _hub(url: str) -> RemoteURL:
     _check_repo_id(repo_id, url, "Hub URL")
     if revision and (len(revision) > 255 or any(c in revision for c in " ~^:?*[\\") or ".." in revision):
         raise RemoteError(f"invalid Hub URL {url!r}: {revision!r} is not a revision name")
-    return RemoteURL("hub", url, repo_id=repo_id, revision=revision or None)
+    return RemoteURL("hub", repo_id=repo_id, revision=revision or None)
 
 
 def _bucket(url: str) -> RemoteURL:
@@ -105,7 +104,7 @@ def _bucket(url: str) -> RemoteURL:
     if len(parts) < 2 or not all(parts) or any(p in (".", "..") for p in parts) or "@" in rest:
         raise RemoteError(f"invalid bucket URL {url!r}: expected hf://buckets/namespace/bucket[/prefix]")
     _check_repo_id("/".join(parts[:2]), url, "bucket URL")
-    return RemoteURL("bucket", url, repo_id="/".join(parts[:2]), prefix="/".join(parts[2:]))
+    return RemoteURL("bucket", repo_id="/".join(parts[:2]), prefix="/".join(parts[2:]))
 
 
 def _s3(url: str) -> RemoteURL:
@@ -115,4 +114,4 @@ def _s3(url: str) -> RemoteURL:
         raise RemoteError(f"invalid S3 URL {url!r}: expected s3://bucket[/prefix] with a valid bucket name")
     if prefix and any(part in ("", ".", "..") for part in prefix.split("/")):
         raise RemoteError(f"invalid S3 URL {url!r}: the prefix has an empty, '.' or '..' component")
-    return RemoteURL("s3", url, repo_id=bucket, prefix=prefix + "/" if prefix else "")
+    return RemoteURL("s3", repo_id=bucket, prefix=prefix + "/" if prefix else "")

@@ -7,8 +7,6 @@ from __future__ import annotations
 import logging
 import weakref
 
-from ... import settings
-
 BACKEND = "wvc"
 REMOTE_ENV = "WVC_VLLM_REMOTE"  # the remote a server follows, set by whoever starts it (transfer.followed)
 BRANCH_ENV = "WVC_VLLM_BRANCH"  # its branch; unset: the one init names (default main)
@@ -24,7 +22,7 @@ _extended = False  # vLLM's classes extended in this process (a plugin may be lo
 def register() -> None:
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
-    from ..library_versions import installed, problem
+    from ..library_versions import installed, refusal
 
     try:  # vLLM's public registration (a server that names it hears a version's problem from it)
         WeightTransferEngineFactory.register_engine(BACKEND, "wvc.integrations.vllm.transfer", "WvcWeightTransferEngine")
@@ -34,8 +32,8 @@ def register() -> None:
     if _extended:
         return
     _extended = True
-    why = problem("vllm", installed("vllm") or "0")
-    if why is not None and not settings.switch("WVC_ALLOW_UNTESTED_VERSIONS"):
+    why = refusal("vllm", installed("vllm") or "0")
+    if why is not None:
         # vLLM's classes are extended below by name and signature: on a vLLM they were not
         # built for, leave them alone (every vLLM process loads this plugin, wvc or not)
         logging.getLogger(__name__).warning("wvc: %s; the wvc backend is not enabled in this process", why)
