@@ -40,8 +40,8 @@ def test_a_401_digit_metric_is_skipped_like_nan(tmp_path):
     assert [x for x, _, _ in points] == [0, 1, 2, 3]  # the huge one skipped, the others drawn
     r = run(repo.root, "prune", "--keep-best", "eval_loss:min", "--json", check=False)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
-    server.prepare(repo.internals)
-    srv = server.Server(repo.internals, 0).start()
+    server.prepare(repo)
+    srv = server.Server(repo, 0).start()
     try:
         with urllib.request.urlopen(srv.url + "metrics", timeout=30) as resp:
             assert resp.status == 200 and "eval_loss" in resp.read().decode()
@@ -62,8 +62,8 @@ def test_the_web_view_answers_bad_requests_and_hangups_without_tracebacks(tmp_pa
     import socket
 
     repo = _history(tmp_path)
-    server.prepare(repo.internals)
-    srv = server.Server(repo.internals, 0).start()
+    server.prepare(repo)
+    srv = server.Server(repo, 0).start()
     try:
         status, body = _status(srv.url + "changes?" + "&".join(f"f{k}=1" for k in range(60)))
         assert status == 400 and "Max number of fields" in body  # answered, not dropped
@@ -93,8 +93,8 @@ def test_the_tensor_view_of_a_pruned_version_says_pruned_and_names_kept_ones(tmp
     log = [e.id for e in reversed(repo.log())]
     repo.prune(keep={"every": 3, "last": 1})
     assert repo.is_pruned(log[1])
-    server.prepare(repo.internals)
-    srv = server.Server(repo.internals, 0).start()
+    server.prepare(repo)
+    srv = server.Server(repo, 0).start()
     try:
         status, body = _status(srv.url + f"tensor?commit={log[1]}&file=model.safetensors&tensor=w")
         assert status == 400 and "was pruned" in body and "nearest kept" in body and log[0][:12] in body, body

@@ -51,8 +51,8 @@ def _cells(m: dict) -> dict:
 
 
 def test_the_change_map_is_diff_per_commit_in_model_order(history):
-    commits = data.commits_of(history.internals, "main")
-    m = data.change_map(history.internals, commits)
+    commits = data.commits_of(history, "main")
+    m = data.change_map(history, commits)
     assert [r["tensor"] for r in m["rows"]] == [W0, W1, B10]  # layer 10 after layer 1 (natural order)
     cells = _cells(m)
     for parent, commit in zip(commits, commits[1:]):
@@ -69,7 +69,7 @@ def test_the_change_map_is_diff_per_commit_in_model_order(history):
     assert cells[(W0, commits[2])]["value"] == 0
     assert {cells[(n, commits[0])]["status"] for n in (W0, W1, B10)} == {"added"}
     file = m["rows"][0]["file"]
-    detail = data.tensor_detail(history.internals, commits[1], file, W0)  # the view a click on a cell opens
+    detail = data.tensor_detail(history, commits[1], file, W0)  # the view a click on a cell opens
     assert sum(h["count"] for h in detail["histogram"]) == cells[(W0, commits[1])]["change"]["changed"]
     assert max(h["ulps_from"] for h in detail["histogram"]) <= cells[(W0, commits[1])]["change"]["max_ulps"]
     changed_fraction = sum(c["changed_fraction"] for c in detail["chunks"]) / len(detail["chunks"])
@@ -86,7 +86,7 @@ def test_plot_writes_the_same_numbers_as_diff_and_the_page(history, tmp_path):
     for (name, commit), cell in _cells(plotted).items():
         if commit == head and name in want:
             assert cell["value"] == want[name]["rel_l2"]
-    srv = server.Server(history.internals, 0).start()
+    srv = server.Server(history, 0).start()
     try:
         page = urllib.request.urlopen(srv.url + "changes?rev=main", timeout=30).read().decode()
     finally:
@@ -136,10 +136,10 @@ def test_plot_writes_png_too(history, tmp_path):
 
 
 def test_the_server_is_read_only_and_on_loopback(history):
-    server.prepare(history.internals)
+    server.prepare(history)
     db = history.root / ".wvc" / "wvc.db"
     before = (db.read_bytes(), Path(str(db) + "-wal").read_bytes() if Path(str(db) + "-wal").exists() else b"")
-    srv = server.Server(history.internals, 0).start()
+    srv = server.Server(history, 0).start()
     try:
         assert srv.server_address[0] == "127.0.0.1"
         for view in ("", "changes", "metrics", "storage", "compare?a=main~2&b=main", "changes?metric=ulps"):
@@ -171,10 +171,10 @@ def test_a_remote_is_viewed_through_a_lazy_copy(history, tmp_path, monkeypatch):
     history.push("origin", "main")
     copy = local_copy(str(tmp_path / "remote"))
     assert copy.root.is_relative_to(tmp_path / "cache")
-    server.prepare(copy.internals)
-    commits = data.commits_of(copy.internals, "HEAD")
-    assert commits == data.commits_of(history.internals, "main")
-    assert _cells(data.change_map(copy.internals, commits, compute=False)) == _cells(data.change_map(history.internals, commits))
+    server.prepare(copy)
+    commits = data.commits_of(copy, "HEAD")
+    assert commits == data.commits_of(history, "main")
+    assert _cells(data.change_map(copy, commits, compute=False)) == _cells(data.change_map(history, commits))
     assert local_copy(str(tmp_path / "remote")).root == copy.root  # kept, and fetched again next time
     # two more pushes: the next start shows them (issue 49, item 9: it showed the first start's tip)
     for step in (5, 6):
@@ -182,11 +182,11 @@ def test_a_remote_is_viewed_through_a_lazy_copy(history, tmp_path, monkeypatch):
     history.push("origin", "main")
     again = local_copy(str(tmp_path / "remote"))
     assert again.head() == history.resolve("main")
-    server.prepare(again.internals)
-    commits = data.commits_of(again.internals, "HEAD")
-    assert commits == data.commits_of(history.internals, "main") and len(commits) == 7
-    assert _cells(data.change_map(again.internals, commits, compute=False)) == _cells(data.change_map(history.internals, commits))
-    srv = server.Server(again.internals, 0).start()
+    server.prepare(again)
+    commits = data.commits_of(again, "HEAD")
+    assert commits == data.commits_of(history, "main") and len(commits) == 7
+    assert _cells(data.change_map(again, commits, compute=False)) == _cells(data.change_map(history, commits))
+    srv = server.Server(again, 0).start()
     try:
         with urllib.request.urlopen(srv.url + "changes?rev=origin/main", timeout=30) as resp:
             page = resp.read().decode()
@@ -270,8 +270,8 @@ def _visit(browser, srv, view: str, shot: str):
 
 def test_every_view_in_chromium_on_a_real_minilm_fine_tune(tmp_path, browser):
     repo = _minilm_fine_tune(tmp_path / "minilm", steps=4)
-    server.prepare(repo.internals)
-    srv = server.Server(repo.internals, 0).start()
+    server.prepare(repo)
+    srv = server.Server(repo, 0).start()
     try:
         By = _visit(browser, srv, "", "ui-history.png")
         assert len(browser.find_elements(By.CSS_SELECTOR, "tr[data-commit]")) == 5
@@ -313,8 +313,8 @@ def test_a_200_commit_history_in_chromium(tmp_path, browser):
         for i in (step % 100, (7 * step) % 100):
             state[f"model.layers.{i}.weight"] = state[f"model.layers.{i}.weight"] + 1e-3
         repo.commit(f"step {step}", state, metadata={"step": step, "loss": 1.0 / (step + 1)})
-    server.prepare(repo.internals)
-    srv = server.Server(repo.internals, 0).start()
+    server.prepare(repo)
+    srv = server.Server(repo, 0).start()
     try:
         _visit(browser, srv, "changes", "ui-changes-200.png")
         cells = browser.execute_script(  # (one round trip, not three a cell)
@@ -397,8 +397,8 @@ def _get(srv, path: str, headers: dict) -> tuple[int, str]:
 
 
 def test_the_view_answers_only_its_own_host_and_origin(history):
-    server.prepare(history.internals)
-    srv = server.Server(history.internals, 0).start()
+    server.prepare(history)
+    srv = server.Server(history, 0).start()
     port = srv.server_address[1]
     try:
         own = {"Host": f"127.0.0.1:{port}"}
@@ -433,12 +433,12 @@ def test_a_page_of_another_origin_in_chromium_reads_nothing_and_writes_nothing(h
     history.remote_add("origin", str(tmp_path / "remote"))
     history.push("origin", "main")
     copy = local_copy(str(tmp_path / "remote"))
-    server.prepare(copy.internals)
+    server.prepare(copy)
     statuses = []
     real = server._Handler.send_response
     monkeypatch.setattr(server._Handler, "send_response", lambda self, code, *a: (statuses.append(code),
                                                                                    real(self, code, *a))[1])
-    srv = server.Server(copy.internals, 0).start()
+    srv = server.Server(copy, 0).start()
     target = srv.url + "compare?a=main~4&b=main"
     attack = ("<!doctype html><title>attacker</title><img src='%s'><script>"
               "Promise.allSettled([fetch('%s', {mode: 'no-cors'}), fetch('%s')])"

@@ -155,6 +155,39 @@ class Repo:
         not walking past the commits in ``stop``."""
         return self._repository.graph.ancestors(commits, stop=frozenset(stop))
 
+    def first_parent_history(self, rev: str = "HEAD", limit: int | None = None) -> list[str]:
+        """The commits from ``rev`` back along first parents, oldest first (the last ``limit``)."""
+        from .ops.changes import first_parent_history
+
+        return first_parent_history(self._repository, rev, limit)
+
+    def stored_bytes(self, commit_id: str) -> int | None:
+        """The bytes ``commit_id`` added to the store when it was recorded (None: not known,
+        e.g. a commit fetched without its weights)."""
+        return self._repository.graph.stored_bytes(commit_id)
+
+    # -- each commit's change against its first parent, kept (ops/changes.py) ---------------------
+    def tensor_changes(self, commit_id: str):
+        """The kept per-tensor changes of ``commit_id`` against its first parent
+        (``TensorChange``: relative L2, fraction and ULPs changed, stored bytes); refused
+        (RevisionNotFound) until :meth:`compute_tensor_changes` has computed them."""
+        from .ops.changes import changes_of
+
+        return changes_of(self._repository, commit_id)
+
+    def missing_tensor_changes(self, commits) -> list[str]:
+        """Those of ``commits`` whose changes are not computed yet, in order."""
+        from .ops.changes import missing_changes
+
+        return missing_changes(self._repository, commits)
+
+    def compute_tensor_changes(self, commits, progress: Progress = NULL) -> int:
+        """Compute and keep the changes of those of ``commits`` that lack them; returns how many
+        were computed (what ``wvc ui`` does before it serves, since its server never writes)."""
+        from .ops.changes import ensure_changes
+
+        return ensure_changes(self._repository, commits, progress)
+
     # -- writers beside a training loop ----------------------------------------------------------
     @property
     def wvc_dir(self):

@@ -1115,8 +1115,8 @@ def ui_command(source, port, no_browser, revs, limit):
     from .ui import server
 
     repo = open_repo() if source is None else _ui_copy_of(source)
-    server.prepare(repo.internals, list(revs) or None, limit, BarProgress())
-    srv = server.Server(repo.internals, port, source or "")
+    server.prepare(repo, list(revs) or None, limit, BarProgress())
+    srv = server.Server(repo, port, source or "")
     click.echo(f"wvc ui: serving {srv.url} (read-only, loopback only; Ctrl-C stops)")
     if not no_browser:
         webbrowser.open(srv.url)
@@ -1149,7 +1149,7 @@ def plot_command(kind, rev_range, output, metric, branches, limit, as_json):
 
     from .ui import plot
 
-    text, numbers = plot.picture(open_repo().internals, kind, rev_range, metric=metric, branches=list(branches) or None,
+    text, numbers = plot.picture(open_repo(), kind, rev_range, metric=metric, branches=list(branches) or None,
                                  limit=limit, progress=BarProgress())
     plot.write(text, Path(output))
     if as_json:

@@ -1,5 +1,5 @@
-"""The numbers the views draw, gathered from a repository: its history, the change map
-(kept per commit by ops/changes.py), metrics from commit metadata, storage, and a
+"""The numbers the views draw, gathered from a repository (a ``wvc.Repo``, through its public
+methods): its history, the change map (kept per commit by ops/changes.py), metrics from commit metadata, storage, and a
 comparison of two versions (the data of ``wvc diff``). Plain dicts and lists, so the page,
 ``wvc plot`` and ``--json`` show the same numbers."""
 
@@ -9,8 +9,6 @@ import math
 import re
 
 from ..errors import InvalidArgument, VersionPruned
-from ..ops.changes import changes_of, ensure_changes, first_parent_history, missing_changes
-from ..ops.diff import diff
 from ..store.refs import HEADS, REMOTES, TAGS, short_ref
 from ..model.versions import finite_number
 
@@ -24,36 +22,36 @@ def commits_of(repo, rev_range: str | None, limit: int = DEFAULT_LIMIT) -> list[
     if rev_range and ".." in rev_range:
         start, _, end = rev_range.partition("..")
         stop = repo.resolve(start or "HEAD")
-        chain = first_parent_history(repo, end or "HEAD")
+        chain = repo.first_parent_history(end or "HEAD")
         if stop not in chain:
             raise InvalidArgument(f"{start} is not on the first-parent history of {end or 'HEAD'}")
         commits = chain[chain.index(stop) + 1:][-limit:]
         if not commits:
             raise InvalidArgument(f"{rev_range} names no versions ({end or 'HEAD'} is {start or 'HEAD'} itself)")
         return commits
-    return first_parent_history(repo, rev_range or "HEAD", limit)
+    return repo.first_parent_history(rev_range or "HEAD", limit)
 
 
 def summary(repo, commit_id: str) -> dict:
     c = repo.read_commit(commit_id)
-    tree = repo.read_tree(c.tree)
+    tree = repo.tree_of(commit_id, weights=False)
     return {"commit": commit_id, "parents": list(c.parents), "message": c.summary, "author": c.author,
             "timestamp": c.timestamp, "metadata": c.metadata, "logical_bytes": tree.logical_bytes,
-            "stored_bytes": repo.graph.stored_bytes(commit_id)}
+            "stored_bytes": repo.stored_bytes(commit_id)}
 
 
 def history(repo, limit: int = 500) -> dict:
     """Every ref, and the commits they reach (newest first, at most ``limit``)."""
     refs = {}
-    for prefix in (HEADS, TAGS, REMOTES):
-        for name, target in repo.refs.list(prefix).items():
+    for prefix, named in ((HEADS, repo.branches()), (TAGS, repo.tags()), (REMOTES, repo.remote_branches())):
+        for name, target in named.items():
             refs[prefix + name] = target
-    order = repo.graph.ancestors(list(dict.fromkeys(refs.values())))
+    order = repo.ancestors(list(dict.fromkeys(refs.values())))
     order = sorted(order, key=lambda c: repo.read_commit(c).timestamp, reverse=True)[:limit]
     labels: dict[str, list[str]] = {}
     for ref, target in refs.items():
         labels.setdefault(target, []).append(short_ref(ref))
-    return {"head": repo.refs.head_branch(), "refs": refs,
+    return {"head": repo.head_branch(), "refs": refs,
             "commits": [{**summary(repo, c), "refs": sorted(labels.get(c, []))} for c in order]}
 
 
@@ -89,8 +87,8 @@ def _ready(repo, commits, compute: bool, progress) -> None:
     from ..progress import NULL
 
     if compute:
-        ensure_changes(repo, commits, progress or NULL)
-    elif (missing := missing_changes(repo, commits)):
+        repo.compute_tensor_changes(commits, progress or NULL)
+    elif (missing := repo.missing_tensor_changes(commits)):
         raise InvalidArgument(f"the changes of {len(missing)} of these commits are not computed yet: run "
                               f"`wvc plot changes` on this range, or restart `wvc ui` with --rev")
 
@@ -111,7 +109,7 @@ def change_map(repo, commits: list[str], metric: str = "rel_l2", progress=None, 
         meta = repo.read_commit(c).metadata
         columns.append({"commit": c, "step": meta.get("step") if isinstance(meta.get("step"), (int, float)) else None})
         here = set(present[c])
-        by_key = {(ch.file, ch.tensor): ch for ch in changes_of(repo, c)}
+        by_key = {(ch.file, ch.tensor): ch for ch in repo.tensor_changes(c)}
         for r, key in enumerate(rows):
             if key not in here and key not in by_key:
                 continue
@@ -126,10 +124,10 @@ def change_map(repo, commits: list[str], metric: str = "rel_l2", progress=None, 
 def metrics(repo, branches: list[str] | None = None, limit: int = 10_000) -> dict:
     """The numeric metadata of each branch's first-parent history, as series over step (the
     metadata ``step``, else the commit's place in the history)."""
-    branches = branches or sorted(repo.refs.list(HEADS))
+    branches = branches or sorted(repo.branches())
     series: dict[str, dict[str, list]] = {}
     for b in branches:
-        for i, c in enumerate(first_parent_history(repo, b, limit)):
+        for i, c in enumerate(repo.first_parent_history(b, limit)):
             meta = repo.read_commit(c).metadata
             step = meta.get("step", i)
             if finite_number(step) is None:
@@ -153,12 +151,12 @@ def storage(repo, commits: list[str], compute: bool = True) -> dict:
         rows.append({"commit": c, "message": s["message"], "stored_bytes": s["stored_bytes"],
                      "logical_bytes": s["logical_bytes"], "cumulative_stored": stored_total,
                      "cumulative_full": full_total})
-        for ch in changes_of(repo, c):
+        for ch in repo.tensor_changes(c):
             if ch.stored_bytes:
                 key = f"{ch.file}:{ch.tensor}"
                 per_tensor[key] = per_tensor.get(key, 0) + ch.stored_bytes
     remotes = {}
-    for name, target in repo.refs.list(REMOTES).items():
+    for name, target in repo.remote_branches().items():
         remote, _, branch = name.partition("/")
         remotes.setdefault(remote, {})[branch] = target
     return {"commits": rows, "per_tensor": dict(sorted(per_tensor.items(), key=lambda kv: -kv[1])),
@@ -168,7 +166,7 @@ def storage(repo, commits: list[str], compute: bool = True) -> dict:
 def compare(repo, a: str, b: str) -> dict:
     """``wvc diff A B``'s data, and the relative L2 change per layer (root of the sum of
     squares of its tensors' relative changes)."""
-    result = diff(repo, a, b)
+    result = repo.diff(a, b)
     layers: dict[str, float] = {}
     for t in result["tensors"]:
         if t["rel_l2"] is not None:
@@ -187,14 +185,14 @@ def tensor_detail(repo, commit: str, file: str, tensor: str, bins: int = 40) -> 
     from ..ops.diff import _SAME_WIDTH_INT, ordered_bits
 
     commit = repo.resolve(commit)
-    repo.require_weights(commit)  # pruned: say so, naming the nearest kept versions
+    new_tree = repo.tree_of(commit)  # pruned: say so, naming the nearest kept versions
     c = repo.read_commit(commit)
     if c.parents:
         try:
-            repo.require_weights(c.parents[0])
+            repo.tree_of(c.parents[0])
         except VersionPruned as exc:
             raise VersionPruned(f"its change cannot be shown: its parent's weights are gone ({exc})") from None
-    new = next((t for f in repo.tree_of(commit, weights=False).files if f.path == file for t in f.tensors if t.name == tensor), None)
+    new = next((t for f in new_tree.files if f.path == file for t in f.tensors if t.name == tensor), None)
     old = None
     if c.parents:
         old = next((t for f in repo.tree_of(c.parents[0], weights=False).files if f.path == file for t in f.tensors
@@ -213,8 +211,8 @@ def tensor_detail(repo, commit: str, file: str, tensor: str, bins: int = 40) -> 
         if ca == cb:
             out["chunks"].append({"chunk": cb, "changed_fraction": 0.0})
             continue
-        ua = torch.frombuffer(bytearray(repo.store.get(ca)), dtype=torch.uint8).view(bits)
-        ub = torch.frombuffer(bytearray(repo.store.get(cb)), dtype=torch.uint8).view(bits)
+        ua = torch.frombuffer(bytearray(repo.read_chunk(ca)), dtype=torch.uint8).view(bits)
+        ub = torch.frombuffer(bytearray(repo.read_chunk(cb)), dtype=torch.uint8).view(bits)
         moved = ua != ub
         out["chunks"].append({"chunk": cb, "changed_fraction": float(moved.float().mean()) if len(ua) else 0.0})
         if dt.kind != "float" or not bool(moved.any()):

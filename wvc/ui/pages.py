@@ -6,7 +6,6 @@ from __future__ import annotations
 from html import escape
 from urllib.parse import urlencode
 
-from ..store.refs import HEADS
 from . import data, svg
 
 STYLE = """body{font-family:system-ui,sans-serif;margin:0;color:#222}nav{background:#1b2a41;padding:8px 16px}
@@ -105,7 +104,7 @@ def metrics_view(repo, q) -> tuple[str, str]:
     branches = q.get("branch") or None
     m = data.metrics(repo, branches)
     picks = " ".join(f'<label><input type="checkbox" name="branch" value="{_e(b)}"'
-                     f'{" checked" if b in m["branches"] else ""}>{_e(b)}</label>' for b in sorted(repo.refs.list(HEADS)))
+                     f'{" checked" if b in m["branches"] else ""}>{_e(b)}</label>' for b in sorted(repo.branches()))
     parts = [f'<form method="get">{picks} <button>show</button></form>']
     if not m["series"]:
         parts.append('<p class="muted">No numeric metadata on these branches (commit with --meta loss=... or the '

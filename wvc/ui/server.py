@@ -33,15 +33,13 @@ def prepare(repo, revs=None, limit: int = data.DEFAULT_LIMIT, progress=NULL) -> 
     """Compute the change numbers of each branch's (or each of ``revs``') last ``limit``
     first-parent commits; refuses a history with no tensor at all. Returns how many commits
     were computed now."""
-    revs = revs or [HEADS + b for b in repo.refs.list(HEADS)] or ["HEAD"]
+    revs = revs or [HEADS + b for b in repo.branches()] or ["HEAD"]
     commits: list[str] = []
     for rev in revs:
         commits += [c for c in data.commits_of(repo, rev, limit) if c not in commits]
     if not any(f.tensors for c in commits for f in repo.tree_of(c, weights=False).files):
         raise InvalidArgument("no version here holds a tensor (no safetensors files): nothing to show")
-    from ..ops.changes import ensure_changes
-
-    return ensure_changes(repo, commits, progress)
+    return repo.compute_tensor_changes(commits, progress)
 
 
 class Server(ThreadingHTTPServer):
