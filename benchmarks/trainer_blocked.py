@@ -53,6 +53,7 @@ class _Trainer:
         self.master, self.weight_transfer = master, transfer
         self.model_version, self.rollout_worker = 0, _RolloutWorker()
         self.state = type("State", (), {"global_step": 0})()
+        transfer.bind_trainer(self)  # (what wvc's hook on AsyncGRPOTrainer.__init__ does)
 
     def _streaming_iter(self):
         yield from self.master.items()

@@ -371,3 +371,16 @@ def test_no_module_name_means_two_things():
             by_name.setdefault(path.stem, set()).add(str(path.relative_to(PACKAGE.parent)))
     shared = {name: paths for name, paths in by_name.items() if len(paths) > 1}
     assert shared == NAMES_SHARED
+
+
+def test_no_integration_finds_what_it_needs_by_reading_frames():
+    """Issue 67: the TRL transfer found TRL's trainer in its callers' frames (``sys._getframe``,
+    a generator's ``gi_frame.f_locals``); TRL's trainer hands itself over now
+    (integrations/trl_hooks.py), and nothing under wvc/ reads a frame."""
+    found = []
+    for path in SOURCES:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in ("_getframe", "currentframe", "gi_frame", "f_locals",
+                                                                 "f_back", "cr_frame"):
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {node.attr}")
+    assert not found, found

@@ -29,7 +29,8 @@ def _trained(sd, step):
 
 
 class _Trainer:
-    """What TRL's AsyncGRPOTrainer hands send_weights: its ``_streaming_iter()`` generator."""
+    """What a transfer reads of TRL's AsyncGRPOTrainer (``model_version``, ``state.global_step``),
+    and what it hands send_weights: its ``_streaming_iter()`` generator."""
 
     def __init__(self, weights):
         self.weights, self.model_version = weights, 0
@@ -47,6 +48,7 @@ def test_the_start_version_then_one_step_a_sync_with_trls_version_and_step(tmp_p
     first = transfer.start_commit
     assert wvc.open(remote, first).tree.by_path()["config.json"]  # the servers' files, published
     trainer = _Trainer(_trained(start, 1))
+    transfer.bind_trainer(trainer)  # (what wvc's hook on AsyncGRPOTrainer.__init__ does)
     for step in (1, 2, 3):
         trainer.weights, trainer.state.global_step = _trained(start, step), step * 2
         transfer.send_weights(trainer._streaming_iter())
@@ -164,6 +166,7 @@ def test_a_server_naming_another_directory_changes_nothing_that_is_published(tmp
             trainer = type("Trainer", (), {})()
             trainer.model = type("Model", (), {"name_or_path": str(tmp_path / "trainer-model")})()
             trainer.weight_transfer = transfer
+            transfer.bind_trainer(trainer)
             _TrainBeginCallback(trainer).on_train_begin()
             files = set(wvc.open(remote, "main").files)
             assert files == {"model.safetensors", "config.json"}  # the trainer's model files, nothing else
@@ -411,6 +414,7 @@ class _TrlTrainer(_Trainer):
     def __init__(self, weights, transfer):
         super().__init__(weights)
         self.rollout_worker, self.weight_transfer = _rollout_worker(), transfer
+        transfer.bind_trainer(self)  # (what wvc's hook on AsyncGRPOTrainer.__init__ does)
 
     def sync_weight(self):
         self.weight_transfer.pause()
@@ -571,3 +575,78 @@ def test_a_sync_prunes_only_once_its_servers_hold_the_version(tmp_path, backgrou
         transfer.destroy()
     finally:
         server.close()
+
+
+def test_trls_trainer_hands_itself_to_its_wvc_transfer_and_its_own_first_sync_carries_its_version(tmp_path,
+                                                                                                 monkeypatch):
+    """Issue 67: the transfer found TRL's trainer by reading its callers' frames (the train-begin
+    callback's ``self``, the ``_streaming_iter`` generator's). A real AsyncGRPOTrainer built with
+    the transfer now hands itself over (integrations/trl_hooks.py); TRL's own train-begin
+    callback then publishes the trainer's model as the start and syncs it with TRL's model
+    version and step. (The rollout worker is a stand-in: TRL's starts vLLM's generation loop.)"""
+    from datasets import Dataset
+    from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer, async_grpo_trainer
+
+    from tests_vllm import models
+
+    # (TRL's __init__ asks CUDA for its MFU metric; None is what it handles: tests_vllm/trl_on_cpu.py)
+    monkeypatch.setattr(async_grpo_trainer, "get_peak_flops_per_device", lambda accelerator, dtype: None)
+    start = models.build(tmp_path / "start", tied=True, dtype=torch.bfloat16)
+
+    class RolloutWorker:
+        rollout_buffer = None
+        versions: list = []
+
+        def start(self):
+            pass
+
+        def stop(self):
+            pass
+
+        def update_model_version(self, version):
+            self.versions.append(version)
+
+    def trainer_with(transfer):
+        return AsyncGRPOTrainer(model=str(tmp_path / "start"), reward_funcs=lambda completions, **_: [0.0] * len(completions),
+                                args=AsyncGRPOConfig(output_dir=str(tmp_path / "out"), report_to=[], bf16=False, max_steps=1,
+                                                     per_device_train_batch_size=4, num_generations=4),
+                                train_dataset=Dataset.from_dict({"prompt": ["a b"] * 8}), weight_transfer=transfer,
+                                rollout_worker=RolloutWorker())
+
+    transfer = WvcWeightTransfer(str(tmp_path / "remote"), repo=tmp_path / "staging")
+    trainer = trainer_with(transfer)
+    assert transfer.trainer is trainer
+    other = WvcWeightTransfer(str(tmp_path / "other"), repo=tmp_path / "other-staging")
+    assert trainer_with(_NoTransfer()).weight_transfer.__class__ is _NoTransfer and other.trainer is None
+    train_begin = next(c for c in trainer.callback_handler.callbacks if type(c).__name__ == "_TrainBeginCallback")
+    train_begin.on_train_begin(trainer.args, trainer.state, trainer.control)  # init, then TRL's first sync
+    transfer.wait()
+    try:
+        assert transfer.start_commit is not None  # the trainer's own model, found through it
+        assert [(s["model_version"], s["step"]) for s in transfer.syncs] == [(1, 0)]
+        got = wvc.open(str(tmp_path / "remote"), "main").state_dict()
+        assert got.keys() == start.keys()
+        assert all(torch.equal(got[k].view(torch.int16), v.view(torch.int16)) for k, v in start.items())
+    finally:
+        transfer.destroy()
+        other.destroy()
+
+
+class _NoTransfer:
+    """A weight transfer of TRL's protocol that is not wvc's: the hook leaves it alone."""
+
+    def init_weight_transfer(self):
+        pass
+
+    def pause(self):
+        pass
+
+    def send_weights(self, iterator):
+        for _ in iterator:
+            pass
+
+    def resume(self):
+        pass
+
+    def destroy(self):
+        pass

@@ -8,8 +8,10 @@
 Each server runs vLLM with the ``wvc`` weight-transfer backend (``--weight-transfer-config
 '{"backend": "wvc"}'``, integrations/vllm/transfer.py). ``WvcWeightTransfer`` is TRL's
 ``WeightTransferProtocol`` (``init_weight_transfer``, ``pause``, ``send_weights``,
-``resume``, ``destroy``); TRL imports nothing of wvc, and wvc of TRL only its rollout worker's
-class, when a trainer that has one syncs (to tag rollouts with the servers' version):
+``resume``, ``destroy``). TRL imports nothing of wvc; the protocol hands the transfer a stream
+of tensors alone, so wvc extends ``AsyncGRPOTrainer.__init__`` to hand the trainer to the
+transfer it was given (``bind_trainer``), and TRL's rollout worker to tag rollouts with the
+servers' version (both in integrations/trl_hooks.py, gated on TRL's version):
 
 - ``init_weight_transfer`` publishes the version the servers were started from (``start=``,
   or the trainer's own model: its directory, or its Hub id in the local Hub cache; model files
@@ -43,10 +45,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import sys
 import threading
 import time
-import weakref
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -58,6 +58,7 @@ from ..errors import InvalidArgument, NonFastForward, RemoteNotFound, WeightSync
 from ..remotes import open_backend
 from ..store.refs import HEADS
 from .publisher import KEEP_BYTES, PERIODIC_DEAD_SHARE
+from . import trl_hooks
 from .sync_queue import SyncQueue
 from ..worktree.snapshot import TensorStream
 from .vllm.server_client import ServerError, VllmServer
@@ -98,7 +99,7 @@ class WvcWeightTransfer:
         from ..store.refs import check_ref_name
         from .library_versions import require
 
-        require("trl", optional=True)  # (it reads TRL's trainer and extends its rollout worker; another loop needs no TRL)
+        require("trl", optional=True)  # (it extends TRL's trainer and rollout worker; another loop needs no TRL)
         check_ref_name(branch)
         self.remote, self.branch = str(remote), branch
         self.api_key = api_key if api_key is not None else settings.text("VLLM_API_KEY")
@@ -127,16 +128,26 @@ class WvcWeightTransfer:
         self._asked_version: int | None = None  # what TRL last told its rollout worker
         self._served_version: int | None = None  # TRL's version of the newest sync every server loaded
         self._tell_rollouts = None  # tells TRL's rollout worker a version (set when TRL first tells it one)
+        self.trainer = None  # TRL's trainer, once it handed itself over (bind_trainer)
+        trl_hooks.hand_trainer_to(self)
+
+    def bind_trainer(self, trainer) -> None:
+        """The trainer whose weights this transfer syncs: its model is what the servers
+        start from (when ``start=`` is not given), its ``model_version`` and
+        ``state.global_step`` go into each version's metadata, and its ``rollout_worker``
+        tags rollouts with what the servers hold. TRL's AsyncGRPOTrainer calls this itself
+        when it is built with the transfer (integrations/trl_hooks.py); a loop of its own
+        with a trainer of that shape may call it."""
+        self.trainer = trainer
 
     # -- TRL's WeightTransferProtocol ------------------------------------------------------
     def init_weight_transfer(self) -> None:
         """Publish the starting version and point every server at it (train begin). A branch
         that has versions already (a restarted run) goes on from its tip: nothing is published
         again, and the next sync is committed on top of the tip."""
-        trainer = _trl_trainer(sys._getframe(1))  # TRL's train-begin callback calls this
         repo = self._open()
         tip = repo.branch_tip(self.branch)
-        self.start_commit = self._publish_start(trainer, tip)
+        self.start_commit = self._publish_start(self.trainer, tip)
         if tip is not None:
             self.commit = self.resumed_from = tip
         elif self.start_commit is not None:
@@ -154,7 +165,7 @@ class WvcWeightTransfer:
         """Commit TRL's stream as one version, push it, and load it into every server: in the
         background, from a snapshot taken here (the trainer waits for that copy only), or here
         (``background=False``). A background sync's failure is raised by the next call."""
-        version, step, trainer = _trl_progress(iterator)
+        version, step = _trl_progress(self.trainer)
         metadata = {"model_version": version, "step": step}
         message = f"trl sync {version}" + (f" (step {step})" if step is not None else "")
         if not self.background:
@@ -167,7 +178,7 @@ class WvcWeightTransfer:
         with self._queue.foreground():  # (the sync running pauses at its next tensor)
             snapshot = self._snapshot(iterator)
         blocked = time.perf_counter() - t0
-        self._hold_rollout_versions(trainer, version)
+        self._hold_rollout_versions(version)
         sent = time.perf_counter()
 
         def sync() -> None:
@@ -325,18 +336,19 @@ class WvcWeightTransfer:
             for f in repo.tree_of(tip).files if f.kind == "safetensors" for t in f.tensors}
         return self._dtypes
 
-    def _hold_rollout_versions(self, trainer, version: int | None) -> None:
+    def _hold_rollout_versions(self, version: int | None) -> None:
         """TRL bumps its rollout worker's model version as soon as ``send_weights`` returns,
         and tags each rollout with it; in the background the servers load that version later.
         So TRL's rollout worker passes on at most the version the servers hold (``_served``,
-        ``_extend_rollout_worker``): a rollout is tagged with what generated it."""
-        worker = getattr(trainer, "rollout_worker", None)
-        if version is None or worker is None or not _extend_rollout_worker(type(worker)):
+        ``trl_hooks.hold_rollout_versions``): a rollout is tagged with what generated it."""
+        worker = getattr(self.trainer, "rollout_worker", None)
+        if version is None or worker is None:
             return
         with self._versions:
+            if not trl_hooks.hold_rollout_versions(worker, self):
+                return
             if self._served_version is None:
                 self._served_version = version - 1  # the servers hold what came before this sync
-            _HELD_BACK[worker] = self
 
     def _rollout_version(self, worker, model_version: int, tell) -> None:
         """TRL tells ``worker`` its new version: ``tell`` it at most what the servers hold."""
@@ -495,14 +507,6 @@ def _recorded_start(repo: Repo, tip: str) -> str | None:
     return None
 
 
-def _trl_trainer(frame):
-    """TRL's trainer, from the frame that called ``init_weight_transfer`` (its train-begin
-    callback, which holds it as ``_trainer``); None from any other caller."""
-    caller = frame.f_locals.get("self") if frame is not None else None
-    trainer = getattr(caller, "_trainer", None)
-    return trainer if trainer is not None and hasattr(trainer, "model") else None
-
-
 def _model_dir(trainer) -> Path | None:
     """The trainer's own model on this machine: the directory it was loaded from, or its Hub
     id in the local Hub cache (nothing is downloaded); None when neither is here."""
@@ -540,36 +544,6 @@ def _staging_lock(repo_path: Path, remote: str, branch: str):
     return handle
 
 
-_HELD_BACK: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # TRL rollout worker -> its transfer
-
-
-def _extend_rollout_worker(kind: type) -> bool:
-    """TRL's rollout worker passes a transfer's servers' version on, not the trainer's, once
-    the transfer holds it back (TRL has no hook for it: its class is extended, once, the way
-    the vLLM plugin extends vLLM's engine client). False for a worker of another kind."""
-    try:
-        from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
-    except ImportError:
-        return False
-    if not issubclass(kind, AsyncRolloutWorker):
-        return False
-    if not _EXTENDED:
-        original = AsyncRolloutWorker.update_model_version
-
-        def update_model_version(self, model_version: int) -> None:
-            transfer = _HELD_BACK.get(self)
-            if transfer is None:
-                return original(self, model_version)
-            transfer._rollout_version(self, model_version, original)
-
-        AsyncRolloutWorker.update_model_version = update_model_version
-        _EXTENDED.append(AsyncRolloutWorker)
-    return True
-
-
-_EXTENDED: list = []  # TRL's rollout worker class, once extended
-
-
 def _drain(snapshot: dict, queue: SyncQueue):
     """A snapshot's pairs, each let go of as the commit takes it; paused while the trainer
     takes the next snapshot (its blocked time is its own work, not a contest for the CPUs)."""
@@ -584,18 +558,13 @@ def _chain(first, rest):
     yield from rest
 
 
-def _trl_progress(iterator) -> tuple[int | None, int | None, object]:
-    """TRL's model version this sync makes, the global step and the trainer, read from the
-    trainer whose ``_streaming_iter`` generator ``iterator`` is (TRL passes nothing else: the
-    protocol's ``send_weights`` takes the stream alone). The model version is bumped after
-    the sync, so this one is the trainer's plus one. (None, None, None) from any other
-    iterator."""
-    frame = getattr(iterator, "gi_frame", None)
-    trainer = frame.f_locals.get("self") if frame is not None else None
+def _trl_progress(trainer) -> tuple[int | None, int | None]:
+    """TRL's model version this sync makes and the global step, read from the bound trainer
+    (the model version is bumped after the sync, so this one is the trainer's plus one);
+    (None, None) without one."""
     version = getattr(trainer, "model_version", None)
     step = getattr(getattr(trainer, "state", None), "global_step", None)
-    return ((version + 1 if isinstance(version, int) else None), (step if isinstance(step, int) else None),
-            trainer if isinstance(version, int) else None)
+    return (version + 1 if isinstance(version, int) else None), (step if isinstance(step, int) else None)
 
 
 def _default_repo(remote: str, branch: str) -> Path:
