@@ -384,3 +384,36 @@ def test_no_integration_finds_what_it_needs_by_reading_frames():
                                                                  "f_back", "cr_frame"):
                 found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {node.attr}")
     assert not found, found
+
+
+REMOTE_PATHS = re.compile(r"^(packs|catalogs|retired|pruned|steps|attic|objects|reflog)/|^(wvc|base)\.json$")
+
+
+def test_remote_paths_are_spelled_in_the_layout_map_alone():
+    """Issue 67: remote paths were spelled in seven modules (a bucket's reflog/ outside the
+    layout), ops/ and basemodel/ called the layout's path builders (and wrote a pruned/
+    record's format themselves), and the TRL transfer, the vLLM plugin and the follower read
+    refs/heads/ through a backend. Now remotes/layout.py spells every path (the ref namespace
+    is store/refs.py's: a remote keeps its refs under their local names), nothing above
+    remotes/ imports the layout, and a branch's tip is read through the remote repository."""
+    found = []
+    for path in SOURCES:
+        if path == PACKAGE / "remotes" / "layout.py" or path.is_relative_to(PACKAGE / "testing"):
+            continue
+        tree = ast.parse(path.read_text())
+        docstrings = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+        above_remotes = not path.is_relative_to(PACKAGE / "remotes")
+        for line, target in imports(path):
+            if above_remotes and target == "wvc.remotes.layout":
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{line}: imports the layout map")
+        for node in ast.walk(tree):
+            # a string, or an f-string's leading text (f"refs/{i}")
+            text = node.value if isinstance(node, ast.Constant) and id(node) not in docstrings else \
+                node.values[0].value if isinstance(node, ast.JoinedStr) and node.values \
+                and isinstance(node.values[0], ast.Constant) else None
+            if isinstance(text, str) and (REMOTE_PATHS.search(text) or text.startswith("refs/")
+                                          and path != PACKAGE / "store" / "refs.py"):
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {text!r}")
+            if above_remotes and isinstance(node, ast.Attribute) and node.attr == "read_ref":
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: reads a ref through a backend")
+    assert not found, "\n".join(found)

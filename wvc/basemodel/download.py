@@ -36,7 +36,7 @@ def download_hub(url: str, paths: list[str] | None = None, progress: Progress = 
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     from ..remotes.hub import HubBackend, hub_errors
-    from ..remotes.layout import is_wvc_layout
+    from ..remotes.repository import holds_a_wvc_remote
 
     repo_id, rev = parse_hub(url)
     remote = HubBackend(repo_id)
@@ -63,7 +63,7 @@ def download_hub(url: str, paths: list[str] | None = None, progress: Progress = 
                 sha = remote.api.model_info(repo_id, revision=rev).sha
             if paths is None:
                 files = remote.api.list_repo_files(repo_id, revision=sha)
-                if is_wvc_layout(files):  # its packs and catalogs are not a model's files
+                if holds_a_wvc_remote(files):  # its packs and catalogs are not a model's files
                     raise BaseModelError(f"{what} is a wvc remote, not a model: `wvc clone {HUB_SCHEME}{repo_id}` "
                                          "gets its history")
                 has_safetensors = any(p.endswith(".safetensors") for p in files)

@@ -13,7 +13,7 @@ from ..errors import BaseModelError, MissingObject, WvcError
 from ..model.versions import Tree
 from ..progress import NULL, Progress
 from ..store.graph import CommitGraph
-from ..remotes.layout import MARKER
+from ..remotes.repository import is_directory_remote
 from ..store.refs import HEADS
 from .download import download_hub
 from .index import chunk_locations, index
@@ -62,7 +62,7 @@ def resolve(spec: str, *, chunk_bytes: int, paths: list[str] | None = None, prog
         if paths is None:
             from ..worktree.scan import scan
 
-            if (root / MARKER).is_file():  # a directory remote's marker
+            if is_directory_remote(root):
                 raise BaseModelError(f"base directory {root} is a wvc remote, not a model: `wvc clone {root}` "
                                      "gets its history")
 

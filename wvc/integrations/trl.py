@@ -56,7 +56,7 @@ from ..api import Repo
 from ..read.cache import cache_root
 from ..errors import InvalidArgument, NonFastForward, RemoteNotFound, WeightSyncError
 from ..remotes import open_backend
-from ..store.refs import HEADS
+from ..remotes.repository import read_branch_tip
 from .publisher import KEEP_BYTES, PERIODIC_DEAD_SHARE
 from . import trl_hooks
 from .sync_queue import SyncQueue
@@ -392,7 +392,7 @@ class WvcWeightTransfer:
         """Start from the remote's branch where it has one (a resumed run, or one whose local
         repository was lost): the next version is committed on top of it."""
         try:
-            there = open_backend(self.remote).read_ref(HEADS + self.branch)
+            there = read_branch_tip(open_backend(self.remote), self.branch)
         except RemoteNotFound:
             there = None
         if there is None:

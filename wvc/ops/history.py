@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..fsutil import selected
-from ..store.refs import HEADS, REMOTES, TAGS
+from ..store.refs import HEADS, REFS, REMOTES, TAGS
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ def log(repo, rev: str = "HEAD", n: int | None = None, all_refs: bool = False, *
         a, _, b = rev.partition("..")
         rev, exclude = b or "HEAD", (*exclude, a or "HEAD")
     if all_refs:
-        starts = set(repo.refs.list("refs/").values())  # branches, tags and remote-tracking refs
+        starts = set(repo.refs.list(REFS).values())  # branches, tags and remote-tracking refs
         if head := repo.refs.head_commit():
             starts.add(head)
     else:

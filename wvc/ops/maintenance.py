@@ -26,7 +26,7 @@ from ..basemodel.setup import verify as verify_base
 from ..remotes import lazy_remote_name
 from ..store.chains import close_over_bases
 from ..store.packs import pack_filename, read_pack_index
-from ..store.refs import HEADS, TAGS
+from ..store.refs import HEADS, REFS, TAGS
 
 
 # As git's gc.reflogExpireUnreachable: a commit left behind by a reset, an amend, a deleted
@@ -78,7 +78,7 @@ class GcResult:
 
 def _ref_tips(repo) -> set[str]:
     """The commits every ref and HEAD point at."""
-    tips = set(repo.refs.list("refs/").values())
+    tips = set(repo.refs.list(REFS).values())
     if head := repo.refs.head_commit():
         tips.add(head)
     return tips
@@ -257,7 +257,7 @@ def fsck(repo) -> FsckResult:
         if error not in res.errors:
             res.errors.append(error)
     res.base_objects = repo.store.count_external()
-    for name, target in repo.refs.list("refs/").items():
+    for name, target in repo.refs.list(REFS).items():
         if not repo.graph.has_commit(target):
             res.errors.append(f"ref {name} points to missing commit {ids.short(target)}")
     res.leftovers = [os.path.relpath(p, repo.root) for p in leftovers(repo)]

@@ -40,7 +40,7 @@ from ..remotes import lazy_remote_name
 from ..store import prune_plan
 from ..store.packs import pack_filename
 from ..store.prune_plan import StalePlan
-from ..store.refs import HEADS, TAGS, short_ref
+from ..store.refs import HEADS, REFS, TAGS, short_ref
 from .changes import ensure_changes, first_parent_history
 from ..store.config_keys import BASE_COMMIT, RETIRED_PACKS
 from .maintenance import _pack_bytes, _ref_tips, reflog_expire_seconds
@@ -261,7 +261,7 @@ def _kept_reasons(repo, run: list[str], by_policy: dict[str, list[str]], protect
         if commit in in_run:
             out.setdefault(commit, []).append(why)
 
-    for ref, target in sorted(repo.refs.list("refs/").items()):
+    for ref, target in sorted(repo.refs.list(REFS).items()):
         keep(target, "ref " + short_ref(ref))
     if head := repo.refs.head_commit():
         keep(head, "HEAD")
@@ -286,7 +286,7 @@ def _fork_points(repo, run: list[str]) -> dict[str, str]:
     its weights."""
     in_run, position = set(run), {c: i for i, c in enumerate(run)}
     out: dict[str, str] = {}
-    for ref, tip in sorted(repo.refs.list("refs/").items()):
+    for ref, tip in sorted(repo.refs.list(REFS).items()):
         if tip in in_run:
             continue
         reached = [c for c in repo.graph.ancestors(tip) if c in in_run]
@@ -362,8 +362,6 @@ def _remote_prune_once(repo, remote, remote_name: str, branch: str, policy: Keep
     import tempfile
     from pathlib import Path
 
-    from ..model.versions import canonical_json
-    from ..remotes.layout import new_record_name, pruned_path
     from .remote_gc import Cut
 
     tip = remote.refs.get(HEADS + branch)
@@ -394,10 +392,8 @@ def _remote_prune_once(repo, remote, remote_name: str, branch: str, policy: Keep
     result.bytes_before, result.bytes_after = stored, stored - cut.bytes_freed
     if dry_run or not (to_prune or cut.dead or cut.partial):
         return result
-    record = pruned_path(new_record_name())
     with tempfile.TemporaryDirectory(prefix="wvc-remote-prune-", dir=repo.wvc_dir) as tmp:
         remote.rewrite(cut.dead + cut.partial, cut.kept(live_objects, live_commits, live_trees),
                        f"wvc prune {branch}: {len(to_prune)} versions, {cut.objects_removed} objects removed",
-                       Path(tmp), progress, extra={record: canonical_json({"commits": sorted(pruned)})},
-                       replaced=[pruned_path(r) for r in remote.state.pruned])
+                       Path(tmp), progress, pruned=pruned)
     return result

@@ -12,7 +12,7 @@ from ..basemodel.record import base_json
 from ..errors import DetachedHead, NonFastForward, RevisionNotFound, VersionPruned
 from ..fsutil import sweep_work_dirs, work_dir
 from ..progress import NULL, Progress
-from ..store.refs import HEADS, TAGS
+from ..store.refs import HEADS, REFS, TAGS
 from ..remotes import segment, step_record_writer
 from .remote_config import REMOTES, open_remote_repository
 from ..basemodel.remote import base_report, check_same_base, remote_base
@@ -62,7 +62,7 @@ def push(repo, remote_name: str = "origin", branch: str | None = None, *, force:
     check_same_base(remote_name, theirs, ours)
     graph = repo.graph
     primary = next(iter(updates), None)
-    name = (primary or "").partition("refs/")[2].partition("/")[2] or (branch or "tags")
+    name = (primary or "").partition(REFS)[2].partition("/")[2] or (branch or "tags")
     local = updates.get(primary) if primary else None
     logical = repo.read_tree(repo.read_commit(local).tree).logical_bytes if local else 0
     old = state.refs.get(primary) if primary else None

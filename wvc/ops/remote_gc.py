@@ -18,7 +18,6 @@ from pathlib import Path
 
 from ..errors import RemoteError
 from ..progress import NULL, Progress
-from ..remotes.layout import commit_of_step_path
 from .remote_config import open_remote_repository
 
 
@@ -50,8 +49,7 @@ def remote_gc(repo, remote_name: str, *, dry_run: bool = False, progress: Progre
     rewriting = bool(cut.dead or cut.partial)
     # followers' step records (remotes/step_records.py) of commits no ref reaches, or naming packs
     # this rewrite replaces: shortcuts that no longer lead anywhere, deleted (not retired)
-    stale = [p for p in remote.state.files if (c := commit_of_step_path(p)) is not None
-             and (rewriting or c not in live_commits)]
+    stale = [p for c, p in remote.step_records().items() if rewriting or c not in live_commits]
     if dry_run:
         return result
     atomic = remote.backend.deletes_atomically  # (the Hub: in the rewrite's commit; elsewhere at once)

@@ -35,7 +35,7 @@ from ..model.chunk_spans import tensor_spans
 from .cache import cache_root
 from ..remotes import open_backend, step_records
 from ..remotes.urls import local_repository
-from ..store.refs import HEADS
+from ..remotes.repository import read_branch_tip
 from .view import VersionView, open_remote_version, open_version
 
 log = logging.getLogger(__name__)
@@ -684,7 +684,7 @@ class Follower:
                     backend = open_backend(self.source)
                     # one small read when nothing is new; a commit named by its id is moved to by
                     # the records too (else an anchor step reads the drift since its anchor)
-                    tip = rev if named else backend.read_ref(HEADS + self.branch)
+                    tip = rev if named else read_branch_tip(backend, self.branch)
                     if tip != self.commit:
                         moved = self._by_records(backend, tip, t0) if tip is not None else None
                         if moved is not None:

@@ -1,7 +1,8 @@
-"""Remotes: where repositories meet. One interface (``interface.Backend``), three backends:
+"""Remotes: where repositories meet. One interface (``interface.Backend``), four backends:
 a directory (``path``: a shared disk or NFS team folder), a Hugging Face Hub model repo
 (``hub``), a Hugging Face Storage Bucket (``bucket``: no commits, refs through a log) and an
-S3-protocol bucket (``s3``). ``transfer`` moves and verifies what crosses; ``lazy`` supplies a lazy clone's
+S3-protocol bucket (``s3``). ``layout`` spells every path of a remote, ``repository`` alone knows what
+the files mean; ``downloads`` moves and verifies what crosses; ``lazy`` supplies a lazy clone's
 chunks on first use. The verbs (push, fetch, pull, clone) are in ``wvc.ops``."""
 
 from __future__ import annotations

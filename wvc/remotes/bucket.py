@@ -42,9 +42,8 @@ from ..formats import bounded_json
 from .hub import HubBackend, RateLimited, RemoteFileNotFound, _transport_errors, backs_off, hub_errors
 from .interface import (Listing, RemoteChanged, RemoteError, content_size, retries_reads,
                         upload_progress)
-from .layout import parse_refs
+from .layout import REFLOG, parse_refs
 
-REFLOG = "reflog/"
 # seq: 12 digits or more (a remote may have written any number: the next one always matches)
 ENTRY = re.compile(r"(\d{12,})-([0-9a-f]{16})")
 # An unconfirmed proposal older than this (by the bucket's own upload times) is a crashed

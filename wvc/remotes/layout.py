@@ -9,6 +9,7 @@
     pruned/<time>-<16 hex>.json           commits whose weights `prune --remote` dropped
     steps/<commit id>.step                a follower's step record (remotes/step_records.py)
     attic/<path>                          retired files moved out of the listing (``Backend.moves_retired``)
+    reflog/<seq>-<nonce>.json|.ok         a Storage Bucket's ref log (remotes/bucket.py: its refs' compare-and-swap)
     packs/pack-<hex>.idx                  format 1: a pack's index
     objects/commits/<2 hex>/<id>          format 1: immutable commit objects (canonical bytes)
     objects/trees/<2 hex>/<id>            format 1: immutable tree objects
@@ -26,12 +27,11 @@ import time
 
 from .. import ids
 from ..errors import RemoteError
-from ..store.refs import check_ref_name
+from ..store.refs import REFS, check_ref_name
 
 FORMAT = 1
 MARKER = "wvc.json"
 BASE_RECORD = "base.json"
-REFS = "refs/"
 PACKS, CATALOGS, RETIRED, PRUNED, STEPS, OBJECTS = "packs/", "catalogs/", "retired/", "pruned/", "steps/", "objects/"
 # Where a backend that can move files keeps what compaction (or gc, or prune) replaced while it
 # waits out the grace period, and the retired/ record naming it once every file moved: out of
@@ -39,6 +39,7 @@ PACKS, CATALOGS, RETIRED, PRUNED, STEPS, OBJECTS = "packs/", "catalogs/", "retir
 # not every segment and record of the last hour. A reader that listed such a file before it
 # moved reads it here instead.
 ATTIC = "attic/"
+REFLOG = "reflog/"  # a Storage Bucket has no commits: its refs move through a log (remotes/bucket.py)
 MOVABLE = (PACKS, CATALOGS, PRUNED, RETIRED)
 # Folders a backend that lists folder by folder (a directory) lists; the rest are read by name.
 LISTED_FOLDERS = (PACKS, CATALOGS, RETIRED, PRUNED, STEPS)

@@ -20,7 +20,7 @@ from pathlib import Path
 from ..errors import RemoteFileTooLarge
 from ..fsutil import TEMP_PREFIX, atomic_write, atomic_writer, file_mode, fsync_dir, validate_relpath
 from .interface import Listing, Backend, RemoteChanged, RemoteError, content_size, local_write_errors, upload_progress
-from .layout import (LISTED_FOLDERS, MAX_REF_BYTES, WVC_TOP, attic_path, check_ref_count, movable,
+from .layout import (LISTED_FOLDERS, MAX_REF_BYTES, REFS, WVC_TOP, attic_path, check_ref_count, movable,
                      parse_refs)
 
 LOCK = "refs.lock"
@@ -88,7 +88,7 @@ class PathBackend(Backend):
         refs_dir = self.root / "refs"
         if refs_dir.is_dir():
             found = [p for p in refs_dir.rglob("*") if not p.name.startswith(TEMP_PREFIX)]
-            check_ref_count(self.url, [f"refs/{i}" for i, p in enumerate(found) if not p.is_dir()])
+            check_ref_count(self.url, [f"{REFS}{i}" for i, p in enumerate(found) if not p.is_dir()])
             for p in found:
                 # a pusher's ref being written is a temp file until its rename: not a ref
                 if p.is_file() and not p.is_symlink():

@@ -35,7 +35,8 @@ from . import compaction
 from .catalog import MAX_CATALOG_BYTES, Catalog, catalog_name, parse_catalog, segment_size
 from . import layout
 from .interface import MAX_BASE_RECORD, MAX_PACK_BYTES, MAX_PRUNED_RECORD, MAX_SMALL_OBJECT, Backend, Listing, not_a_wvc_remote
-from .layout import BASE_RECORD, catalog_path, commit_path, movable, pack_path, retired_path, pruned_path, step_path, tree_path
+from .layout import (BASE_RECORD, catalog_path, commit_of_step_path, commit_path, movable, new_record_name, pack_path,
+                     retired_path, pruned_path, step_path, tree_path)
 
 log = logging.getLogger(__name__)
 
@@ -257,6 +258,26 @@ def _a_wvc_remote(backend: Backend, listing: Listing, create: bool) -> Listing:
     return listing
 
 
+def read_branch_tip(backend: Backend, branch: str) -> str | None:
+    """The commit ``branch`` points at on the remote, read with one small request and
+    validated, not pinned to a listing (a follower's poll, a trainer's check before it
+    pushes); None when there is no such branch."""
+    from ..store.refs import HEADS
+
+    return backend.read_ref(HEADS + branch)
+
+
+def holds_a_wvc_remote(paths) -> bool:
+    """Whether a listing of files (a Hub repository's, say) holds any wvc remote state: a
+    repository to clone, not a model's files."""
+    return layout.is_wvc_layout(paths)
+
+
+def is_directory_remote(root: Path) -> bool:
+    """Whether the directory ``root`` is a wvc remote (its marker file is there)."""
+    return (root / layout.MARKER).is_file()
+
+
 class RemoteRepository:
     """One remote, as wvc's format sees it, pinned to one listing (``state``).
 
@@ -404,6 +425,11 @@ class RemoteRepository:
             return found[1].base if found is not None else None
 
         return close_over_bases(objects, base_of)
+
+    def step_records(self) -> dict[str, str]:
+        """Every listed step record (remotes/step_records.py), by the commit it leads to:
+        commit id -> its file (what ``rewrite`` and ``publish`` take as ``replaced``)."""
+        return {c: p for p in self.state.files if (c := commit_of_step_path(p)) is not None}
 
     def has_file(self, path: str) -> bool:
         """Whether the pinned listing holds ``path``."""
@@ -565,14 +591,20 @@ class RemoteRepository:
         return locate
 
     def rewrite(self, dropped: list[Segment], kept: list[Segment], message: str, work_dir: Path, progress=None, *,
-                extra: dict[str, bytes] | None = None, replaced=()) -> None:
+                pruned: set[str] | None = None, replaced=()) -> None:
         """Replace ``dropped`` segments by one holding ``kept`` (segments cut down to what
         stays: Segment.only), refs unchanged, by compare-and-swap (``gc --remote``, ``prune
-        --remote``, which adds its pruned/ record in ``extra`` and replaces the old ones)."""
+        --remote``). ``pruned``: every commit whose weights the remote no longer holds (prune):
+        one new pruned/ record lists them all and replaces the records read."""
+        from ..model.versions import canonical_json
         from ..progress import NULL
 
         progress = progress or NULL
-        files: dict[str, Path | bytes] = dict(extra or {})
+        files: dict[str, Path | bytes] = {}
+        replaced = list(replaced)
+        if pruned is not None:
+            files[pruned_path(new_record_name())] = canonical_json({"commits": sorted(pruned)})
+            replaced += [pruned_path(r) for r in self.state.pruned]
         if kept:
             progress.start(len(kept), "rewriting remote packs", unit="segments")
             pack_file, catalog, recipe = compaction.merge_segments(self.download_pack, kept, None, Catalog(None), work_dir)
@@ -584,7 +616,7 @@ class RemoteRepository:
                 files[pack_path(catalog.pack)] = pack_file
             data = catalog.to_bytes()
             files[catalog_path(catalog_name(data))] = data
-        self.publish(files, {}, message, replaced=[f for seg in dropped for f in seg.files] + list(replaced))
+        self.publish(files, {}, message, replaced=[f for seg in dropped for f in seg.files] + replaced)
 
     def publish(self, files: dict[str, Path | bytes], refs: dict[str, str | None], message: str, *,
                 replaced=(), progress=None) -> None:

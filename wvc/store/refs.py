@@ -15,15 +15,16 @@ from ..errors import ConcurrentUpdate, InvalidRefName
 from . import config_keys
 from .database import Database
 
-HEADS = "refs/heads/"
-TAGS = "refs/tags/"
-REMOTES = "refs/remotes/"  # refs/remotes/<remote>/<branch>: remote-tracking branches
+REFS = "refs/"  # every ref (a remote keeps its refs under the same names: remotes/layout.py)
+HEADS = REFS + "heads/"
+TAGS = REFS + "tags/"
+REMOTES = REFS + "remotes/"  # refs/remotes/<remote>/<branch>: remote-tracking branches
 _BAD_CHARS = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]")
 
 
 def short_ref(ref: str) -> str:
     """A ref as people name it: ``main`` for a branch, ``tags/v1`` for a tag, ``remotes/origin/main``."""
-    return ref.removeprefix("refs/").removeprefix("heads/")
+    return ref.removeprefix(REFS).removeprefix("heads/")
 
 
 def check_ref_name(name: str, what: str = "branch") -> str:
@@ -115,9 +116,9 @@ class Refs:
     def reflog_name(self, name: str) -> str:
         """The full ref whose reflog ``name`` means: HEAD, a full ref name, else the branch,
         tag or remote-tracking ref of that name (a deleted branch's: refs/heads/NAME)."""
-        if name == config_keys.HEAD or name.startswith("refs/"):
+        if name == config_keys.HEAD or name.startswith(REFS):
             return name
-        return next((p + name for p in (HEADS, TAGS, "refs/remotes/") if self.get(p + name) is not None),
+        return next((p + name for p in (HEADS, TAGS, REMOTES) if self.get(p + name) is not None),
                     HEADS + name)
 
     def reflog(self, ref: str, limit: int | None = None) -> list[ReflogEntry]:

@@ -9,7 +9,7 @@ from typing import Callable
 from .. import ids
 from ..errors import RevisionNotFound
 from .graph import CommitGraph
-from .refs import HEADS, REMOTES, TAGS, Refs
+from .refs import HEADS, REFS, REMOTES, TAGS, Refs
 
 _SUFFIX = re.compile(r"(~\d*|\^\d*)$")
 _REFLOG = re.compile(r"^(.*)@\{(\d{1,9})\}$")
@@ -70,7 +70,7 @@ def _resolve_root(refs: Refs, graph: CommitGraph, root: str, rev: str) -> str:
             raise RevisionNotFound("HEAD has no commits yet")
         return head
     for prefix in (HEADS, TAGS, REMOTES, ""):  # "": a full ref name (refs/heads/main)
-        target = refs.get(prefix + root) if prefix or root.startswith("refs/") else None
+        target = refs.get(prefix + root) if prefix or root.startswith(REFS) else None
         if target is not None:
             return target
     if re.fullmatch(r"[0-9a-f]+", root) and MIN_PREFIX <= len(root) <= ids.ID_HEX_LEN:

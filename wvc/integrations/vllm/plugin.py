@@ -396,10 +396,10 @@ def _unreadable(remote: str) -> str | None:
 def _branch_tip(remote: str, branch: str) -> str | None:
     from ...errors import RemoteNotFound
     from ...remotes import open_backend
-    from ...store.refs import HEADS
+    from ...remotes.repository import read_branch_tip
 
     try:
-        return open_backend(remote).read_ref(HEADS + branch)
+        return read_branch_tip(open_backend(remote), branch)
     except RemoteNotFound:
         return None
 
