@@ -7,13 +7,9 @@ from __future__ import annotations
 import logging
 import weakref
 
+from .shared_names import LOADED_COMMIT, PREFETCH, PREFETCHING, REMOTE_ENV, UNUSABLE
+
 BACKEND = "wvc"
-REMOTE_ENV = "WVC_VLLM_REMOTE"  # the remote a server follows, set by whoever starts it (transfer.followed)
-BRANCH_ENV = "WVC_VLLM_BRANCH"  # its branch; unset: the one init names (default main)
-LOADED_COMMIT = "wvc_loaded_commit"  # (transfer.py adds these to vLLM's workers; not imported here: it imports vLLM's worker side)
-UNUSABLE = "wvc_unusable"
-PREFETCH = "wvc_prefetch"  # start fetching the next version while serving
-PREFETCHING = "wvc_prefetching"  # whether that fetch still runs
 
 
 _extended = False  # vLLM's classes extended in this process (a plugin may be loaded more than once)

@@ -34,7 +34,7 @@ from vllm.distributed.weight_transfer.base import WeightTransferEngine, WeightTr
 
 from ...errors import TransferNotInitialized, WvcError
 from .engine_weights import EngineWeights
-from .plugin import BRANCH_ENV, LOADED_COMMIT, PREFETCH, PREFETCHING, REMOTE_ENV, UNUSABLE
+from .shared_names import BRANCH_ENV, LOADED_COMMIT, PREFETCH, PREFETCHING, REMOTE_ENV, UNUSABLE
 from .session import EngineFollower
 
 

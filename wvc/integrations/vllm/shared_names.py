@@ -1,0 +1,11 @@
+"""The names the engine side (plugin.py, loaded in every vLLM process) and the worker side
+(transfer.py, which imports vLLM's worker classes) both use: kept apart so that neither
+imports the other for them."""
+
+REMOTE_ENV = "WVC_VLLM_REMOTE"  # the remote a server follows, set by whoever starts it (transfer.followed)
+BRANCH_ENV = "WVC_VLLM_BRANCH"  # its branch; unset: the one init names (default main)
+# worker methods transfer.py adds to vLLM's workers, which the plugin calls by name (collective_rpc)
+LOADED_COMMIT = "wvc_loaded_commit"
+UNUSABLE = "wvc_unusable"
+PREFETCH = "wvc_prefetch"  # start fetching the next version while serving
+PREFETCHING = "wvc_prefetching"  # whether that fetch still runs
