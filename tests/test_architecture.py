@@ -301,7 +301,7 @@ def _picks_a_url_apart(node) -> bool:
 
 
 def test_remote_urls_are_parsed_in_one_module():
-    """Issue 67: two hf:// parsers with different rules (basemodel/record.py, remotes/hub.py) and
+    """Issue 67: two hf:// parsers with different rules (basemodel/base_ref.py, remotes/hub.py) and
     three more places picking URLs apart; remotes/urls.py is the one parser now."""
     found = []
     for path in SOURCES:

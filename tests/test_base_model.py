@@ -317,7 +317,7 @@ def test_a_remote_never_chooses_a_local_directory_to_read(tmp_path):
     import sys
 
     import wvc
-    from wvc.basemodel.record import base_commit
+    from wvc.basemodel.base_ref import base_commit
 
     base_folder, repo, remote = pushed_on_dir_base(tmp_path)
     tip = repo.head()

@@ -188,9 +188,9 @@ def test_a_file_replaced_between_header_and_data_is_committed_as_one_version(tmp
     replacement = tmp_path / "new.safetensors"
     save_file({"w": torch.ones(512, dtype=torch.bfloat16)}, str(replacement))
     assert replacement.stat().st_size == path.stat().st_size  # same size: only the bytes tell
-    import wvc.worktree.snapshot as snapshot
+    import wvc.worktree.chunking as chunking
 
-    real, calls = snapshot.st.read_header, []
+    real, calls = chunking.st.read_header, []
 
     def read_then_replace(*a, **k):
         header = real(*a, **k)
@@ -199,7 +199,7 @@ def test_a_file_replaced_between_header_and_data_is_committed_as_one_version(tmp
         calls.append(1)
         return header
 
-    monkeypatch.setattr(snapshot.st, "read_header", read_then_replace)
+    monkeypatch.setattr(chunking.st, "read_header", read_then_replace)
     new_bytes = Path(str(replacement)).read_bytes() if replacement.exists() else None
     repo.commit("c")
     out = tmp_path / "out"

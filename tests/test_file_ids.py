@@ -125,7 +125,7 @@ def test_a_format_1_file_hash_that_does_not_match_the_bytes_fails_checkout(small
 def test_a_base_recorded_in_tree_format_1_still_attaches_and_a_changed_one_is_refused(tmp_path):
     from tests.test_base_model import make_base
     from wvc.basemodel.setup import set_base
-    from wvc.basemodel.record import BaseRef, base_commit
+    from wvc.basemodel.base_ref import BaseRef, base_commit
     from wvc.errors import BaseModelError as BaseError
 
     base_folder = tmp_path / "base"

@@ -120,11 +120,11 @@ def test_unchanged_shards_are_not_reread_on_commit(repo, monkeypatch):
     repo.commit("one")
     repo.status()
     save_file({"w": torch.randn(256)}, str(repo.root / "s1.safetensors"))
-    import wvc.worktree.snapshot as snap
+    import wvc.worktree.chunking as chunking
 
     read = []
-    real = snap.Snapshotter._safetensors_file
-    monkeypatch.setattr(snap.Snapshotter, "_safetensors_file", lambda self, path, *a: read.append(path) or real(self, path, *a))
+    real = chunking.TreeBuilder._safetensors_file
+    monkeypatch.setattr(chunking.TreeBuilder, "_safetensors_file", lambda self, path, *a: read.append(path) or real(self, path, *a))
     repo.commit("two")
     assert read == ["s1.safetensors"]
 

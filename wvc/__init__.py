@@ -30,7 +30,7 @@ def __getattr__(name: str):
 
         return follow
     if name == "TensorStream":  # repo.commit(msg, TensorStream(pairs)): tensors one at a time
-        from .worktree.snapshot import TensorStream
+        from .worktree.chunking import TensorStream
 
         return TensorStream
     if name == "snapshot_download":  # a version as a plain directory, for from_pretrained

@@ -14,7 +14,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .basemodel.record import BaseRef, current
+from .basemodel.base_ref import BaseRef, current
 from . import ids
 from .errors import FormatError, InvalidArgument, NotARepository, RepositoryExists, VersionPruned
 from .fsutil import file_lock, fsync_dir, umask

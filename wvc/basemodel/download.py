@@ -9,7 +9,7 @@ from pathlib import Path
 from .. import settings
 from ..errors import BaseModelError, RemoteError
 from ..progress import NULL, Progress
-from .record import HUB_SCHEME, parse_hub
+from .base_ref import HUB_SCHEME, parse_hub
 
 # Weight formats that duplicate the safetensors weights of most Hub repos (and are pickle,
 # which wvc never reads): skipped when the repo has safetensors, so the base costs one copy.

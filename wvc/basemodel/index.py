@@ -8,7 +8,7 @@ from .. import ids
 from ..model.chunk_spans import file_chunks
 from ..model.versions import Tree
 from ..progress import NULL, Progress
-from ..worktree.snapshot import Snapshotter
+from ..worktree.chunking import TreeBuilder
 
 
 class _NoStatCache:
@@ -35,7 +35,7 @@ class _LocationRecorder:
 def index(root: Path, paths: list[str], chunk_bytes: int, progress: Progress = NULL):
     """(tree, {chunk id: (path, offset, length)}) of the files ``paths`` under ``root``."""
     recorder = _LocationRecorder()
-    tree = Snapshotter(recorder, None, chunk_bytes, progress, recorder.locate).directory(root, sorted(paths),
+    tree = TreeBuilder(recorder, None, chunk_bytes, progress, recorder.locate).directory(root, sorted(paths),
                                                                                      _NoStatCache())
     return tree, recorder.locations
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import ids
 from .setup import set_base
-from .record import base_commit, parse_base_json
+from .base_ref import base_commit, parse_base_json
 from ..errors import BaseModelError, RemoteError
 from ..progress import Progress
 

@@ -9,7 +9,7 @@ from ..errors import BaseModelError, CorruptObject, RemoteError
 from ..model.versions import Tree
 from .download import hub_cache_dir
 from .index import chunk_locations
-from .record import BaseRef, parse_hub
+from .base_ref import BaseRef, parse_hub
 
 
 class RemoteBaseChunks:

@@ -17,7 +17,7 @@ from ..remotes.repository import is_directory_remote
 from ..store.refs import HEADS
 from .download import download_hub
 from .index import chunk_locations, index
-from .record import HUB_SCHEME, BaseRef, base_commit, current
+from .base_ref import HUB_SCHEME, BaseRef, base_commit, current
 
 
 def _regular_file(root: Path, relpath: str) -> bool:

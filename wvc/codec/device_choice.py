@@ -104,7 +104,7 @@ def _trial(device: str, location: str):
     from .device_copy import DeviceCopies
     from .batched import DeviceChunk, encode_on_device
 
-    def run():  # what Snapshotter._device_tensors and ChunkWriter.put_device_batch do
+    def run():  # what TreeBuilder._device_tensors and ChunkWriter.put_device_batch do
         copies = DeviceCopies(where)
         if location == "device":
             flat = source.view(torch.uint8)

@@ -49,7 +49,7 @@ from ..model.versions import Commit, FileEntry, Tree, check_metadata
 from ..ops.commit import default_author
 from ..progress import NULL
 from ..remotes.urls import local_repository
-from ..worktree.snapshot import Snapshotter
+from ..worktree.chunking import TreeBuilder
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ class WvcStorageWriter(StorageWriter):
             blobs = [i for i in items if i.type == WriteItemType.BYTE_IO]
             results, files = [], []
             with repo.chunk_writer(device=commit_device(self.device), max_chain=repo.max_chain) as writer:
-                snap = Snapshotter(writer, parent_tree, chunk_bytes, NULL)
+                snap = TreeBuilder(writer, parent_tree, chunk_bytes, NULL)
                 if tensors:
                     entry, names = _write_tensors(snap, path, tensors, planner)
                     files.append(entry)
@@ -159,7 +159,7 @@ def _nbytes(item) -> int:
     return math.prod(item.tensor_data.chunk.sizes) * by_torch_dtype(item.tensor_data.properties.dtype).width
 
 
-def _write_tensors(snap: Snapshotter, path: str, items, planner) -> tuple[FileEntry, list[str]]:
+def _write_tensors(snap: TreeBuilder, path: str, items, planner) -> tuple[FileEntry, list[str]]:
     """This rank's shards as one safetensors file entry (nothing written but chunks): each
     shard a tensor named ``<fqn>@<offsets>``, so the parent's same shard is its delta base."""
     data = {dcp_tree.shard_name(item.index.fqn, item.tensor_data.chunk.offsets): planner.resolve_data(item)

@@ -60,7 +60,7 @@ from ..remotes.repository import read_branch_tip
 from .publisher import KEEP_BYTES, PERIODIC_DEAD_SHARE
 from . import trl_hooks
 from .sync_queue import SyncQueue
-from ..worktree.snapshot import TensorStream
+from ..worktree.chunking import TensorStream
 from .vllm.server_client import ServerError, VllmServer
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ of its tree entry covers.
   covers the same elements, so it lines up with chunk *i* of the same tensor in the parent
   commit, which is what makes per-chunk deltas work.
 
-Writers (worktree/snapshot.py, integrations/dcp.py), readers that rebuild files or tensors
+Writers (worktree/chunking.py, integrations/dcp.py), readers that rebuild files or tensors
 (worktree/materialize.py, read/follower.py), the working-tree hash (worktree/scan.py) and a base model's
 index (basemodel/index.py) all cut files through these functions.
 """

@@ -26,7 +26,7 @@ from ..store.config_keys import MERGE_HEAD, MERGE_RECIPE
 from ..store.refs import HEADS
 from ..worktree.refresh import SourceCopies, StateDictSource, refresh_worktree
 from ..worktree.scan import StatCache, scan
-from ..worktree.snapshot import STATE_DICT_PATH, Snapshotter, TensorStream
+from ..worktree.chunking import STATE_DICT_PATH, TreeBuilder, TensorStream
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +170,7 @@ def _commit(repo, message, source, *, author, metadata, allow_empty, device, sta
     copies = held.enter_context(SourceCopies(repo.root)) \
         if root not in (None, repo.root) and (branch is None or branch == repo.refs.head_branch()) else None
     with repo.store.writer(device=commit_device(device, data_location(source)), max_chain=repo.max_chain) as writer:
-        snap = Snapshotter(writer, parent_tree, chunk_bytes, progress, tee=copies)
+        snap = TreeBuilder(writer, parent_tree, chunk_bytes, progress, tee=copies)
         if isinstance(source, TensorStream):
             if parent_tree is None:
                 raise InvalidArgument("a streamed commit needs a parent version: its files say where each tensor goes")

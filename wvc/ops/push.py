@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import ids
-from ..basemodel.record import base_json
+from ..basemodel.base_ref import base_json
 from ..errors import DetachedHead, NonFastForward, RevisionNotFound, VersionPruned
 from ..fsutil import sweep_work_dirs, work_dir
 from ..progress import NULL, Progress

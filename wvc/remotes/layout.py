@@ -1,7 +1,7 @@
 """The layout map: every path of a remote is built and recognised here, and nowhere else.
 
     wvc.json                              {"format": 1} (the marker)
-    base.json                             the base model, if any: {"url", "tree", "commit"} (basemodel/record.py)
+    base.json                             the base model, if any: {"url", "tree", "commit"} (basemodel/base_ref.py)
     refs/heads/<branch>, refs/tags/<tag>  the only mutable files: a commit id and a newline
     packs/pack-<hex>.pack                 immutable packs (store/packs.py), named by checksum
     catalogs/<hex>.cat                    format 2: a segment's catalog (remotes/catalog.py)

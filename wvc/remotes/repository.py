@@ -212,7 +212,7 @@ class RemoteState(Listing):
     """A listing as the remote repository reads it (``RemoteRepository.open``): its files
     sorted by kind (``layout.sorted_listing``) and the base record."""
     packs: list[str] = field(default_factory=list)  # names of packs with a format-1 .idx
-    base: bytes | None = None  # base.json as stored (untrusted: basemodel/record.py parses it)
+    base: bytes | None = None  # base.json as stored (untrusted: basemodel/base_ref.py parses it)
     catalogs: list[str] = field(default_factory=list)  # format 2: one a segment (remotes/catalog.py)
     retired: list[str] = field(default_factory=list)  # retired/ records: files compaction replaced
     pruned: list[str] = field(default_factory=list)  # pruned/ records: commits whose weights `prune --remote` dropped
@@ -309,7 +309,7 @@ class RemoteRepository:
 
     @property
     def base_record(self) -> bytes | None:
-        """base.json as stored (untrusted: basemodel/record.py parses it)."""
+        """base.json as stored (untrusted: basemodel/base_ref.py parses it)."""
         return self.state.base
 
     @property

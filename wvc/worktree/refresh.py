@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 class SourceCopies:
     """The files a commit from another directory reads, written as it reads them (the
-    Snapshotter's ``tee``) into claimed temp files in the working tree ``root``: the very
+    TreeBuilder's ``tee``) into claimed temp files in the working tree ``root``: the very
     bytes whose hashes the commit records, so the refresh renames them into place with no
     copy and no check to make (a copy of the source after the commit would need a check, as
     the source may have changed since). A file without one (a `gc --grace 0` removed it,

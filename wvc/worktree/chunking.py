@@ -1,4 +1,4 @@
-"""Snapshot: turn a working tree (or an in-memory state dict) into a Tree of chunks.
+"""Chunking: turn a working tree (or an in-memory state dict) into a Tree of chunks.
 
 Streaming: one chunk is in memory at a time (plus its base), whatever the model size.
 Each tensor chunk is offered to the store with the id of the same chunk of the same
@@ -65,7 +65,7 @@ def _base(chunks: tuple[str, ...] | None, i: int) -> str | None:
     return chunks[i] if chunks and i < len(chunks) else None
 
 
-class Snapshotter:
+class TreeBuilder:
     def __init__(self, writer: ChunkWriter, parent: Tree | None, chunk_bytes: int, progress: Progress,
                  located=None, tee=None):
         """``located(chunk id, (path, offset), length)``, if given, hears where each chunk read

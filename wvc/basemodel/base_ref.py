@@ -1,4 +1,4 @@
-"""The base record: which model a history starts from, referenced and never stored.
+"""The base model a history starts from (``BaseRef``), referenced and never stored.
 
 ``hf://org/name@<sha>`` (a Hub repo pinned to a commit) or an absolute directory, with the
 id of the tree its files give and of the root commit that holds that tree. A repository
