@@ -173,7 +173,8 @@ def test_a_push_killed_at_any_request_leaves_the_bucket_readable_and_the_next_pu
 def _counting_confirmations(url: str) -> dict[int, list[str]]:
     """seq -> the entries whose confirmation counts, as every reader computes them."""
     from wvc.remotes import open_backend
-    from wvc.remotes.bucket import REFLOG, _seq
+    from wvc.remotes.bucket import _seq
+    from wvc.remotes.layout import REFLOG
 
     remote = open_backend(url)
     _, confirmed = remote._log(remote._list(REFLOG))

@@ -35,11 +35,12 @@ def download_hub(url: str, paths: list[str] | None = None, progress: Progress = 
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
-    from ..remotes.hub import HubBackend, hub_errors
+    from ..remotes import hub_model_files
+    from ..remotes.hub import hub_errors
     from ..remotes.repository import holds_a_wvc_remote
 
     repo_id, rev = parse_hub(url)
-    remote = HubBackend(repo_id)
+    remote = hub_model_files(repo_id)
     cache_dir = hub_cache_dir()
     sha = rev if re.fullmatch(r"[0-9a-f]{40}", rev) else None
     offline = settings.hf_offline()

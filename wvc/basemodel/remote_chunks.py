@@ -50,11 +50,11 @@ class RemoteBaseChunks:
                 fh.seek(offset)
                 raw = fh.read(length)
         elif self.base.is_hub:
-            from ..remotes.hub import HubBackend
+            from ..remotes import hub_model_files
 
             if self.hub is None:
                 repo_id, sha = parse_hub(self.base.url, need_sha=True)
-                self.hub = HubBackend(repo_id, sha=sha)
+                self.hub = hub_model_files(repo_id, sha)
             try:
                 raw = self.hub.read_range(path, offset, length)
             except RemoteError as exc:

@@ -124,8 +124,8 @@ def push(repo, remote_name: str = "origin", branch: str | None = None, *, force:
                 repo.refs.set(tracking, target, repo.refs.get(tracking), f"push to {remote_name}")
     forced = any(state.refs.get(r) is not None and not graph.is_ancestor(state.refs[r], t) for r, t in updates.items())
     return PushResult(remote_name, name, old, local or "", len(new_commits), len(wanted),
-                      remote.backend.bytes_uploaded, force and forced, logical, replaced,
-                      sorted(r for r in updates if r.startswith(TAGS)), remote.backend.bytes_copied, base)
+                      remote.uploaded_bytes, force and forced, logical, replaced,
+                      sorted(r for r in updates if r.startswith(TAGS)), remote.copied_bytes, base)
 
 
 def delete_remote_ref(repo, remote_name: str, name: str) -> dict:

@@ -52,16 +52,13 @@ def remote_gc(repo, remote_name: str, *, dry_run: bool = False, progress: Progre
     stale = [p for c, p in remote.step_records().items() if rewriting or c not in live_commits]
     if dry_run:
         return result
-    atomic = remote.backend.deletes_atomically  # (the Hub: in the rewrite's commit; elsewhere at once)
-    if rewriting:
+    if rewriting:  # (the stale records go with the rewrite: in its commit on the Hub, elsewhere right after)
         with tempfile.TemporaryDirectory(prefix="wvc-remote-gc-", dir=repo.wvc_dir) as tmp:
             remote.rewrite(cut.dead + cut.partial, cut.kept(live_objects, live_commits, live_trees),
                            f"wvc gc: {cut.objects_removed} objects, {cut.commits_removed} commits removed", Path(tmp),
-                           progress, replaced=stale if atomic else ())
-    elif stale and atomic:
-        remote.publish({}, {}, f"wvc gc: {len(stale)} step records of unreachable commits", replaced=stale)
-    if stale and not atomic:
-        remote.backend.delete(stale)
+                           progress, step_records=stale)
+    else:
+        remote.delete_step_records(stale)
     return result
 
 

@@ -31,7 +31,6 @@ from .tensors import tensor_from_chunks
 from ..remotes import open_backend
 from ..remotes.urls import HF, local_path, local_repository
 from ..remotes.repository import RemoteRepository
-from ..remotes.downloads import RemoteChunks
 
 
 class VersionView:
@@ -44,7 +43,7 @@ class VersionView:
     def __init__(self, commit_id: str, tree: Tree, chunk_source):
         self.commit = commit_id
         self.tree = tree
-        self.chunk_source = chunk_source  # id -> verified bytes (a store's get, or transfer.RemoteChunks)
+        self.chunk_source = chunk_source  # id -> verified bytes (a store's get, or remotes/downloads.RemoteChunks)
         self._get = chunk_source
         self.files = [f.path for f in tree.files]
         self._entries = {t.name: t for f in tree.files for t in f.tensors}
@@ -104,7 +103,7 @@ def open_remote_version(url: str, rev: str, cache_dir: Path | None = None, *, ba
                         keep_keyframe=None) -> VersionView:
     """``cache_dir``: where the remote's immutable catalogs are kept once read (a follower
     polling a remote reads each catalog once). ``held`` and ``keep_keyframe``: a follower's
-    chunks in hand and where it keeps keyframes (transfer.RemoteChunks)."""
+    chunks in hand and where it keeps keyframes (remotes/downloads.RemoteChunks)."""
     remote = RemoteRepository.open(open_backend(url), cache_dir)
 
     def read_commit(commit_id: str):
@@ -133,7 +132,7 @@ def open_remote_version(url: str, rev: str, cache_dir: Path | None = None, *, ba
     if (base := remote_base(remote.base_record, url)) is not None:
         base_tree = tree if base.tree == commit.tree else remote.tree(base.tree)
         base_chunks = RemoteBaseChunks(base, base_tree, base_directory(base, url, base_dir))
-    chunks = RemoteChunks(remote.backend, remote.index, base_chunks, held=held, keep_keyframe=keep_keyframe)
+    chunks = remote.chunks(base_chunks, held=held, keep_keyframe=keep_keyframe)
     return VersionView(commit_id, tree, chunks)
 
 

@@ -8,30 +8,40 @@ chunks on first use. The verbs (push, fetch, pull, clone) are in ``wvc.ops``."""
 from __future__ import annotations
 
 from ..store import config_keys
+from .layout import LAYOUT
 from .urls import local_path, parse
 
-__all__ = ["open_backend", "local_path", "remote_url", "lazy_remote_name"]
+__all__ = ["open_backend", "hub_model_files", "local_path", "remote_url", "lazy_remote_name"]
 
 
 def open_backend(url: str):
     """The backend for ``url``: ``hf://user/repo``, ``hf://buckets/namespace/bucket[/prefix]``,
-    ``s3://bucket/prefix`` or a local path / ``file://`` URL (``urls.parse`` checks it)."""
+    ``s3://bucket/prefix`` or a local path / ``file://`` URL (``urls.parse`` checks it), given
+    the layout map it asks for the format's rules."""
     where = parse(url)
     if where.kind == "bucket":
         from .bucket import BucketBackend
 
-        return BucketBackend(where.repo_id, where.prefix)
+        return BucketBackend(where.repo_id, LAYOUT, where.prefix)
     if where.kind == "hub":
         from .hub import HubBackend
 
-        return HubBackend(where.repo_id, where.revision)
+        return HubBackend(where.repo_id, LAYOUT, where.revision)
     if where.kind == "s3":
         from .s3 import S3Backend, S3Location  # boto3: imported only when an s3 remote is used
 
-        return S3Backend(S3Location(where.repo_id, where.prefix))
+        return S3Backend(S3Location(where.repo_id, where.prefix), LAYOUT)
     from .path import PathBackend
 
-    return PathBackend(where.path)
+    return PathBackend(where.path, LAYOUT)
+
+
+def hub_model_files(repo_id: str, sha: str | None = None):
+    """A Hub model repository's files (a base model's: read, never pushed to), pinned to the
+    commit ``sha`` when it is given."""
+    from .hub import HubBackend
+
+    return HubBackend(repo_id, LAYOUT, sha=sha)
 
 
 def remote_url(db, name: str) -> str:

@@ -42,7 +42,6 @@ from ..formats import bounded_json
 from .hub import HubBackend, RateLimited, RemoteFileNotFound, _transport_errors, backs_off, hub_errors
 from .interface import (Listing, RemoteChanged, RemoteError, content_size, retries_reads,
                         upload_progress)
-from .layout import REFLOG, parse_refs
 
 # seq: 12 digits or more (a remote may have written any number: the next one always matches)
 ENTRY = re.compile(r"(\d{12,})-([0-9a-f]{16})")
@@ -107,9 +106,10 @@ class ListedFile:
 class BucketBackend(HubBackend):
     deletes_atomically = False  # a batch is not a transaction: replaced files are retired, then deleted
 
-    def __init__(self, bucket_id: str, prefix: str = ""):
+    def __init__(self, bucket_id: str, layout, prefix: str = ""):
         from huggingface_hub import HfApi
 
+        self.layout = layout
         self.repo_id = bucket_id  # (HubBackend's reads use repo_id only through file_url)
         self.bucket_id, self.prefix = bucket_id, prefix.strip("/")
         self.revision, self.sha = None, None
@@ -190,9 +190,9 @@ class BucketBackend(HubBackend):
         half the lease of the ``.json`` (its own clock; see the module docstring)."""
         entries, oks = {}, {}
         for path, item in listing.items():
-            if not path.startswith(REFLOG):
+            if not path.startswith(self.layout.reflog):
                 continue
-            name, _, ext = path[len(REFLOG):].rpartition(".")
+            name, _, ext = path[len(self.layout.reflog):].rpartition(".")
             if not ENTRY.fullmatch(name):
                 continue
             if ext == "json":
@@ -214,7 +214,7 @@ class BucketBackend(HubBackend):
         tied = [n for n in confirmed if _seq(n) == top_seq]
         if len(tied) == 1:
             return tied[0]
-        oks = {n: _time(listing[f"{REFLOG}{n}.ok"].uploaded_at) for n in tied}
+        oks = {n: _time(listing[f"{self.layout.reflog}{n}.ok"].uploaded_at) for n in tied}
         chosen = min(tied, key=lambda n: (oks[n], n))
         log.warning("%s: %d ref updates were confirmed at entry %d; reading %s, the first confirmed (the others "
                     "are ignored, and the next push removes them)", self.url, len(tied), top_seq, chosen)
@@ -222,7 +222,7 @@ class BucketBackend(HubBackend):
 
     def _entry(self, name: str) -> dict[str, str]:
         """The refs a log entry holds, validated."""
-        data = self.read(f"{REFLOG}{name}.json", MAX_ENTRY_BYTES)
+        data = self.read(f"{self.layout.reflog}{name}.json", MAX_ENTRY_BYTES)
         if data is None:
             raise RemoteChanged(f"{self.url}: ref log entry {name} vanished while reading (tidied by a newer push); "
                                 "try again")
@@ -236,7 +236,7 @@ class BucketBackend(HubBackend):
             raise RemoteError(f"{self.url}: ref log entry {name} is malformed")
         if not all(isinstance(r, str) and isinstance(c, str) for r, c in refs.items()):
             raise RemoteError(f"{self.url}: ref log entry {name} is malformed")
-        return parse_refs({r: c.encode() for r, c in refs.items()})  # names and commit ids checked there
+        return self.layout.parse_refs({r: c.encode() for r, c in refs.items()})  # names and commit ids checked there
 
     # -- Backend -----------------------------------------------------------------------------------
     def make(self) -> None:
@@ -245,13 +245,13 @@ class BucketBackend(HubBackend):
 
     def listing(self) -> Listing:
         listing = self._list()
-        paths = [p for p in listing if not p.startswith(REFLOG)]
+        paths = [p for p in listing if not p.startswith(self.layout.reflog)]
         self.head = self._head(listing)
         refs = self._entry(self.head) if self.head else {}
         return Listing(refs, self.head or "", frozenset(paths))
 
     def read_ref(self, ref: str) -> str | None:
-        head = self._head(self._list(REFLOG))
+        head = self._head(self._list(self.layout.reflog))
         return self._entry(head).get(ref) if head else None
 
     def delete(self, paths) -> None:
@@ -284,8 +284,8 @@ class BucketBackend(HubBackend):
             name = f"{seq:012d}-{secrets.token_hex(8)}"
             body = json.dumps({"format": 1, "seq": seq, "prev": head, "refs": new_refs}, sort_keys=True).encode()
             proposed = time.monotonic()
-            self._batch(add=[(body, f"{REFLOG}{name}.json")])
-            listing = self._list(REFLOG)
+            self._batch(add=[(body, f"{self.layout.reflog}{name}.json")])
+            listing = self._list(self.layout.reflog)
             entries, confirmed = self._log(listing)
             mine = entries.get(name)
             if mine is None:
@@ -303,18 +303,18 @@ class BucketBackend(HubBackend):
                     self.head = name
                     self._tidy(*landed, name, now, stale)
                     return
-                retract = [f"{REFLOG}{name}.json"]  # did not count (landed late, or not at all): withdrawn
+                retract = [f"{self.layout.reflog}{name}.json"]  # did not count (landed late, or not at all): withdrawn
                 if ok_listed:
-                    retract.insert(0, f"{REFLOG}{name}.ok")
+                    retract.insert(0, f"{self.layout.reflog}{name}.ok")
             else:
-                retract = [f"{REFLOG}{name}.json"]
+                retract = [f"{self.layout.reflog}{name}.json"]
             self._batch(delete=[self._key(p) for p in retract])
             attempt += 1
             if wait:  # rate-limited: wait what the bucket asked, and allow for it
                 time.sleep(wait)
                 deadline += wait
             time.sleep(random.uniform(0.02, 0.1) * min(2 ** attempt, 16))
-            listing = self._list(REFLOG)
+            listing = self._list(self.layout.reflog)
             now_head = self._head(listing)
             if now_head != head:
                 theirs = self._entry(now_head) if now_head else {}
@@ -338,20 +338,20 @@ class BucketBackend(HubBackend):
         fate (refused, failed, answered late), the listing after it says what counts."""
         wait = 0.0
         try:
-            self._send_once({"type": "copyFile", "path": self._key(f"{REFLOG}{name}.ok"), "xetHash": mine.xet_hash,
+            self._send_once({"type": "copyFile", "path": self._key(f"{self.layout.reflog}{name}.ok"), "xetHash": mine.xet_hash,
                              "mtime": int(time.time() * 1000), "sourceRepoType": "bucket",
                              "sourceRepoId": self.bucket_id})
         except RateLimited as exc:
             wait = exc.retry_after if exc.retry_after is not None else 1.0
         except (RemoteError, *_transport_errors()) as exc:  # (perhaps applied: the listing tells)
             log.debug("bucket %s: confirm answered %s; the next listing tells whether it landed", self.url, exc)
-        listing = self._list(REFLOG)
+        listing = self._list(self.layout.reflog)
         entries, confirmed = self._log(listing)
         # (another counting entry at this seq or later cannot come of the protocol; if a
         # bucket holds one anyway, this one is withdrawn rather than doubled)
         alone = not any(n != name and _seq(n) >= _seq(name) for n in confirmed)
         return (((entries, confirmed) if name in confirmed and alone else None), min(wait, 60.0),
-                f"{REFLOG}{name}.ok" in listing)
+                f"{self.layout.reflog}{name}.ok" in listing)
 
     def _tidy(self, entries: dict, confirmed: set, head: str, now: float, stale: float) -> None:
         """Delete log entries no reader needs: confirmed ones far behind the head, and crashed
@@ -362,7 +362,7 @@ class BucketBackend(HubBackend):
                  and now - _time(entries[n].uploaded_at) > stale]
         if not drop:
             return
-        paths = [self._key(f"{REFLOG}{n}.{ext}") for n in drop for ext in ("ok", "json")]
+        paths = [self._key(f"{self.layout.reflog}{n}.{ext}") for n in drop for ext in ("ok", "json")]
         try:
             self._batch(delete=paths)
         except RemoteError as exc:

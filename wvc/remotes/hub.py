@@ -20,7 +20,6 @@ from ..errors import RemoteFileTooLarge, RemoteNotFound, WvcError
 from ..store.refs import HEADS
 from .interface import (Listing, Backend, RemoteChanged, RemoteError, TransientError, content_size, local_write_errors,
                         retries_reads, upload_progress)
-from .layout import check_ref_count, parse_refs
 
 HUB_BRANCH = "main"
 
@@ -158,14 +157,14 @@ def hub_errors(what: str):
 class HubBackend(Backend):
     deletes_atomically = True  # one create_commit adds and deletes; readers pinned to a sha keep theirs
 
-    def __init__(self, repo_id: str, revision: str | None = None, sha: str | None = None):
+    def __init__(self, repo_id: str, layout, revision: str | None = None, sha: str | None = None):
 
         from huggingface_hub import HfApi
 
         # Nothing process-wide is changed here (progress bars, Xet): a training script that
         # pushes through wvc keeps its own huggingface_hub settings. The endpoint is read
         # per remote, so one set after huggingface_hub was imported still counts.
-        self.repo_id = repo_id
+        self.repo_id, self.layout = repo_id, layout
         self.revision = revision  # hf://org/name@rev: read as of that Hub revision; never pushed to
         if revision is not None:
             self.read_only = (f"hf://{repo_id}@{revision} is pinned to a revision: it can be read, not pushed to "
@@ -186,7 +185,7 @@ class HubBackend(Backend):
             listed = [f for f in self.api.list_repo_tree(self.repo_id, recursive=True, revision=self.sha)
                       if isinstance(f, RepoFile)]
         paths = [f.path for f in listed]
-        refs = parse_refs({p: self.read(p, 256) or b"" for p in check_ref_count(self.url, paths)})
+        refs = self.layout.parse_refs({p: self.read(p, 256) or b"" for p in self.layout.check_ref_count(self.url, paths)})
         card = {CARD: f.blob_id for f in listed if f.path == CARD and f.blob_id}
         return Listing(refs, self.sha, frozenset(paths), card)
 

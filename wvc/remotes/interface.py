@@ -17,11 +17,14 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .. import ids
 from ..errors import NonFastForward, NotAWvcRemote, RemoteChanged, RemoteError  # noqa: F401 - the backends' vocabulary
 from ..store.refs import check_ref_name
-from .layout import HUB_STARTERS, MAX_REF_BYTES
+
+if TYPE_CHECKING:
+    from .layout import RemoteLayout
 
 MAX_PACK_BYTES = 64 << 30  # one pack a push (or a compaction) writes
 MAX_SMALL_OBJECT = 128 << 20  # commits and trees (versions.MAX_TREE_BYTES)
@@ -97,24 +100,13 @@ class Listing:
     tokens: dict[str, str] = field(default_factory=dict)
 
 
-def not_a_wvc_remote(url: str, paths, verb: str) -> "NotAWvcRemote":
-    """The one line for a remote that holds other content and no wvc history."""
-    from ..errors import NotAWvcRemote
-
-    shown = sorted(p for p in paths if p not in HUB_STARTERS)
-    listed = ", ".join(shown[:4]) + (f" and {len(shown) - 4} more" if len(shown) > 4 else "")
-    if verb == "push":
-        return NotAWvcRemote(f"{url} is not a wvc remote: it already holds {listed}; wvc will not write into it. "
-                             "Push to a new repository (e.g. add a remote hf://ORG/NAME-wvc), or to version a "
-                             f"fine-tune of this model: `wvc init --base {url}`")
-    return NotAWvcRemote(f"{url} is not a wvc remote (it holds {listed}); to start a history from this model "
-                         f"use `wvc init --base {url}`")
-
-
 class Backend:
     """A backend: small-file reads, whole and ranged pack reads, and atomic publish."""
 
     url: str
+    # The format's rules this backend asks (which files are refs, the attic, the listed
+    # folders), given when it is made: remotes/layout.py's RemoteLayout. No backend imports them.
+    layout: "RemoteLayout"
     bytes_downloaded: int = 0
     bytes_uploaded: int = 0
     bytes_copied: int = 0  # server-side copies compose made (no byte crossed the network)
@@ -143,11 +135,12 @@ class Backend:
         """One ref's commit with one small read (a follower's poll), validated; None when the
         remote has no such ref. Not pinned to a listing: a poll needs only this."""
         check_ref_name(ref.split("/", 2)[-1], "remote ref")
-        data = self.read(ref, MAX_REF_BYTES + 1)
+        limit = self.layout.max_ref_bytes
+        data = self.read(ref, limit + 1)
         if data is None:
             return None
         value = data.strip().decode("ascii", "replace")
-        if len(data) > MAX_REF_BYTES or not ids.is_object_id(value):
+        if len(data) > limit or not ids.is_object_id(value):
             raise RemoteError(f"remote ref {ref} does not hold a commit id")
         return value
 
@@ -178,8 +171,8 @@ class Backend:
         """Remove files (retired ones, after their grace period); absent ones are no error."""
         raise NotImplementedError
 
-    # Whether retired packs and catalogs move to the attic (``attic_path``), out of what
-    # ``state`` lists. Such a backend's reads of a ``movable`` path that is gone look in the
+    # Whether retired packs and catalogs move to the attic (``layout.attic_path``), out of what
+    # ``state`` lists. Such a backend's reads of a ``layout.movable`` path that is gone look in the
     # attic, so a reader pinned to a listing from before the move still finds every file.
     moves_retired = False
 

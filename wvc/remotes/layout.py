@@ -192,3 +192,25 @@ def parse_refs(files: dict[str, bytes]) -> dict[str, str]:
             raise RemoteError(f"remote ref {path} does not hold a commit id")
         refs[path] = value
     return refs
+
+
+class RemoteLayout:
+    """The layout map as a backend is given it when it is made (``open_backend`` passes
+    ``LAYOUT``; restic's backends get theirs the same way): which listed files are refs and how
+    many of them a listing may read, which folders a backend that lists folder by folder lists,
+    where a retired file waits out the grace period (the attic), and a Storage Bucket's ref log.
+    A backend imports no rule of the format; it asks this."""
+
+    refs = REFS
+    attic = ATTIC
+    reflog = REFLOG
+    listed_folders = LISTED_FOLDERS
+    top_level = WVC_TOP  # what a wvc remote holds at its top level (a directory lists the rest as someone else's)
+    max_ref_bytes = MAX_REF_BYTES
+    attic_path = staticmethod(attic_path)
+    movable = staticmethod(movable)
+    check_ref_count = staticmethod(check_ref_count)
+    parse_refs = staticmethod(parse_refs)
+
+
+LAYOUT = RemoteLayout()

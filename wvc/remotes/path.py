@@ -20,8 +20,6 @@ from pathlib import Path
 from ..errors import RemoteFileTooLarge
 from ..fsutil import TEMP_PREFIX, atomic_write, atomic_writer, file_mode, fsync_dir, validate_relpath
 from .interface import Listing, Backend, RemoteChanged, RemoteError, content_size, local_write_errors, upload_progress
-from .layout import (LISTED_FOLDERS, MAX_REF_BYTES, REFS, WVC_TOP, attic_path, check_ref_count, movable,
-                     parse_refs)
 
 LOCK = "refs.lock"
 LOCK_STALE_SECONDS = 600
@@ -68,9 +66,10 @@ def _read_at_most(path: Path, n: int) -> bytes:
 
 
 class PathBackend(Backend):
-    def __init__(self, root: str):
+    def __init__(self, root: str, layout):
         self.root = Path(root).expanduser().resolve()
         self.url = str(self.root)
+        self.layout = layout
 
     def _file(self, path: str) -> Path:
         return self.root.joinpath(*validate_relpath(path).split("/"))
@@ -84,18 +83,18 @@ class PathBackend(Backend):
             atomic_write(target, data)
 
     def _refs(self) -> dict[str, str]:
-        files = {}
-        refs_dir = self.root / "refs"
+        files, layout = {}, self.layout
+        refs_dir = self._file(layout.refs.rstrip("/"))
         if refs_dir.is_dir():
             found = [p for p in refs_dir.rglob("*") if not p.name.startswith(TEMP_PREFIX)]
-            check_ref_count(self.url, [f"{REFS}{i}" for i, p in enumerate(found) if not p.is_dir()])
+            layout.check_ref_count(self.url, [f"{layout.refs}{i}" for i, p in enumerate(found) if not p.is_dir()])
             for p in found:
                 # a pusher's ref being written is a temp file until its rename: not a ref
                 if p.is_file() and not p.is_symlink():
                     # at most one byte past what a ref may hold: a huge (or sparse) file is
                     # refused by parse_refs without being read
-                    files[p.relative_to(self.root).as_posix()] = _read_at_most(p, MAX_REF_BYTES + 1)
-        return parse_refs(files)
+                    files[p.relative_to(self.root).as_posix()] = _read_at_most(p, layout.max_ref_bytes + 1)
+        return layout.parse_refs(files)
 
     def listing(self) -> Listing:
         refs = self._refs()
@@ -103,8 +102,8 @@ class PathBackend(Backend):
         # remote repository judges); then the folders wvc lists file by file (refs/ was read,
         # objects/ is read by name, attic/ is never listed)
         paths = [name if (self.root / name).is_file() else f"{name}/" for name in _names(self.root)
-                 if not name.startswith(TEMP_PREFIX) and name != LOCK and f"{name}/" not in WVC_TOP]
-        paths += [f"{d}{name}" for d in LISTED_FOLDERS
+                 if not name.startswith(TEMP_PREFIX) and name != LOCK and f"{name}/" not in self.layout.top_level]
+        paths += [f"{d}{name}" for d in self.layout.listed_folders
                   for name in _names(self.root / d) if not name.startswith(TEMP_PREFIX)]
         return Listing(refs, _refs_version(refs), frozenset(paths))
 
@@ -112,8 +111,8 @@ class PathBackend(Backend):
         """``path`` opened (_open_regular), or, for a retired pack or catalog that moved since
         the caller listed it, its copy in the attic; None if neither is there."""
         fh = _open_regular(self._file(path), path)
-        if fh is None and movable(path):
-            fh = _open_regular(self._file(attic_path(path)), path)
+        if fh is None and self.layout.movable(path):
+            fh = _open_regular(self._file(self.layout.attic_path(path)), path)
         return fh
 
     def read(self, path: str, limit: int) -> bytes | None:
@@ -158,7 +157,7 @@ class PathBackend(Backend):
 
     def move_to_attic(self, paths) -> None:
         for path in paths:
-            target = self._file(attic_path(path))
+            target = self._file(self.layout.attic_path(path))
             target.parent.mkdir(parents=True, exist_ok=True)
             try:
                 os.replace(self._file(path), target)  # (atomic: the file is in one place or the other)
@@ -166,7 +165,7 @@ class PathBackend(Backend):
                 continue  # moved already, or deleted by a purge
 
     def attic_names(self, folder: str) -> list[str]:
-        return [n for n in _names(self._file(attic_path(folder))) if not n.startswith(TEMP_PREFIX)]
+        return [n for n in _names(self._file(self.layout.attic_path(folder))) if not n.startswith(TEMP_PREFIX)]
 
     composes = True  # compaction copies ranges of the remote's own packs here instead of uploading them
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from .. import ids
 from ..model import tree_diff
-from ..errors import CorruptObject, RemoteError, RemoteNotFound, WvcError
+from ..errors import CorruptObject, NotAWvcRemote, RemoteError, RemoteNotFound, WvcError
 from ..formats import bounded_json
 from ..fsutil import atomic_write
 from ..lru import LRUCache
@@ -34,7 +34,7 @@ from ..store.packs import MAX_INDEX_BYTES, PackEntry, parse_index
 from . import compaction
 from .catalog import MAX_CATALOG_BYTES, Catalog, catalog_name, parse_catalog, segment_size
 from . import layout
-from .interface import MAX_BASE_RECORD, MAX_PACK_BYTES, MAX_PRUNED_RECORD, MAX_SMALL_OBJECT, Backend, Listing, not_a_wvc_remote
+from .interface import MAX_BASE_RECORD, MAX_PACK_BYTES, MAX_PRUNED_RECORD, MAX_SMALL_OBJECT, Backend, Listing
 from .layout import (BASE_RECORD, catalog_path, commit_of_step_path, commit_path, movable, new_record_name, pack_path,
                      retired_path, pruned_path, step_path, tree_path)
 
@@ -278,6 +278,18 @@ def is_directory_remote(root: Path) -> bool:
     return (root / layout.MARKER).is_file()
 
 
+def not_a_wvc_remote(url: str, paths, verb: str) -> NotAWvcRemote:
+    """The one line for a remote that holds other content and no wvc history."""
+    shown = sorted(p for p in paths if p not in layout.HUB_STARTERS)
+    listed = ", ".join(shown[:4]) + (f" and {len(shown) - 4} more" if len(shown) > 4 else "")
+    if verb == "push":
+        return NotAWvcRemote(f"{url} is not a wvc remote: it already holds {listed}; wvc will not write into it. "
+                             "Push to a new repository (e.g. add a remote hf://ORG/NAME-wvc), or to version a "
+                             f"fine-tune of this model: `wvc init --base {url}`")
+    return NotAWvcRemote(f"{url} is not a wvc remote (it holds {listed}); to start a history from this model "
+                         f"use `wvc init --base {url}`")
+
+
 class RemoteRepository:
     """One remote, as wvc's format sees it, pinned to one listing (``state``).
 
@@ -315,6 +327,33 @@ class RemoteRepository:
     @property
     def downloaded_bytes(self) -> int:
         return self.backend.bytes_downloaded
+
+    @property
+    def uploaded_bytes(self) -> int:
+        return self.backend.bytes_uploaded
+
+    @property
+    def copied_bytes(self) -> int:
+        """Bytes compaction copied on the remote itself (none crossed the network)."""
+        return self.backend.bytes_copied
+
+    def chunks(self, base_chunks=None, *, held=None, keep_keyframe=None):
+        """A reader of chunk bytes by range reads into this listing's packs, each verified
+        (remotes/downloads.RemoteChunks); ``base_chunks``: the base model's, in no pack."""
+        from .downloads import RemoteChunks
+
+        return RemoteChunks(self.backend, self.index, base_chunks, held=held, keep_keyframe=keep_keyframe)
+
+    def delete_step_records(self, paths) -> None:
+        """Delete step records (``step_records``'s files) at once: shortcuts to commits no ref
+        reaches lead nowhere, so no reader needs them through a grace period. On a backend that
+        deletes only in a publish (the Hub), in one commit."""
+        if not paths:
+            return
+        if self.backend.deletes_atomically:
+            self.publish({}, {}, f"wvc gc: {len(paths)} step records of unreachable commits", replaced=list(paths))
+        else:
+            self.backend.delete(list(paths))
 
     # -- reading -------------------------------------------------------------------------------
     @property
@@ -591,17 +630,20 @@ class RemoteRepository:
         return locate
 
     def rewrite(self, dropped: list[Segment], kept: list[Segment], message: str, work_dir: Path, progress=None, *,
-                pruned: set[str] | None = None, replaced=()) -> None:
+                pruned: set[str] | None = None, step_records=()) -> None:
         """Replace ``dropped`` segments by one holding ``kept`` (segments cut down to what
         stays: Segment.only), refs unchanged, by compare-and-swap (``gc --remote``, ``prune
         --remote``). ``pruned``: every commit whose weights the remote no longer holds (prune):
-        one new pruned/ record lists them all and replaces the records read."""
+        one new pruned/ record lists them all and replaces the records read. ``step_records``:
+        step records to delete with it (in its commit where the backend deletes atomically, else
+        right after it)."""
         from ..model.versions import canonical_json
         from ..progress import NULL
 
         progress = progress or NULL
         files: dict[str, Path | bytes] = {}
-        replaced = list(replaced)
+        atomic = self.backend.deletes_atomically
+        replaced = list(step_records) if atomic else []
         if pruned is not None:
             files[pruned_path(new_record_name())] = canonical_json({"commits": sorted(pruned)})
             replaced += [pruned_path(r) for r in self.state.pruned]
@@ -617,6 +659,8 @@ class RemoteRepository:
             data = catalog.to_bytes()
             files[catalog_path(catalog_name(data))] = data
         self.publish(files, {}, message, replaced=[f for seg in dropped for f in seg.files] + replaced)
+        if step_records and not atomic:
+            self.backend.delete(list(step_records))
 
     def publish(self, files: dict[str, Path | bytes], refs: dict[str, str | None], message: str, *,
                 replaced=(), progress=None) -> None:

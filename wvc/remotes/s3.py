@@ -34,7 +34,6 @@ from .. import settings
 from ..errors import RemoteChanged, RemoteError, RemoteFileTooLarge
 from .interface import (Listing, Backend, TransientError, content_size, local_write_errors, retries_reads,
                         upload_progress)
-from .layout import ATTIC, MAX_REF_BYTES, attic_path, check_ref_count, movable, parse_refs
 
 MULTIPART_THRESHOLD = 64 << 20
 PART_BYTES = 16 << 20  # S3 wants parts of at least 5 MiB (but the last) and at most 10,000 of them
@@ -173,8 +172,8 @@ def compose_parts(pieces: list, size: int, etags: dict[str, str]) -> list[tuple]
 
 
 class S3Backend(Backend):
-    def __init__(self, location: S3Location):
-        self.location = location
+    def __init__(self, location: S3Location, layout):
+        self.location, self.layout = location, layout
         self.url = f"s3://{location.bucket}/{location.prefix}".rstrip("/")
         self.client = _client()
         self._count_lock = threading.Lock()  # parts are sent from several threads
@@ -188,7 +187,7 @@ class S3Backend(Backend):
 
     # -- reading -----------------------------------------------------------------------------
     def _list(self) -> dict[str, str]:
-        """path (under the prefix) -> ETag of every object but the attic's (interface.ATTIC).
+        """path (under the prefix) -> ETag of every object but the attic's (``layout.attic``).
         Keys are listed in byte order, so the attic's come together, after the few that sort
         before "attic/" (README.md). The first page asks for FIRST_PAGE keys, so that where
         the attic starts is found without listing it (a first page of 1,000 held 1,000 of its
@@ -196,7 +195,7 @@ class S3Backend(Backend):
         first key the listing goes on after its last (``StartAfter`` "attic0": "0" follows
         "/"): two requests, whatever the attic holds."""
         out = {}
-        n, attic = len(self.location.prefix), self._key(ATTIC)
+        n, attic = len(self.location.prefix), self._key(self.layout.attic)
         where = {"Bucket": self.location.bucket, "Prefix": self.location.prefix}
 
         def pages(**after):
@@ -224,10 +223,10 @@ class S3Backend(Backend):
             with s3_errors(self._what(path)):
                 return self.client.get_object(Bucket=self.location.bucket, Key=self._key(path), **kwargs)
         except _NotFound:
-            if not movable(path):
+            if not self.layout.movable(path):
                 raise
         with s3_errors(self._what(path)):
-            return self.client.get_object(Bucket=self.location.bucket, Key=self._key(attic_path(path)), **kwargs)
+            return self.client.get_object(Bucket=self.location.bucket, Key=self._key(self.layout.attic_path(path)), **kwargs)
 
     def _read_upto(self, path: str, n: int) -> tuple[bytes, str]:
         """At most ``n`` bytes from the start of a file, and its ETag (the Range bounds what
@@ -251,12 +250,12 @@ class S3Backend(Backend):
     def listing(self) -> Listing:
         listing = self._list()
         files, tokens = {}, {}
-        for path in check_ref_count(self.url, listing):
+        for path in self.layout.check_ref_count(self.url, listing):
             try:
-                files[path], tokens[path] = self._read_upto(path, MAX_REF_BYTES + 1)
+                files[path], tokens[path] = self._read_upto(path, self.layout.max_ref_bytes + 1)
             except _NotFound:  # deleted since the listing (push --delete): not a ref any more
                 continue
-        refs = parse_refs(files)
+        refs = self.layout.parse_refs(files)
         # Listed again after the refs were read: a push uploads its catalog and pack before it
         # moves a ref, so a ref read here may name a commit whose catalog the first listing
         # predates (a pusher then saw "remote is missing commit" and, retrying against busy
@@ -358,7 +357,7 @@ class S3Backend(Backend):
             try:
                 with s3_errors(self._what(path)):
                     # (CopyObject takes at most 5 GB: a larger pack stays listed, retired by its record)
-                    self.client.copy_object(Bucket=bucket, Key=self._key(attic_path(path)),
+                    self.client.copy_object(Bucket=bucket, Key=self._key(self.layout.attic_path(path)),
                                             CopySource={"Bucket": bucket, "Key": self._key(path)})
             except _NotFound:
                 continue  # moved already, or purged
@@ -366,7 +365,7 @@ class S3Backend(Backend):
                 self.client.delete_object(Bucket=bucket, Key=self._key(path))
 
     def attic_names(self, folder: str) -> list[str]:
-        under = self._key(attic_path(folder.rstrip("/") + "/"))
+        under = self._key(self.layout.attic_path(folder.rstrip("/") + "/"))
         with s3_errors(self._what()):
             pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.location.bucket, Prefix=under)
             return [o["Key"][len(under):] for page in pages for o in page.get("Contents", ()) if "/" not in o["Key"][len(under):]]
