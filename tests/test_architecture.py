@@ -325,6 +325,17 @@ def test_every_logger_is_named_by_its_module():
     assert not found, found
 
 
+def _strings(tree):
+    """(node, text) of each string in ``tree`` that is not a docstring, and of each f-string's
+    leading text (``f"refs/{i}"``)."""
+    docstrings = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            yield node, node.value
+        elif isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant):
+            yield node, str(node.values[0].value)
+
+
 def test_each_ref_namespace_is_spelled_once():
     """Issue 67: "refs/heads/", "refs/tags/" and "refs/remotes/" were spelled in eleven modules
     (and REMOTES and HEADS defined three times); store/refs.py defines them, all else imports."""
@@ -333,12 +344,9 @@ def test_each_ref_namespace_is_spelled_once():
         # (wvc/testing/hub.py speaks the Hub's API, whose ref names these are too; it imports no wvc)
         if path == PACKAGE / "store" / "refs.py" or path.is_relative_to(PACKAGE / "testing"):
             continue
-        tree = ast.parse(path.read_text())
-        docstrings = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings \
-                    and re.search(r"refs/(heads|tags|remotes)/", node.value):
-                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {node.value!r}")
+        for node, text in _strings(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and re.search(r"refs/(heads|tags|remotes)/", text):
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {text!r}")
     assert not found, found
 
 
@@ -401,21 +409,16 @@ def test_remote_paths_are_spelled_in_the_layout_map_alone():
         if path == PACKAGE / "remotes" / "layout.py" or path.is_relative_to(PACKAGE / "testing"):
             continue
         tree = ast.parse(path.read_text())
-        docstrings = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
         above_remotes = not path.is_relative_to(PACKAGE / "remotes")
         for line, target in imports(path):
             if above_remotes and target == "wvc.remotes.layout":
                 found.append(f"{path.relative_to(PACKAGE.parent)}:{line}: imports the layout map")
-        for node in ast.walk(tree):
-            # a string, or an f-string's leading text (f"refs/{i}")
-            text = node.value if isinstance(node, ast.Constant) and id(node) not in docstrings else \
-                node.values[0].value if isinstance(node, ast.JoinedStr) and node.values \
-                and isinstance(node.values[0], ast.Constant) else None
-            if isinstance(text, str) and (REMOTE_PATHS.search(text) or text.startswith("refs/")
-                                          and path != PACKAGE / "store" / "refs.py"):
+        for node, text in _strings(tree):
+            if REMOTE_PATHS.search(text) or text.startswith("refs/") and path != PACKAGE / "store" / "refs.py":
                 found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {text!r}")
-            if above_remotes and isinstance(node, ast.Attribute) and node.attr == "read_ref":
-                found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: reads a ref through a backend")
+        if above_remotes:
+            found += [f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: reads a ref through a backend"
+                      for node in ast.walk(tree) if isinstance(node, ast.Attribute) and node.attr == "read_ref"]
     assert not found, "\n".join(found)
 
 
