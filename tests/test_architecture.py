@@ -440,3 +440,30 @@ def test_backends_ask_the_layout_they_are_given_and_import_no_format_rule():
     found = [f"wvc/remotes/{name}.py:{line}" for name in BACKENDS
              for line, target in _runtime_imports(PACKAGE / "remotes" / f"{name}.py") if target == "wvc.remotes.layout"]
     assert not found, found
+
+
+FILE_METHODS = ("read", "download", "read_range", "write_new", "delete", "move_to_attic", "compose")
+
+
+def test_every_backend_is_given_handles_not_paths():
+    """Issue 67: backends took remote paths; now files cross the interface as handles (kind,
+    name) and the layout map alone spells their paths: each backend's file methods take a
+    handle (or handles) first, and publish's files are keyed by handle."""
+    import inspect
+
+    from wvc.remotes.bucket import BucketBackend
+    from wvc.remotes.hub import HubBackend
+    from wvc.remotes.interface import Backend
+    from wvc.remotes.path import PathBackend
+    from wvc.remotes.s3 import S3Backend
+
+    found = []
+    for kind in (Backend, PathBackend, S3Backend, HubBackend, BucketBackend):
+        for name in FILE_METHODS:
+            first = list(inspect.signature(getattr(kind, name)).parameters)[1]
+            if first not in ("handle", "handles"):
+                found.append(f"{kind.__name__}.{name}({first}, ...)")
+        publish = inspect.signature(kind.publish).parameters["files"]
+        if kind is Backend and "Handle" not in str(publish.annotation):
+            found.append("Backend.publish's files are not keyed by Handle")
+    assert not found, found

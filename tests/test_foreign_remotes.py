@@ -10,6 +10,7 @@ from huggingface_hub import HfApi
 from wvc import Repo, clone
 from wvc.errors import BaseModelError, NotAWvcRemote, RemoteError, RemoteNotFound
 from wvc.remotes.interface import Backend, Listing
+from wvc.remotes.layout import LAYOUT
 
 from .conftest import TOKEN, RemoteFiles, repo_state
 from .test_everyday import run, two_tensors
@@ -132,6 +133,7 @@ class _Files(Backend):
 
     def __init__(self, files: dict[str, bytes], *, keeps_marker: bool, exists: bool = True):
         self.url, self.files, self.keeps_marker, self.exists, self.made = "mem://x", dict(files), keeps_marker, exists, 0
+        self.layout = LAYOUT
 
     def listing(self) -> Listing:
         if not self.exists:
@@ -141,11 +143,11 @@ class _Files(Backend):
     def make(self) -> None:
         self.exists, self.made = True, self.made + 1
 
-    def write_new(self, path: str, data: bytes) -> None:
-        self.files.setdefault(path, data)
+    def write_new(self, handle, data: bytes) -> None:
+        self.files.setdefault(self.layout.path(handle), data)
 
-    def read(self, path: str, limit: int):
-        return self.files.get(path)
+    def read(self, handle, limit: int):
+        return self.files.get(self.layout.path(handle))
 
 
 def test_the_remote_repository_alone_judges_what_a_backend_holds():

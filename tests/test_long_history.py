@@ -12,6 +12,7 @@ from safetensors.torch import save_file
 from wvc import Repo, clone
 from wvc.errors import WvcError
 from wvc.remotes import compaction, open_backend
+from wvc.remotes.layout import handle_of, handles
 
 from .conftest import RemoteFiles, push_until_landed, tree_digests, url_of
 
@@ -118,8 +119,8 @@ def test_retired_files_leave_the_listing_and_a_reader_listed_before_still_reads_
     old = [p for p in listed_then.files if p.startswith(("packs/", "catalogs/"))]
     assert old and all(p in retired for p in old)
     for path in old:  # the backend, as a pinned reader asks it
-        assert backend.read(path, 1 << 20) == RemoteFiles(url, None).read(f"attic/{path}")
-        assert backend.read_range(path, 0, 4) == RemoteFiles(url, None).read(f"attic/{path}")[:4]
+        assert backend.read(handle_of(path), 1 << 20) == RemoteFiles(url, None).read(f"attic/{path}")
+        assert backend.read_range(handle_of(path), 0, 4) == RemoteFiles(url, None).read(f"attic/{path}")[:4]
     assert early.commit == first
     assert {k: v.view(torch.uint8).flatten().tolist() for k, v in early.state_dict().items()} == \
         {k: v.view(torch.uint8).flatten().tolist() for k, v in wvc.open(repo.root, first).state_dict().items()}
@@ -242,7 +243,7 @@ def _push_format_1(repo: Repo, url: str) -> None:
         commit = repo.read_commit(cid)
         files[commit_path(cid)] = commit.to_bytes()
         files[tree_path(commit.tree)] = repo.internals.read_tree(commit.tree).to_bytes()
-    remote.publish(files, {"refs/heads/main": head}, state, "format 1")
+    remote.publish(dict(zip(handles(files), files.values())), {"refs/heads/main": head}, state, "format 1")
 
 
 @pytest.mark.parametrize("kind", ["path", "hub"])

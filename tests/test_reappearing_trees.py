@@ -19,6 +19,7 @@ from wvc import Repo
 from wvc.model import tree_diff
 from wvc.remotes import open_backend, segment
 from wvc.remotes.catalog import catalog_name, parse_catalog
+from wvc.remotes.interface import Handle
 from wvc.remotes.layout import catalog_path
 from wvc.remotes.repository import RemoteRepository
 
@@ -143,7 +144,7 @@ def drop_whole_forms(tmp_path, url: str, tree: str) -> None:
     """Leave ``tree`` only as a delta on the remote (as a compaction that kept the delta did)."""
     remote = RemoteRepository.open(open_backend(url))
     for name in remote.state.catalogs:
-        cat = parse_catalog(remote.backend.read(catalog_path(name), 1 << 30), name)
+        cat = parse_catalog(remote.backend.read(Handle("catalog", name), 1 << 30), name)
         if tree in cat.trees and not tree_diff.is_delta(cat.trees[tree]):
             del cat.trees[tree]
             forged = cat.to_bytes()
@@ -154,7 +155,7 @@ def drop_whole_forms(tmp_path, url: str, tree: str) -> None:
 def test_a_remote_an_older_wvc_looped_reads_from_the_whole_form_it_still_holds(tmp_path, monkeypatch):
     repo, url, commits = older_wvc_remote(tmp_path, monkeypatch)
     stored = [cat.trees.get(repo.read_commit(commits[0]).tree) for cat in map(
-        lambda n: parse_catalog(open_backend(url).read(catalog_path(n), 1 << 30), n),
+        lambda n: parse_catalog(open_backend(url).read(Handle("catalog", n), 1 << 30), n),
         RemoteRepository.open(open_backend(url)).state.catalogs)]
     assert sorted(tree_diff.is_delta(s) for s in stored if s is not None) == [False, True]  # the loop is there
     check_every_reader(repo, url, commits, tmp_path, "older")

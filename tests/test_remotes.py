@@ -289,14 +289,16 @@ def test_a_hub_error_on_a_path_with_404_in_it_is_not_taken_for_a_missing_file(hu
 
     repo_remote = open_backend("hf://team/err404")
     read_state(repo_remote, create=True)
+    from wvc.remotes.layout import handle_of
+
     path = "objects/trees/40/" + "404" + "a" * 61  # hex ids contain "404" about 1.5% of the time
-    assert repo_remote.read(path, 1 << 20) is None  # really missing: None
+    assert repo_remote.read(handle_of(path), 1 << 20) is None  # really missing: None
     _write_remote_file("hf://team/err404", hub, path, b"{}")
     repo_remote.listing()
-    assert repo_remote.read(path, 1 << 20) == b"{}"
+    assert repo_remote.read(handle_of(path), 1 << 20) == b"{}"
     hub.fail["resolve"] = 1  # the next file read is refused (403)
     with pytest.raises(RemoteError, match="403"):
-        repo_remote.read(path, 1 << 20)
+        repo_remote.read(handle_of(path), 1 << 20)
 
 
 def test_stored_bytes_of_a_commit_are_the_same_however_it_arrived(tmp_path, remote_url):

@@ -12,6 +12,7 @@ from wvc import Repo, ids
 from wvc.model import tree_diff
 from wvc.remotes import open_backend
 from wvc.remotes.catalog import Catalog, catalog_name, parse_catalog
+from wvc.remotes.interface import Handle
 from wvc.remotes.layout import catalog_path
 from wvc.remotes.repository import RemoteRepository
 
@@ -27,7 +28,7 @@ def digest_dir(path) -> dict:
 
 def catalogs(url: str) -> list[Catalog]:
     remote = RemoteRepository.open(open_backend(url))
-    return [parse_catalog(remote.backend.read(catalog_path(c), 1 << 30), c) for c in remote.state.catalogs]
+    return [parse_catalog(remote.backend.read(Handle("catalog", c), 1 << 30), c) for c in remote.state.catalogs]
 
 
 def stepping_repo(tmp_path, steps: int, changed: int = 40):
@@ -103,7 +104,7 @@ def test_a_delta_whose_tree_is_not_its_id_is_refused_with_one_line(tmp_path):
     remote = RemoteRepository.open(open_backend(url))
     victim = repo.read_commit(commits[1]).tree
     for name in remote.state.catalogs:
-        data = remote.backend.read(catalog_path(name), 1 << 30)
+        data = remote.backend.read(Handle("catalog", name), 1 << 30)
         cat = parse_catalog(data, name)
         if victim in cat.trees:
             base, changes = tree_diff.parse_delta(cat.trees[victim], "test")

@@ -56,7 +56,7 @@ class RemoteBaseChunks:
                 repo_id, sha = parse_hub(self.base.url, need_sha=True)
                 self.hub = hub_model_files(repo_id, sha)
             try:
-                raw = self.hub.read_range(path, offset, length)
+                raw = self.hub.read_file_range(path, offset, length)
             except RemoteError as exc:
                 raise BaseModelError(f"base {self.base.url}: {exc}") from exc
         else:

@@ -189,7 +189,7 @@ class _RecordChunks:
         # small gaps only (the default 256 KB gap read 4x the step at a re-anchor)
         for entry, payload in read_payloads(self.remote, wanted, gap=RECORD_GAP):
             self.payloads[entry.id] = payload
-        for entry, payload in read_payloads(self.remote, carried, gap=RECORD_GAP, path_of=lambda path: path):
+        for entry, payload in read_payloads(self.remote, carried, gap=RECORD_GAP, file_of=lambda handle: handle):
             self.payloads[entry.id] = payload
 
     def payload_bytes(self, oid: str) -> int:

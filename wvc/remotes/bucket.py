@@ -222,7 +222,7 @@ class BucketBackend(HubBackend):
 
     def _entry(self, name: str) -> dict[str, str]:
         """The refs a log entry holds, validated."""
-        data = self.read(f"{self.layout.reflog}{name}.json", MAX_ENTRY_BYTES)
+        data = self.read_file(f"{self.layout.reflog}{name}.json", MAX_ENTRY_BYTES)
         if data is None:
             raise RemoteChanged(f"{self.url}: ref log entry {name} vanished while reading (tidied by a newer push); "
                                 "try again")
@@ -254,16 +254,18 @@ class BucketBackend(HubBackend):
         head = self._head(self._list(self.layout.reflog))
         return self._entry(head).get(ref) if head else None
 
-    def delete(self, paths) -> None:
-        if paths:
-            self._batch(delete=[self._key(p) for p in paths])
+    def delete(self, handles, *, in_attic: bool = False) -> None:
+        if in_attic:
+            raise RemoteError("a bucket has no attic")  # (moves_retired is False: nothing moved there)
+        if handles:
+            self._batch(delete=[self._key(self.layout.path(h)) for h in handles])
 
     def publish(self, files, refs, expected: Listing, message: str, delete=(), progress=None) -> None:
         if delete:
             raise RemoteError("a bucket cannot delete files atomically with a ref update")
         progress = upload_progress(progress, files)
         if files:  # objects first: immutable and uniquely named, so a retried upload is harmless
-            self._batch(add=[(c if isinstance(c, bytes) else str(c), p) for p, c in files.items()])
+            self._batch(add=[(c if isinstance(c, bytes) else str(c), self.layout.path(h)) for h, c in files.items()])
         sent = sum(map(content_size, files.values()))
         progress.advance(sent)
         progress.close()

@@ -31,7 +31,8 @@ from ..model.versions import canonical_json
 from ..store.packs import (MAGIC, XET_BOUNDARY, PackWriter, copy_payloads, marked_payload_end, pack_filename,
                            read_pack_index, read_payload)
 from .catalog import Catalog
-from .layout import CATALOGS, PACKS, PRUNED, attic_path, movable, new_record_name, pack_path, record_time, retired_path
+from .interface import Handle
+from .layout import CATALOGS, PACKS, PRUNED, movable, new_record_name, record_time, retired_path
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ def to_merge(existing: list, new_size: int) -> list:
 @dataclass
 class Recipe:
     """How a merged pack is made of what the remote already holds: ``pieces`` are byte ranges
-    ``(remote path, offset, length)`` of its packs, or bytes only the client has (the magic,
+    ``(remote pack's handle, offset, length)`` of its packs, or bytes only the client has (the magic,
     this push's own payloads, the index and trailer); ``checksum`` and ``size`` what the
     result must be. A backend that composes (Backend.compose) builds it without the ranges
     being sent again."""
@@ -103,7 +104,7 @@ def merge_segments(download, old: list, new_pack: Path | None, new: Catalog,
     checked against their checksums, and their
     payloads copied verbatim (each object is verified again by whoever decodes it). Also the
     merged pack's Recipe in terms of the remote's packs."""
-    sources: list[tuple[Path, list, str | None]] = []  # (local file, entries, remote path or None)
+    sources: list[tuple[Path, list, Handle | None]] = []  # (local file, entries, the remote pack or None)
     # The remote's packs first, largest first, the push's own payloads last: the merged pack
     # then opens with one long range of a pack the remote holds (magic included), which a
     # backend that copies only large ranges (S3: parts of at least 5 MiB) can copy too.
@@ -115,7 +116,7 @@ def merge_segments(download, old: list, new_pack: Path | None, new: Catalog,
         checksum, _ = read_pack_index(dest)
         if checksum != seg.pack:
             raise CorruptObject(f"remote pack {seg.pack[:12]} does not match its name")
-        sources.append((dest, seg.entries, pack_path(seg.pack)))
+        sources.append((dest, seg.entries, Handle("pack", seg.pack)))
     if new_pack is not None:
         sources.append((new_pack, new.entries, None))
     merged = Catalog(None, [], dict(new.commits), dict(new.trees))
@@ -127,7 +128,7 @@ def merge_segments(download, old: list, new_pack: Path | None, new: Catalog,
         return None, merged, None
     writer = PackWriter(work_dir)
     seen: set[str] = set()
-    ranges: list[tuple[Path, str | None, int, int]] = []  # where each byte run of the merged pack comes from
+    ranges: list[tuple[Path, Handle | None, int, int]] = []  # where each byte run of the merged pack comes from
     try:
         entries = [e for path, source, where in sources for e in _copy_source(writer, path, source, where, seen, ranges)]
         name, size = writer.finish()
@@ -141,7 +142,7 @@ def merge_segments(download, old: list, new_pack: Path | None, new: Catalog,
 DEAD_BYTES_A_PAYLOAD = 80  # what a block copy may carry besides payloads: a magic and an XET_BOUNDARY a region
 
 
-def _copy_source(writer: PackWriter, path: Path, entries: list, remote_path: str | None, seen: set, ranges: list):
+def _copy_source(writer: PackWriter, path: Path, entries: list, remote_path: Handle | None, seen: set, ranges: list):
     """Copy one merged segment's payloads into ``writer``. A pack the remote holds whose
     payloads end in XET_BOUNDARY (store/packs.py), and none of which was copied already,
     goes as one block: its bytes from its start (its magic; the first one's is the merged
@@ -215,7 +216,8 @@ def purge_due(url: str) -> bool:
 @dataclass
 class Purge:
     """What a purge deletes: the retired files and records (``paths``), each where it is:
-    still listed (``listed``) or in the attic (``attic``); deleting an absent file is no error."""
+    still listed (``listed``) or moved to the attic (``attic``: the files, by their listed
+    paths); deleting an absent file is no error."""
     paths: list[str]
     listed: list[str]
     attic: list[str]
@@ -244,7 +246,7 @@ def purge_plan(repository) -> Purge | None:
     if not _refs_covered(repository, live):
         return None  # a push that raced the retirement relies on a retired segment: keep it all
     paths = sorted(doomed) + [retired_path(r) for r in old]
-    attic = [attic_path(p) for p in paths if movable(p)] if repository.backend.moves_retired else []
+    attic = [p for p in paths if movable(p)] if repository.backend.moves_retired else []
     young = [t for r, t in times.items() if r not in old]
     return Purge(paths, [p for p in paths if p in state.files], attic, min(young) if young else None)
 

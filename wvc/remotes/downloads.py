@@ -25,8 +25,7 @@ from ..store.chains import decode_links, resolve_chain
 from ..store.chunks import ObjectStore
 from ..store.rows import ObjectRow
 from ..store.packs import PackEntry, PackWriter, copy_payloads, pack_filename, read_pack_index, read_payload
-from .interface import Backend
-from .layout import pack_path
+from .interface import Backend, Handle
 VERIFY_CACHE_BYTES = 16 << 20  # decoded delta bases kept while verifying a fetch
 VIEW_CACHE_BYTES = 64 << 20  # decoded chunks a remote view keeps
 COALESCE_GAP = 256 << 10  # a range fetch reads through gaps up to this size rather than open another request
@@ -170,18 +169,22 @@ def _wanted(object_ids, lookup, index: dict[str, tuple[str, PackEntry]], have) -
     return wanted
 
 
+def _pack(name: str) -> Handle:
+    return Handle("pack", name)
+
+
 def read_payloads(remote: Backend, wanted: dict[str, tuple[str, PackEntry]], gap: int = COALESCE_GAP,
-                  path_of=pack_path):
+                  file_of=_pack):
     """(entry, payload) of each wanted object, read with one range request per span of
     neighbouring entries in a pack (one commit's objects lie side by side in its pack).
-    ``path_of``: a pack's name -> the remote file (a step record's data area: its own path)."""
+    ``file_of``: a pack's name -> the remote file's handle (a step record's data area: its own)."""
     by_pack: dict[str, list[PackEntry]] = {}
     for name, entry in wanted.values():
         by_pack.setdefault(name, []).append(entry)
     for name, entries in sorted(by_pack.items()):
         for span in _spans(sorted(entries, key=lambda e: e.offset), gap):
             start = span[0].offset
-            data = remote.read_range(path_of(name), start, span[-1].offset + span[-1].length - start)
+            data = remote.read_range(file_of(name), start, span[-1].offset + span[-1].length - start)
             for e in span:
                 yield e, data[e.offset - start : e.offset - start + e.length]
 
@@ -289,7 +292,7 @@ class RemoteChunks:
         def payload_of(entry: PackEntry) -> bytes:
             payload = self.payloads.pop(entry.id, None)
             return payload if payload is not None else \
-                self.remote.read_range(pack_path(self.index[entry.id][0]), entry.offset, entry.length)
+                self.remote.read_range(_pack(self.index[entry.id][0]), entry.offset, entry.length)
 
         def decoded(entry: PackEntry, raw: bytes) -> None:
             self.cache.put(entry.id, raw)

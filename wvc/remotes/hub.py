@@ -185,7 +185,7 @@ class HubBackend(Backend):
             listed = [f for f in self.api.list_repo_tree(self.repo_id, recursive=True, revision=self.sha)
                       if isinstance(f, RepoFile)]
         paths = [f.path for f in listed]
-        refs = self.layout.parse_refs({p: self.read(p, 256) or b"" for p in self.layout.check_ref_count(self.url, paths)})
+        refs = self.layout.parse_refs({p: self.read_file(p, 256) or b"" for p in self.layout.check_ref_count(self.url, paths)})
         card = {CARD: f.blob_id for f in listed if f.path == CARD and f.blob_id}
         return Listing(refs, self.sha, frozenset(paths), card)
 
@@ -199,9 +199,20 @@ class HubBackend(Backend):
 
         return hf_hub_url(self.repo_id, path, revision=self.sha or HUB_BRANCH, endpoint=self.endpoint)
 
+    # -- the Backend's reads, of a wvc remote's files ------------------------------------------------
+    def read(self, handle, limit: int) -> bytes | None:
+        return self.read_file(self.layout.path(handle), limit)
+
+    def read_range(self, handle, offset: int, length: int) -> bytes:
+        return self.read_file_range(self.layout.path(handle), offset, length)
+
+    def download(self, handle, dest: Path, limit: int) -> None:
+        self.download_file(self.layout.path(handle), dest, limit)
+
+    # -- any file of the repository, by its path (a base model's too) -------------------------------
     @backs_off
     @retries_reads
-    def read_range(self, path: str, offset: int, length: int) -> bytes:
+    def read_file_range(self, path: str, offset: int, length: int) -> bytes:
         """Exactly ``length`` bytes from ``offset``, streamed: never more than ``length`` bytes
         are read, whatever the endpoint sends. An endpoint that ignores Range (200 instead of
         206) is refused unless the range starts at 0, rather than downloading a whole pack."""
@@ -251,7 +262,8 @@ class HubBackend(Backend):
 
     @backs_off
     @retries_reads
-    def read(self, path: str, limit: int) -> bytes | None:
+    def read_file(self, path: str, limit: int) -> bytes | None:
+        """A small file (None if absent), refusing more than ``limit`` bytes."""
         buf = io.BytesIO()
         try:
             self._get(path, limit, buf.write)
@@ -261,7 +273,7 @@ class HubBackend(Backend):
 
     @backs_off
     @retries_reads
-    def download(self, path: str, dest: Path, limit: int) -> None:
+    def download_file(self, path: str, dest: Path, limit: int) -> None:
         with local_write_errors(dest), open(dest, "wb") as fh:  # each attempt from the start
             self._get(path, limit, fh.write)
 
@@ -275,17 +287,17 @@ class HubBackend(Backend):
             if t is None:
                 new_refs.pop(r, None)
         # (paths, not open handles: huggingface_hub uploads a handle over plain HTTP, never Xet)
-        ops = [CommitOperationAdd(path_in_repo=p, path_or_fileobj=c if isinstance(c, bytes) else str(c))
-               for p, c in files.items()]
+        ops = [CommitOperationAdd(path_in_repo=self.layout.path(h), path_or_fileobj=c if isinstance(c, bytes) else str(c))
+               for h, c in files.items()]
         ops += [CommitOperationAdd(path_in_repo=r, path_or_fileobj=(t + "\n").encode()) for r, t in refs.items() if t]
         ops += [CommitOperationDelete(path_in_repo=r) for r, t in refs.items() if t is None]
-        ops += [CommitOperationDelete(path_in_repo=p) for p in delete]
+        ops += [CommitOperationDelete(path_in_repo=self.layout.path(h)) for h in delete]
         # The card names branches, not commits, so that a training run's pushes leave it alone:
         # one the listing shows with the blob id of this one is neither read nor sent (each
         # rewrite cost a read of it, its upload inline in the commit and the Hub's YAML check).
         card = model_card(self.repo_id, new_refs).encode()
         if CARD not in expected.files or (expected.tokens.get(CARD) != git_blob_id(card)
-                                          and is_our_card(self.read(CARD, MAX_CARD_BYTES) or b"")):
+                                          and is_our_card(self.read_file(CARD, MAX_CARD_BYTES) or b"")):
             ops.append(CommitOperationAdd(path_in_repo=CARD, path_or_fileobj=card))
         self._create_commit(ops, message, expected.version)
         sent = sum(map(content_size, files.values()))

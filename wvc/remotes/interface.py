@@ -89,6 +89,14 @@ def retries_reads(method):
     return wrapper
 
 
+@dataclass(frozen=True, order=True)
+class Handle:
+    """A file of a remote by what it is (restic's handle): ``kind`` and ``name``. Backends are
+    given handles, never paths; the layout map alone turns one into a path (``path``)."""
+    kind: str  # marker, base, ref, pack, idx, catalog, retired, pruned, step, commit, tree
+    name: str = ""
+
+
 @dataclass
 class Listing:
     """What a backend lists: plain files, and the refs with what a compare-and-swap checks."""
@@ -101,7 +109,8 @@ class Listing:
 
 
 class Backend:
-    """A backend: small-file reads, whole and ranged pack reads, and atomic publish."""
+    """A backend: small-file reads, whole and ranged pack reads, and atomic publish, of files
+    named by their handles (their paths are the layout map's: ``self.layout.path``)."""
 
     url: str
     # The format's rules this backend asks (which files are refs, the attic, the listed
@@ -127,7 +136,7 @@ class Backend:
         """Create the container ``listing`` found missing (a Hub repository, a bucket, a
         directory), private; the first push's."""
 
-    def write_new(self, path: str, data: bytes) -> None:
+    def write_new(self, handle: Handle, data: bytes) -> None:
         """Write a small file that must not be there yet (the marker); one that is stays."""
         raise NotImplementedError
 
@@ -136,7 +145,7 @@ class Backend:
         remote has no such ref. Not pinned to a listing: a poll needs only this."""
         check_ref_name(ref.split("/", 2)[-1], "remote ref")
         limit = self.layout.max_ref_bytes
-        data = self.read(ref, limit + 1)
+        data = self.read(Handle("ref", ref.partition("/")[2]), limit + 1)
         if data is None:
             return None
         value = data.strip().decode("ascii", "replace")
@@ -144,15 +153,15 @@ class Backend:
             raise RemoteError(f"remote ref {ref} does not hold a commit id")
         return value
 
-    def read(self, path: str, limit: int) -> bytes | None:
+    def read(self, handle: Handle, limit: int) -> bytes | None:
         """A small file (None if absent), refusing more than ``limit`` bytes."""
         raise NotImplementedError
 
-    def download(self, path: str, dest: Path, limit: int) -> None:
+    def download(self, handle: Handle, dest: Path, limit: int) -> None:
         """A file to ``dest`` (packs), refusing more than ``limit`` bytes."""
         raise NotImplementedError
 
-    def read_range(self, path: str, offset: int, length: int) -> bytes:
+    def read_range(self, handle: Handle, offset: int, length: int) -> bytes:
         """Exactly ``length`` bytes of a file from ``offset`` (streaming reads into packs)."""
         raise NotImplementedError
 
@@ -160,30 +169,31 @@ class Backend:
     # backends retire replaced files and delete them after a grace period (remotes/compaction.py).
     deletes_atomically = False
 
-    def publish(self, files: dict[str, Path | bytes], refs: dict[str, str | None], expected: Listing,
-                message: str, delete: tuple[str, ...] = (), progress=None) -> None:
+    def publish(self, files: dict[Handle, Path | bytes], refs: dict[str, str | None], expected: Listing,
+                message: str, delete: tuple[Handle, ...] = (), progress=None) -> None:
         """Upload ``files``, then set ``refs`` (None deletes) iff the remote is still ``expected``;
         ``delete`` (only where ``deletes_atomically``) goes in the same step; ``progress``
         (a wvc.progress.Progress) is told the bytes uploaded."""
         raise NotImplementedError
 
-    def delete(self, paths: list[str]) -> None:
-        """Remove files (retired ones, after their grace period); absent ones are no error."""
+    def delete(self, handles: list[Handle], *, in_attic: bool = False) -> None:
+        """Remove files (retired ones, after their grace period; ``in_attic``: their copies
+        moved to the attic); absent ones are no error."""
         raise NotImplementedError
 
     # Whether retired packs and catalogs move to the attic (``layout.attic_path``), out of what
-    # ``state`` lists. Such a backend's reads of a ``layout.movable`` path that is gone look in the
+    # ``state`` lists. Such a backend's reads of a ``layout.movable`` file that is gone look in the
     # attic, so a reader pinned to a listing from before the move still finds every file.
     moves_retired = False
 
-    def move_to_attic(self, paths: list[str]) -> None:
+    def move_to_attic(self, handles: list[Handle]) -> None:
         """Move retired ``movable`` files into the attic (a file already moved, or absent, is
         no error). Only a move that completes hides a file: one the backend cannot move
         stays where it is, retired by its record all the same."""
         raise NotImplementedError
 
-    def attic_names(self, folder: str) -> list[str]:
-        """The names of the files in ``attic/<folder>/`` (the purge's list of moved records)."""
+    def attic_names(self, kind: str) -> list[str]:
+        """The names of the files of a kind in the attic (the purge's list of moved records)."""
         raise NotImplementedError
 
     # Whether the backend can build a file from byte ranges of files it holds, without the
@@ -191,9 +201,9 @@ class Backend:
     # only what the remote does not have (remotes/compaction.py, ``Recipe``).
     composes = False
 
-    def compose(self, path: str, pieces: list, expected: tuple[str, int], local: Path) -> int | None:
-        """Write ``path`` (absent from the listing: an immutable, content-named file) as the
-        concatenation of ``pieces``: ``(source path, offset, length)`` ranges of files the
+    def compose(self, handle: Handle, pieces: list, expected: tuple[str, int], local: Path) -> int | None:
+        """Write ``handle``'s file (absent from the listing: an immutable, content-named pack) as the
+        concatenation of ``pieces``: ``(source handle, offset, length)`` ranges of files the
         remote holds, or ``bytes`` the client sends; ``expected``: (blake3 PACK checksum of all
         but the trailer, size), checked before it becomes visible; ``local``: the same file as
         the client built it, for ranges the backend cannot copy (too small to be a part of

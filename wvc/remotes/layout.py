@@ -28,6 +28,7 @@ import time
 from .. import ids
 from ..errors import RemoteError
 from ..store.refs import REFS, check_ref_name
+from .interface import Handle
 
 FORMAT = 1
 MARKER = "wvc.json"
@@ -194,6 +195,55 @@ def parse_refs(files: dict[str, bytes]) -> dict[str, str]:
     return refs
 
 
+# -- handles: a file by what it is --------------------------------------------------------------
+_BUILDERS = {"marker": lambda _: MARKER, "base": lambda _: BASE_RECORD, "ref": lambda n: REFS + n,
+             "pack": pack_path, "idx": lambda n: pack_path(n, "idx"), "catalog": catalog_path,
+             "retired": retired_path, "pruned": pruned_path, "step": step_path, "commit": commit_path,
+             "tree": tree_path}
+MOVABLE_KINDS = ("pack", "idx", "catalog", "pruned", "retired")  # MOVABLE's files
+_FOLDERS = {"pack": PACKS, "idx": PACKS, "catalog": CATALOGS, "retired": RETIRED, "pruned": PRUNED, "step": STEPS}
+_OBJECT = re.compile(r"^objects/(commits|trees)/([0-9a-f]{2})/([0-9a-f]{64})$")
+
+
+def path(handle: Handle) -> str:
+    """Where ``handle``'s file is on the remote."""
+    try:
+        return _BUILDERS[handle.kind](handle.name)
+    except KeyError:
+        raise ValueError(f"no file kind {handle.kind!r}") from None
+
+
+def handle_of(path: str) -> Handle | None:
+    """The handle of a remote path (a listed file, or one a retired record names); None for a
+    file that is not wvc's."""
+    if path == MARKER:
+        return Handle("marker")
+    if path == BASE_RECORD:
+        return Handle("base")
+    if path.startswith(REFS):
+        return Handle("ref", path[len(REFS):])
+    if path.startswith(PACKS) and (m := _PACK.match(path[len(PACKS):])):
+        return Handle(m.group(2), m.group(1))
+    if (commit := commit_of_step_path(path)) is not None:
+        return Handle("step", commit)
+    if (found := _listed(path)) is not None:
+        return Handle(*found)
+    if (m := _OBJECT.match(path)) and m.group(3).startswith(m.group(2)):
+        return Handle(m.group(1)[:-1], m.group(3))
+    return None
+
+
+def handles(paths) -> list[Handle]:
+    """The handles of remote paths the remote repository holds (listed, or named by its own
+    records); one that is not a wvc file is refused."""
+    out = []
+    for p in paths:
+        if (h := handle_of(p)) is None:
+            raise RemoteError(f"{p!r} is not a file of a wvc remote")
+        out.append(h)
+    return out
+
+
 class RemoteLayout:
     """The layout map as a backend is given it when it is made (``open_backend`` passes
     ``LAYOUT``; restic's backends get theirs the same way): which listed files are refs and how
@@ -207,10 +257,24 @@ class RemoteLayout:
     listed_folders = LISTED_FOLDERS
     top_level = WVC_TOP  # what a wvc remote holds at its top level (a directory lists the rest as someone else's)
     max_ref_bytes = MAX_REF_BYTES
-    attic_path = staticmethod(attic_path)
-    movable = staticmethod(movable)
+    path = staticmethod(path)
     check_ref_count = staticmethod(check_ref_count)
     parse_refs = staticmethod(parse_refs)
+
+    @staticmethod
+    def movable(handle: Handle) -> bool:
+        """Whether ``handle``'s file moves to the attic when it is retired (and is looked for there)."""
+        return handle.kind in MOVABLE_KINDS
+
+    @staticmethod
+    def attic_path(handle: Handle) -> str:
+        """Where ``handle``'s file waits out the grace period once it moved."""
+        return attic_path(path(handle))
+
+    @staticmethod
+    def attic_folder(kind: str) -> str:
+        """The attic's folder of a kind's files (``attic/retired/``)."""
+        return attic_path(_FOLDERS[kind])
 
 
 LAYOUT = RemoteLayout()

@@ -76,8 +76,8 @@ class PathBackend(Backend):
 
     keeps_marker = True
 
-    def write_new(self, path: str, data: bytes) -> None:
-        target = self._file(path)
+    def write_new(self, handle, data: bytes) -> None:
+        target = self._file(self.layout.path(handle))
         if not target.is_file():
             target.parent.mkdir(parents=True, exist_ok=True)  # the first push makes the directory
             atomic_write(target, data)
@@ -107,16 +107,18 @@ class PathBackend(Backend):
                   for name in _names(self.root / d) if not name.startswith(TEMP_PREFIX)]
         return Listing(refs, _refs_version(refs), frozenset(paths))
 
-    def _open(self, path: str):
-        """``path`` opened (_open_regular), or, for a retired pack or catalog that moved since
-        the caller listed it, its copy in the attic; None if neither is there."""
+    def _open(self, handle, path: str):
+        """``handle``'s file (at ``path``) opened (_open_regular), or, for a retired pack or
+        catalog that moved since the caller listed it, its copy in the attic; None if neither
+        is there."""
         fh = _open_regular(self._file(path), path)
-        if fh is None and self.layout.movable(path):
-            fh = _open_regular(self._file(self.layout.attic_path(path)), path)
+        if fh is None and self.layout.movable(handle):
+            fh = _open_regular(self._file(self.layout.attic_path(handle)), path)
         return fh
 
-    def read(self, path: str, limit: int) -> bytes | None:
-        fh = self._open(path)
+    def read(self, handle, limit: int) -> bytes | None:
+        path = self.layout.path(handle)
+        fh = self._open(handle, path)
         if fh is None:
             return None
         with fh:
@@ -126,8 +128,9 @@ class PathBackend(Backend):
         self.bytes_downloaded += len(data)
         return data
 
-    def download(self, path: str, dest: Path, limit: int) -> None:
-        fh = self._open(path)
+    def download(self, handle, dest: Path, limit: int) -> None:
+        path = self.layout.path(handle)
+        fh = self._open(handle, path)
         if fh is None:
             raise RemoteError(f"remote file {path} is missing")
         with fh:
@@ -137,8 +140,9 @@ class PathBackend(Backend):
                 shutil.copyfileobj(fh, out, 1 << 20)
         self.bytes_downloaded += dest.stat().st_size
 
-    def read_range(self, path: str, offset: int, length: int) -> bytes:
-        fh = self._open(path)
+    def read_range(self, handle, offset: int, length: int) -> bytes:
+        path = self.layout.path(handle)
+        fh = self._open(handle, path)
         if fh is None:
             raise RemoteError(f"remote file {path} is missing")
         with fh:
@@ -149,32 +153,34 @@ class PathBackend(Backend):
         self.bytes_downloaded += len(data)
         return data
 
-    def delete(self, paths) -> None:
-        for path in paths:
-            self._file(path).unlink(missing_ok=True)
+    def delete(self, handles, *, in_attic: bool = False) -> None:
+        where = self.layout.attic_path if in_attic else self.layout.path
+        for handle in handles:
+            self._file(where(handle)).unlink(missing_ok=True)
 
     moves_retired = True  # a rename on the remote's file system
 
-    def move_to_attic(self, paths) -> None:
-        for path in paths:
-            target = self._file(self.layout.attic_path(path))
+    def move_to_attic(self, handles) -> None:
+        for handle in handles:
+            target = self._file(self.layout.attic_path(handle))
             target.parent.mkdir(parents=True, exist_ok=True)
             try:
-                os.replace(self._file(path), target)  # (atomic: the file is in one place or the other)
+                os.replace(self._file(self.layout.path(handle)), target)  # (atomic: the file is in one place or the other)
             except FileNotFoundError:
                 continue  # moved already, or deleted by a purge
 
-    def attic_names(self, folder: str) -> list[str]:
-        return [n for n in _names(self._file(self.layout.attic_path(folder))) if not n.startswith(TEMP_PREFIX)]
+    def attic_names(self, kind: str) -> list[str]:
+        return [n for n in _names(self._file(self.layout.attic_folder(kind).rstrip("/"))) if not n.startswith(TEMP_PREFIX)]
 
     composes = True  # compaction copies ranges of the remote's own packs here instead of uploading them
 
-    def compose(self, path: str, pieces: list, expected: tuple[str, int], local: Path | None = None) -> int:
+    def compose(self, handle, pieces: list, expected: tuple[str, int], local: Path | None = None) -> int:
         """See Backend.compose: ranges copied on the remote's file system (``copy_file_range``:
         server-side on NFS 4.2, reflinked where the file system can), checked against the
         pack's checksum, fsynced, then renamed into place."""
         from ..store.packs import pack_checksum
 
+        path = self.layout.path(handle)
         target = self._file(path)
         if target.exists():
             return 0
@@ -191,11 +197,12 @@ class PathBackend(Backend):
                     sent += len(piece)
                     continue
                 source, offset, length = piece
-                src = self._open(source)
+                source_path = self.layout.path(source)
+                src = self._open(source, source_path)
                 if src is None:
-                    raise RemoteError(f"remote file {source} vanished while compacting")
+                    raise RemoteError(f"remote file {source_path} vanished while compacting")
                 with src:
-                    _copy_range(src.fileno(), fd, offset, length, source)
+                    _copy_range(src.fileno(), fd, offset, length, source_path)
                 copied += length
             if os.fstat(fd).st_size != expected[1] or pack_checksum(fd, expected[1]) != expected[0]:
                 raise RemoteError(f"remote pack {path} did not come out as composed (a source changed?)")
@@ -215,8 +222,8 @@ class PathBackend(Backend):
 
     def publish(self, files, refs, expected: Listing, message: str, delete=(), progress=None) -> None:
         progress = upload_progress(progress, files)
-        for path, content in files.items():  # objects first: immutable, so rewriting is harmless
-            target = self._file(path)
+        for handle, content in files.items():  # objects first: immutable, so rewriting is harmless
+            target = self._file(self.layout.path(handle))
             target.parent.mkdir(parents=True, exist_ok=True)
             progress.advance(content_size(content))
             if target.exists():

@@ -34,9 +34,9 @@ from ..store.packs import MAX_INDEX_BYTES, PackEntry, parse_index
 from . import compaction
 from .catalog import MAX_CATALOG_BYTES, Catalog, catalog_name, parse_catalog, segment_size
 from . import layout
-from .interface import MAX_BASE_RECORD, MAX_PACK_BYTES, MAX_PRUNED_RECORD, MAX_SMALL_OBJECT, Backend, Listing
-from .layout import (BASE_RECORD, catalog_path, commit_of_step_path, commit_path, movable, new_record_name, pack_path,
-                     retired_path, pruned_path, step_path, tree_path)
+from .interface import MAX_BASE_RECORD, MAX_PACK_BYTES, MAX_PRUNED_RECORD, MAX_SMALL_OBJECT, Backend, Handle, Listing
+from .layout import (BASE_RECORD, catalog_path, commit_of_step_path, movable, new_record_name, pack_path,
+                     pruned_path, step_path)
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +232,7 @@ def read_state(backend: Backend, create: bool = False) -> RemoteState:
         backend.make()
         listing = backend.listing()
     listing = _a_wvc_remote(backend, listing, create)
-    base = backend.read(layout.BASE_RECORD, MAX_BASE_RECORD) if layout.BASE_RECORD in listing.files else None
+    base = backend.read(Handle("base"), MAX_BASE_RECORD) if layout.BASE_RECORD in listing.files else None
     named = layout.sorted_listing(listing.files)
     return RemoteState(listing.refs, listing.version, listing.files, listing.tokens, packs=named["idx"], base=base,
                        catalogs=named["catalog"], retired=named["retired"], pruned=named["pruned"])
@@ -251,7 +251,7 @@ def _a_wvc_remote(backend: Backend, listing: Listing, create: bool) -> Listing:
             raise RemoteError(f"{backend.url} is not a wvc remote (no {layout.MARKER})")
         if paths:
             raise RemoteError(f"{backend.url} exists and is not a wvc remote (it holds {', '.join(sorted(paths)[:4])})")
-        backend.write_new(layout.MARKER, json.dumps({"format": layout.FORMAT}).encode())  # the bytes wvc always wrote
+        backend.write_new(Handle("marker"), json.dumps({"format": layout.FORMAT}).encode())  # the bytes wvc always wrote
         return replace(listing, files=frozenset({layout.MARKER}))
     if not layout.is_wvc_layout(paths) and any(p not in layout.HUB_STARTERS for p in paths):
         raise not_a_wvc_remote(backend.url, paths, "push" if create else "read")
@@ -353,7 +353,7 @@ class RemoteRepository:
         if self.backend.deletes_atomically:
             self.publish({}, {}, f"wvc gc: {len(paths)} step records of unreachable commits", replaced=list(paths))
         else:
-            self.backend.delete(list(paths))
+            self.backend.delete(layout.handles(paths))
 
     # -- reading -------------------------------------------------------------------------------
     @property
@@ -374,15 +374,15 @@ class RemoteRepository:
 
     def download_pack(self, name: str, dest: Path) -> None:
         """Pack ``name`` into the local file ``dest`` (unverified: the caller checks it)."""
-        self.backend.download(pack_path(name), dest, MAX_PACK_BYTES)
+        self.backend.download(Handle("pack", name), dest, MAX_PACK_BYTES)
 
     def loose_commit(self, cid: str) -> bytes | None:
         """Format 1: a commit's own file (unverified), or None."""
-        return self.backend.read(commit_path(cid), MAX_SMALL_OBJECT)
+        return self.backend.read(Handle("commit", cid), MAX_SMALL_OBJECT)
 
     def loose_tree(self, tid: str) -> bytes | None:
         """Format 1: a tree's own file (unverified), or None."""
-        return self.backend.read(tree_path(tid), MAX_SMALL_OBJECT)
+        return self.backend.read(Handle("tree", tid), MAX_SMALL_OBJECT)
 
     def commit(self, cid: str, missing: str | None = None, absent: type = RemoteError) -> Commit:
         """Commit ``cid``, verified against its id; ``absent(missing)`` when the remote has
@@ -511,7 +511,7 @@ class RemoteRepository:
         cache = self.cache_dir / cache_name if self.cache_dir is not None else None
         if cache is not None and cache.is_file() and cache.stat().st_size <= limit:
             return parse(cache.read_bytes())
-        data = self.backend.read(path, limit)
+        data = self.backend.read(layout.handles([path])[0], limit)
         if data is None:
             raise RemoteError(f"{what} is missing")
         parsed = parse(data)
@@ -536,7 +536,7 @@ class RemoteRepository:
             if known is not None:
                 out[record] = known
                 continue
-            data = self.backend.read(retired_path(record), MAX_RETIRED_RECORD)
+            data = self.backend.read(Handle("retired", record), MAX_RETIRED_RECORD)
             if data is None:
                 continue  # deleted by a purge since the listing
             try:
@@ -554,7 +554,7 @@ class RemoteRepository:
         union and replaces the ones it read)."""
         out: set[str] = set()
         for record in self.state.pruned:
-            data = self.backend.read(pruned_path(record), MAX_PRUNED_RECORD)
+            data = self.backend.read(Handle("pruned", record), MAX_PRUNED_RECORD)
             if data is None:
                 continue  # replaced by a prune since the listing
             try:
@@ -590,7 +590,7 @@ class RemoteRepository:
             pack_file, catalog, recipe = compaction.merge_segments(self.download_pack, merging, pack_file, catalog, work_dir)
             replaced = [f for seg in merging for f in seg.files]
             if recipe is not None and self.backend.composes:  # the remote's own bytes are not sent again
-                composed = self.backend.compose(pack_path(catalog.pack), recipe.pieces, (recipe.checksum, recipe.size),
+                composed = self.backend.compose(Handle("pack", catalog.pack), recipe.pieces, (recipe.checksum, recipe.size),
                                                 pack_file) is not None
             progress.close()
         if pack_file is not None and not composed:
@@ -611,7 +611,7 @@ class RemoteRepository:
         self.publish(files, refs, message, replaced=replaced + (dropped if atomic else []), progress=progress)
         if dropped and not atomic:
             try:
-                self.backend.delete(dropped)
+                self.backend.delete(layout.handles(dropped))
             except RemoteError as exc:  # (left behind: harmless, listed until `gc --remote`)
                 log.debug("%s: replaced step records not deleted (%s)", self.url, exc)
         self.purge()
@@ -651,7 +651,7 @@ class RemoteRepository:
             progress.start(len(kept), "rewriting remote packs", unit="segments")
             pack_file, catalog, recipe = compaction.merge_segments(self.download_pack, kept, None, Catalog(None), work_dir)
             if recipe is not None and self.backend.composes and self.backend.compose(
-                    pack_path(catalog.pack), recipe.pieces, (recipe.checksum, recipe.size), pack_file) is not None:
+                    Handle("pack", catalog.pack), recipe.pieces, (recipe.checksum, recipe.size), pack_file) is not None:
                 pack_file = None
             progress.close()
             if pack_file is not None:
@@ -660,7 +660,7 @@ class RemoteRepository:
             files[catalog_path(catalog_name(data))] = data
         self.publish(files, {}, message, replaced=[f for seg in dropped for f in seg.files] + replaced)
         if step_records and not atomic:
-            self.backend.delete(list(step_records))
+            self.backend.delete(layout.handles(step_records))
 
     def publish(self, files: dict[str, Path | bytes], refs: dict[str, str | None], message: str, *,
                 replaced=(), progress=None) -> None:
@@ -669,10 +669,11 @@ class RemoteRepository:
         backend can (the Hub's one commit), else retired (compaction.py) and purged later."""
         files, delete, record_path = dict(files), (), None
         if replaced and self.backend.deletes_atomically:
-            delete = tuple(replaced)
+            delete = tuple(layout.handles(replaced))
         elif replaced:
             record_path, record = compaction.retired_record(list(replaced))
             files[record_path] = record
+        files = dict(zip(layout.handles(files), files.values()))  # (the backend is given handles, never paths)
         self.backend.publish(files, refs, self.state, message, delete=delete, progress=progress)
         if record_path is not None:
             compaction.retired_at(self.url, record_path)
@@ -686,9 +687,9 @@ class RemoteRepository:
         if not self.backend.moves_retired:
             return
         try:
-            self.backend.move_to_attic([p for p in retired if movable(p)])
+            self.backend.move_to_attic(layout.handles([p for p in retired if movable(p)]))
             if record is not None:
-                self.backend.move_to_attic([record])
+                self.backend.move_to_attic(layout.handles([record]))
         except (RemoteError, OSError) as exc:  # (the push has landed: the files stay where they are, retired all the same)
             log.debug("%s: retired files left in place (%s)", self.url, exc)
 
@@ -708,6 +709,7 @@ class RemoteRepository:
         purge = compaction.purge_plan(self)
         if purge is None:
             return 0
-        self.backend.delete(purge.listed + purge.attic)
+        self.backend.delete(layout.handles(purge.listed))
+        self.backend.delete(layout.handles(purge.attic), in_attic=True)
         compaction.purged(self.url, purge)
         return len(purge.paths)

@@ -131,7 +131,7 @@ def _md5_of(fh, length: int) -> str:
     return digest.hexdigest()
 
 
-def compose_parts(pieces: list, size: int, etags: dict[str, str]) -> list[tuple]:
+def compose_parts(pieces: list, size: int, etags: dict) -> list[tuple]:
     """A multipart upload of a file made of ``pieces`` (Backend.compose): ``("copy", source,
     offset, length, position, etag)`` for a range of a source whose ETag is known (it was
     downloaded and checked) long enough to be a part, ``("send", start, end)`` for bytes sent
@@ -177,7 +177,7 @@ class S3Backend(Backend):
         self.url = f"s3://{location.bucket}/{location.prefix}".rstrip("/")
         self.client = _client()
         self._count_lock = threading.Lock()  # parts are sent from several threads
-        self._downloaded: dict[str, str] = {}  # path -> ETag of each file download() fetched whole
+        self._downloaded: dict = {}  # handle -> ETag of each file download() fetched whole
 
     def _key(self, path: str) -> str:
         return self.location.prefix + path
@@ -215,23 +215,24 @@ class S3Backend(Backend):
                 out[obj["Key"][n:]] = obj["ETag"]
         return out
 
-    def _get(self, path: str, byte_range: str | None = None):
-        """GetObject; a retired pack or catalog that moved since it was listed is read from
-        the attic."""
+    def _get(self, path: str, byte_range: str | None = None, handle=None):
+        """GetObject; a retired pack or catalog (``handle``'s file) that moved since it was
+        listed is read from the attic."""
         kwargs = {"Range": byte_range} if byte_range else {}
         try:
             with s3_errors(self._what(path)):
                 return self.client.get_object(Bucket=self.location.bucket, Key=self._key(path), **kwargs)
         except _NotFound:
-            if not self.layout.movable(path):
+            if handle is None or not self.layout.movable(handle):
                 raise
         with s3_errors(self._what(path)):
-            return self.client.get_object(Bucket=self.location.bucket, Key=self._key(self.layout.attic_path(path)), **kwargs)
+            return self.client.get_object(Bucket=self.location.bucket, Key=self._key(self.layout.attic_path(handle)),
+                                          **kwargs)
 
-    def _read_upto(self, path: str, n: int) -> tuple[bytes, str]:
+    def _read_upto(self, path: str, n: int, handle=None) -> tuple[bytes, str]:
         """At most ``n`` bytes from the start of a file, and its ETag (the Range bounds what
         the endpoint sends, and the read bounds what is kept even if it ignores the Range)."""
-        resp = self._get(path, f"bytes=0-{n - 1}")
+        resp = self._get(path, f"bytes=0-{n - 1}", handle)
         with s3_errors(self._what(path)):
             data = resp["Body"].read(n)
             resp["Body"].close()
@@ -243,8 +244,8 @@ class S3Backend(Backend):
 
     keeps_marker = True
 
-    def write_new(self, path: str, data: bytes) -> None:
-        self._put(path, data, if_none_match=True, exist_ok=True)
+    def write_new(self, handle, data: bytes) -> None:
+        self._put(self.layout.path(handle), data, if_none_match=True, exist_ok=True)
 
     @retries_reads
     def listing(self) -> Listing:
@@ -266,9 +267,10 @@ class S3Backend(Backend):
         return Listing(refs, version, frozenset(listing), {r: tokens[r] for r in refs})
 
     @retries_reads
-    def read(self, path: str, limit: int) -> bytes | None:
+    def read(self, handle, limit: int) -> bytes | None:
+        path = self.layout.path(handle)
         try:
-            data, _ = self._read_upto(path, limit + 1)
+            data, _ = self._read_upto(path, limit + 1, handle)
         except _NotFound:
             return None
         if len(data) > limit:
@@ -276,8 +278,9 @@ class S3Backend(Backend):
         return data
 
     @retries_reads
-    def download(self, path: str, dest: Path, limit: int) -> None:
-        resp = self._get(path)
+    def download(self, handle, dest: Path, limit: int) -> None:
+        path = self.layout.path(handle)
+        resp = self._get(path, None, handle)
         if resp.get("ContentLength", 0) > limit:
             resp["Body"].close()
             raise RemoteFileTooLarge(f"remote file {path} is larger than allowed")
@@ -292,13 +295,14 @@ class S3Backend(Backend):
             raise TransientError(f"{self._what(path)}: the body was cut short ({total} of {resp['ContentLength']} bytes)")
         self.bytes_downloaded += total
         if resp.get("ETag"):
-            self._downloaded[path] = resp["ETag"]
+            self._downloaded[handle] = resp["ETag"]
 
     @retries_reads
-    def read_range(self, path: str, offset: int, length: int) -> bytes:
+    def read_range(self, handle, offset: int, length: int) -> bytes:
         if length <= 0:
             return b""
-        resp = self._get(path, f"bytes={offset}-{offset + length - 1}")
+        path = self.layout.path(handle)
+        resp = self._get(path, f"bytes={offset}-{offset + length - 1}", handle)
         if not resp.get("ContentRange") and offset != 0:
             resp["Body"].close()
             raise RemoteError(f"{self._what(path)}: the endpoint ignored a range request; refusing to download "
@@ -344,35 +348,38 @@ class S3Backend(Backend):
             return False
         return size is None or head.get("ContentLength") == size
 
-    def delete(self, paths) -> None:
-        for path in paths:
+    def delete(self, handles, *, in_attic: bool = False) -> None:
+        for handle in handles:
+            path = (self.layout.attic_path if in_attic else self.layout.path)(handle)
             with s3_errors(self._what(path)):
                 self.client.delete_object(Bucket=self.location.bucket, Key=self._key(path))
 
     moves_retired = True  # a server-side copy into the attic, then a delete: no byte sent
 
-    def move_to_attic(self, paths) -> None:
+    def move_to_attic(self, handles) -> None:
         bucket = self.location.bucket
-        for path in paths:
+        for handle in handles:
+            path = self.layout.path(handle)
             try:
                 with s3_errors(self._what(path)):
                     # (CopyObject takes at most 5 GB: a larger pack stays listed, retired by its record)
-                    self.client.copy_object(Bucket=bucket, Key=self._key(self.layout.attic_path(path)),
+                    self.client.copy_object(Bucket=bucket, Key=self._key(self.layout.attic_path(handle)),
                                             CopySource={"Bucket": bucket, "Key": self._key(path)})
             except _NotFound:
                 continue  # moved already, or purged
             with s3_errors(self._what(path)):
                 self.client.delete_object(Bucket=bucket, Key=self._key(path))
 
-    def attic_names(self, folder: str) -> list[str]:
-        under = self._key(self.layout.attic_path(folder.rstrip("/") + "/"))
+    def attic_names(self, kind: str) -> list[str]:
+        under = self._key(self.layout.attic_folder(kind))
         with s3_errors(self._what()):
             pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.location.bucket, Prefix=under)
             return [o["Key"][len(under):] for page in pages for o in page.get("Contents", ()) if "/" not in o["Key"][len(under):]]
 
     def publish(self, files, refs, expected: Listing, message: str, delete=(), progress=None) -> None:
         progress = upload_progress(progress, files)
-        for path, content in files.items():  # objects first: immutable, so an existing one is kept
+        for handle, content in files.items():  # objects first: immutable, so an existing one is kept
+            path = self.layout.path(handle)
             size = content_size(content)
             progress.advance(size)
             if self._exists(path, size):
@@ -431,7 +438,7 @@ class S3Backend(Backend):
     # -- composing (compaction's merged packs, remotes/compaction.py) ---------------------------
     composes = True  # UploadPartCopy: ranges of the remote's own packs become parts without being sent
 
-    def compose(self, path: str, pieces: list, expected: tuple[str, int], local: Path) -> int | None:
+    def compose(self, handle, pieces: list, expected: tuple[str, int], local: Path) -> int | None:
         """See Backend.compose: a multipart upload whose parts are server-side copies
         (UploadPartCopy) of the ranges long enough to be a part (S3: at least 5 MiB but the
         last), the rest sent from ``local``. A copied part must come back with the ETag of
@@ -440,8 +447,8 @@ class S3Backend(Backend):
         SSE-KMS) the upload is aborted and None returned, so the verified local file is sent
         whole. Copies are also made only if the source still has the ETag it was downloaded
         with (``CopySourceIfMatch``)."""
-        size = expected[1]
-        parts = compose_parts(pieces, size, {p: e for p, e in self._downloaded.items()})
+        size, path = expected[1], self.layout.path(handle)
+        parts = compose_parts(pieces, size, dict(self._downloaded))
         if not any(kind == "copy" for kind, *_ in parts) or len(parts) > 10_000:
             return None
         if self._exists(path, size):
@@ -469,11 +476,12 @@ class S3Backend(Backend):
             with open(local, "rb") as fh:  # what the copy must hold: the client's own bytes there
                 fh.seek(at)
                 want = _md5_of(fh, length)
+            source_path = self.layout.path(source)
             try:
-                with s3_errors(self._what(source)):
+                with s3_errors(self._what(source_path)):
                     result = self.client.upload_part_copy(
                         Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number,
-                        CopySource={"Bucket": bucket, "Key": self._key(source)},
+                        CopySource={"Bucket": bucket, "Key": self._key(source_path)},
                         CopySourceRange=f"bytes={offset}-{offset + length - 1}", CopySourceIfMatch=source_etag)
             except RemoteChanged as exc:  # 412: the source is no longer what was downloaded
                 raise _CopyMismatch(source) from exc

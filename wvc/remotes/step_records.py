@@ -39,7 +39,7 @@ from .. import ids
 from ..errors import CorruptObject, FormatError
 from ..formats import bounded_json
 from ..model.tree_diff import check_changes
-from .layout import pack_path, step_path
+from .interface import Handle
 from ..model.versions import MAX_PAYLOAD, MAX_RAW_CHUNK, MAX_TREE_BYTES, canonical_json
 
 MAGIC = b"WVCSTEP\x01\n"
@@ -82,22 +82,22 @@ class StepRecord:
     def data_path(self) -> tuple[str, int] | None:
         """(the record's remote path, where its data area starts) when payloads are read from
         the remote as needed, else None (the record was read whole)."""
-        return (self.data.path, self.data.start) if isinstance(self.data, _Ranges) else None
+        return (self.data.handle, self.data.start) if isinstance(self.data, _Ranges) else None
 
 
 def stored_payload(backend, chunk: StepChunk) -> bytes:
     """A record's chunk whose payload is a stored one (``chunk.pack``), read by range."""
-    return backend.read_range(pack_path(chunk.pack), chunk.offset, chunk.length)
+    return backend.read_range(Handle("pack", chunk.pack), chunk.offset, chunk.length)
 
 
 class _Ranges:
     """A large record's data area left on the remote: each payload is a range read of it."""
 
-    def __init__(self, backend, path: str, start: int):
-        self.backend, self.path, self.start = backend, path, start
+    def __init__(self, backend, handle: Handle, start: int):
+        self.backend, self.handle, self.start = backend, handle, start
 
     def read(self, offset: int, length: int) -> bytes:
-        return self.backend.read_range(self.path, self.start + offset, length)
+        return self.backend.read_range(self.handle, self.start + offset, length)
 
 
 # A record up to this size is read whole, in one request (a step's record is small: its
@@ -112,28 +112,28 @@ def fetch(backend, commit_id: str) -> StepRecord | None:
     if it is not a valid record."""
     from ..errors import RemoteFileTooLarge
 
-    path = step_path(commit_id)
+    handle = Handle("step", commit_id)
     try:
-        data = backend.read(path, WHOLE_READ)
+        data = backend.read(handle, WHOLE_READ)
     except RemoteFileTooLarge:
-        return _fetch_ranges(backend, path, commit_id)
+        return _fetch_ranges(backend, handle, commit_id)
     return None if data is None else parse(data, commit_id)
 
 
-def _fetch_ranges(backend, path: str, commit_id: str) -> StepRecord:
+def _fetch_ranges(backend, handle: Handle, commit_id: str) -> StepRecord:
     from ..model.versions import Commit
 
     import zstandard
 
     try:
-        prefix = backend.read_range(path, 0, len(MAGIC) + 8)
+        prefix = backend.read_range(handle, 0, len(MAGIC) + 8)
         if prefix[: len(MAGIC)] != MAGIC:
             raise ValueError("not a step record")
         (head_len,) = struct.unpack_from("<Q", prefix, len(MAGIC))
         if head_len > MAX_HEADER + (1 << 20):  # a frame of at most MAX_HEADER bytes is no larger than this
             raise ValueError("header larger than allowed")
-        frame = backend.read_range(path, len(prefix), head_len)
-        return _parse(frame, commit_id, Commit, area=_Ranges(backend, path, len(prefix) + head_len))
+        frame = backend.read_range(handle, len(prefix), head_len)
+        return _parse(frame, commit_id, Commit, area=_Ranges(backend, handle, len(prefix) + head_len))
     except (FormatError, ValueError, TypeError, KeyError, IndexError, RecursionError, struct.error,
             zstandard.ZstdError) as exc:
         raise CorruptObject(f"step record of {ids.short(commit_id)} is malformed: {exc}") from exc
