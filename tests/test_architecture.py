@@ -425,20 +425,12 @@ def test_remote_paths_are_spelled_in_the_layout_map_alone():
 BACKENDS = ("interface", "path", "s3", "hub", "bucket")
 
 
-def _runtime_imports(path: Path) -> list[tuple[int, str]]:
-    """``imports(path)`` less those under ``if TYPE_CHECKING:`` (names for annotations only)."""
-    typing_only = {n.lineno for node in ast.walk(ast.parse(path.read_text()))
-                   if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
-                   for n in ast.walk(node) if hasattr(n, "lineno")}
-    return [(line, target) for line, target in imports(path) if line not in typing_only]
-
-
 def test_backends_ask_the_layout_they_are_given_and_import_no_format_rule():
     """Issue 67: the backends imported the format's rules (LISTED_FOLDERS, attic_path, movable,
     check_ref_count, parse_refs, a bucket's reflog/). Now each is given the layout map when it is
     made (``open_backend``: restic's backends get theirs so) and asks it; none imports it."""
     found = [f"wvc/remotes/{name}.py:{line}" for name in BACKENDS
-             for line, target in _runtime_imports(PACKAGE / "remotes" / f"{name}.py") if target == "wvc.remotes.layout"]
+             for line, target in imports(PACKAGE / "remotes" / f"{name}.py") if target == "wvc.remotes.layout"]
     assert not found, found
 
 

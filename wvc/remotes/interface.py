@@ -17,14 +17,11 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .. import ids
 from ..errors import NonFastForward, NotAWvcRemote, RemoteChanged, RemoteError  # noqa: F401 - the backends' vocabulary
 from ..store.refs import check_ref_name
-
-if TYPE_CHECKING:
-    from .layout import RemoteLayout
 
 MAX_PACK_BYTES = 64 << 30  # one pack a push (or a compaction) writes
 MAX_SMALL_OBJECT = 128 << 20  # commits and trees (versions.MAX_TREE_BYTES)
@@ -97,6 +94,31 @@ class Handle:
     name: str = ""
 
 
+class LayoutRules(Protocol):
+    """What a backend asks the layout map it is given (remotes/layout.py's RemoteLayout
+    answers): which files are refs, which folders a backend that lists folder by folder lists,
+    where a retired file waits (the attic), a Storage Bucket's ref log, and each handle's path."""
+
+    refs: str
+    attic: str
+    reflog: str
+    listed_folders: tuple
+    top_level: tuple
+    max_ref_bytes: int
+
+    def path(self, handle: Handle) -> str: ...
+
+    def movable(self, handle: Handle) -> bool: ...
+
+    def attic_path(self, handle: Handle) -> str: ...
+
+    def attic_folder(self, kind: str) -> str: ...
+
+    def check_ref_count(self, url: str, paths) -> list[str]: ...
+
+    def parse_refs(self, files: dict[str, bytes]) -> dict[str, str]: ...
+
+
 @dataclass
 class Listing:
     """What a backend lists: plain files, and the refs with what a compare-and-swap checks."""
@@ -115,7 +137,7 @@ class Backend:
     url: str
     # The format's rules this backend asks (which files are refs, the attic, the listed
     # folders), given when it is made: remotes/layout.py's RemoteLayout. No backend imports them.
-    layout: "RemoteLayout"
+    layout: "LayoutRules"
     bytes_downloaded: int = 0
     bytes_uploaded: int = 0
     bytes_copied: int = 0  # server-side copies compose made (no byte crossed the network)

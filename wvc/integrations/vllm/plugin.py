@@ -42,8 +42,10 @@ def register() -> None:
     except ImportError:  # pragma: no cover - another vLLM layout
         return
     from .offline import add_worker_methods
+    from .worker_methods import add_follower_methods
 
     add_worker_methods(WorkerWrapperBase)  # attach() reaches workers by method name
+    add_follower_methods(WorkerWrapperBase)  # a server's engine asks its workers' followers by method name
 
 
 # Worker calls after which cached KV holds values computed with the old weights: the wvc

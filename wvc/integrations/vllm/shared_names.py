@@ -4,7 +4,7 @@ imports the other for them."""
 
 REMOTE_ENV = "WVC_VLLM_REMOTE"  # the remote a server follows, set by whoever starts it (transfer.followed)
 BRANCH_ENV = "WVC_VLLM_BRANCH"  # its branch; unset: the one init names (default main)
-# worker methods transfer.py adds to vLLM's workers, which the plugin calls by name (collective_rpc)
+# the follower's worker methods (worker_methods.py), which the plugin adds to vLLM's worker wrapper and calls by name
 LOADED_COMMIT = "wvc_loaded_commit"
 UNUSABLE = "wvc_unusable"
 PREFETCH = "wvc_prefetch"  # start fetching the next version while serving

@@ -34,7 +34,7 @@ from vllm.distributed.weight_transfer.base import WeightTransferEngine, WeightTr
 
 from ...errors import TransferNotInitialized, WvcError
 from .engine_weights import EngineWeights
-from .shared_names import BRANCH_ENV, LOADED_COMMIT, PREFETCH, PREFETCHING, REMOTE_ENV, UNUSABLE
+from .shared_names import BRANCH_ENV, REMOTE_ENV
 from .session import EngineFollower
 
 
@@ -121,49 +121,3 @@ class WvcWeightTransferEngine(WeightTransferEngine[WvcInitInfo, WvcUpdateInfo]):
 
     def shutdown(self) -> None:
         self.session = None
-
-
-# the worker methods plugin.py calls on every worker, by these names
-def _session(worker) -> EngineFollower | None:
-    return getattr(getattr(worker, "weight_transfer_engine", None), "session", None)
-
-
-def _loaded_commit(worker) -> str | None:
-    """The commit a worker's engine holds."""
-    session = _session(worker)
-    return None if session is None else session.commit
-
-
-def _unusable(worker) -> str | None:
-    """Why a worker's engine holds parts of two versions, or None."""
-    session = _session(worker)
-    return None if session is None else session.unusable
-
-
-def _prefetch(worker, commit: str | None) -> None:
-    """Start fetching ``commit`` into the worker's host copy while the engine serves (the
-    update that follows only writes); nothing without a usable session (the update says why)."""
-    session = _session(worker)
-    if session is not None and session.unusable is None:
-        session.prefetch(commit)
-
-
-def _prefetching(worker) -> bool:
-    session = _session(worker)
-    return session is not None and session.prefetching
-
-
-def _add_worker_method() -> None:
-    """A worker method, by name: a server's engine core reaches workers by method name only
-    (a function would have to be pickled across, which vLLM refuses by default). Added to
-    vLLM's worker wrapper when this module is imported, i.e. in a worker whose engine uses
-    the wvc backend; the wrapper hands everything else to its worker."""
-    from vllm.v1.worker.worker_base import WorkerWrapperBase
-
-    for name, method in ((LOADED_COMMIT, _loaded_commit), (UNUSABLE, _unusable), (PREFETCH, _prefetch),
-                         (PREFETCHING, _prefetching)):
-        if not hasattr(WorkerWrapperBase, name):
-            setattr(WorkerWrapperBase, name, method)
-
-
-_add_worker_method()
