@@ -97,9 +97,9 @@ class WvcWeightTransfer:
                  background: bool = True):
         from ..model.keep_policy import KeepPolicy
         from ..store.refs import check_ref_name
-        from .library_versions import require
 
-        require("trl", optional=True)  # (it extends TRL's trainer and rollout worker; another loop needs no TRL)
+        # TRL's version checked, and its trainer extended to hand itself over (another loop needs no TRL)
+        trl_hooks.hand_trainer_to(self)
         check_ref_name(branch)
         self.remote, self.branch = str(remote), branch
         self.api_key = api_key if api_key is not None else settings.text("VLLM_API_KEY")
@@ -129,7 +129,6 @@ class WvcWeightTransfer:
         self._served_version: int | None = None  # TRL's version of the newest sync every server loaded
         self._tell_rollouts = None  # tells TRL's rollout worker a version (set when TRL first tells it one)
         self.trainer = None  # TRL's trainer, once it handed itself over (bind_trainer)
-        trl_hooks.hand_trainer_to(self)
 
     def bind_trainer(self, trainer) -> None:
         """The trainer whose weights this transfer syncs: its model is what the servers

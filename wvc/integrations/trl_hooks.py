@@ -53,8 +53,8 @@ def hand_trainer_to(transfer) -> bool:
 
 def hold_rollout_versions(worker, transfer) -> bool:
     """TRL's rollout ``worker`` passes a version on through ``transfer._rollout_version``, which
-    tells it at most what the servers hold. False for a worker of another kind."""
-    require("trl", optional=True)
+    tells it at most what the servers hold. False for a worker of another kind. (Called at each
+    sync, by a transfer whose making checked TRL's version: ``hand_trainer_to``.)"""
     try:
         from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
     except ImportError:

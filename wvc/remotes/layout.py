@@ -200,8 +200,8 @@ _BUILDERS = {"marker": lambda _: MARKER, "base": lambda _: BASE_RECORD, "ref": l
              "pack": pack_path, "idx": lambda n: pack_path(n, "idx"), "catalog": catalog_path,
              "retired": retired_path, "pruned": pruned_path, "step": step_path, "commit": commit_path,
              "tree": tree_path}
-MOVABLE_KINDS = ("pack", "idx", "catalog", "pruned", "retired")  # MOVABLE's files
 _FOLDERS = {"pack": PACKS, "idx": PACKS, "catalog": CATALOGS, "retired": RETIRED, "pruned": PRUNED, "step": STEPS}
+MOVABLE_KINDS = tuple(kind for kind, folder in _FOLDERS.items() if folder in MOVABLE)  # MOVABLE's files
 _OBJECT = re.compile(r"^objects/(commits|trees)/([0-9a-f]{2})/([0-9a-f]{64})$")
 
 

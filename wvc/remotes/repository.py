@@ -484,7 +484,7 @@ class RemoteRepository:
             seg = LISTED_SEGMENTS.get(name)
             if seg is None:
                 cat = PARSED_CATALOGS.get_or_make(name, lambda n=name: self._immutable(
-                    catalog_path(n), f"{n}.cat", MAX_CATALOG_BYTES, f"remote catalog {n[:12]}",
+                    Handle("catalog", n), f"{n}.cat", MAX_CATALOG_BYTES, f"remote catalog {n[:12]}",
                     lambda d: parse_catalog(d, n)))
                 seg = LISTED_SEGMENTS[name] = cat.derived(lambda c=cat, n=name: _segment_of(n, c))
             segments.append(seg)
@@ -503,15 +503,15 @@ class RemoteRepository:
             except CorruptObject as exc:
                 raise RemoteError(str(exc)) from exc
 
-        return self._immutable(pack_path(name, "idx"), f"{name}.idx", MAX_INDEX_BYTES, what, parse)
+        return self._immutable(Handle("idx", name), f"{name}.idx", MAX_INDEX_BYTES, what, parse)
 
-    def _immutable(self, path: str, cache_name: str, limit: int, what: str, parse):
+    def _immutable(self, handle: Handle, cache_name: str, limit: int, what: str, parse):
         """An immutable remote file, parsed (and so validated) by ``parse``; from the cache
         when it is there, kept there once it parsed."""
         cache = self.cache_dir / cache_name if self.cache_dir is not None else None
         if cache is not None and cache.is_file() and cache.stat().st_size <= limit:
             return parse(cache.read_bytes())
-        data = self.backend.read(layout.handles([path])[0], limit)
+        data = self.backend.read(handle, limit)
         if data is None:
             raise RemoteError(f"{what} is missing")
         parsed = parse(data)

@@ -187,16 +187,14 @@ def tensor_detail(repo, commit: str, file: str, tensor: str, bins: int = 40) -> 
     commit = repo.resolve(commit)
     new_tree = repo.tree_of(commit)  # pruned: say so, naming the nearest kept versions
     c = repo.read_commit(commit)
-    if c.parents:
-        try:
-            repo.tree_of(c.parents[0])
-        except VersionPruned as exc:
-            raise VersionPruned(f"its change cannot be shown: its parent's weights are gone ({exc})") from None
-    new = next((t for f in new_tree.files if f.path == file for t in f.tensors if t.name == tensor), None)
     old = None
     if c.parents:
-        old = next((t for f in repo.tree_of(c.parents[0], weights=False).files if f.path == file for t in f.tensors
-                    if t.name == tensor), None)
+        try:
+            old_tree = repo.tree_of(c.parents[0])
+        except VersionPruned as exc:
+            raise VersionPruned(f"its change cannot be shown: its parent's weights are gone ({exc})") from None
+        old = next((t for f in old_tree.files if f.path == file for t in f.tensors if t.name == tensor), None)
+    new = next((t for f in new_tree.files if f.path == file for t in f.tensors if t.name == tensor), None)
     if new is None:
         raise InvalidArgument(f"no tensor {tensor!r} in {file} at {commit[:12]}")
     out = {"commit": commit, "file": file, "tensor": tensor, "dtype": new.dtype, "shape": list(new.shape),
