@@ -1,9 +1,8 @@
 """A tensor-parallel engine (TP=2, two worker processes, the CPU backend's packed weights,
-tied bf16) follows a branch: every worker's follower moves its shard, and after each update
-the engine's greedy tokens, top-5 logprobs and prompt logprobs equal those of a fresh TP=2
-engine started from `wvc checkout` of the same commit (issue 65). Each worker still keeps a
-host copy of the whole checkpoint and reads the whole step: one copy per server is not
-built (docs/training.md, "Memory").
+tied bf16) follows a branch: the workers share one follower (the first downloads and decodes
+each step into one host copy in shared memory; each writes its shard from it), and after each
+update the engine's greedy tokens, top-5 logprobs and prompt logprobs equal those of a fresh
+TP=2 engine started from `wvc checkout` of the same commit (issue 65).
 
 The engines run in a process of their own (this file, run as a module): worker processes
 are started by vLLM's multiprocessing executor, which the in-process engines of the other
@@ -41,7 +40,12 @@ def drive(remote: str, first: str, start_dir: str, steps: list) -> dict:
 
     llm = _tp_engine(start_dir)
     attached = attach(llm, remote, "main", at=first)
-    out = {"workers": len(attached.info()), "updates": []}
+    out = {"workers": len(attached.info()), "host_copies": [i["host_copy"] for i in attached.info()], "updates": []}
+    try:  # a commit the remote lacks: the leader's error is the engine's, and every worker keeps its version
+        attached.update("0" * 64)
+        out["unknown"] = None
+    except Exception as exc:  # noqa: BLE001 - what the test checks
+        out["unknown"] = {"error": str(exc)[-300:], "held": [i["commit"] for i in attached.info()]}
     for commit, _ in steps:
         up = attached.update(commit)
         out["updates"].append({"commit": up.commit, "probe": engine.probe(llm), "applied": up.applied,
@@ -73,6 +77,12 @@ def test_a_tensor_parallel_engine_follows_exactly(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     got = json.loads(run.stdout.strip().splitlines()[-1])
     assert got["workers"] == 2
+    # one host copy for the server: the first worker fetches, both map the one shared file
+    leader, member = got["host_copies"]
+    assert leader["shared"] and member["shared"] and leader["name"] == member["name"]
+    assert leader["fetches"] and not member["fetches"]
+    assert got["unknown"] is not None and got["unknown"]["held"] == [trainer.first, trainer.first]
+    assert "has no commit" in got["unknown"]["error"]
     before = None
     for (commit, _), update, fresh in zip(steps, got["updates"], got["fresh"]):
         assert update["commit"] == commit and update["held"] == [commit, commit]

@@ -4,7 +4,8 @@
     engine = wvc.integrations.vllm.attach(llm, "hf://team/policy", "main", at=commit)
     engine.update()            # the branch's tip, applied in place; None if already there
 
-Each of the engine's workers runs its own follower (session.py), reached through
+Each of the engine's workers has a follower (session.py; the workers of a tensor-parallel
+engine share one, with one host copy: server_group.py), reached through
 ``LLM.collective_rpc`` by method name (``wvc_attach``, ``wvc_update``, ``wvc_info``: the
 plugin adds them to vLLM's worker wrapper in every process, so no function has to be
 pickled across to worker processes, which vLLM refuses by default). ``WorkerExtension``
@@ -46,11 +47,12 @@ def _weights_factory(worker):
 
 
 def _attach(worker, source: str, branch: str, at: str | None) -> dict:
+    from . import server_group
     from .session import EngineFollower
 
     config = worker.vllm_config.model_config
     session = EngineFollower(_weights_factory(worker), source, branch, at=at, model=config.model,
-                             revision=config.revision)
+                             revision=config.revision, group=server_group.of_worker())
     _SESSIONS[_worker_of(worker)] = session
     return session.info()
 

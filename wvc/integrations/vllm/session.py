@@ -14,6 +14,11 @@ version in a thread of its own while the engine goes on generating (the engine n
 the host copy), and the update that follows only writes what changed into the engine: the
 engine is held for the write alone. The commit the engine reports is the one written into
 it, not the one the host copy has reached.
+
+The workers of a tensor-parallel server share one follower (issue 65): the group's leader
+(server_group.py) fetches into one host copy in shared memory (shared_host.py) and sends the
+others what changed; each worker writes its own shard from that copy. One download, one decode
+and one host copy a server, not a worker.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from pathlib import Path
 from ...codec.pool import work_in_background
 from ...errors import EngineUnusable, InvalidArgument
 from ...read.follower import Follower
+from . import server_group, shared_host
 
 log = logging.getLogger(__name__)
 
@@ -100,33 +106,66 @@ def host_copy(model: str, revision: str | None = None) -> dict:
 class EngineFollower:
     """A worker's follower of ``branch`` of ``source``, feeding ``weights`` (EngineWeights).
     ``at``: the commit the engine was started from (checked against its files); without
-    it, the first update loads the whole version."""
+    it, the first update loads the whole version. ``group``: the workers of the server
+    this one shares a follower with (server_group.ServerGroup); every call is then made on
+    all of them at once, as vLLM's ``collective_rpc`` does."""
 
     def __init__(self, make_weights, source: str, branch: str = "main", *, at: str | None = None,
-                 model: str | None = None, revision: str | None = None):
-        state_dict = accept = None
-        if at is not None:
-            if model is None:
-                raise InvalidArgument("at= needs the model the engine was started from")
-            state_dict = host_copy(model, revision)
+                 model: str | None = None, revision: str | None = None, group=None):
+        layout = accept = None
+        if at is not None and model is None:
+            raise InvalidArgument("at= needs the model the engine was started from")
         if model is not None:
             try:
-                accept = fits(checkpoint_layout(model, revision))
+                layout = checkpoint_layout(model, revision)
+                accept = fits(layout)
             except InvalidArgument as exc:  # (files not on this machine: vLLM's own load checks what it can)
                 log.warning("wvc: versions cannot be checked against the engine's files before loading: %s", exc)
-        self.follower = Follower(source, branch, state_dict=state_dict, at=at, patches=True, accept=accept)
-        if at is not None:
-            self.follower._start_at()  # checked now: a wrong commit= fails at init, not at the first update
+        self.source, self.branch = str(source), branch
+        # one host copy for the group, where its layout is known and every worker maps it
+        self.shared = shared_host.allocate(layout, group) if group is not None and layout is not None else None
+        self.group = group if self.shared is not None else None
+        self.follower: Follower | None = None
         self._make_weights = make_weights
         self._weights = None
         self.unusable: str | None = None
         self.last_applied = None
-        self._held = self.follower.commit  # what the engine holds (the host copy may be ahead: _fetched)
         self._fetched = None  # the host copy's moves not yet written into the engine (one Update)
         self._prepared: dict = {}  # EngineWeights.prepare's for _fetched (set and cleared with it)
         self._fetching: threading.Thread | None = None
         self._fetch_failure: BaseException | None = None
         self._host = threading.Lock()  # the host copy: one fetch or one write at a time
+        failure = message = None
+        if self.group is None or self.group.leads:
+            try:
+                self._start_follower(at, model, revision, accept)
+                message = ("ok", self.follower.commit)
+            except BaseException as exc:
+                failure, message = exc, ("error", server_group.described(exc))
+        if self.group is not None:
+            message = self.group.broadcast(message)  # the others learn what the leader holds, or why it failed
+        if failure is not None:
+            raise failure
+        if message[0] == "error":
+            raise server_group.rebuilt(message[1])
+        self._held = message[1]  # what the engine holds (the host copy may be ahead: _fetched)
+
+    def _start_follower(self, at, model, revision, accept) -> None:
+        state_dict = None
+        if self.shared is not None:
+            state_dict = self.shared.tensors
+            if at is not None:
+                self.shared.fill(_checkpoint_files(model, revision))
+        elif at is not None:
+            state_dict = host_copy(model, revision)
+        self.follower = Follower(self.source, self.branch, state_dict=state_dict, at=at, patches=True, accept=accept)
+        if at is not None:
+            self.follower._start_at()  # checked now: a wrong commit= fails at init, not at the first update
+
+    @property
+    def host(self) -> dict:
+        """The host copy the engine is written from (shared with the group's other workers)."""
+        return self.shared.tensors if self.follower is None else self.follower.state_dict
 
     @property
     def commit(self) -> str | None:
@@ -137,8 +176,8 @@ class EngineFollower:
         """Start fetching ``rev`` (default: the branch's tip) into the host copy, in a thread,
         and return: the engine serves meanwhile, and the next ``update`` only writes. A
         prefetch still running is left to finish (``update`` waits for it)."""
-        if self.unusable is not None or self.prefetching:
-            return
+        if self.unusable is not None or self.prefetching or self.follower is None:
+            return  # (a worker that shares its group's follower: the leader fetches)
         self._fetching = threading.Thread(target=self._fetch, args=(rev, None), name="wvc-prefetch", daemon=True)
         self._fetching.start()
 
@@ -180,6 +219,16 @@ class EngineFollower:
     def update(self, rev: str | None = None, timeout: float | None = None):
         """Move the engine to ``rev`` (default: the branch's tip); the follower's Update, or
         None when the engine holds it already."""
+        if self.group is not None:
+            return self._update_together(rev, timeout)
+        up = self._fetch_for_update(rev, timeout)
+        if up is not None:
+            self._write(up, self._prepared)
+        return up
+
+    def _fetch_for_update(self, rev, timeout):
+        """The host copy's moves the engine has not had yet (waiting for a prefetch, or
+        fetching now), or None."""
         if self.unusable is not None:
             raise EngineUnusable(f"this engine must be restarted: {self.unusable}")
         prefetched = self._fetching is not None
@@ -190,14 +239,54 @@ class EngineFollower:
         if not prefetched or (rev is not None and rev != self.follower.commit):
             self._fetch(rev, timeout)
             self._raise_fetch_failure()
-        up = self._fetched
+        return self._fetched
+
+    def _update_together(self, rev, timeout):
+        """``update`` on every worker of the group at once: the leader fetches and says what
+        changed (or why it failed); each writes its shard; they agree on whether every write
+        went in (a server with one shard written part way is unusable as a whole) before any
+        returns, so the leader's next fetch never changes the copy under another's write."""
+        failure = message = None
+        if self.group.leads:
+            try:
+                message = ("update", self._fetch_for_update(rev, timeout))
+            except BaseException as exc:
+                failure, message = exc, ("error", server_group.described(exc))
+        message = self.group.broadcast(message)
+        if message[0] == "error":
+            return self._failed(failure if failure is not None else server_group.rebuilt(message[1]))
+        up = message[1]
         if up is None:
             return None
+        problem = None
+        try:
+            if self.unusable is not None:
+                raise EngineUnusable(f"this engine must be restarted: {self.unusable}")
+            self._write(up, self._prepared if self.group.leads else {})
+        except BaseException:
+            problem = self.unusable or "its update failed"
+        problems = [p for p in self.group.gather(problem) if p]
+        if problems:
+            self.unusable = self.unusable or f"a worker that shares its weights failed: {problems[0]}"
+            return self._failed(EngineUnusable(f"this engine must be restarted: {self.unusable}"))
+        return up
+
+    def _failed(self, exc: BaseException):
+        """A failure every worker of the group has agreed on, raised by the last worker alone:
+        vLLM's ``collective_rpc`` stops reading replies at the first failed one and leaves the
+        rest queued, so the next call would read this call's replies (two failed workers
+        made every later call on the engine fail). The others return None."""
+        if self.group.rank == self.group.size - 1:
+            raise exc
+        log.debug("wvc: %s (raised by the last worker)", exc)
+        return None
+
+    def _write(self, up, prepared) -> None:
+        """Send ``up``'s changes from the host copy into the engine; a failure midway marks
+        the engine unusable."""
         try:
             with self._host:
-                self.last_applied = self._engine(self.follower.state_dict).apply(self.follower.state_dict,
-                                                                                 up.changed, up.patches,
-                                                                                 self._prepared)
+                self.last_applied = self._engine(self.host).apply(self.host, up.changed, up.patches, prepared)
             self._fetched, self._held, self._prepared = None, up.commit, {}
         except BaseException as exc:
             self.unusable = (f"the update to {up.commit[:12]} failed while its weights were being written into "
@@ -205,11 +294,12 @@ class EngineFollower:
                              f"and part of {up.commit[:12]}")
             log.error("wvc: %s", self.unusable)
             raise EngineUnusable(self.unusable) from exc
-        return up
 
     def info(self) -> dict:
-        return {"commit": self.commit, "branch": self.follower.branch, "source": self.follower.source,
-                "unusable": self.unusable}
+        host = {"shared": self.shared is not None, "fetches": self.follower is not None,
+                "name": None if self.shared is None else self.shared.name}
+        return {"commit": self.commit, "branch": self.branch, "source": self.source, "unusable": self.unusable,
+                "host_copy": host}
 
 
 def _combined(first, then):

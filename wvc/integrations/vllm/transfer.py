@@ -1,6 +1,6 @@
-"""The ``wvc`` weight-transfer backend of a vLLM server: the trainer sends commit ids, each
-worker's follower fetches what changed (no NCCL group: it works on CPU, across machines and
-clouds).
+"""The ``wvc`` weight-transfer backend of a vLLM server: the trainer sends commit ids, the
+server's follower fetches what changed (one for all its tensor-parallel workers: session.py;
+no NCCL group: it works on CPU, across machines and clouds).
 
     WVC_VLLM_REMOTE=URL [WVC_VLLM_BRANCH=main] VLLM_SERVER_DEV_MODE=1 \\
         python -m vllm.entrypoints.openai.api_server --model CHECKOUT --api-key KEY \\
@@ -35,6 +35,7 @@ from vllm.distributed.weight_transfer.base import WeightTransferEngine, WeightTr
 from ...errors import TransferNotInitialized, WvcError
 from .engine_weights import EngineWeights
 from .shared_names import BRANCH_ENV, REMOTE_ENV
+from . import server_group
 from .session import EngineFollower
 
 
@@ -98,7 +99,7 @@ class WvcWeightTransferEngine(WeightTransferEngine[WvcInitInfo, WvcUpdateInfo]):
         remote, branch = followed(init_info)
         self.session = EngineFollower(lambda names: EngineWeights(model, config, names), remote,
                                       branch, at=init_info.commit, model=self.model_config.model,
-                                      revision=self.model_config.revision)
+                                      revision=self.model_config.revision, group=server_group.of_worker())
 
     def start_weight_update(self) -> None:
         if self.session is None:

@@ -1,0 +1,95 @@
+"""One worker of a server whose workers share one follower (tests/test_shared_follower.py):
+rank ``r`` of ``world`` (gloo), an engine that keeps its shard of every tensor (the r-th
+of ``world`` equal pieces of the flat tensor), fed from the group's shared host copy."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file
+
+
+class Applied:
+    def __init__(self, names):
+        self.names = sorted(names)
+
+    def to_json(self):
+        return {"names": self.names}
+
+
+class ShardEngine:
+    """A stand-in for one worker's engine weights: its shard of each tensor, copied out of
+    the host copy it is given (as vLLM's loaders copy a rank's shard out of a checkpoint
+    tensor)."""
+
+    def __init__(self, rank, world, start, fail_on=None):
+        self.rank, self.world, self.fail_on = rank, world, fail_on
+        self.weights = {name: self.shard(t) for name, t in start.items()}
+        self.applies = 0
+
+    def shard(self, tensor):
+        return tensor.reshape(-1).view(torch.uint8).chunk(self.world)[self.rank].clone()
+
+    def prepare(self, host, changed):
+        return {}
+
+    def apply(self, host, changed, patches=None, prepared=None):
+        self.applies += 1
+        if self.fail_on == self.applies:
+            name = sorted(changed)[0]
+            self.weights[name][:1] ^= 1  # a write that went in part way
+            raise RuntimeError("the engine refused the write")
+        for name in changed:
+            self.weights[name] = self.shard(host[name])
+        return Applied(changed)
+
+    def digest(self):
+        return {name: hashlib.sha256(t.numpy().tobytes()).hexdigest() for name, t in sorted(self.weights.items())}
+
+
+def shared_mappings() -> list[str]:
+    with open("/proc/self/maps") as fh:
+        return sorted({line.split()[-2] if line.rstrip().endswith("(deleted)") else line.split()[-1]
+                       for line in fh if "/wvc-host-" in line})
+
+
+def main(rank, world, port, args):
+    from wvc.integrations.vllm.server_group import ServerGroup
+    from wvc.integrations.vllm.session import EngineFollower
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    group = ServerGroup(dist.group.WORLD, rank, world)
+    engine = ShardEngine(rank, world, load_file(f"{args['model']}/model.safetensors"),
+                         fail_on=args.get("fail_on") if rank == args.get("fail_rank") else None)
+    session = EngineFollower(lambda names: engine, args["remote"], "main", at=args["first"], model=args["model"],
+                             group=group)
+    report = {"info": session.info(), "follower": session.follower is not None, "mappings": shared_mappings(),
+              "steps": []}
+    try:
+        report["unknown"] = {"returned": session.update(args["unknown"]), "held": session.commit}
+    except Exception as exc:  # noqa: BLE001 - what the test checks
+        report["unknown"] = {"raised": [type(exc).__name__, str(exc)], "held": session.commit}
+    for commit in args["steps"]:
+        step = {"commit": commit}
+        try:
+            up = session.update(commit)
+            step["update"] = None if up is None else {"commit": up.commit, "changed": sorted(up.changed),
+                                                      "downloaded": up.downloaded_bytes}
+        except Exception as exc:  # noqa: BLE001
+            step["error"] = [type(exc).__name__, str(exc)]
+        step["held"], step["digest"], step["unusable"] = session.commit, engine.digest(), session.unusable
+        report["steps"].append(step)
+    report["downloaded"] = 0 if session.follower is None else sum(s["update"]["downloaded"] for s in report["steps"]
+                                                                  if s.get("update"))
+    with open(f"{args['out']}.{rank}.json", "w") as fh:
+        json.dump(report, fh)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4]))
