@@ -1,0 +1,200 @@
+"""Host memory of a tensor-parallel vLLM server following a branch (issue 65: one host copy
+per server, not per worker).
+
+    VENV=$(bash .ci/vllm-env)
+    VENV/bin/python -m benchmarks.tp_memory [--model 75m] [--steps 5] [--tp 2]
+                                            [--out benchmarks/results/tp_memory.json]
+
+Runs in the vLLM environment. The model and its steps are benchmarks/vllm_sync.py's (a
+Qwen2-shaped random init, AdamW-like steps at lr 1e-6, bf16, published by ``wvc.Publisher`` to
+a directory remote). Two engines, one after the other, each an in-process ``vllm.LLM`` with
+``tensor_parallel_size`` worker processes (the CPU backend, packed weights):
+
+- **fresh**: started from the last step's checkout, probed; no follower;
+- **follower**: started from step 0's checkout, ``attach(llm, remote, at=step 0)``, updated to
+  each step, probed (its outputs must equal the fresh engine's: the run fails otherwise).
+
+Memory is the proportional set size (PSS, ``/proc/PID/smaps_rollup``) summed over the engine's
+process tree (the driver, the engine core, the workers): a page shared by the workers (the host
+copy in ``/dev/shm``) counts once, where RSS would count it in every worker that touched it.
+Read after the engine has started, after attaching, and after the last update; each worker's
+own peak RSS (VmHWM, shared pages counted in full) too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in Path(f"/proc/{p}/task").iterdir():
+                children = (task / "children").read_text().split()
+                todo.extend(int(c) for c in children)
+        except OSError:
+            continue
+    return sorted(set(out))
+
+
+def _field(path: str, name: str) -> int:
+    try:
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(name + ":"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def memory() -> dict:
+    """This process tree's summed PSS, and each process's peak RSS."""
+    pids = _tree(os.getpid())
+    return {"pss": sum(_field(f"/proc/{p}/smaps_rollup", "Pss") for p in pids),
+            "shmem_pss": sum(_field(f"/proc/{p}/smaps_rollup", "Pss_Shmem") for p in pids),
+            "peak_rss": {str(p): _field(f"/proc/{p}/status", "VmHWM") for p in pids},
+            "processes": len(pids)}
+
+
+def _engine(model_dir: str, tp: int):
+    from vllm import LLM
+
+    from tests_vllm import engine
+
+    os.environ.update({**engine.ENGINE_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
+                       "VLLM_WORKER_MULTIPROC_METHOD": "spawn"})
+    return LLM(model=model_dir, **{**engine.engine_kwargs(), "distributed_executor_backend": "mp",
+                                   "tensor_parallel_size": tp})
+
+
+def engine_main(args) -> None:
+    """One engine process: fresh (no remote) or following ``remote`` through ``steps``."""
+    from tests_vllm import engine
+
+    llm = _engine(args.engine, args.tp)
+    out = {"started": memory()}
+    if args.remote:
+        from wvc.integrations.vllm import attach
+
+        attached = attach(llm, args.remote, "main", at=args.at)
+        out["attached"] = memory()
+        out["host_copies"] = [i["host_copy"] for i in attached.info()]
+        out["updates"] = []
+        for commit in args.commits.split(","):
+            t0 = time.perf_counter()
+            up = attached.update(commit)
+            out["updates"].append({"commit": up.commit, "downloaded": up.downloaded_bytes,
+                                   "seconds": time.perf_counter() - t0})
+    out["probe"] = engine.probe(llm)
+    out["end"] = memory()
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+def _run(args: list[str]) -> dict:
+    import subprocess
+
+    res = subprocess.run([sys.executable, "-m", "benchmarks.tp_memory", *args], capture_output=True, text=True,
+                         timeout=1800, cwd=Path(__file__).parent.parent)
+    for line in res.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise SystemExit(f"engine process failed (rc {res.returncode}):\n{res.stderr[-4000:]}")
+
+
+def run(name: str, steps: int, tp: int, work: Path) -> dict:
+    import torch
+
+    from wvc import Repo
+    from wvc.integrations.publisher import Publisher
+
+    from .cases import adam_step
+    from .vllm_sync import MODELS, build, publish
+
+    train = work / "trainer"
+    master = build(train, MODELS[name])
+    model_bytes = 2 * sum(t.numel() for t in master.values())
+    publish(train, master)
+    repo = Repo.init(train)
+    remote = str(work / "remote")
+    repo.remote_add("origin", remote)
+    first = repo.commit("step 0").commit
+    repo.push()
+    repo.checkout(first, output=work / "start")
+    repo.create_branch("trainer")
+    repo.checkout("trainer")
+    repo.close()
+    pub = Publisher(train, "main", push_to=remote, push_interval=0, max_pending=1)
+    g = torch.Generator().manual_seed(1)
+    commits = []
+    for step in range(1, steps + 1):
+        adam_step(master, g, 1e-6)
+        job = pub.publish({k: v.to(torch.bfloat16) for k, v in master.items()}, message=f"step {step}", wait=True)
+        if job.commit is None or not pub.flush(timeout=600):
+            raise SystemExit(f"step {step} was not published: {pub.errors}")
+        commits.append(job.commit)
+    pub.close()
+    repo = Repo.open(train)
+    repo.checkout(commits[-1], output=work / "last")
+    repo.close()
+    fresh = _run(["--engine", str(work / "last"), "--tp", str(tp)])
+    follower = _run(["--engine", str(work / "start"), "--tp", str(tp), "--remote", remote, "--at", first,
+                     "--commits", ",".join(commits)])
+    exact = follower["probe"] == fresh["probe"]
+    if not exact:
+        (work.parent / "tp_memory_probes.json").write_text(json.dumps({"fresh": fresh["probe"],
+                                                                      "follower": follower["probe"]}))
+        raise SystemExit("the following engine's outputs differ from a fresh engine's on the last step")
+    added = follower["end"]["pss"] - fresh["end"]["pss"]
+    return {"model": name, "tp": tp, "model_bytes": model_bytes, "steps": steps, "exact": True,
+            "fresh": {k: fresh[k] for k in ("started", "end")},
+            "follower": {k: follower[k] for k in ("started", "attached", "end", "host_copies", "updates")},
+            "added_pss": added, "added_copies": added / model_bytes}
+
+
+def markdown(r: dict) -> str:
+    mb = lambda b: f"{b / 1e6:.0f}"  # noqa: E731
+    f, w = r["fresh"], r["follower"]
+    shared = all(h["shared"] for h in w["host_copies"])
+    return "\n".join([
+        "| model | TP | checkpoint MB | host copy | engine PSS MB (fresh / following, end) | added by the follower MB "
+        "(checkpoints) | of it in /dev/shm MB | exact |",
+        "|---|---|---|---|---|---|---|---|",
+        f"| {r['model']} | {r['tp']} | {mb(r['model_bytes'])} | {'one, shared' if shared else 'one a worker'} | "
+        f"{mb(f['end']['pss'])} / {mb(w['end']['pss'])} | {mb(r['added_pss'])} ({r['added_copies']:.2f}x) | "
+        f"{mb(w['end']['shmem_pss'] - f['end']['shmem_pss'])} | {r['steps']} steps, yes |", ""])
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="75m")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--tp", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=RESULTS / "tp_memory.json")
+    ap.add_argument("--engine")  # (internal: one engine process)
+    ap.add_argument("--remote")
+    ap.add_argument("--at")
+    ap.add_argument("--commits")
+    args = ap.parse_args(argv)
+    if args.engine:
+        return engine_main(args)
+    with tempfile.TemporaryDirectory(prefix="wvc-tp-") as tmp:
+        result = run(args.model, args.steps, args.tp, Path(tmp))
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    args.out.with_suffix(".md").write_text(markdown(result))
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()
