@@ -12,7 +12,16 @@ a directory remote). Two engines, one after the other, each an in-process ``vllm
 
 - **fresh**: started from the last step's checkout, probed; no follower;
 - **follower**: started from step 0's checkout, ``attach(llm, remote, at=step 0)``, updated to
-  each step, probed (its outputs must equal the fresh engine's: the run fails otherwise).
+  each step, probed.
+
+Exact means every module of every worker holds what the fresh engine's does: each module's
+weight bytes and, for a module that multiplies by a weight (a linear layer, whose weight the
+CPU backend keeps only in a packed copy; an embedding or LM head with a packed copy of its
+own), its output on a fixed input, hashed (``ModuleDigests``); the run fails otherwise. The
+outputs (greedy tokens, top-5 logprobs) are compared too and reported: they are not the
+oracle here, since a TP=2 CPU engine's logprobs varied between runs of the same fresh engine
+under CPU load (3 different results in 5 runs beside two busy processes, the same in 5 of 5
+without): the reductions' order follows the threads' timing.
 
 Memory is the proportional set size (PSS, ``/proc/PID/smaps_rollup``) summed over the engine's
 process tree (the driver, the engine core, the workers): a page shared by the workers (the host
@@ -68,6 +77,36 @@ def memory() -> dict:
             "processes": len(pids)}
 
 
+class ModuleDigests:
+    """A worker extension: ``module_digests()``, each module's weight bytes and (where it
+    multiplies by a weight) its output on a fixed input, hashed: what a worker's engine holds,
+    packed copies included, compared exactly across engines."""
+
+    def module_digests(self) -> dict:
+        import hashlib
+
+        import torch
+
+        model = self.model_runner.get_model()
+        gen = torch.Generator().manual_seed(0)
+        out = {}
+        for name, module in model.named_modules():
+            weight = getattr(module, "weight", None)
+            if not isinstance(weight, torch.Tensor):
+                continue
+            h = hashlib.sha256(weight.detach().contiguous().view(torch.uint8).numpy().tobytes()
+                               if weight.numel() else b"")
+            method = getattr(module, "quant_method", None)
+            width = getattr(module, "input_size_per_partition", None) or (weight.shape[1] if weight.dim() == 2 else None)
+            if method is not None and hasattr(method, "apply") and width:
+                x = torch.randn(3, width, generator=gen).to(torch.bfloat16)
+                with torch.no_grad():
+                    y = method.apply(module, x, getattr(module, "bias", None))
+                h.update(y.float().contiguous().numpy().tobytes())
+            out[name] = h.hexdigest()
+        return out
+
+
 def _engine(model_dir: str, tp: int):
     from vllm import LLM
 
@@ -76,7 +115,8 @@ def _engine(model_dir: str, tp: int):
     os.environ.update({**engine.ENGINE_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
                        "VLLM_WORKER_MULTIPROC_METHOD": "spawn"})
     return LLM(model=model_dir, **{**engine.engine_kwargs(), "distributed_executor_backend": "mp",
-                                   "tensor_parallel_size": tp})
+                                   "tensor_parallel_size": tp},
+               worker_extension_cls="benchmarks.tp_memory.ModuleDigests")
 
 
 def engine_main(args) -> None:
@@ -99,6 +139,7 @@ def engine_main(args) -> None:
                                    "seconds": time.perf_counter() - t0})
     out["probe"] = engine.probe(llm)
     out["end"] = memory()
+    out["modules"] = llm.collective_rpc("module_digests")
     print("RESULT " + json.dumps(out), flush=True)
 
 
@@ -151,13 +192,13 @@ def run(name: str, steps: int, tp: int, work: Path) -> dict:
     fresh = _run(["--engine", str(work / "last"), "--tp", str(tp)])
     follower = _run(["--engine", str(work / "start"), "--tp", str(tp), "--remote", remote, "--at", first,
                      "--commits", ",".join(commits)])
-    exact = follower["probe"] == fresh["probe"]
-    if not exact:
-        (work.parent / "tp_memory_probes.json").write_text(json.dumps({"fresh": fresh["probe"],
-                                                                      "follower": follower["probe"]}))
-        raise SystemExit("the following engine's outputs differ from a fresh engine's on the last step")
+    differ = [f"worker {rank}: {name}" for rank, (a, b) in enumerate(zip(fresh["modules"], follower["modules"]))
+              for name in sorted(a) if a[name] != b.get(name)]
+    if differ or len(fresh["modules"]) != len(follower["modules"]):
+        raise SystemExit(f"the following engine's weights differ from a fresh engine's: {differ[:5]}")
     added = follower["end"]["pss"] - fresh["end"]["pss"]
     return {"model": name, "tp": tp, "model_bytes": model_bytes, "steps": steps, "exact": True,
+            "modules_compared": sum(len(m) for m in fresh["modules"]), "outputs_equal": follower["probe"] == fresh["probe"],
             "fresh": {k: fresh[k] for k in ("started", "end")},
             "follower": {k: follower[k] for k in ("started", "attached", "end", "host_copies", "updates")},
             "added_pss": added, "added_copies": added / model_bytes}
@@ -169,11 +210,12 @@ def markdown(r: dict) -> str:
     shared = all(h["shared"] for h in w["host_copies"])
     return "\n".join([
         "| model | TP | checkpoint MB | host copy | engine PSS MB (fresh / following, end) | added by the follower MB "
-        "(checkpoints) | of it in /dev/shm MB | exact |",
+        "(checkpoints) | of it in /dev/shm MB | exact (modules; outputs) |",
         "|---|---|---|---|---|---|---|---|",
         f"| {r['model']} | {r['tp']} | {mb(r['model_bytes'])} | {'one, shared' if shared else 'one a worker'} | "
         f"{mb(f['end']['pss'])} / {mb(w['end']['pss'])} | {mb(r['added_pss'])} ({r['added_copies']:.2f}x) | "
-        f"{mb(w['end']['shmem_pss'] - f['end']['shmem_pss'])} | {r['steps']} steps, yes |", ""])
+        f"{mb(w['end']['shmem_pss'] - f['end']['shmem_pss'])} | {r['steps']} steps: {r['modules_compared']} of "
+        f"{r['modules_compared']}; {'equal' if r['outputs_equal'] else 'differ'} |", ""])
 
 
 def main(argv=None) -> None:
