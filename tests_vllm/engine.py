@@ -93,10 +93,13 @@ def _free_port() -> int:
 
 
 @contextmanager
-def server(model_dir, log_path, *, wvc_backend: bool, remote=None, branch=None, api_key=None, env_extra=None):
+def server(model_dir, log_path, *, wvc_backend: bool, remote=None, branch=None, api_key=None, env_extra=None,
+           tp: int = 1, started=None):
     """A vLLM server on 127.0.0.1 (its base URL), with the ``wvc`` weight-transfer backend
     following ``remote`` (WVC_VLLM_REMOTE: whoever starts the server fixes it) or without,
-    stopped on exit; its output in ``log_path``. ``api_key``: its --api-key."""
+    stopped on exit; its output in ``log_path``. ``api_key``: its --api-key. ``tp``: its
+    tensor-parallel size (worker processes). ``started``: a list the server's process is
+    appended to."""
     port = _free_port()
     env = {**os.environ, **ENGINE_ENV, "VLLM_SERVER_DEV_MODE": "1", **(env_extra or {})}
     if remote is not None:
@@ -106,13 +109,17 @@ def server(model_dir, log_path, *, wvc_backend: bool, remote=None, branch=None, 
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")  # the server's own process layout
     args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--host",
             "127.0.0.1", "--port", str(port), "--enforce-eager", "--max-model-len", "128", "--max-num-seqs", "8",
-            "--kv-cache-memory-bytes", str(KV_BYTES), "--distributed-executor-backend", "uni", "--seed", "0"]
+            "--kv-cache-memory-bytes", str(KV_BYTES), "--seed", "0"]
+    args += ["--distributed-executor-backend", "uni"] if tp == 1 else [
+        "--distributed-executor-backend", "mp", "--tensor-parallel-size", str(tp)]
     if wvc_backend:
         args += ["--weight-transfer-config", json.dumps({"backend": "wvc"})]
     if api_key is not None:
         args += ["--api-key", api_key]
     with open(log_path, "w") as log:
         proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
+        if started is not None:
+            started.append(proc)
         base = f"http://127.0.0.1:{port}"
         try:
             deadline = time.monotonic() + 300

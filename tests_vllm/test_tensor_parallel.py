@@ -17,9 +17,13 @@ import sys
 
 import torch
 
+from pathlib import Path
+
 from . import engine
 from .conftest import Trainer
+from .test_server import _call, http_probe
 
+SPAWN = {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
 STEPS = (["model.layers.0.self_attn.q_proj.weight", "model.embed_tokens.weight", "model.norm.weight"],
          ["model.layers.1.mlp.down_proj.weight", "model.layers.0.mlp.up_proj.weight"])
 
@@ -91,6 +95,59 @@ def test_a_tensor_parallel_engine_follows_exactly(tmp_path):
         before = update["probe"]
     # the first step's LM head (tied, its vocabulary split between the workers) was repacked
     assert "lm_head" in got["updates"][0]["applied"]["repacked"]
+
+
+def _processes_mapping_host_copies(root_pid: int) -> dict[str, int]:
+    """Of ``root_pid`` and its descendants: each shared host copy file they map, and how many
+    of them map it."""
+    pids, todo = set(), [root_pid]
+    while todo:
+        pid = todo.pop()
+        pids.add(pid)
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            todo.extend(int(c) for c in (task / "children").read_text().split())
+    files: dict[str, int] = {}
+    for pid in pids:
+        mapped = {line.split()[5] for line in Path(f"/proc/{pid}/maps").read_text().splitlines()
+                  if "/wvc-host-" in line}
+        for name in mapped:
+            files[name] = files.get(name, 0) + 1
+    return files
+
+
+def test_a_tensor_parallel_server_follows_with_one_host_copy(tmp_path):
+    """A TP=2 server with the wvc backend (the trainer's routes; on a server the leader prefetches
+    while the engine serves, then every worker writes): both workers map one host copy, and
+    after each update the server answers as a fresh TP=2 server on that commit does."""
+    trainer = Trainer(tmp_path, tied=True, dtype=torch.bfloat16)
+    start_dir = trainer.checkout(trainer.first)
+    commits, outputs, procs = [], [], []
+    with engine.server(start_dir, tmp_path / "server.log", wvc_backend=True, remote=trainer.remote, tp=2,
+                       env_extra=SPAWN, started=procs) as base:
+        status, r = _call(base + "/init_weight_transfer_engine", {"init_info": {"commit": trainer.first}})
+        assert status == 200, r
+        assert list(_processes_mapping_host_copies(procs[0].pid).values()) == [2]
+        for names in STEPS:
+            commit = trainer.step(names)
+            for route, body in (("/pause", None), ("/start_weight_update", None),
+                                ("/update_weights", {"update_info": {"commit": commit}}),
+                                ("/finish_weight_update", {"weight_version": commit}), ("/resume", None)):
+                status, r = _call(base + route, body)
+                assert status == 200, (route, r)
+            assert _call(base + "/weight_info", method="GET")[1]["weight_version"] == commit
+            commits.append(commit)
+            outputs.append(http_probe(base, start_dir))
+        # a commit the remote lacks: the route's error, and the server keeps its version
+        assert _call(base + "/start_weight_update")[0] == 200
+        status, r = _call(base + "/update_weights", {"update_info": {"commit": "0" * 64}})
+        assert status != 200 and "has no commit" in json.dumps(r), r
+        assert _call(base + "/weight_info", method="GET")[1]["weight_version"] == commits[-1]
+        assert http_probe(base, start_dir) == outputs[-1]
+    assert outputs[0] != outputs[1]
+    for commit, got in zip(commits, outputs):
+        fresh_dir = trainer.checkout(commit)
+        with engine.server(fresh_dir, tmp_path / "fresh.log", wvc_backend=False, tp=2, env_extra=SPAWN) as base:
+            assert got == http_probe(base, fresh_dir), "the TP=2 server's outputs differ from a fresh TP=2 server's"
 
 
 if __name__ == "__main__":
