@@ -4,6 +4,7 @@ of ``world`` equal pieces of the flat tensor), fed from the group's shared host 
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import sys
@@ -65,9 +66,19 @@ def main(rank, world, port, args):
     group = ServerGroup(dist.group.WORLD, rank, world)
     engine = ShardEngine(rank, world, load_file(f"{args['model']}/model.safetensors"),
                          fail_on=args.get("fail_on") if rank == args.get("fail_rank") else None)
+    # started at a version the engine's files are not: the leader's check fails, the group agrees,
+    # and the last worker alone raises it (the others' callers drop the session)
+    try:
+        wrong = EngineFollower(lambda names: engine, args["remote"], "main", at=args["steps"][0],
+                               model=args["model"], group=group)
+        wrong_start = {"failed": None if wrong.failed is None else type(wrong.failed).__name__}
+        del wrong  # (as a caller drops it: its host copy goes with it)
+    except Exception as exc:  # noqa: BLE001 - what the test checks
+        wrong_start = {"raised": [type(exc).__name__, str(exc)]}
+    gc.collect()
     session = EngineFollower(lambda names: engine, args["remote"], "main", at=args["first"], model=args["model"],
                              group=group)
-    report = {"info": session.info(), "follower": session.follower is not None, "mappings": shared_mappings(),
+    report = {"wrong_start": wrong_start, "info": session.info(), "follower": session.follower is not None, "mappings": shared_mappings(),
               "steps": []}
     try:
         report["unknown"] = {"returned": session.update(args["unknown"]), "held": session.commit}

@@ -70,6 +70,11 @@ def test_one_worker_fetches_into_one_shared_host_copy_and_every_shard_is_exact(t
     assert leader["info"]["host_copy"]["name"] == member["info"]["host_copy"]["name"]
     assert leader["mappings"] == member["mappings"] and len(leader["mappings"]) == 1
     assert leader["info"]["commit"] == member["info"]["commit"] == args["first"]
+    # a start at a version the engine's files are not is refused once, by the last worker, and the
+    # group's next start (and every call after it) works
+    assert leader["wrong_start"] == {"failed": "InvalidArgument"}
+    assert member["wrong_start"]["raised"][0] == "InvalidArgument"
+    assert "does not hold version" in member["wrong_start"]["raised"][1]
     # the leader's failure (a commit the remote lacks) is the last worker's to raise (vLLM reads
     # replies in rank order and stops at the first failed one), and each keeps its version
     assert member["unknown"]["raised"][0] == "RevisionNotFound" and "has no commit" in member["unknown"]["raised"][1]

@@ -43,8 +43,13 @@ def drive(remote: str, first: str, start_dir: str, steps: list) -> dict:
     from wvc.integrations.vllm import attach
 
     llm = _tp_engine(start_dir)
+    try:  # a version the engine's files are not: refused, and the engine's next calls are not disturbed
+        attach(llm, remote, "main", at=steps[0][0])
+        wrong_start = None
+    except Exception as exc:  # noqa: BLE001 - what the test checks
+        wrong_start = str(exc)[-300:]
     attached = attach(llm, remote, "main", at=first)
-    out = {"workers": len(attached.info()), "host_copies": [i["host_copy"] for i in attached.info()], "updates": []}
+    out = {"wrong_start": wrong_start, "workers": len(attached.info()), "host_copies": [i["host_copy"] for i in attached.info()], "updates": []}
     try:  # a commit the remote lacks: the leader's error is the engine's, and every worker keeps its version
         attached.update("0" * 64)
         out["unknown"] = None
@@ -80,6 +85,7 @@ def test_a_tensor_parallel_engine_follows_exactly(tmp_path):
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert run.returncode == 0, run.stderr[-3000:]
     got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["wrong_start"] is not None and "does not hold version" in got["wrong_start"]
     assert got["workers"] == 2
     # one host copy for the server: the first worker fetches, both map the one shared file
     leader, member = got["host_copies"]

@@ -53,6 +53,8 @@ def _attach(worker, source: str, branch: str, at: str | None) -> dict:
     config = worker.vllm_config.model_config
     session = EngineFollower(_weights_factory(worker), source, branch, at=at, model=config.model,
                              revision=config.revision, group=server_group.of_worker())
+    if session.failed is not None:  # (the group's last worker raised it: the call's error)
+        return {"commit": None}
     _SESSIONS[_worker_of(worker)] = session
     return session.info()
 

@@ -135,6 +135,9 @@ class EngineFollower:
         self._fetching: threading.Thread | None = None
         self._fetch_failure: BaseException | None = None
         self._host = threading.Lock()  # the host copy: one fetch or one write at a time
+        # a start the group agreed failed, on a worker that does not raise it (_failed): the
+        # caller drops this session, as the last worker's caller never gets one
+        self.failed: BaseException | None = None
         failure = message = None
         if self.group is None or self.group.leads:
             try:
@@ -144,10 +147,14 @@ class EngineFollower:
                 failure, message = exc, ("error", server_group.described(exc))
         if self.group is not None:
             message = self.group.broadcast(message)  # the others learn what the leader holds, or why it failed
+        if failure is None and message[0] == "error":
+            failure = server_group.rebuilt(message[1])
         if failure is not None:
-            raise failure
-        if message[0] == "error":
-            raise server_group.rebuilt(message[1])
+            if self.group is None:
+                raise failure
+            self.failed = failure
+            self._failed(failure)
+            return
         self._held = message[1]  # what the engine holds (the host copy may be ahead: _fetched)
 
     def _start_follower(self, at, model, revision, accept) -> None:

@@ -97,9 +97,10 @@ class WvcWeightTransferEngine(WeightTransferEngine[WvcInitInfo, WvcUpdateInfo]):
         require("vllm")  # (the plugin left vLLM alone on another version: say why here)
         model, config = self.model, self.vllm_config
         remote, branch = followed(init_info)
-        self.session = EngineFollower(lambda names: EngineWeights(model, config, names), remote,
-                                      branch, at=init_info.commit, model=self.model_config.model,
-                                      revision=self.model_config.revision, group=server_group.of_worker())
+        session = EngineFollower(lambda names: EngineWeights(model, config, names), remote,
+                                 branch, at=init_info.commit, model=self.model_config.model,
+                                 revision=self.model_config.revision, group=server_group.of_worker())
+        self.session = None if session.failed is not None else session  # (failed: the last worker raised it)
 
     def start_weight_update(self) -> None:
         if self.session is None:
