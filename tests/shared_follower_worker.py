@@ -59,8 +59,14 @@ def shared_mappings() -> list[str]:
 
 
 def main(rank, world, port, args):
+    from pathlib import Path
+
+    from wvc.integrations.vllm import shared_host
     from wvc.integrations.vllm.server_group import ServerGroup
     from wvc.integrations.vllm.session import EngineFollower
+
+    if args.get("shm_dir"):
+        shared_host.SHM_DIR = Path(args["shm_dir"])  # (a host without usable shared memory)
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     group = ServerGroup(dist.group.WORLD, rank, world)

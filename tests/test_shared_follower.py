@@ -108,3 +108,16 @@ def test_a_write_that_fails_on_one_worker_makes_the_server_unusable_and_no_worke
     written = 1 - fail_rank
     assert reports[written]["steps"][0]["digest"] == expected[0][written]
     assert reports[fail_rank]["steps"][0]["digest"] != expected[0][fail_rank]
+
+
+def test_without_shared_memory_each_worker_follows_alone_and_exactly(tmp_path, monkeypatch):
+    """Where the leader cannot make the shared file (no /dev/shm, or one too small), every
+    worker keeps its own host copy and follower, as before: each downloads, and each shard is
+    exact."""
+    args, expected = published(tmp_path, monkeypatch, steps=2)
+    reports = run_workers({**args, "shm_dir": str(tmp_path / "no-shm-here")}, tmp_path)
+    for rank, report in enumerate(reports):
+        assert report["follower"] and not report["info"]["host_copy"]["shared"] and not report["mappings"]
+        assert report["downloaded"] > 0
+        for k, step in enumerate(report["steps"]):
+            assert step["held"] == args["steps"][k] and step["digest"] == expected[k][rank]
