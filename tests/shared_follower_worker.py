@@ -38,8 +38,12 @@ class ShardEngine:
     def prepare(self, host, changed):
         return {}
 
+    def reloaded_whole(self, name):
+        return name.startswith("layer")  # (as a packed module's tensors: no use for their indices)
+
     def apply(self, host, changed, patches=None, prepared=None):
         self.applies += 1
+        self.patched = sorted(patches or {})
         if self.fail_on == self.applies:
             name = sorted(changed)[0]
             self.weights[name][:1] ^= 1  # a write that went in part way
@@ -95,10 +99,12 @@ def main(rank, world, port, args):
         try:
             up = session.update(commit)
             step["update"] = None if up is None else {"commit": up.commit, "changed": sorted(up.changed),
-                                                      "downloaded": up.downloaded_bytes}
+                                                      "downloaded": up.downloaded_bytes,
+                                                      "indices_of": sorted(up.patches or {})}
         except Exception as exc:  # noqa: BLE001
             step["error"] = [type(exc).__name__, str(exc)]
         step["held"], step["digest"], step["unusable"] = session.commit, engine.digest(), session.unusable
+        step["patched"] = getattr(engine, "patched", None)
         report["steps"].append(step)
     report["downloaded"] = 0 if session.follower is None else sum(s["update"]["downloaded"] for s in report["steps"]
                                                                   if s.get("update"))

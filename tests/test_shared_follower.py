@@ -88,6 +88,12 @@ def test_one_worker_fetches_into_one_shared_host_copy_and_every_shard_is_exact(t
             assert step["held"] == commit and step["update"]["commit"] == commit
             assert step["digest"] == expected[k][rank]
     assert leader["downloaded"] > 0 and member["downloaded"] == 0
+    # the others are sent the changed elements' indices only of tensors they patch (not of those
+    # every worker reloads whole); the leader's own update keeps them all
+    for k in range(len(args["steps"])):
+        assert leader["steps"][k]["update"]["indices_of"] == ["layer0.weight", "layer3.weight", "norm.weight"]
+        assert member["steps"][k]["update"]["indices_of"] == ["norm.weight"]
+        assert member["steps"][k]["patched"] == ["norm.weight"]
 
 
 @pytest.mark.parametrize("fail_rank", [0, 1])

@@ -113,6 +113,12 @@ class EngineWeights:
         weight = getattr(module, "weight", None)
         return hasattr(module, "cpu_linear") and weight is not None and weight.numel() == 0
 
+    def reloaded_whole(self, name: str) -> bool:
+        """Whether ``apply`` sends checkpoint tensor ``name`` by a reload of its whole module
+        (its weight packed away), so that its changed elements' indices go unused."""
+        path = self.module_of.get(name)
+        return path is not None and self._packed_away(path)
+
     def prepare(self, host: dict, changed) -> dict:
         """The packed copies ``apply`` would rebuild after sending ``changed`` (the LM head's),
         built now from the new values in ``host`` on a module of their own: module path ->
@@ -162,7 +168,7 @@ class EngineWeights:
         dense, sparse = [], []
         for name in changed:
             path = self.module_of.get(name)
-            if path is not None and self._packed_away(path):
+            if self.reloaded_whole(name):
                 reload.update(self.members[path])
                 continue
             if path is not None:

@@ -259,7 +259,8 @@ class EngineFollower:
                 message = ("update", self._fetch_for_update(rev, timeout))
             except BaseException as exc:
                 failure, message = exc, ("error", server_group.described(exc))
-        message = self.group.broadcast(message)
+        sent = self.group.broadcast(self._lighter(message) if self.group.leads else None)
+        message = message if self.group.leads else sent
         if message[0] == "error":
             return self._failed(failure if failure is not None else server_group.rebuilt(message[1]))
         up = message[1]
@@ -277,6 +278,20 @@ class EngineFollower:
             self.unusable = self.unusable or f"a worker that shares its weights failed: {problems[0]}"
             return self._failed(EngineUnusable(f"this engine must be restarted: {self.unusable}"))
         return up
+
+    def _lighter(self, message):
+        """The update as the others are sent it: without the indices of tensors that every
+        worker reloads whole (a packed module's: the indices go unused), which at an RL step
+        are most of the model's changed elements (8 bytes each, pickled, while the engine is
+        paused). The workers hold shards of one model: what this worker reloads whole, each does."""
+        up = message[1] if message[0] == "update" else None
+        if up is None or not up.patches:
+            return message
+        from dataclasses import replace
+
+        engine = self._engine(self.host)
+        return ("update", replace(up, patches={name: idx for name, idx in up.patches.items()
+                                               if not engine.reloaded_whole(name)}))
 
     def _failed(self, exc: BaseException):
         """A failure every worker of the group has agreed on, raised by the last worker alone:
