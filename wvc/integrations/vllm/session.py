@@ -138,6 +138,7 @@ class EngineFollower:
         # a start the group agreed failed, on a worker that does not raise it (_failed): the
         # caller drops this session, as the last worker's caller never gets one
         self.failed: BaseException | None = None
+        self._held: str | None = None  # what the engine holds (the host copy may be ahead: _fetched)
         failure = message = None
         if self.group is None or self.group.leads:
             try:
@@ -155,7 +156,7 @@ class EngineFollower:
             self.failed = failure
             self._failed(failure)
             return
-        self._held = message[1]  # what the engine holds (the host copy may be ahead: _fetched)
+        self._held = message[1]
 
     def _start_follower(self, at, model, revision, accept) -> None:
         state_dict = None
@@ -289,9 +290,13 @@ class EngineFollower:
             return message
         from dataclasses import replace
 
-        engine = self._engine(self.host)
-        return ("update", replace(up, patches={name: idx for name, idx in up.patches.items()
-                                               if not engine.reloaded_whole(name)}))
+        try:
+            engine = self._engine(self.host)
+            patches = {name: idx for name, idx in up.patches.items() if not engine.reloaded_whole(name)}
+        except Exception as exc:  # noqa: BLE001 - a saving only: the others must get a message whatever happens
+            log.debug("wvc: every index sent (%s)", exc)
+            return message
+        return ("update", replace(up, patches=patches))
 
     def _failed(self, exc: BaseException):
         """A failure every worker of the group has agreed on, raised by the last worker alone:

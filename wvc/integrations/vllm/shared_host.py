@@ -104,26 +104,25 @@ def allocate(layout: dict, group) -> SharedHostCopy | None:
     name), zero-filled; None on every worker when any of them could not map it (the workers
     then follow alone). A collective over ``group`` (server_group.ServerGroup)."""
     _, size = _spans(layout)
-    path, mapping, problem = None, None, None
+    created, copy, problem = None, None, None
     if group.leads:
         try:
-            path, mapping = _create(size)
-        except OSError as exc:  # (no /dev/shm, or too small: tmpfs says ENOSPC here, not SIGBUS later)
+            created, mapping = _create(size)
+            copy = SharedHostCopy(mapping, layout, os.path.basename(created))
+        except Exception as exc:  # noqa: BLE001 - (no /dev/shm, or too small: ENOSPC here, not SIGBUS later)
             problem = f"no shared memory for the host copy ({size} bytes in {SHM_DIR}): {exc}"
-    path = group.broadcast(path)
+    path = group.broadcast(created if copy is not None else None)
     if path is not None and not group.leads:
         try:
-            mapping = _open(path, size)
-        except OSError as exc:
+            copy = SharedHostCopy(_open(path, size), layout, os.path.basename(path))
+        except Exception as exc:  # noqa: BLE001 - every worker must reach the gather below
             problem = f"the leader's host copy could not be mapped: {exc}"
-    problems = group.gather(problem)
-    if group.leads and path is not None:
-        os.unlink(path)  # every worker has mapped it (or given up): the memory goes with the last of them
+    problems = group.gather(problem)  # (every worker answers, whatever happened to it)
+    if created is not None:
+        os.unlink(created)  # every worker has mapped it (or given up): the memory goes with the last of them
     failed = [p for p in problems if p]
     if failed or path is None:
         if group.leads:
             log.warning("wvc: each worker keeps a host copy of its own: %s", failed[0] if failed else "unknown")
-        if mapping is not None:
-            mapping.close()
         return None
-    return SharedHostCopy(mapping, layout, os.path.basename(path))
+    return copy
