@@ -43,21 +43,6 @@ from pathlib import Path
 RESULTS = Path(__file__).parent / "results"
 
 
-def _tree(pid: int) -> list[int]:
-    """``pid`` and its descendants."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        try:
-            for task in Path(f"/proc/{p}/task").iterdir():
-                children = (task / "children").read_text().split()
-                todo.extend(int(c) for c in children)
-        except OSError:
-            continue
-    return sorted(set(out))
-
-
 def _field(path: str, name: str) -> int:
     try:
         for line in Path(path).read_text().splitlines():
@@ -70,7 +55,9 @@ def _field(path: str, name: str) -> int:
 
 def memory() -> dict:
     """This process tree's summed PSS, and each process's peak RSS."""
-    pids = _tree(os.getpid())
+    from tests_vllm.engine import process_tree
+
+    pids = process_tree(os.getpid())
     return {"pss": sum(_field(f"/proc/{p}/smaps_rollup", "Pss") for p in pids),
             "shmem_pss": sum(_field(f"/proc/{p}/smaps_rollup", "Pss_Shmem") for p in pids),
             "peak_rss": {str(p): _field(f"/proc/{p}/status", "VmHWM") for p in pids},
@@ -108,15 +95,9 @@ class ModuleDigests:
 
 
 def _engine(model_dir: str, tp: int):
-    from vllm import LLM
-
     from tests_vllm import engine
 
-    os.environ.update({**engine.ENGINE_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
-                       "VLLM_WORKER_MULTIPROC_METHOD": "spawn"})
-    return LLM(model=model_dir, **{**engine.engine_kwargs(), "distributed_executor_backend": "mp",
-                                   "tensor_parallel_size": tp},
-               worker_extension_cls="benchmarks.tp_memory.ModuleDigests")
+    return engine.start_tp(model_dir, tp, worker_extension_cls="benchmarks.tp_memory.ModuleDigests")
 
 
 def engine_main(args) -> None:

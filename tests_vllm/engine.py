@@ -37,6 +37,30 @@ def start(model_dir, *, packing: bool = True, **extra):
     return LLM(model=str(model_dir), **engine_kwargs(), **extra)
 
 
+def start_tp(model_dir, tp: int = 2, **extra):
+    """An engine with ``tp`` tensor-parallel worker processes (vLLM's multiprocessing
+    executor, spawned), driven from this process."""
+    from vllm import LLM
+
+    os.environ.update({**ENGINE_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn"})
+    return LLM(model=str(model_dir), **{**engine_kwargs(), "distributed_executor_backend": "mp",
+                                        "tensor_parallel_size": tp}, **extra)
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (an engine's core and worker processes), those still there."""
+    out, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo.extend(int(c) for c in (task / "children").read_text().split())
+        except OSError:  # (gone meanwhile)
+            continue
+        out.add(p)
+    return sorted(out)
+
+
 def keep_plain_weights() -> None:
     """Turn off the CPU backend's weight packing in this process: linear layers compute with
     torch's linear on their own parameters, as on a GPU."""

@@ -28,13 +28,6 @@ STEPS = (["model.layers.0.self_attn.q_proj.weight", "model.embed_tokens.weight",
          ["model.layers.1.mlp.down_proj.weight", "model.layers.0.mlp.up_proj.weight"])
 
 
-def _tp_engine(model_dir: str):
-    from vllm import LLM
-
-    return LLM(model=model_dir, **{**engine.engine_kwargs(), "distributed_executor_backend": "mp",
-                                   "tensor_parallel_size": 2})
-
-
 def drive(remote: str, first: str, start_dir: str, steps: list) -> dict:
     """A TP=2 engine started from ``start_dir`` (commit ``first``) follows ``remote`` through
     ``steps`` ([commit, checkout dir]); then a fresh TP=2 engine per step."""
@@ -42,7 +35,7 @@ def drive(remote: str, first: str, start_dir: str, steps: list) -> dict:
 
     from wvc.integrations.vllm import attach
 
-    llm = _tp_engine(start_dir)
+    llm = engine.start_tp(start_dir)
     try:  # a version the engine's files are not: refused, and the engine's next calls are not disturbed
         attach(llm, remote, "main", at=steps[0][0])
         wrong_start = None
@@ -63,7 +56,7 @@ def drive(remote: str, first: str, start_dir: str, steps: list) -> dict:
     gc.collect()
     out["fresh"] = []
     for _, checkout in steps:
-        fresh = _tp_engine(checkout)
+        fresh = engine.start_tp(checkout)
         out["fresh"].append(engine.probe(fresh))
         del fresh
         gc.collect()
@@ -106,14 +99,8 @@ def test_a_tensor_parallel_engine_follows_exactly(tmp_path):
 def _processes_mapping_host_copies(root_pid: int) -> dict[str, int]:
     """Of ``root_pid`` and its descendants: each shared host copy file they map, and how many
     of them map it."""
-    pids, todo = set(), [root_pid]
-    while todo:
-        pid = todo.pop()
-        pids.add(pid)
-        for task in Path(f"/proc/{pid}/task").glob("*"):
-            todo.extend(int(c) for c in (task / "children").read_text().split())
     files: dict[str, int] = {}
-    for pid in pids:
+    for pid in engine.process_tree(root_pid):
         mapped = {line.split()[5] for line in Path(f"/proc/{pid}/maps").read_text().splitlines()
                   if "/wvc-host-" in line}
         for name in mapped:

@@ -50,11 +50,6 @@ class ServerGroup:
         dist.all_gather_object(out, value, group=self.process_group)
         return out
 
-    def barrier(self) -> None:
-        import torch.distributed as dist
-
-        dist.barrier(group=self.process_group)
-
 
 def of_worker() -> ServerGroup | None:
     """This worker's group, or None when it follows alone: a single worker, or workers that

@@ -5,13 +5,14 @@ of the checkpoint's tensors, reserves its pages (so that a full ``/dev/shm`` fai
 an error, not later with a SIGBUS on first touch), and every worker maps it; once all have, the
 leader unlinks it, so the memory goes when the last worker does, however it ends. Each
 checkpoint tensor is a view at its own 64-byte-aligned offset. Only the leader's follower writes
-it (between updates, while the others wait at the group's barrier); the others read their
-shards from it when they write their engine's.
+it (between updates: no worker returns from one before all have written it); the others read
+their shards from it when they write their engine's.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import mmap
 import os
 import tempfile
@@ -32,10 +33,7 @@ def _spans(layout: dict) -> tuple[dict, int]:
     spans, at = {}, 0
     for name in sorted(layout):
         dtype, shape = layout[name]
-        count = 1
-        for n in shape:
-            count *= int(n)
-        size = count * DTYPES[dtype].width
+        size = math.prod(int(n) for n in shape) * DTYPES[dtype].width
         spans[name] = (at, size)
         at += (size + ALIGN - 1) // ALIGN * ALIGN
     return spans, at
@@ -60,10 +58,6 @@ class SharedHostCopy:
                     continue
                 flat = torch.frombuffer(mapping, dtype=torch.uint8, count=size, offset=offset)
                 self.tensors[tensor] = flat.view(kind).view(tuple(shape))
-
-    @property
-    def nbytes(self) -> int:
-        return len(self._mapping)
 
     def fill(self, files) -> None:
         """Read the checkpoint ``files`` (safetensors) into the tensors, one at a time."""
