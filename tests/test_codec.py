@@ -303,6 +303,76 @@ def test_sparse_gaps_past_every_escape_width_agree_on_both_paths(name):
     assert codec.decode(on_numpy.payload, len(raw), base) == raw
 
 
+def _changes(raw: bytes, base: bytes, width: int) -> tuple[bytes, bytes, bytes]:
+    """Where ``raw`` differs from ``base``, compared here element by element: (int32
+    positions, the base's elements there, raw's)."""
+    import numpy as np
+
+    kind = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[width]
+    a, b = np.frombuffer(raw, dtype=kind), np.frombuffer(base, dtype=kind)
+    where = np.flatnonzero(a != b)
+    return where.astype(np.int32).tobytes(), b[where].tobytes(), a[where].tobytes()
+
+
+@settings(max_examples=80, deadline=None)
+@given(dtype_name=hs.sampled_from(sorted(DTYPES)), data=hs.data())
+def test_a_sparse_payload_decodes_with_exactly_the_elements_it_changes(dtype_name, data):
+    """decode_sparse_changes (a follower's decode of a SPARSE step, issue 65): the chunk
+    decode gives, and the positions, old and new elements of exactly the elements that differ
+    from the base, read off the payload's list (its inner delta: the dtype's)."""
+    if native.kernels is None:
+        pytest.skip("C kernels not built")
+    dtype = DTYPES[dtype_name]
+    n = data.draw(hs.integers(0, 400))
+    base = data.draw(hs.binary(min_size=n * dtype.width, max_size=n * dtype.width))
+    raw = bytearray(base)
+    for i in data.draw(hs.lists(hs.integers(0, max(0, n - 1)), max_size=n // 4 + 1)) if n else []:
+        raw[i * dtype.width] ^= data.draw(hs.integers(1, 255))
+    raw = bytes(raw)
+    payload = codec.encode(raw, dtype, base, method=Method.SPARSE).payload
+    assert peek(payload).method is Method.SPARSE
+    assert codec.decode_sparse_changes(payload, len(raw), base) == (raw, *_changes(raw, base, dtype.width))
+
+
+def test_sparse_changes_skip_a_listed_zero_delta_and_refuse_what_is_not_theirs():
+    """A payload that lists an element whose delta is zero (no encoder writes one; a remote's
+    may) decodes to the same chunk, and that element is not called a change; a payload of
+    another method, or a base of another size, is not decoded this way (None); a damaged
+    list is an error."""
+    if native.kernels is None:
+        pytest.skip("C kernels not built")
+    import numpy as np
+
+    from wvc.codec.container import compress_stream, stream_bytes
+
+    dtype = DTYPES["BF16"]
+    base = torch.randn(4096, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    raw = base.clone()
+    raw[[3, 700, 4000]] += 1
+    b, x = base.view(torch.int16).numpy().tobytes(), raw.view(torch.int16).numpy().tobytes()
+    payload = codec.encode(x, dtype, b, method=Method.SPARSE).payload
+    info = peek(payload)
+    streams = [stream_bytes(payload, info, k) for k in range(len(info.streams))]
+    # the list 3, 5, 700, 4000 with a zero delta at 5: gaps 3, 1, 694 and 3299 (both escaped)
+    small = bytes([3, 1, 255, 255])
+    big = np.array([694 - 255, 3299 - 255], dtype="<u4").view(np.uint8)
+    values = [np.frombuffer(v, dtype=np.uint8) for v in streams[5:]]
+    listed = [np.insert(v, 1, 0).tobytes() for v in values]  # (the inserted delta: zero)
+    hostile = pack(Method.SPARSE, 2, info.param, len(x),
+                   [compress_stream(s, 1) for s in [small] + [big[k::4].tobytes() for k in range(4)] + listed])
+    assert codec.decode(hostile, len(x), b) == x
+    assert codec.decode_sparse_changes(hostile, len(x), b) == (x, *_changes(x, b, 2))
+    other = codec.encode(x, dtype, b, method=Method.XOR).payload
+    assert codec.decode_sparse_changes(other, len(x), b) is None
+    assert codec.decode_sparse_changes(payload, len(x), b[:-2]) is None
+    past = pack(Method.SPARSE, 2, info.param, len(x),
+                [compress_stream(s, 1) for s in [bytes([255])] + [np.array([5000], "<u4").view(np.uint8)[k:k + 1]
+                                                                  .tobytes() for k in range(4)]
+                 + [bytes([1]), bytes([0])]])
+    with pytest.raises(CorruptObject):
+        codec.decode_sparse_changes(past, len(x), b)
+
+
 def test_c_kernels_are_built_where_required():
     """CI sets WVC_REQUIRE_NATIVE=1: the suite must exercise the C kernels, not silently fall back."""
     import os

@@ -46,6 +46,15 @@ def decode_step_changes(payload, raw_size: int, base, positions, values) -> tupl
     return decode_step_changes(payload, raw_size, base, positions, values)
 
 
+def decode_sparse_changes(payload, raw_size: int, base) -> tuple[bytes, ...] | None:
+    """A SPARSE payload decoded over ``base``, with the elements it changes (positions, old and
+    new elements) read off its list; None for a payload of another method
+    (transforms.decode_sparse_changes)."""
+    from .transforms import decode_sparse_changes
+
+    return decode_sparse_changes(payload, raw_size, base)
+
+
 def decode_on_keyframe(payload, keyframe, raw_size: int) -> bytes | None:
     """``decode(payload, raw_size, decode(keyframe, raw_size))`` in one pass that never
     materialises the base, for the pairs that allow it (see transforms.decode_on_keyframe);

@@ -660,10 +660,54 @@ def _gap_streams(gaps) -> list:
     return [small] + [np.ascontiguousarray(big[k::4]) for k in range(4)]
 
 
-def _decode_sparse_native(payload, info, base) -> bytes:
+def decode_sparse_changes(payload, raw_size: int, base) -> tuple[bytes, ...] | None:
+    """``decode(payload, raw_size, base)`` for a SPARSE payload over a base of the chunk's size,
+    with the elements the chunk changes from ``base``: (chunk, their int32 positions, their
+    old elements, their new ones), read off the payload's own list of positions, so nothing
+    compares the chunk with its base (a follower's step stored as SPARSE: a fifth of an RL
+    step's chunks, whose comparison cost more than their decode). None for a payload of
+    another method, a base of another size, or without the C kernels (decode it the usual way)."""
+    import numpy as np
+
+    if native.kernels is None:
+        return None
+    info = peek(payload)
+    if info.method is not Method.SPARSE:
+        return None
+    if info.raw_size != raw_size:
+        raise CorruptObject(f"payload holds {info.raw_size} bytes, expected {raw_size}")
+    if len(memoryview(base).cast("B")) != raw_size:
+        return None  # (a base of another size: fitted, its changes are not positions in it)
+    streams = _sparse_streams(payload, info)
+    chunk = _sparse_native(streams, base, info)  # (checks every length and position first)
+    small = np.frombuffer(streams[0], dtype=np.uint8)
+    gaps = small.astype(np.int64)
+    if len(streams[1]):
+        big = np.empty(len(streams[1]) * 4, dtype=np.uint8)
+        for k in range(4):
+            big[k::4] = np.frombuffer(streams[1 + k], dtype=np.uint8)
+        gaps[small == GAP_ESCAPE] += big.view("<u4").astype(np.int64)
+    positions = np.cumsum(gaps + 1) - 1
+    kind = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[info.width]
+    old = np.frombuffer(base, dtype=kind)[positions]
+    new = np.frombuffer(chunk, dtype=kind)[positions]
+    moved = old != new  # (a listed zero delta changes nothing: its element is not a change)
+    if not moved.all():
+        positions, old, new = positions[moved], old[moved], new[moved]
+    return chunk, positions.astype(np.int32).tobytes(), old.tobytes(), new.tobytes()
+
+
+def _sparse_streams(payload, info) -> list:
     if len(info.streams) != 5 + info.width:  # before decompressing any (peek checked the inner method)
         raise CorruptObject("sparse payload has the wrong stream count")
-    streams = [stream_bytes(payload, info, k) for k in range(len(info.streams))]
+    return [stream_bytes(payload, info, k) for k in range(len(info.streams))]
+
+
+def _decode_sparse_native(payload, info, base) -> bytes:
+    return _sparse_native(_sparse_streams(payload, info), base, info)
+
+
+def _sparse_native(streams, base, info) -> bytes:
     try:
         return native.kernels.sparse_decode(streams, base, info.width, _NATIVE_CODE[Method(info.param)])
     except ValueError as exc:  # the C side checks every length and position

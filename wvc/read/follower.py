@@ -141,6 +141,22 @@ class _Held:
             return kept
         return None
 
+    def region(self, oid):
+        """Where the chunk ``oid`` lies in a host tensor the follower writes in place (a uint8
+        view, no copy) and the tensor's element width, or None (a device tensor's, a kept
+        one, none held)."""
+        if oid not in self.where or self.follower._mirror.get(oid) is not None:
+            return None
+        name, i = self.where[oid]
+        current = self.follower.state_dict.get(name)
+        entry = self.follower._entries[name]
+        if current is None or _mirrored(current) or tuple(current.shape) != tuple(entry.shape):
+            return None
+        flat = current.detach().reshape(-1).view(_uint8())
+        begin, end = tensor_spans(entry, self.follower._chunk_bytes)[i]
+        region = flat[begin:end]
+        return (region, DTYPES[entry.dtype].width) if _written_from_host(region) else None
+
     def __getitem__(self, oid) -> bytes:
         if oid not in self.where:
             previous = self.follower._previous.get(oid)
@@ -198,7 +214,7 @@ class _RecordChunks:
         return c.length if c is not None else 0
 
     def __call__(self, oid: str) -> bytes:
-        from ..store.chains import decode_step_verified, decode_verified
+        from ..store.chains import decode_sparse_verified, decode_step_verified, decode_verified
 
         c = self.chunks.get(oid)
         if c is None:
@@ -219,6 +235,14 @@ class _RecordChunks:
                 kind = kept.values.dtype
                 return _ChunkChanges(len(got[0]), c.base, _host_view(got[1]).view(kept.positions.dtype),
                                      _host_view(got[2]).view(kind), _host_view(got[3]).view(kind), kept.region)
+        held = self.held.region(c.base) if kept is None and c.base is not None and c.context is None else None
+        if held is not None:  # a SPARSE payload lists its changes: decoded over the held bytes, none compared
+            region, width = held
+            got = decode_sparse_verified(oid, payload, c.raw_size, region.numpy(), where)
+            if got is not None:
+                kind = _int_kind(width)
+                return _ChunkChanges(len(got[0]), c.base, _host_view(got[1]).view(_int_kind(4)),
+                                     _host_view(got[2]).view(kind), _host_view(got[3]).view(kind), region)
         context = None if c.context is None else (lambda: self.held[c.context])
         base = None if c.base is None else self.held[c.base]
         return decode_verified(oid, payload, c.raw_size, base, where, context=context)

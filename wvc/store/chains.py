@@ -116,8 +116,21 @@ def decode_step_verified(object_id: str, payload, raw_size: int, base, positions
     method."""
     from .. import codec
 
+    return _changes_verified(object_id, where,
+                             lambda: codec.decode_step_changes(payload, raw_size, base, positions, values))
+
+
+def decode_sparse_verified(object_id: str, payload, raw_size: int, base, where: str) -> tuple[bytes, ...] | None:
+    """:func:`decode_step_verified` for a SPARSE payload (no context: it lists its changes,
+    codec.decode_sparse_changes); None for a payload of another method."""
+    from .. import codec
+
+    return _changes_verified(object_id, where, lambda: codec.decode_sparse_changes(payload, raw_size, base))
+
+
+def _changes_verified(object_id: str, where: str, decode) -> tuple[bytes, ...] | None:
     try:
-        got = codec.decode_step_changes(payload, raw_size, base, positions, values)
+        got = decode()
     except CorruptObject as exc:
         raise CorruptObject(f"object {ids.short(object_id)} in {where}: {exc}") from exc
     if got is not None and ids.chunk_id(got[0]) != object_id:
