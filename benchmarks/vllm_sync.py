@@ -92,13 +92,14 @@ def engine_main(model_dir: str, remote: str | None, at: str | None, reload_dir: 
 
         t2 = time.perf_counter()
         attached = attach(llm, remote, "main", at=at)
-        _say({"attach_s": time.perf_counter() - t2, "rss": _rss("VmRSS")})
+        _say({"attach_s": time.perf_counter() - t2, "rss": _rss("VmRSS"), "hwm": _rss("VmHWM")})
         for line in sys.stdin:
             if not line.strip():
                 break
             up = attached.update(line.strip())
             _say({"commit": up.commit, "downloaded": up.downloaded_bytes, "fetch_s": up.seconds,
-                  "apply_s": up.applied["seconds"], "changed": len(up.changed), "rss": _rss("VmRSS")})
+                  "apply_s": up.applied["seconds"], "changed": len(up.changed), "rss": _rss("VmRSS"),
+                  "hwm": _rss("VmHWM")})
     probe, peak = _probe(llm), _rss("VmHWM")
     reload_s = []
     # the yardstick without wvc: vLLM reloads the whole checkpoint in place, warm (the
@@ -236,9 +237,11 @@ def run_model(name: str, spec: dict, steps: int, work: Path, lr: float) -> dict:
         assert got["commit"] == commit, got
         rows.append({"step": step, "changed_share": changed / total, "downloaded": got["downloaded"],
                      "trl_sparse": trl, "full": 2 * params, "commit_s": commit_s, "push_s": push_s, "save_s": save_s,
-                     "fetch_s": got["fetch_s"], "apply_s": got["apply_s"], "rss": got["rss"]})
+                     "fetch_s": got["fetch_s"], "apply_s": got["apply_s"], "rss": got["rss"],
+                     "hwm": got.get("hwm")})
         print(f"  step {step}: {changed / total:.1%} changed, follower {got['downloaded'] / 1e6:.2f} MB, "
-              f"TRL sparse {trl / 1e6:.2f} MB, fetch {got['fetch_s']:.2f} s, apply {got['apply_s']:.2f} s", flush=True)
+              f"TRL sparse {trl / 1e6:.2f} MB, fetch {got['fetch_s']:.2f} s, apply {got['apply_s']:.2f} s, "
+              f"engine RSS {got['rss'] / 1e6:.0f} MB (peak so far {(got.get('hwm') or 0) / 1e6:.0f})", flush=True)
     end = follower.close()
     pub.close()
     last_dir = root / "last"
@@ -255,6 +258,7 @@ def run_model(name: str, spec: dict, steps: int, work: Path, lr: float) -> dict:
             "exact": exact, "values_compared": _count(end["probe"]),
             "follower_engine": {"start_s": started["start_s"], "rss_after_start": started["rss"],
                                 "attach_s": attached["attach_s"], "rss_after_attach": attached["rss"],
+                                "hwm_after_attach": attached.get("hwm"),
                                 "peak_rss": end["peak_rss"], "reload_s": end["reload_s"]},
             "fresh_engine": {"import_s": fresh_started["import_s"], "start_s": fresh_started["start_s"],
                              "peak_rss": fresh_end["peak_rss"], "reload_s": fresh_end["reload_s"]}}

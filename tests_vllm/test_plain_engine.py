@@ -65,3 +65,37 @@ def test_the_worker_extension_drives_the_same_follower_by_method_name(run):
     assert llm.collective_rpc("wvc_update", kwargs={"timeout": 0}) == [None]
     llm.reset_prefix_cache()
     assert engine.probe(llm) == engine.fresh_probe(trainer.checkout(commit), packing=False)
+
+
+def test_a_tensor_larger_than_the_sparse_staging_bound_goes_dense(run):
+    """vLLM's sparse patch loader stages each patched tensor whole (NaN where unchanged, on the
+    host), so a sparse patch of a large tensor costs ~1.5x its bytes in transient memory (the
+    first 494M update peaked the engine 390 MB over later ones, issue 65): a tensor larger than
+    SPARSE_STAGING_BYTES goes dense even while sparse is the kind chosen (the costs
+    unmeasured), the smaller one beside it sparse; exact."""
+    from wvc.integrations.vllm import engine_weights
+
+    trainer, llm, attached, _ = run
+    big, small = "model.embed_tokens.weight", "model.layers.1.post_attention_layernorm.weight"
+    bound = trainer.sd[big].numel() * trainer.sd[big].element_size() - 1
+    assert trainer.sd[small].numel() * trainer.sd[small].element_size() <= bound
+    llm.collective_rpc(_staging_bound, args=(bound,))
+    try:
+        commit = trainer.step([big, small])
+        up = attached.update()
+        assert up.commit == commit
+        assert up.applied["dense"] == [big] and list(up.applied["sparse"]) == [small]
+        assert engine.probe(llm) == engine.fresh_probe(trainer.checkout(commit), packing=False)
+    finally:
+        llm.collective_rpc(_staging_bound, args=(engine_weights.SPARSE_STAGING_BYTES,))
+
+
+def _staging_bound(worker, bound: int) -> None:
+    """Set the worker's sparse staging bound, and forget what each kind of patch cost (so the
+    next patch of few changed elements is chosen sparse)."""
+    from wvc.integrations.vllm import engine_weights, offline
+
+    engine_weights.SPARSE_STAGING_BYTES = bound
+    session = offline._SESSIONS[offline._worker_of(worker)]
+    if session._weights is not None:
+        session._weights.costs = engine_weights._Costs()

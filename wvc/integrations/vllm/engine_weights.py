@@ -30,6 +30,14 @@ import time
 from dataclasses import dataclass, field
 
 SPARSE_MAX_CHANGED = 0.1  # past this share of a tensor's elements, a patch is sent dense
+# vLLM's sparse patch loader stages each patched tensor whole (checkpoint-shaped, NaN where
+# unchanged, plus a NaN mask: ~1.5x its bytes) on the values' device, the host here, and its
+# copy into a device parameter then moves all of it: a sparse patch saves no link bytes and
+# costs that memory. A tensor larger than this goes dense (the host copy's own tensor, nothing
+# staged), and one loader call stages at most this much: the first 494M update, sparse while
+# the costs were unmeasured, staged the tied embedding (272 MB) and peaked the engine 390 MB
+# over the steps after it (issue 65).
+SPARSE_STAGING_BYTES = 64 << 20
 
 
 @dataclass
@@ -176,6 +184,8 @@ class EngineWeights:
             tensor = host[name]
             idx = None if patches is None else patches.get(name)
             kind = self.costs.choose(tensor.numel(), None if idx is None else int(idx.numel()))
+            if tensor.numel() * tensor.element_size() > SPARSE_STAGING_BYTES:
+                kind = "dense"
             values = tensor.reshape(-1)
             if kind == "sparse":
                 values = values[idx]
@@ -188,7 +198,7 @@ class EngineWeights:
         for kind, batch in (("dense", dense), ("sparse", sparse)):
             if batch:
                 started = time.perf_counter()
-                _load_patches(self.model, batch)
+                _load_patches(self.model, batch, SPARSE_STAGING_BYTES if kind == "sparse" else None)
                 self.costs.record(kind, time.perf_counter() - started, sum(t.numel() for _, t, _, _ in batch))
         if reload:
             _reload(self.vllm_config, self.model, [(name, host[name]) for name in sorted(reload)])
@@ -224,13 +234,16 @@ class EngineWeights:
         return repacked
 
 
-def _load_patches(model, batch) -> None:
-    """One call of vLLM's checkpoint patch loader (dense and sparse never mixed in one)."""
+def _load_patches(model, batch, max_chunk_bytes: int | None) -> None:
+    """One call of vLLM's checkpoint patch loader (dense and sparse never mixed in one), which
+    hands the model's loader at most ``max_chunk_bytes`` of checkpoint tensors at a time
+    (None: vLLM's default)."""
     from vllm.model_executor.model_loader.checkpoint_weight_patch import (
         CheckpointWeightPatch, load_checkpoint_weight_patches)
 
     load_checkpoint_weight_patches(model, [CheckpointWeightPatch(name, tuple(t.shape), t.dtype, values, idx)
-                                           for name, t, values, idx in batch])
+                                           for name, t, values, idx in batch],
+                                   **({} if max_chunk_bytes is None else {"max_chunk_bytes": max_chunk_bytes}))
 
 
 def _reload(vllm_config, model, weights) -> None:
