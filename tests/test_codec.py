@@ -331,14 +331,14 @@ def test_a_sparse_payload_decodes_with_exactly_the_elements_it_changes(dtype_nam
     raw = bytes(raw)
     payload = codec.encode(raw, dtype, base, method=Method.SPARSE).payload
     assert peek(payload).method is Method.SPARSE
-    assert codec.decode_sparse_changes(payload, len(raw), base) == (raw, *_changes(raw, base, dtype.width))
+    assert codec.decode_sparse_changes(payload, len(raw), base, dtype.width) == (raw, *_changes(raw, base, dtype.width))
 
 
 def test_sparse_changes_skip_a_listed_zero_delta_and_refuse_what_is_not_theirs():
     """A payload that lists an element whose delta is zero (no encoder writes one; a remote's
     may) decodes to the same chunk, and that element is not called a change; a payload of
-    another method, or a base of another size, is not decoded this way (None); a damaged
-    list is an error."""
+    another method or element width, or a base of another size, is not decoded this way
+    (None); a damaged list is an error."""
     if native.kernels is None:
         pytest.skip("C kernels not built")
     import numpy as np
@@ -361,16 +361,21 @@ def test_sparse_changes_skip_a_listed_zero_delta_and_refuse_what_is_not_theirs()
     hostile = pack(Method.SPARSE, 2, info.param, len(x),
                    [compress_stream(s, 1) for s in [small] + [big[k::4].tobytes() for k in range(4)] + listed])
     assert codec.decode(hostile, len(x), b) == x
-    assert codec.decode_sparse_changes(hostile, len(x), b) == (x, *_changes(x, b, 2))
+    assert codec.decode_sparse_changes(hostile, len(x), b, 2) == (x, *_changes(x, b, 2))
     other = codec.encode(x, dtype, b, method=Method.XOR).payload
-    assert codec.decode_sparse_changes(other, len(x), b) is None
-    assert codec.decode_sparse_changes(payload, len(x), b[:-2]) is None
+    assert codec.decode_sparse_changes(other, len(x), b, 2) is None
+    assert codec.decode_sparse_changes(payload, len(x), b[:-2], 2) is None
+    # a payload of bytes over a bf16 tensor decodes to its chunk (its id checks that), but its
+    # positions count bytes, not the tensor's elements: not decoded this way
+    as_bytes = codec.encode(x, DTYPES["U8"], b, method=Method.SPARSE).payload
+    assert peek(as_bytes).method is Method.SPARSE and peek(as_bytes).width == 1
+    assert codec.decode_sparse_changes(as_bytes, len(x), b, 2) is None
     past = pack(Method.SPARSE, 2, info.param, len(x),
                 [compress_stream(s, 1) for s in [bytes([255])] + [np.array([5000], "<u4").view(np.uint8)[k:k + 1]
                                                                   .tobytes() for k in range(4)]
                  + [bytes([1]), bytes([0])]])
     with pytest.raises(CorruptObject):
-        codec.decode_sparse_changes(past, len(x), b)
+        codec.decode_sparse_changes(past, len(x), b, 2)
 
 
 def test_c_kernels_are_built_where_required():

@@ -628,9 +628,9 @@ def test_a_sparse_step_is_applied_from_its_list_of_changes_not_by_comparing_chun
     listed, compared, methods = [], [], []
     real_list, real_of = transforms.decode_sparse_changes, follower_module._ChunkChanges.of.__func__
 
-    def listing(payload, raw_size, base):
+    def listing(payload, raw_size, base, width):
         methods.append(peek(payload).method)
-        got = real_list(payload, raw_size, base)
+        got = real_list(payload, raw_size, base, width)
         listed.append(got is not None)
         return got
 

@@ -46,13 +46,13 @@ def decode_step_changes(payload, raw_size: int, base, positions, values) -> tupl
     return decode_step_changes(payload, raw_size, base, positions, values)
 
 
-def decode_sparse_changes(payload, raw_size: int, base) -> tuple[bytes, ...] | None:
-    """A SPARSE payload decoded over ``base``, with the elements it changes (positions, old and
-    new elements) read off its list; None for a payload of another method
-    (transforms.decode_sparse_changes)."""
+def decode_sparse_changes(payload, raw_size: int, base, width: int) -> tuple[bytes, ...] | None:
+    """A SPARSE payload decoded over ``base``, with the elements it changes (positions in
+    elements of ``width`` bytes, old and new elements) read off its list; None for a payload
+    of another method or width (transforms.decode_sparse_changes)."""
     from .transforms import decode_sparse_changes
 
-    return decode_sparse_changes(payload, raw_size, base)
+    return decode_sparse_changes(payload, raw_size, base, width)
 
 
 def decode_on_keyframe(payload, keyframe, raw_size: int) -> bytes | None:

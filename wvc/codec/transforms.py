@@ -660,19 +660,21 @@ def _gap_streams(gaps) -> list:
     return [small] + [np.ascontiguousarray(big[k::4]) for k in range(4)]
 
 
-def decode_sparse_changes(payload, raw_size: int, base) -> tuple[bytes, ...] | None:
+def decode_sparse_changes(payload, raw_size: int, base, width: int) -> tuple[bytes, ...] | None:
     """``decode(payload, raw_size, base)`` for a SPARSE payload over a base of the chunk's size,
     with the elements the chunk changes from ``base``: (chunk, their int32 positions, their
     old elements, their new ones), read off the payload's own list of positions, so nothing
     compares the chunk with its base (a follower's step stored as SPARSE: a fifth of an RL
-    step's chunks, whose comparison cost more than their decode). None for a payload of
-    another method, a base of another size, or without the C kernels (decode it the usual way)."""
+    step's chunks, whose comparison cost more than their decode). ``width``: the bytes of an
+    element of the tensor the caller writes (the positions count its elements). None for a
+    payload of another method or element width, a base of another size, or without the C
+    kernels (decode it the usual way: its bytes are checked by their id, its positions not)."""
     import numpy as np
 
     if native.kernels is None:
         return None
     info = peek(payload)
-    if info.method is not Method.SPARSE:
+    if info.method is not Method.SPARSE or info.width != width:
         return None
     if info.raw_size != raw_size:
         raise CorruptObject(f"payload holds {info.raw_size} bytes, expected {raw_size}")

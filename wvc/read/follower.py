@@ -238,7 +238,7 @@ class _RecordChunks:
         held = self.held.region(c.base) if kept is None and c.base is not None and c.context is None else None
         if held is not None:  # a SPARSE payload lists its changes: decoded over the held bytes, none compared
             region, width = held
-            got = decode_sparse_verified(oid, payload, c.raw_size, region.numpy(), where)
+            got = decode_sparse_verified(oid, payload, c.raw_size, region.numpy(), width, where)
             if got is not None:
                 kind = _int_kind(width)
                 return _ChunkChanges(len(got[0]), c.base, _host_view(got[1]).view(_int_kind(4)),

@@ -120,12 +120,14 @@ def decode_step_verified(object_id: str, payload, raw_size: int, base, positions
                              lambda: codec.decode_step_changes(payload, raw_size, base, positions, values))
 
 
-def decode_sparse_verified(object_id: str, payload, raw_size: int, base, where: str) -> tuple[bytes, ...] | None:
-    """:func:`decode_step_verified` for a SPARSE payload (no context: it lists its changes,
-    codec.decode_sparse_changes); None for a payload of another method."""
+def decode_sparse_verified(object_id: str, payload, raw_size: int, base, width: int,
+                           where: str) -> tuple[bytes, ...] | None:
+    """:func:`decode_step_verified` for a SPARSE payload of elements of ``width`` bytes (no
+    context: it lists its changes, codec.decode_sparse_changes); None for a payload of another
+    method or width."""
     from .. import codec
 
-    return _changes_verified(object_id, where, lambda: codec.decode_sparse_changes(payload, raw_size, base))
+    return _changes_verified(object_id, where, lambda: codec.decode_sparse_changes(payload, raw_size, base, width))
 
 
 def _changes_verified(object_id: str, where: str, decode) -> tuple[bytes, ...] | None:
