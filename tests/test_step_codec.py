@@ -437,10 +437,15 @@ def test_a_sparse_context_out_of_order_or_out_of_the_chunk_is_refused(native, mo
         codec.decode_step_changes(payload, len(x), b, positions, values[:-2])
 
 
-def test_only_block_step_payloads_decode_in_a_sparse_context():
+def test_only_block_step_payloads_of_the_tensors_element_width_decode_in_a_sparse_context():
     g, b, x = adam_like_steps(3, n=512)
     positions, values = sparse_context(b, g, 2)
     for method in (Method.ULP_STEP, None):
         payload = codec.encode(x, BF16, b, context=g if method else None, method=method).payload
         assert peek(payload).method not in (Method.STEP_BLOCKS, Method.STEP_RUNS)
         assert codec.decode_step_changes(payload, len(x), b, positions, values) is None
+    # a step payload of another element width than the tensor's: its positions would not count
+    # the tensor's elements
+    payload = codec.encode(x, BF16, b, context=g, method=Method.STEP_RUNS).payload
+    assert codec.decode_step_changes(payload, len(x), b, positions, values, 2)[0] == x
+    assert codec.decode_step_changes(payload, len(x), b, positions, values, 4) is None

@@ -37,13 +37,15 @@ def decode(payload, raw_size: int, base=None, *, context=None, device: str = "cp
     return decode_chunk(payload, raw_size, base, context=context, device=device)
 
 
-def decode_step_changes(payload, raw_size: int, base, positions, values) -> tuple[bytes, ...] | None:
+def decode_step_changes(payload, raw_size: int, base, positions, values,
+                        width: int | None = None) -> tuple[bytes, ...] | None:
     """A step payload decoded in a context given by where it differs from ``base`` (int32
     ``positions`` and ``values``), with the elements it changes (positions, old and new
-    elements); None for a payload of another method (transforms.decode_step_changes)."""
+    elements); None for a payload of another method or element width (``width``, where given;
+    transforms.decode_step_changes)."""
     from .transforms import decode_step_changes
 
-    return decode_step_changes(payload, raw_size, base, positions, values)
+    return decode_step_changes(payload, raw_size, base, positions, values, width)
 
 
 def decode_sparse_changes(payload, raw_size: int, base, width: int) -> tuple[bytes, ...] | None:

@@ -610,14 +610,16 @@ def decode_chunk(payload, raw_size: int, base=None, *, context=None, device: str
     return xp.to_bytes(_inverse(info.method, y, b, bits))
 
 
-def decode_step_changes(payload, raw_size: int, base, positions, values) -> tuple[bytes, ...] | None:
+def decode_step_changes(payload, raw_size: int, base, positions, values,
+                        width: int | None = None) -> tuple[bytes, ...] | None:
     """``decode(payload, raw_size, base, context=...)`` for a STEP_BLOCKS or STEP_RUNS payload
     whose context is given by where it differs from ``base`` (``positions``, int32 ascending,
     and its elements there), with the elements the chunk changes from ``base``: (chunk, their
     positions, their old elements, their new ones), codec/step_coder.py's decode_changes. None for
-    a payload of another method (the caller decodes it the usual way)."""
+    a payload of another method, or of elements of other than ``width`` bytes where given (the
+    caller decodes it the usual way: the positions would not count its tensor's elements)."""
     info = peek(payload, table=False)
-    if info.method not in (Method.STEP_BLOCKS, Method.STEP_RUNS):
+    if info.method not in (Method.STEP_BLOCKS, Method.STEP_RUNS) or (width is not None and info.width != width):
         return None
     if info.raw_size != raw_size:
         raise CorruptObject(f"payload holds {info.raw_size} bytes, expected {raw_size}")

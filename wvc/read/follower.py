@@ -230,7 +230,7 @@ class _RecordChunks:
         kept = self.held.step_context(c.context, c.base)
         if kept is not None:  # decoded over the held bytes, in the context kept: no copy of either
             got = decode_step_verified(oid, payload, c.raw_size, kept.region.numpy(), kept.positions.numpy(),
-                                       kept.values.numpy(), where)
+                                       kept.values.numpy(), where, kept.values.element_size())
             if got is not None:  # (the chunk's bytes are dropped here: its changes are what is written)
                 kind = kept.values.dtype
                 return _ChunkChanges(len(got[0]), c.base, _host_view(got[1]).view(kept.positions.dtype),

@@ -109,15 +109,15 @@ def decode_verified(object_id: str, payload, raw_size: int, base, where: str, *,
 
 
 def decode_step_verified(object_id: str, payload, raw_size: int, base, positions, values,
-                         where: str) -> tuple[bytes, ...] | None:
+                         where: str, width: int | None = None) -> tuple[bytes, ...] | None:
     """:func:`decode_verified` of a step payload whose context is given by where it differs
     from ``base`` (codec.decode_step_changes), with the elements the result changes from
     ``base`` (their int32 positions, old and new elements); None for a payload of another
-    method."""
+    method, or of elements of other than ``width`` bytes where given."""
     from .. import codec
 
     return _changes_verified(object_id, where,
-                             lambda: codec.decode_step_changes(payload, raw_size, base, positions, values))
+                             lambda: codec.decode_step_changes(payload, raw_size, base, positions, values, width))
 
 
 def decode_sparse_verified(object_id: str, payload, raw_size: int, base, width: int,
