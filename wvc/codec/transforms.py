@@ -684,14 +684,7 @@ def decode_sparse_changes(payload, raw_size: int, base, width: int) -> tuple[byt
         return None  # (a base of another size: fitted, its changes are not positions in it)
     streams = _sparse_streams(payload, info)
     chunk = _sparse_native(streams, base, info)  # (checks every length and position first)
-    small = np.frombuffer(streams[0], dtype=np.uint8)
-    gaps = small.astype(np.int64)
-    if len(streams[1]):
-        big = np.empty(len(streams[1]) * 4, dtype=np.uint8)
-        for k in range(4):
-            big[k::4] = np.frombuffer(streams[1 + k], dtype=np.uint8)
-        gaps[small == GAP_ESCAPE] += big.view("<u4").astype(np.int64)
-    positions = np.cumsum(gaps + 1) - 1
+    positions = np.cumsum(_sparse_gaps(np.frombuffer(streams[0], dtype=np.uint8), streams[1:5]) + 1) - 1
     kind = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[info.width]
     old = np.frombuffer(base, dtype=kind)[positions]
     new = np.frombuffer(chunk, dtype=kind)[positions]
@@ -718,6 +711,21 @@ def _sparse_native(streams, base, info) -> bytes:
         raise CorruptObject(str(exc)) from exc
 
 
+def _sparse_gaps(small, big_planes):
+    """The gaps (int64) of a SPARSE payload's list: one byte each (``small``), escaped at
+    GAP_ESCAPE to four byte planes of (gap - GAP_ESCAPE), one element per escape (the caller
+    has checked their lengths)."""
+    import numpy as np
+
+    gaps = small.astype(np.int64)
+    if len(big_planes[0]):
+        big = np.empty(len(big_planes[0]) * 4, dtype=np.uint8)
+        for k, plane in enumerate(big_planes):
+            big[k::4] = np.frombuffer(plane, dtype=np.uint8)
+        gaps[small == GAP_ESCAPE] += big.view("<u4").astype(np.int64)
+    return gaps
+
+
 def _decode_sparse(xp, payload, info):
     import numpy as np
 
@@ -733,11 +741,7 @@ def _decode_sparse(xp, payload, info):
     value_planes = [stream_bytes(payload, info, 5 + k) for k in range(width)]
     if any(len(p) != count for p in value_planes):
         raise CorruptObject("sparse payload values are inconsistent")
-    big = np.empty(len(big_planes[0]) * 4, dtype=np.uint8)
-    for k, p in enumerate(big_planes):
-        big[k::4] = np.frombuffer(p, dtype=np.uint8)
-    gaps = small.astype(np.uint64)
-    gaps[escaped] = big.view(np.uint32).astype(np.uint64) + GAP_ESCAPE
+    gaps = _sparse_gaps(small, big_planes)
     values = xp.unplanes(value_planes, width, count)
     y = xp.from_gaps(gaps, values, n, width)
     if y is None:

@@ -164,6 +164,23 @@ def read_header(fh, file_size: int, where: str) -> SafetensorsHeader:
     return parse_header(header_bytes, file_size - 8 - n, where)
 
 
+READ_BYTES = 64 << 20  # one read call at most (a read past 2 GiB is cut short by the kernel)
+
+
+def read_tensor_into(fh, header: SafetensorsHeader, tensor: TensorInfo, into: memoryview, where: str) -> None:
+    """Read ``tensor``'s bytes from the open file ``fh`` (unbuffered; ``header`` its header)
+    into ``into`` (writable, ``tensor.nbytes`` long), by plain reads: no mapping of the file."""
+    if len(into) != tensor.nbytes:
+        raise ValueError(f"{where}: tensor {tensor.name} holds {tensor.nbytes} bytes, not {len(into)}")
+    fh.seek(header.data_start + tensor.begin)
+    done = 0
+    while done < tensor.nbytes:
+        got = fh.readinto(into[done : done + READ_BYTES])
+        if not got:
+            raise SafetensorsFormatError(f"{where} is shorter than its header says (tensor {tensor.name})")
+        done += got
+
+
 def build_header(tensors: list[tuple[str, DType, tuple[int, ...]]], metadata: dict | None) -> tuple[bytes, list[TensorInfo]]:
     """The header ``safetensors.torch.save`` writes for these tensors, and their layout.
 

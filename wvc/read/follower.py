@@ -141,20 +141,21 @@ class _Held:
             return kept
         return None
 
-    def region(self, oid):
-        """Where the chunk ``oid`` lies in a host tensor the follower writes in place (a uint8
-        view, no copy) and the tensor's element width, or None (a device tensor's, a kept
-        one, none held)."""
-        if oid not in self.where or self.follower._mirror.get(oid) is not None:
-            return None
+    def _place(self, oid):
+        """The held chunk ``oid``'s bytes in its tensor (a uint8 view, no copy) and that
+        tensor's TensorEntry."""
         name, i = self.where[oid]
-        current = self.follower.state_dict.get(name)
         entry = self.follower._entries[name]
-        if current is None or _mirrored(current) or tuple(current.shape) != tuple(entry.shape):
-            return None
-        flat = current.detach().reshape(-1).view(_uint8())
         begin, end = tensor_spans(entry, self.follower._chunk_bytes)[i]
-        region = flat[begin:end]
+        return self.follower.state_dict[name].detach().reshape(-1).view(_uint8())[begin:end], entry
+
+    def region(self, oid):
+        """Where the chunk ``oid`` lies in a host tensor the follower writes in place, and the
+        tensor's element width; None for one it does not hold there (a device tensor's, a kept
+        one, none)."""
+        if oid not in self.where or _mirrored(self.follower.state_dict[self.where[oid][0]]):
+            return None
+        region, entry = self._place(oid)
         return (region, DTYPES[entry.dtype].width) if _written_from_host(region) else None
 
     def __getitem__(self, oid) -> bytes:
@@ -166,11 +167,7 @@ class _Held:
         mirrored = self.follower._mirror.get(oid)
         if mirrored is not None:  # a device tensor's chunk: its host copy, no copy back
             return mirrored
-        name, i = self.where[oid]
-        entry = self.follower._entries[name]
-        begin, end = tensor_spans(entry, self.follower._chunk_bytes)[i]
-        flat = self.follower.state_dict[name].detach().reshape(-1).view(_uint8())
-        return flat[begin:end].cpu().numpy().tobytes()
+        return self._place(oid)[0].cpu().numpy().tobytes()
 
 
 class _RecordChunks:

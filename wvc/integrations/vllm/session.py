@@ -93,35 +93,24 @@ def fits(layout: dict[str, tuple[str, tuple]]):
     return accept
 
 
-READ_BYTES = 64 << 20  # one read call at most (a read past 2 GiB is cut short by the kernel)
-
-
 def host_copy(model: str, revision: str | None = None) -> dict:
     """The engine's checkpoint tensors, read into host memory of this process's own (the
-    follower's copy): fresh tensors filled by plain reads, not safetensors' ``load_file``,
-    which maps the files privately and lazily, so that the first update faulted in and copied
-    each page it wrote (a 494M server's first update 4.7 s against 1.1 s for the next)."""
+    follower's copy): fresh tensors filled by plain reads (shared_host.read_checkpoint), not
+    safetensors' ``load_file``, which maps the files privately and lazily, so that the first
+    update faulted in and copied each page it wrote (a 494M server's first update 4.7 s
+    against 1.1 s for the next)."""
     import torch
 
-    from ...formats.safetensors import read_header
-
     tensors: dict = {}
+
+    def fresh(t):
+        if t.dtype.torch_name is None:
+            raise InvalidArgument(f"tensor {t.name} is {t.dtype.name}, which torch has no type for")
+        tensors[t.name] = torch.empty(t.shape, dtype=getattr(torch, t.dtype.torch_name))
+        return tensors[t.name]
+
     for path in _checkpoint_files(model, revision):
-        with open(path, "rb", buffering=0) as fh:
-            header = read_header(fh, path.stat().st_size, str(path))
-            for t in header.tensors:
-                if t.dtype.torch_name is None:
-                    raise InvalidArgument(f"{path}: tensor {t.name} is {t.dtype.name}, which torch has no type for")
-                out = torch.empty(t.shape, dtype=getattr(torch, t.dtype.torch_name))
-                into = memoryview(out.reshape(-1).view(torch.uint8).numpy())
-                fh.seek(header.data_start + t.begin)
-                done = 0
-                while done < t.nbytes:
-                    got = fh.readinto(into[done : done + READ_BYTES])
-                    if not got:
-                        raise InvalidArgument(f"{path} is shorter than its header says (tensor {t.name})")
-                    done += got
-                tensors[t.name] = out
+        shared_host.read_checkpoint(path, fresh)
     return tensors
 
 

@@ -61,13 +61,24 @@ class SharedHostCopy:
 
     def fill(self, files) -> None:
         """Read the checkpoint ``files`` (safetensors) into the tensors, one at a time."""
-        from safetensors import safe_open
-
         for path in files:
-            with safe_open(str(path), framework="pt") as fh:
-                for name in fh.keys():
-                    if name in self.tensors:
-                        self.tensors[name].copy_(fh.get_tensor(name))
+            read_checkpoint(Path(path), lambda t: self.tensors.get(t.name))
+
+
+def read_checkpoint(path: Path, target) -> None:
+    """Read each tensor of the safetensors file ``path`` into ``target(TensorInfo)`` (a host
+    tensor of its dtype and shape, or None: skipped) by plain reads, never mapping the file:
+    a tensor of a private mapping faults in and copies each page on its first write."""
+    import torch
+
+    from ...formats.safetensors import read_header, read_tensor_into
+
+    with open(path, "rb", buffering=0) as fh:
+        header = read_header(fh, os.fstat(fh.fileno()).st_size, str(path))
+        for t in header.tensors:
+            out = target(t)
+            if out is not None:
+                read_tensor_into(fh, header, t, memoryview(out.reshape(-1).view(torch.uint8).numpy()), str(path))
 
 
 def _create(size: int) -> tuple[str, mmap.mmap]:
