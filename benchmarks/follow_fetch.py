@@ -13,7 +13,9 @@ serving (download, decode, verify, write its host copy); vllm_sync.py adds the e
 ``--attach-at K``: at the end, a second follower starts mid-run from step K's weights
 (``at=``, a cache of its own, as a server started later from a checkout of step K) and
 updates to step K+1, then to the last step: its bytes and seconds against the first
-follower's step K+1 (issue 65: it read the model, not a step).
+follower's step K+1 (issue 65: it read the model, not a step). Then again lent the chunks of
+a clone of the remote (``repository=``, as a server started from ``wvc checkout`` of step K in
+a clone): it reads the step alone.
 """
 
 from __future__ import annotations
@@ -97,24 +99,32 @@ def main(argv=None) -> None:
         # (step 1's context, the version before step 0, was never held: it reads more)
         print(f"median fetch from step 2: {statistics.median(seconds[1:]):.2f} s")
         if attach_from is not None:
-            attach(Path(tmp), attach_from, commits, args.attach_at, downloaded, now)
+            attach(Path(tmp), {k: v.clone() for k, v in attach_from.items()}, commits, args.attach_at, downloaded, now)
+            import wvc
+
+            t0 = time.perf_counter()
+            wvc.clone(str(Path(tmp) / "remote"), Path(tmp) / "clone")
+            print(f"a clone of the remote (where a server's checkout of step {args.attach_at} comes from): "
+                  f"{time.perf_counter() - t0:.2f} s")
+            attach(Path(tmp), attach_from, commits, args.attach_at, downloaded, now, clone=Path(tmp) / "clone")
 
 
-def attach(tmp: Path, held: dict, commits: list, k: int, downloaded: list, last: dict) -> None:
-    """A follower started at step ``k`` (``held``: its weights) moves to step k+1, then to the last."""
+def attach(tmp: Path, held: dict, commits: list, k: int, downloaded: list, last: dict, clone=None) -> None:
+    """A follower started at step ``k`` (``held``: its weights) moves to step k+1, then to the
+    last; lent the chunks of ``clone`` where given."""
     import os
 
     import torch
 
     from wvc.read.follower import Follower
 
-    os.environ["WVC_CACHE"] = str(tmp / "attach-cache")  # a server started later holds no catalog
+    os.environ["WVC_CACHE"] = str(tmp / ("attach-cache" if clone is None else "clone-cache"))  # (no catalog held)
     model = sum(v.numel() * v.element_size() for v in held.values())
-    follower = Follower(str(tmp / "remote"), "main", state_dict=held, at=commits[k], patches=True)
+    follower = Follower(str(tmp / "remote"), "main", state_dict=held, at=commits[k], patches=True, repository=clone)
     t0 = time.perf_counter()
     first = follower.update(commits[k + 1])
     first_s = time.perf_counter() - t0
-    print(f"attached at step {k}: its first update (to step {k + 1}) {first_s:.2f} s, "
+    print(f"attached at step {k}{'' if clone is None else ', lent a clone':s}: its first update (to step {k + 1}) {first_s:.2f} s, "
           f"{first.downloaded_bytes / 1e6:.2f} MB (the follower along: {downloaded[k + 1] / 1e6:.2f} MB; "
           f"the model {model / 1e6:.0f} MB)", flush=True)
     if k + 1 < len(commits) - 1:

@@ -4,13 +4,16 @@ since its anchor), and an update reads no listing and no catalog."""
 
 import os
 import statistics
+from pathlib import Path
 
 import pytest
+import safetensors.torch
 import torch
 
 import wvc
 from wvc.remotes.layout import commit_of_step_path, step_path
 from wvc import Repo
+from wvc.read import follower as follower_module
 from wvc.remotes import open_backend, step_records
 
 from .test_follow import same
@@ -648,3 +651,128 @@ def test_a_sparse_step_is_applied_from_its_list_of_changes_not_by_comparing_chun
         assert torch.equal(update.patches["w"], changed.reshape(-1))
     assert Method.SPARSE in methods and any(listed), methods
     assert not compared
+
+
+def test_a_follower_started_mid_run_from_a_clones_checkout_reads_one_step(tmp_path, monkeypatch):
+    """A server started mid-run from ``wvc checkout X`` of a clone holds X; the record of X+1
+    is coded in the context of X-1, which only the clone holds. Lent the clone's chunks
+    (repository=), its first update reads that step's record alone, about what a follower
+    that followed all along reads, not X+1 through its chains (about the model, which is what
+    it reads without them: issue 65); every version exact."""
+    remote = str(tmp_path / "remote")
+    run = AdamRun(tmp_path / "run", remote, n=1 << 20)  # 2 MiB: step payloads from the second step
+    commits = [run.step(i) for i in range(4)]
+    clone = wvc.clone(remote, tmp_path / "clone")
+    along = wvc.follow(remote)
+    along.update(commits[2])
+    step_bytes = along.update(commits[3]).downloaded_bytes
+
+    held = {"w": clone.load_state_dict(commits[2])["w"].clone()}
+    alone = wvc.follow(remote, state_dict={"w": held["w"].clone()}, at=commits[2])
+    alone_bytes = alone.update(commits[3]).downloaded_bytes
+    assert same(alone.state_dict, run.repo.load_state_dict(commits[3]))
+
+    follower = wvc.follow(remote, state_dict=held, at=commits[2], patches=True, repository=clone.root)
+    follower._start_at()  # (reads at='s tree the ordinary way: no chunk)
+    forbid_ordinary_reads(monkeypatch)
+    first = follower.update(commits[3])
+    assert first.commit == commits[3] and same(held, run.repo.load_state_dict(commits[3]))
+    assert first.downloaded_bytes <= 1.25 * step_bytes + 4096, (first.downloaded_bytes, step_bytes)
+    assert alone_bytes > 2 * first.downloaded_bytes, (alone_bytes, first.downloaded_bytes)
+    later = run.step(4)  # (pushed after the clone: the step context is the follower's own now)
+    assert follower.update(later).commit == later and same(held, run.repo.load_state_dict(later))
+
+
+def test_a_lazy_clone_lends_only_the_chunks_it_holds(tmp_path):
+    """A clone that does not hold the version before X (a lazy clone made before it) lends
+    nothing for it, and its remote is not asked through the clone: the follower reads X+1
+    the ordinary way, exact."""
+    remote = str(tmp_path / "remote")
+    run = AdamRun(tmp_path / "run", remote, n=1 << 20)
+    commits = [run.step(0)]
+    clone = wvc.clone(remote, tmp_path / "clone", lazy=True)
+    commits += [run.step(i) for i in range(1, 4)]
+    store = clone.internals.store
+    before = store.count_objects()
+    context = run.repo.tree_of(commits[1]).files[0].tensors[0].chunks
+    assert not any(store.has(c) for c in context)  # (the scenario: X-1's chunks not fetched yet)
+    held = {"w": run.repo.load_state_dict(commits[2])["w"].clone()}
+    follower = wvc.follow(remote, state_dict=held, at=commits[2], repository=clone.root)
+    assert follower.update(commits[3]).commit == commits[3]
+    assert same(held, run.repo.load_state_dict(commits[3]))
+    assert store.count_objects() == before  # nothing fetched into the clone
+
+
+def test_a_followers_repository_must_be_a_wvc_repository(tmp_path):
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(wvc.errors.InvalidArgument, match="holds no wvc repository"):
+        wvc.follow(str(tmp_path / "remote"), repository=tmp_path / "plain")
+
+
+def test_an_engine_started_mid_run_from_a_clone_uses_its_chunks(tmp_path, monkeypatch):
+    """A vLLM worker's session (integrations/vllm/session.py) started mid-run from a clone's
+    checkout (its --model the clone's working tree) lends the follower the clone's chunks: the
+    first update reads one step, and the engine is written exact. A checkout into another
+    directory names its clone by WVC_VLLM_REPOSITORY; one that names no repository is an error
+    at start."""
+    import hashlib
+
+    from wvc.integrations.vllm.session import EngineFollower
+
+    from .shared_follower_worker import ShardEngine
+
+    remote = str(tmp_path / "remote")
+    run = AdamRun(tmp_path / "run", remote, n=1 << 20)
+    commits = [run.step(i) for i in range(4)]
+    along = wvc.follow(remote)
+    along.update(commits[2])
+    step_bytes = along.update(commits[3]).downloaded_bytes
+
+    def started(model: Path):
+        engine = ShardEngine(0, 1, safetensors.torch.load_file(next(model.glob("*.safetensors"))))
+        return engine, EngineFollower(lambda names: engine, remote, "main", at=commits[2], model=str(model))
+
+    def digest(commit):
+        return {n: hashlib.sha256(t.reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
+                for n, t in run.repo.load_state_dict(commit).items()}
+
+    clone = wvc.clone(remote, tmp_path / "clone")
+    clone.checkout(commits[2], force=True)
+    clone.checkout(commits[2], output=tmp_path / "elsewhere")
+    engine, session = started(tmp_path / "clone")
+    real_open = follower_module.open_remote_version
+    forbid_ordinary_reads(monkeypatch)
+    up = session.update(commits[3])
+    assert up.commit == commits[3] and engine.digest() == digest(commits[3])
+    assert up.downloaded_bytes <= 1.25 * step_bytes + 4096, (up.downloaded_bytes, step_bytes)
+
+    monkeypatch.setattr(follower_module, "open_remote_version", real_open)  # (at='s tree: read at start)
+    monkeypatch.setenv("WVC_VLLM_REPOSITORY", str(tmp_path / "clone"))
+    engine, session = started(tmp_path / "elsewhere")
+    up = session.update(commits[3])
+    assert engine.digest() == digest(commits[3])
+    assert up.downloaded_bytes <= 1.25 * step_bytes + 4096, (up.downloaded_bytes, step_bytes)
+
+    monkeypatch.setenv("WVC_VLLM_REPOSITORY", str(tmp_path / "elsewhere"))
+    with pytest.raises(wvc.errors.InvalidArgument, match="holds no wvc repository"):
+        started(tmp_path / "elsewhere")
+
+
+def test_a_damaged_clone_costs_a_download_not_wrong_bytes(tmp_path):
+    """A clone whose packs were damaged after it was made: what it lends fails its hash check,
+    and the follower reads those chunks from the remote instead; the version it reaches is
+    exact."""
+    remote = str(tmp_path / "remote")
+    run = AdamRun(tmp_path / "run", remote, n=1 << 20)
+    commits = [run.step(i) for i in range(4)]
+    clone = wvc.clone(remote, tmp_path / "clone")
+    for pack in (tmp_path / "clone" / ".wvc" / "packs").rglob("*"):
+        if pack.is_file() and pack.stat().st_size > 4096:
+            data = bytearray(pack.read_bytes())
+            for k in range(64, len(data) - 64, 97):
+                data[k] ^= 0x5A
+            pack.write_bytes(bytes(data))
+    held = {"w": run.repo.load_state_dict(commits[2])["w"].clone()}
+    follower = wvc.follow(remote, state_dict=held, at=commits[2], repository=clone.root)
+    assert follower.update(commits[3]).commit == commits[3]
+    assert same(held, run.repo.load_state_dict(commits[3]))

@@ -42,6 +42,8 @@ VARIABLES = {
     "WVC_SYSTEM_ZSTD": "0: decode with the bundled zstd, never the system's libzstd (codec/native.py)",
     "WVC_VLLM_REMOTE": "the remote a vLLM server with the wvc backend follows (set by whoever starts it; required)",
     "WVC_VLLM_BRANCH": "the branch that server follows (default: the one init names, else main)",
+    "WVC_VLLM_REPOSITORY": "a local clone of that remote whose chunks the server uses rather than downloads "
+                           "(default: its --model directory where that is a clone's working tree)",
     "WVC_ALLOW_UNTESTED_VERSIONS": "1: use the vLLM and TRL integrations with versions they were not tested with "
                                    "(integrations/library_versions.py; default: refused, naming the supported range)",
 }

@@ -33,6 +33,7 @@ from ..errors import CorruptObject, InvalidArgument, MissingObject, RemoteNotFou
 from ..formats.dtypes import DTYPES
 from ..model.chunk_spans import tensor_spans
 from .cache import cache_root
+from .lent_chunks import LentChunks
 from ..remotes import open_backend, step_records
 from ..remotes.urls import local_repository
 from ..remotes.repository import read_branch_tip
@@ -123,13 +124,18 @@ class _Held:
     """The chunk bytes the follower holds, by chunk id (delta bases for free): its tensors'
     current chunks, and the keyframes it kept."""
 
-    def __init__(self, follower: "Follower"):
+    def __init__(self, follower: "Follower", *, lent: bool = False):
+        """``lent``: also a local clone's chunks (Follower's repository=), for a step record's
+        decode only: a damaged clone then fails the record, and the ordinary read that
+        follows downloads what it would have lent."""
         self.follower = follower
         self.where = {cid: (name, i) for name, e in follower._entries.items() for i, cid in enumerate(e.chunks)}
         self.keyframes = follower._keyframes
+        self.lent = follower._lent if lent else None
 
     def __contains__(self, oid) -> bool:
-        return oid in self.where or oid in self.follower._previous or oid in self.keyframes
+        return oid in self.where or oid in self.follower._previous or oid in self.keyframes \
+            or (self.lent is not None and oid in self.lent)
 
     def step_context(self, context, base) -> "_OldBytes | None":
         """What the last update kept of the chunk ``context`` it replaced, where that is the
@@ -163,6 +169,8 @@ class _Held:
             previous = self.follower._previous.get(oid)
             if previous is not None:
                 return previous if isinstance(previous, bytes) else previous.bytes()
+            if self.lent is not None and oid not in self.keyframes:
+                return self.lent[oid]  # (a chunk it no longer lends: MissingObject, the record unused)
             return self.keyframes[oid]
         mirrored = self.follower._mirror.get(oid)
         if mirrored is not None:  # a device tensor's chunk: its host copy, no copy back
@@ -577,7 +585,7 @@ class Follower:
     back on any failure: the dict always holds one whole committed version."""
 
     def __init__(self, source, branch: str = "main", *, state_dict=None, device: str = "cpu", at: str | None = None,
-                 patches: bool = False, accept=None):
+                 patches: bool = False, accept=None, repository=None):
         """``accept(entries)``: raises when a version (its TensorEntry by name) must not be
         taken at all, checked before anything is fetched or allocated (an engine's follower:
         what a fresh engine would refuse). ``at``: the commit whose version ``state_dict``
@@ -586,7 +594,9 @@ class Follower:
         that version's chunk ids before the first update (InvalidArgument if one differs).
         ``patches``: each Update names the changed elements of each changed tensor (their flat
         indices, found while each chunk is written: the old bytes are at hand then, so no copy
-        of the state dict is kept to diff against)."""
+        of the state dict is kept to diff against). ``repository``: a local clone of the
+        source whose chunks are used where a step or a delta names them, not downloaded
+        (read/lent_chunks.py): a server started mid-run from its checkout then reads one step."""
         if at is not None and state_dict is None:
             raise InvalidArgument("at= names the version a given state_dict holds: pass that state_dict too")
         self._at = at
@@ -613,6 +623,7 @@ class Follower:
         # the remote's catalogs are immutable: each is read once, whatever the number of polls
         self._catalogs = cache_root() / "follow" / ids.cache_name(self.source, 24)
         self._keyframes = _Keyframes(self._catalogs / "keyframes")
+        self._lent = repository if repository is None or isinstance(repository, LentChunks) else LentChunks(repository)
 
     def _start_at(self) -> None:
         """Take the version ``at`` names as the one held: its tree (read, no chunk downloaded),
@@ -663,7 +674,7 @@ class Follower:
         for record in reversed(records):
             try:
                 tree = self._tree_of(record)
-                moved = self._move(VersionView(record.commit, tree, _RecordChunks(record, backend, _Held(self))), t0)
+                moved = self._move(VersionView(record.commit, tree, _RecordChunks(record, backend, _Held(self, lent=True))), t0)
             except WvcError as exc:  # (the steps already applied stay: each was a whole version)
                 log.debug("follower: step record of %s not applied (%s); reading the version the usual way",
                           record.commit[:12], exc)
@@ -899,9 +910,12 @@ class Follower:
 
 
 def follow(url_or_path, branch: str = "main", *, state_dict=None, device: str = "cpu", at: str | None = None,
-           patches: bool = False) -> Follower:
+           patches: bool = False, repository=None) -> Follower:
     """A :class:`Follower` of ``branch``: updates ``state_dict`` in place (on its tensors'
     devices), or tensors of its own on ``device``. ``at``: the commit ``state_dict`` already
     holds (checked), so that the first update reads only what changed since. ``patches``:
-    each Update also names the changed elements of each tensor (``Update.patches``)."""
-    return Follower(url_or_path, branch, state_dict=state_dict, device=device, at=at, patches=patches)
+    each Update also names the changed elements of each tensor (``Update.patches``).
+    ``repository``: a local clone of the remote (the one ``at`` was checked out of) whose
+    chunks are used rather than downloaded: mid-run, the first update then reads one step."""
+    return Follower(url_or_path, branch, state_dict=state_dict, device=device, at=at, patches=patches,
+                    repository=repository)

@@ -28,9 +28,13 @@ import threading
 from pathlib import Path
 
 from ...codec.pool import work_in_background
-from ...errors import EngineUnusable, InvalidArgument
+from ... import settings
+from ...errors import EngineUnusable, InvalidArgument, WvcError
 from ...read.follower import Follower
+from ...read.lent_chunks import LentChunks
+from ...remotes.urls import local_repository
 from . import server_group, shared_host
+from .shared_names import REPOSITORY_ENV
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +118,24 @@ def host_copy(model: str, revision: str | None = None) -> dict:
     return tensors
 
 
+def lent_chunks(model: str | None) -> LentChunks | None:
+    """The local clone whose chunks the follower uses rather than downloads (read/lent_chunks.py):
+    the one ``WVC_VLLM_REPOSITORY`` names (an error if it is none), else the engine's ``--model``
+    directory where it is a clone's working tree (a server started from ``wvc checkout``).
+    Mid-run, a server started from one then reads one step, not the model, at its first update."""
+    named = settings.text(REPOSITORY_ENV)
+    if named:
+        return LentChunks(named)
+    found = local_repository(model) if model is not None else None
+    if found is None:
+        return None
+    try:
+        return LentChunks(found)
+    except WvcError as exc:  # (its chunks are a shortcut: the server downloads what they would give)
+        log.warning("wvc: the repository at %s is not used for its chunks: %s", found, exc)
+        return None
+
+
 class EngineFollower:
     """A worker's follower of ``branch`` of ``source``, feeding ``weights`` (EngineWeights).
     ``at``: the commit the engine was started from (checked against its files); without
@@ -177,7 +199,8 @@ class EngineFollower:
                 self.shared.fill(_checkpoint_files(model, revision))
         elif at is not None:
             state_dict = host_copy(model, revision)
-        self.follower = Follower(self.source, self.branch, state_dict=state_dict, at=at, patches=True, accept=accept)
+        self.follower = Follower(self.source, self.branch, state_dict=state_dict, at=at, patches=True, accept=accept,
+                                 repository=lent_chunks(model))
         if at is not None:
             self.follower._start_at()  # checked now: a wrong commit= fails at init, not at the first update
 
