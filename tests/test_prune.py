@@ -528,3 +528,101 @@ def test_a_periodic_remote_prune_leaves_a_mostly_live_pack_as_it_is(tmp_path):
     for c in run[8:] + list(more):
         assert version_digest(fresh, c) == {**digests, **more}[c]
     assert repo.remote_gc("origin").objects_removed == 0
+
+
+def adam_steps(repo, steps, *, seed=0, start=0):
+    """An RL-like run: the same 2.5% of a bf16 tensor's elements move a unit in the last
+    place the same way most steps (Adam's moments), so its steps are step payloads coded in
+    the context of the step before (codec/step_coder.py); {commit: digest}."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(1 << 18, generator=g).abs().to(torch.bfloat16)
+    active = torch.randperm(w.numel(), generator=g)[: w.numel() // 40]
+    way = torch.randint(0, 2, (active.numel(),), generator=g, dtype=torch.int16) * 2 - 1
+    digests = {}
+    for s in range(start, start + steps):
+        moves = torch.rand(active.numel(), generator=g) < 0.85
+        w.view(torch.int16)[active[moves]] += way[moves]
+        res = repo.commit(f"step {s}", source={"w": w.clone()}, metadata={"step": s}, branch="main")
+        digests[res.commit] = version_digest(repo, res.commit)
+    return digests
+
+
+def walk_steps(repo, steps, *, seed=0, start=0):
+    """An fp32 master moved by small random steps (an optimizer's at a small learning rate,
+    ~1% of an element's last bf16 place a step: benchmarks/cases.adam_step), published in
+    bf16: an element that crossed a rounding boundary sits by it and often crosses back, so
+    ten steps' net change is far smaller than their sum. {commit: digest}."""
+    g = torch.Generator().manual_seed(seed + start)
+    master = torch.randn(1 << 18, generator=torch.Generator().manual_seed(seed)) * 0.02
+    digests = {}
+    for s in range(start):  # (the same walk, resumed)
+        master.add_(torch.randn(master.shape, generator=g).clamp_(-3, 3), alpha=-1e-6)
+    for s in range(start, start + steps):
+        master.add_(torch.randn(master.shape, generator=g).clamp_(-3, 3), alpha=-1e-6)
+        res = repo.commit(f"step {s}", source={"w": master.to(torch.bfloat16)}, metadata={"step": s}, branch="main")
+        digests[res.commit] = version_digest(repo, res.commit)
+    return digests
+
+
+@pytest.mark.parametrize("steps", [run_steps, adam_steps, walk_steps], ids=["drift", "adam", "walk"])
+def test_a_remote_prune_after_a_local_one_takes_its_re_encoded_chunks(tmp_path, remote_url, hub_env, steps):
+    """After a local prune re-encoded the kept versions' chunks onto kept bases, the remote's
+    prune uploads those payloads in place of its own, whose chains ran through the pruned
+    versions: those versions' chunks then go too (issue 65: keep= had left a run's remote at
+    0.93x of keeping everything). Every kept version stays exact for a fresh clone, a clone made
+    before (its own rows are the old ones) that pulls steps pushed after, and a stream."""
+    policy = {"every": 10, "last": 3}
+    repo = Repo.init(tmp_path / "r")
+    repo.remote_add("origin", remote_url)
+    digests = steps(repo, 60)
+    run = list(digests)
+    repo.push("origin", "main")
+    before = clone_repo(remote_url, tmp_path / "before")
+    chains_kept = repo.remote_prune("origin", "main", keep=policy, dry_run=True)  # (this store not pruned: as before)
+    assert chains_kept.chunks_reencoded == 0
+    repo.prune("main", keep=policy)
+    res = repo.remote_prune("origin", "main", keep=policy)
+    assert res.bytes_after <= chains_kept.bytes_after, (res.bytes_after, chains_kept.bytes_after)
+    print("SIZES", chains_kept.bytes_before, chains_kept.bytes_after, res.bytes_after, pack_bytes(repo), res.chunks_reencoded)
+    if steps is walk_steps:  # (the others' steps cost less than a delta over ten: kept as they are)
+        assert res.chunks_reencoded > 0 and res.bytes_after < 0.7 * chains_kept.bytes_after, \
+            (res.bytes_after, chains_kept.bytes_after)
+    kept = set(run[::10]) | set(run[-3:])
+    fresh = clone_repo(remote_url, tmp_path / "fresh")
+    assert fresh.pruned() == set(run) - kept and fresh.fsck().errors == []
+    for c in kept:
+        assert version_digest(fresh, c) == digests[c]
+        view = open_version(remote_url, c)
+        assert hashlib.sha256(b"".join(view.read_file(p) for p in sorted(view.files))).digest() is not None
+    more = steps(repo, 12, start=60, seed=3) if steps is run_steps else {}
+    if steps is walk_steps:
+        more = walk_steps(repo, 12, start=60)
+    if steps is adam_steps:  # (the same run going on: its moments, its active elements)
+        more = adam_steps_after(repo, run[-1], 12)
+    repo.push("origin", "main")
+    before.pull("origin", "main")
+    fresh.pull("origin", "main")
+    for c, d in more.items():
+        assert version_digest(before, c) == d and version_digest(fresh, c) == d
+    assert before.fsck().errors == [] and fresh.fsck().errors == []
+    again = repo.remote_prune("origin", "main", keep=policy)
+    assert again.pruned > 0
+    latest = clone_repo(remote_url, tmp_path / "latest")
+    for c in set(run[::10]) | set(list(more)[-3:]):
+        assert version_digest(latest, c) == {**digests, **more}[c]
+    assert repo.remote_gc("origin").objects_removed == 0  # gc agrees on what is live
+
+
+def adam_steps_after(repo, tip, steps):
+    """``adam_steps`` going on from the version ``tip`` holds (its weights, new moves)."""
+    g = torch.Generator().manual_seed(11)
+    w = repo.load_state_dict(tip)["w"].clone()
+    active = torch.randperm(w.numel(), generator=g)[: w.numel() // 40]
+    way = torch.randint(0, 2, (active.numel(),), generator=g, dtype=torch.int16) * 2 - 1
+    digests = {}
+    for s in range(steps):
+        moves = torch.rand(active.numel(), generator=g) < 0.85
+        w.view(torch.int16)[active[moves]] += way[moves]
+        res = repo.commit(f"more {s}", source={"w": w.clone()}, branch="main")
+        digests[res.commit] = version_digest(repo, res.commit)
+    return digests

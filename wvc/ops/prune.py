@@ -382,18 +382,73 @@ def _remote_prune_once(repo, remote, remote_name: str, branch: str, policy: Keep
             reasons.setdefault(commit, []).append("protected")
     to_prune = [c for c in run if c not in reasons and c not in already]
     pruned = already | set(to_prune)
-    live_commits, live_trees, live_objects = remote.reachable(pruned=pruned)
-    cut = Cut.of(contents.live_segments, live_commits, live_trees, live_objects, min_dead_share=min_dead_share)
+    live_commits, live_trees, needed = remote.reachable(pruned=pruned, closed=False)
+    taken, live_objects = _rebased_here(repo, remote, needed)
+    cut = Cut.of(contents.live_segments, live_commits, live_trees, live_objects, min_dead_share=min_dead_share,
+                 replaced=set(taken))
+    rows = [repo.store.row(oid) for oid in sorted(taken)]
     result = PruneResult(branch, dry_run, len(run), sum(1 for c in run if c not in pruned), len(to_prune),
-                         len(already.intersection(run)), chunks_freed=cut.objects_removed,
-                         bytes_freed=cut.bytes_freed, bytes_left=cut.bytes_left, pruned_commits=to_prune,
+                         len(already.intersection(run)), chunks_freed=cut.objects_removed - len(taken),
+                         chunks_reencoded=len(taken), bytes_freed=cut.bytes_freed - sum(r.length for r in rows),
+                         bytes_left=cut.bytes_left, pruned_commits=to_prune,
                          kept_reasons={c: reasons[c] for c in run if c in reasons})
     stored = sum(seg.pack_bytes for seg in contents.live_segments)
-    result.bytes_before, result.bytes_after = stored, stored - cut.bytes_freed
+    result.bytes_before, result.bytes_after = stored, stored - result.bytes_freed
     if dry_run or not (to_prune or cut.dead or cut.partial):
         return result
     with tempfile.TemporaryDirectory(prefix="wvc-remote-prune-", dir=repo.wvc_dir) as tmp:
-        remote.rewrite(cut.dead + cut.partial, cut.kept(live_objects, live_commits, live_trees),
-                       f"wvc prune {branch}: {len(to_prune)} versions, {cut.objects_removed} objects removed",
-                       Path(tmp), progress, pruned=pruned)
+        new = _rebased_pack(repo, rows, Path(tmp)) if rows else None
+        remote.rewrite(cut.dead + cut.partial, cut.kept(live_objects - set(taken), live_commits, live_trees),
+                       f"wvc prune {branch}: {len(to_prune)} versions, {cut.objects_removed} objects removed"
+                       + (f", {len(taken)} re-encoded" if taken else ""),
+                       Path(tmp), progress, pruned=pruned, new=new)
     return result
+
+
+def _rebased_here(repo, remote, needed: set[str]) -> tuple[dict, set[str]]:
+    """Of the chunks the remote's kept versions need, those it takes as this repository's
+    packs hold them (remotes/rebase_plan.py: re-encoded here by a local prune onto kept bases,
+    where the remote's chains still run through pruned versions), and every chunk live then.
+    A chunk a step record names (the newest steps of a branch) keeps the remote's payload: the
+    record names its place in a pack (remotes/step_records.py)."""
+    from ..remotes import rebase_plan
+
+    index, local = remote.index, {}
+
+    def remote_rep(oid):
+        found = index.get(oid)
+        return rebase_plan.Rep(found[1].base, found[1].method, found[1].length) if found is not None else None
+
+    def local_rep(oid):
+        if oid not in local:
+            row = repo.store.row(oid)
+            local[oid] = None if row is None or row.external else rebase_plan.Rep(row.base, row.method, row.length)
+        return local[oid]
+
+    named = set()
+    for commit in remote.step_records():
+        try:
+            named |= remote.tree(remote.commit(commit).tree).chunk_ids()
+        except WvcError:  # (a record of a commit no ref reached: its chunks are not kept anyway)
+            continue
+    taken, live = rebase_plan.plan(needed, remote_rep, local_rep, keep_as_is=named)
+    as_is = remote.closure(needed)
+    # (a local re-encoding without its step context can cost more than the steps it replaces)
+    if not taken or rebase_plan.stored_bytes(live, taken, remote_rep) >= rebase_plan.stored_bytes(as_is, {}, remote_rep):
+        return {}, as_is
+    return taken, live
+
+
+def _rebased_pack(repo, rows, tmp: Path):
+    """The re-encoded chunks' local payloads in one pack for the remote, and its catalog."""
+    from ..remotes.catalog import Catalog
+    from ..store.packs import PackWriter, copy_payloads
+
+    writer = PackWriter(tmp)
+    try:
+        entries = copy_payloads(writer, ((r, repo.store.reader.read(r.pack, r.offset, r.length)) for r in rows))
+        name, _ = writer.finish()
+    except BaseException:
+        writer.abort()
+        raise
+    return tmp / pack_filename(name), Catalog(name, entries)

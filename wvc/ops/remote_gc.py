@@ -75,19 +75,22 @@ class Cut:
 
     @classmethod
     def of(cls, segments, live_commits: set[str], live_trees: set[str], live_objects: set[str], *,
-           min_dead_share: float = 0.0) -> "Cut":
+           min_dead_share: float = 0.0, replaced: set[str] = frozenset()) -> "Cut":
         """``min_dead_share``: a segment that keeps live objects is rewritten only once at
         least this share of its object bytes is dead; below it, its dead objects stay (the
-        catalog still lists them; no ref reaches them) until a later cut frees enough."""
+        catalog still lists them; no ref reaches them) until a later cut frees enough.
+        ``replaced``: live objects whose payloads here go, a new segment holding them
+        (remotes/rebase_plan.py): every segment holding one is cut, whatever its dead share."""
         cut = cls([], [], 0, 0, 0)
         for seg in segments:  # retired ones are on their way out already
-            dead_entries = [e for e in seg.entries if e.id not in live_objects]
+            dead_entries = [e for e in seg.entries if e.id not in live_objects or e.id in replaced]
             dead_commits = [c for c in seg.commits if c not in live_commits]
             if not dead_entries and not dead_commits and not [t for t in seg.trees if t not in live_trees]:
                 continue
             dead_bytes = sum(e.length for e in dead_entries)
             alive = len(seg.entries) - len(dead_entries) + len(seg.commits) - len(dead_commits)
-            if alive and not dead_commits and dead_bytes < min_dead_share * sum(e.length for e in seg.entries):
+            if alive and not dead_commits and dead_bytes < min_dead_share * sum(e.length for e in seg.entries) \
+                    and not any(e.id in replaced for e in dead_entries):
                 cut.bytes_left += dead_bytes
                 continue
             cut.objects_removed += len(dead_entries)

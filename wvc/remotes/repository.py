@@ -434,10 +434,12 @@ class RemoteRepository:
         its weights, and the push that moved it sends them (ops/push.py)."""
         return self.contents.pruned - set(self.refs.values())
 
-    def reachable(self, tips=None, pruned: set[str] | None = None) -> tuple[set[str], set[str], set[str]]:
+    def reachable(self, tips=None, pruned: set[str] | None = None, *,
+                  closed: bool = True) -> tuple[set[str], set[str], set[str]]:
         """(commits, trees, objects) ``tips`` (default: every ref) reach, objects closed over
-        delta bases; each commit and tree verified. A missing one is a RemoteError. A pruned
-        commit's tree is reached, its chunks are not (``pruned``: default, the remote's own)."""
+        delta bases (``closed``; else the trees' chunks only); each commit and tree verified.
+        A missing one is a RemoteError. A pruned commit's tree is reached, its chunks are not
+        (``pruned``: default, the remote's own)."""
         pruned = self.pruned if pruned is None else pruned
         commits, trees, weighted, objects = set(), set(), set(), set()
         stack = list(self.refs.values() if tips is None else tips)
@@ -453,7 +455,7 @@ class RemoteRepository:
             if cid not in pruned and commit.tree not in weighted:
                 weighted.add(commit.tree)
                 objects |= self.tree(commit.tree).chunk_ids()
-        return commits, self.tree_bases(trees), self.closure(objects)
+        return commits, self.tree_bases(trees), self.closure(objects) if closed else objects
 
     def closure(self, objects: set[str]) -> set[str]:
         """``objects`` with the delta bases they need that the remote's packs hold."""
@@ -630,13 +632,14 @@ class RemoteRepository:
         return locate
 
     def rewrite(self, dropped: list[Segment], kept: list[Segment], message: str, work_dir: Path, progress=None, *,
-                pruned: set[str] | None = None, step_records=()) -> None:
+                pruned: set[str] | None = None, step_records=(), new: tuple[Path, Catalog] | None = None) -> None:
         """Replace ``dropped`` segments by one holding ``kept`` (segments cut down to what
         stays: Segment.only), refs unchanged, by compare-and-swap (``gc --remote``, ``prune
         --remote``). ``pruned``: every commit whose weights the remote no longer holds (prune):
         one new pruned/ record lists them all and replaces the records read. ``step_records``:
         step records to delete with it (in its commit where the backend deletes atomically, else
-        right after it)."""
+        right after it). ``new``: a local pack and its catalog of payloads the segment holds too
+        (a prune's re-encoded chunks: remotes/rebase_plan.py)."""
         from ..model.versions import canonical_json
         from ..progress import NULL
 
@@ -647,9 +650,11 @@ class RemoteRepository:
         if pruned is not None:
             files[pruned_path(new_record_name())] = canonical_json({"commits": sorted(pruned)})
             replaced += [pruned_path(r) for r in self.state.pruned]
-        if kept:
+        if kept or new is not None:
             progress.start(len(kept), "rewriting remote packs", unit="segments")
-            pack_file, catalog, recipe = compaction.merge_segments(self.download_pack, kept, None, Catalog(None), work_dir)
+            new_pack, new_catalog = new if new is not None else (None, Catalog(None))
+            pack_file, catalog, recipe = compaction.merge_segments(self.download_pack, kept, new_pack, new_catalog,
+                                                                   work_dir)
             if recipe is not None and self.backend.composes and self.backend.compose(
                     Handle("pack", catalog.pack), recipe.pieces, (recipe.checksum, recipe.size), pack_file) is not None:
                 pack_file = None
