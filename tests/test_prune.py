@@ -582,10 +582,11 @@ def test_a_remote_prune_after_a_local_one_takes_its_re_encoded_chunks(tmp_path, 
     assert chains_kept.chunks_reencoded == 0
     repo.prune("main", keep=policy)
     res = repo.remote_prune("origin", "main", keep=policy)
-    assert res.bytes_after <= chains_kept.bytes_after, (res.bytes_after, chains_kept.bytes_after)
-    print("SIZES", chains_kept.bytes_before, chains_kept.bytes_after, res.bytes_after, pack_bytes(repo), res.chunks_reencoded)
+    # never more than keeping the chains; about what this store holds after its own prune
+    assert res.bytes_after <= min(chains_kept.bytes_after, 1.05 * pack_bytes(repo)), \
+        (res.bytes_after, chains_kept.bytes_after, pack_bytes(repo))
     if steps is walk_steps:  # (the others' steps cost less than a delta over ten: kept as they are)
-        assert res.chunks_reencoded > 0 and res.bytes_after < 0.7 * chains_kept.bytes_after, \
+        assert res.chunks_reencoded > 0 and res.bytes_after < 0.8 * chains_kept.bytes_after, \
             (res.bytes_after, chains_kept.bytes_after)
     kept = set(run[::10]) | set(run[-3:])
     fresh = clone_repo(remote_url, tmp_path / "fresh")

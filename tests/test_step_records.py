@@ -15,6 +15,7 @@ from wvc.remotes.layout import commit_of_step_path, step_path
 from wvc import Repo
 from wvc.read import follower as follower_module
 from wvc.remotes import open_backend, step_records
+from wvc.remotes.repository import RemoteRepository
 
 from .test_follow import same
 
@@ -776,3 +777,55 @@ def test_a_damaged_clone_costs_a_download_not_wrong_bytes(tmp_path):
     follower = wvc.follow(remote, state_dict=held, at=commits[2], repository=clone.root)
     assert follower.update(commits[3]).commit == commits[3]
     assert same(held, run.repo.load_state_dict(commits[3]))
+
+
+class WalkRun(Run):
+    """A Run whose fp32 master takes small random steps published in bf16 (an optimizer's at
+    a small learning rate): ten steps' net change is far smaller than their sum, so a prune
+    re-encodes the kept versions onto each other (remotes/rebase_plan.py)."""
+
+    def __init__(self, root, url, n=1 << 19):
+        super().__init__(root, url, n)
+        self.master = torch.randn(n, generator=self.g) * 0.02
+        self.w = self.master.to(torch.bfloat16)
+
+    def move(self) -> None:
+        self.master.add_(torch.randn(self.master.shape, generator=self.g).clamp_(-3, 3), alpha=-1e-6)
+        self.w = self.master.to(torch.bfloat16)
+
+
+def test_a_follower_keeps_to_step_records_across_a_prune_that_rewrites_their_packs(tmp_path, monkeypatch):
+    """A prune here and on the remote every 5 steps (as WvcWeightTransfer's keep= does) rewrites
+    the packs the newest step records name payloads in, the kept versions' chunks re-encoded
+    onto each other: the records are built again against the new packs, so a follower of the
+    branch keeps moving a step at a time by records (it never reads a version the usual way),
+    exact; the remote's kept versions exact for a clone."""
+    remote = str(tmp_path / "remote")
+    run = WalkRun(tmp_path / "run", remote, n=1 << 20)
+    policy = {"every": 10, "last": 4}
+    first = run.step(0)
+    follower = wvc.follow(remote, state_dict={"w": run.w.clone()}, at=first)
+    follower._start_at()
+    forbid_ordinary_reads(monkeypatch)
+    commits, reencoded = [first], 0
+    for i in range(1, 31):
+        commits.append(run.step(i))
+        if i % 5 == 0:
+            run.repo.prune("main", keep=policy)
+            reencoded += run.repo.remote_prune("origin", "main", keep=policy).chunks_reencoded
+            # (a backend that deletes retired packs at once, the Hub, leaves no record naming one
+            # usable: the directory remote keeps them readable through the grace period)
+            there = RemoteRepository.open(open_backend(remote))
+            live = {seg.pack for seg in there.contents.live_segments}
+            named = {c.pack for commit in there.step_records()
+                     for c in step_records.fetch(there.backend, commit).chunks if c.pack is not None}
+            assert named <= live, i
+        if i % 3 == 0:  # (a follower a few steps behind: it reads the records of several steps)
+            assert follower.update().commit == commits[-1]
+            assert torch.equal(follower.state_dict["w"].view(torch.int16), run.w.view(torch.int16)), i
+    assert reencoded > 0
+    monkeypatch.undo()
+    clone = wvc.clone(remote, tmp_path / "clone")
+    assert clone.fsck().errors == []
+    for c in set(commits[::10]) | set(commits[-4:]):
+        assert same(clone.load_state_dict(c), run.repo.load_state_dict(c))

@@ -401,16 +401,53 @@ def _remote_prune_once(repo, remote, remote_name: str, branch: str, policy: Keep
         remote.rewrite(cut.dead + cut.partial, cut.kept(live_objects - set(taken), live_commits, live_trees),
                        f"wvc prune {branch}: {len(to_prune)} versions, {cut.objects_removed} objects removed"
                        + (f", {len(taken)} re-encoded" if taken else ""),
-                       Path(tmp), progress, pruned=pruned, new=new)
+                       Path(tmp), progress, pruned=pruned, new=new,
+                       rebuilt_records=_records_again(repo, remote, {seg.pack for seg in cut.dead + cut.partial}))
     return result
+
+
+def _records_again(repo, remote, dropped_packs: set):
+    """``rewrite``'s ``rebuilt_records``: the step records that name a payload in a pack not
+    live after the rewrite (one of ``dropped_packs``, which it retires, or one an earlier
+    compaction retired: where a backend deletes retired files at once, as the Hub does, a
+    follower reading such a record finds the pack gone and reads the whole version the usual
+    way), built again from this repository against where the chunks are after it
+    (remotes/step_record_writer.py); those it cannot build (a pruned version's: its chunks
+    went; another writer's) are deleted."""
+    from ..remotes import step_record_writer, step_records
+    from ..remotes.layout import step_path
+
+    live = {seg.pack for seg in remote.contents.live_segments if seg.pack is not None} - dropped_packs
+    stale = []
+    for commit in sorted(remote.step_records()):
+        try:
+            record = step_records.fetch(remote.backend, commit)
+        except WvcError:  # (unusable already: built again if it can be)
+            record = None
+        if record is None or any(c.pack is not None and c.pack not in live for c in record.chunks):
+            stale.append(commit)
+
+    def rebuild(locate):
+        built = {}
+        for commit in stale:
+            try:
+                data = step_record_writer.build_record(repo, commit, locate)
+            except (WvcError, ValueError, KeyError) as exc:  # (as a push's: e.g. a version whose chunks a prune dropped)
+                log.debug("prune: no step record for %s again (%s)", commit[:12], exc)
+                data = None
+            if data is not None:
+                built[step_path(commit)] = data
+        return built, [c for c in stale if step_path(c) not in built]
+
+    return rebuild
 
 
 def _rebased_here(repo, remote, needed: set[str]) -> tuple[dict, set[str]]:
     """Of the chunks the remote's kept versions need, those it takes as this repository's
     packs hold them (remotes/rebase_plan.py: re-encoded here by a local prune onto kept bases,
     where the remote's chains still run through pruned versions), and every chunk live then.
-    A chunk a step record names (the newest steps of a branch) keeps the remote's payload: the
-    record names its place in a pack (remotes/step_records.py)."""
+    (The step records that name a payload in a pack the rewrite drops are built again:
+    :func:`_records_again`.)"""
     from ..remotes import rebase_plan
 
     index, local = remote.index, {}
@@ -425,13 +462,7 @@ def _rebased_here(repo, remote, needed: set[str]) -> tuple[dict, set[str]]:
             local[oid] = None if row is None or row.external else rebase_plan.Rep(row.base, row.method, row.length)
         return local[oid]
 
-    named = set()
-    for commit in remote.step_records():
-        try:
-            named |= remote.tree(remote.commit(commit).tree).chunk_ids()
-        except WvcError:  # (a record of a commit no ref reached: its chunks are not kept anyway)
-            continue
-    taken, live = rebase_plan.plan(needed, remote_rep, local_rep, keep_as_is=named)
+    taken, live = rebase_plan.plan(needed, remote_rep, local_rep)
     as_is = remote.closure(needed)
     # (a local re-encoding without its step context can cost more than the steps it replaces)
     if not taken or rebase_plan.stored_bytes(live, taken, remote_rep) >= rebase_plan.stored_bytes(as_is, {}, remote_rep):

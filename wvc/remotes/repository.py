@@ -619,11 +619,12 @@ class RemoteRepository:
         self.purge()
         return len(replaced)
 
-    def _locator(self, catalog: Catalog):
+    def _locator(self, catalog: Catalog, without=frozenset()):
         """Where each chunk is once ``catalog``'s segment is published: in it, else in a live
-        segment (a retired one may be deleted while a follower reads)."""
+        segment (a retired one may be deleted while a follower reads), not one of the packs
+        ``without`` (those it replaces)."""
         mine = {e.id: (catalog.pack, e) for e in catalog.entries}
-        live = {seg.pack for seg in self.contents.live_segments if seg.pack is not None}
+        live = {seg.pack for seg in self.contents.live_segments if seg.pack is not None} - set(without)
         index = self.index
 
         def locate(oid: str):
@@ -632,14 +633,17 @@ class RemoteRepository:
         return locate
 
     def rewrite(self, dropped: list[Segment], kept: list[Segment], message: str, work_dir: Path, progress=None, *,
-                pruned: set[str] | None = None, step_records=(), new: tuple[Path, Catalog] | None = None) -> None:
+                pruned: set[str] | None = None, step_records=(), new: tuple[Path, Catalog] | None = None,
+                rebuilt_records=None) -> None:
         """Replace ``dropped`` segments by one holding ``kept`` (segments cut down to what
         stays: Segment.only), refs unchanged, by compare-and-swap (``gc --remote``, ``prune
         --remote``). ``pruned``: every commit whose weights the remote no longer holds (prune):
         one new pruned/ record lists them all and replaces the records read. ``step_records``:
         step records to delete with it (in its commit where the backend deletes atomically, else
         right after it). ``new``: a local pack and its catalog of payloads the segment holds too
-        (a prune's re-encoded chunks: remotes/rebase_plan.py)."""
+        (a prune's re-encoded chunks: remotes/rebase_plan.py). ``rebuilt_records(locate)``: as
+        push_segment's ``step_records``, for the records that named a payload in a dropped
+        segment's pack (retired with it): (path -> record, commits whose record goes)."""
         from ..model.versions import canonical_json
         from ..progress import NULL
 
@@ -663,9 +667,21 @@ class RemoteRepository:
                 files[pack_path(catalog.pack)] = pack_file
             data = catalog.to_bytes()
             files[catalog_path(catalog_name(data))] = data
+        gone = list(step_records)
+        if rebuilt_records is not None:
+            gone_live = {seg.pack for seg in dropped}
+            records, old = rebuilt_records(self._locator(catalog if kept or new is not None else Catalog(None),
+                                                         without=gone_live))
+            again = [p for p in records if p in self.state.files]
+            if again and not atomic:  # (a backend keeps an object that exists: the old record goes first)
+                self.backend.delete(layout.handles(again))
+            files.update(records)
+            stale = [p for p in map(step_path, old) if p in self.state.files]
+            gone += stale
+            replaced += stale if atomic else []
         self.publish(files, {}, message, replaced=[f for seg in dropped for f in seg.files] + replaced)
-        if step_records and not atomic:
-            self.backend.delete(layout.handles(step_records))
+        if gone and not atomic:
+            self.backend.delete(layout.handles(gone))
 
     def publish(self, files: dict[str, Path | bytes], refs: dict[str, str | None], message: str, *,
                 replaced=(), progress=None) -> None:
