@@ -30,6 +30,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..errors import ConcurrentUpdate, InvalidArgument, WvcError
 from ..model import tree_diff
@@ -332,10 +333,12 @@ def remote_prune(repo, remote_name: str, branch: str | None = None, keep=None, *
     policy says: a trainer's start version, which its servers may start from): the pruned
     commits are listed in one ``pruned/`` record (the union with the ones before, which it replaces), and what only they
     needed is removed as ``gc --remote`` removes garbage, by compare-and-swap against the
-    listing it read (a push meanwhile makes it start over, up to ``attempts`` times). Chains
-    are not re-encoded on a remote: another store may hold the same chunks, and a ULP_STEP
-    payload's context is its base's base there, so a kept version keeps the links its
-    chains run through (at most ``max_chain`` a chunk). ``min_dead_share``: a pack that keeps
+    listing it read (a push meanwhile makes it start over, up to ``attempts`` times). Where
+    this repository's own prune re-encoded a kept version's chunk onto a kept base, the remote
+    takes that payload in place of its own (remotes/rebase_plan.py), when that leaves it
+    smaller; otherwise a kept version keeps the links its remote chains run through (at most
+    ``max_chain`` a chunk). Step records naming a pack the rewrite retires are built again.
+    ``min_dead_share``: a pack that keeps
     live chunks is rewritten only once this share of it is dead (a prune every few versions:
     integrations/publisher.PERIODIC_DEAD_SHARE); below it, the pruned versions' chunks stay in it
     (``bytes_left``) for a later prune."""
@@ -360,7 +363,6 @@ def remote_prune(repo, remote_name: str, branch: str | None = None, keep=None, *
 def _remote_prune_once(repo, remote, remote_name: str, branch: str, policy: KeepPolicy, dry_run: bool,
                        progress: Progress, protect=frozenset(), min_dead_share: float = 0.0) -> PruneResult:
     import tempfile
-    from pathlib import Path
 
     from .remote_gc import Cut
 
