@@ -364,6 +364,7 @@ def _remote_prune_once(repo, remote, remote_name: str, branch: str, policy: Keep
                        progress: Progress, protect=frozenset(), min_dead_share: float = 0.0) -> PruneResult:
     import tempfile
 
+    from ..remotes import step_record_writer
     from .remote_gc import Cut
 
     tip = remote.refs.get(HEADS + branch)
@@ -404,44 +405,11 @@ def _remote_prune_once(repo, remote, remote_name: str, branch: str, policy: Keep
                        f"wvc prune {branch}: {len(to_prune)} versions, {cut.objects_removed} objects removed"
                        + (f", {len(taken)} re-encoded" if taken else ""),
                        Path(tmp), progress, pruned=pruned, new=new,
-                       rebuilt_records=_records_again(repo, remote, {seg.pack for seg in cut.dead + cut.partial}))
+                       rebuilt_records=step_record_writer.after_rewrite(
+                           repo, remote, {seg.pack for seg in cut.dead + cut.partial}))
     return result
 
 
-def _records_again(repo, remote, dropped_packs: set):
-    """``rewrite``'s ``rebuilt_records``: the step records that name a payload in a pack not
-    live after the rewrite (one of ``dropped_packs``, which it retires, or one an earlier
-    compaction retired: where a backend deletes retired files at once, as the Hub does, a
-    follower reading such a record finds the pack gone and reads the whole version the usual
-    way), built again from this repository against where the chunks are after it
-    (remotes/step_record_writer.py); those it cannot build (a pruned version's: its chunks
-    went; another writer's) are deleted."""
-    from ..remotes import step_record_writer, step_records
-    from ..remotes.layout import step_path
-
-    live = {seg.pack for seg in remote.contents.live_segments if seg.pack is not None} - dropped_packs
-    stale = []
-    for commit in sorted(remote.step_records()):
-        try:
-            record = step_records.fetch(remote.backend, commit)
-        except WvcError:  # (unusable already: built again if it can be)
-            record = None
-        if record is None or any(c.pack is not None and c.pack not in live for c in record.chunks):
-            stale.append(commit)
-
-    def rebuild(locate):
-        built = {}
-        for commit in stale:
-            try:
-                data = step_record_writer.build_record(repo, commit, locate)
-            except (WvcError, ValueError, KeyError) as exc:  # (as a push's: e.g. a version whose chunks a prune dropped)
-                log.debug("prune: no step record for %s again (%s)", commit[:12], exc)
-                data = None
-            if data is not None:
-                built[step_path(commit)] = data
-        return built, [c for c in stale if step_path(c) not in built]
-
-    return rebuild
 
 
 def _rebased_here(repo, remote, needed: set[str]) -> tuple[dict, set[str]]:
@@ -449,7 +417,7 @@ def _rebased_here(repo, remote, needed: set[str]) -> tuple[dict, set[str]]:
     packs hold them (remotes/rebase_plan.py: re-encoded here by a local prune onto kept bases,
     where the remote's chains still run through pruned versions), and every chunk live then.
     (The step records that name a payload in a pack the rewrite drops are built again:
-    :func:`_records_again`.)"""
+    remotes/step_record_writer.after_rewrite.)"""
     from ..remotes import rebase_plan
 
     index, local = remote.index, {}
