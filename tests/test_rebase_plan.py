@@ -54,3 +54,20 @@ def test_a_method_this_wvc_does_not_know_is_taken_to_need_its_context():
     local = {"b": Rep("k", PLAIN), "k": Rep(None, KEY)}
     taken, _ = plan({"y"}, reps(remote), reps(local))
     assert taken == {}
+
+
+def test_a_rewrite_of_segments_that_keep_commits_and_no_chunk_writes_no_pack(tmp_path):
+    """A prune's rewrite can cut only segments whose chunks all went (pruned versions' pushes):
+    the merged segment is their commits and trees, with no pack (an empty pack writer failed
+    the prune), and no pack is downloaded for them."""
+    from wvc.remotes import compaction
+    from wvc.remotes.catalog import Catalog
+    from wvc.remotes.repository import Segment
+
+    def download(name, dest):
+        raise AssertionError(f"downloaded {name} for no chunk")
+
+    old = [Segment("c" * 64, "a" * 64, [], {"1" * 64: b"commit"}, {"2" * 64: b"tree"})]
+    pack, catalog, recipe = compaction.merge_segments(download, old, None, Catalog(None), tmp_path)
+    assert pack is None and recipe is None and catalog.pack is None
+    assert catalog.commits == {"1" * 64: b"commit"} and catalog.trees == {"2" * 64: b"tree"}

@@ -109,7 +109,7 @@ def merge_segments(download, old: list, new_pack: Path | None, new: Catalog,
     # then opens with one long range of a pack the remote holds (magic included), which a
     # backend that copies only large ranges (S3: parts of at least 5 MiB) can copy too.
     for seg in sorted(old, key=lambda s: -sum(e.length for e in s.entries)):
-        if seg.pack is None:
+        if seg.pack is None or not seg.entries:  # (a pruned version's segment keeps its commit, no chunk)
             continue
         dest = work_dir / pack_filename(seg.pack)
         download(seg.pack, dest)
@@ -131,10 +131,13 @@ def merge_segments(download, old: list, new_pack: Path | None, new: Catalog,
     ranges: list[tuple[Path, Handle | None, int, int]] = []  # where each byte run of the merged pack comes from
     try:
         entries = [e for path, source, where in sources for e in _copy_source(writer, path, source, where, seen, ranges)]
-        name, size = writer.finish()
+        finished = writer.finish()
     except BaseException:
         writer.abort()
         raise
+    if finished is None:  # (nothing to copy after all: the catalog alone)
+        return None, merged, None
+    name, size = finished
     merged_path = work_dir / pack_filename(name)
     return merged_path, Catalog(name, entries, merged.commits, merged.trees), _recipe(merged_path, name, size, ranges)
 
