@@ -410,8 +410,6 @@ def _remote_prune_once(repo, remote, remote_name: str, branch: str, policy: Keep
     return result
 
 
-
-
 def _rebased_here(repo, remote, needed: set[str]) -> tuple[dict, set[str]]:
     """Of the chunks the remote's kept versions need, those it takes as this repository's
     packs hold them (remotes/rebase_plan.py: re-encoded here by a local prune onto kept bases,

@@ -213,8 +213,9 @@ def after_rewrite(repo, remote, dropped_packs: set):
     compaction retired: where a backend deletes retired files at once, as the Hub does, a
     follower reading such a record finds the pack gone and reads the whole version the usual
     way), built again from this repository (:func:`build_record`) against where the chunks
-    are after it; those it cannot build (a pruned version's: its chunks
-    went; another writer's) are deleted."""
+    are after it. One it cannot build (a pruned version's: its chunks went; another writer's)
+    stays as it was: on a backend that keeps retired files through the grace period it is
+    still read."""
     live = {seg.pack for seg in remote.contents.live_segments if seg.pack is not None} - dropped_packs
     stale = []
     for commit in sorted(remote.step_records()):
@@ -235,6 +236,6 @@ def after_rewrite(repo, remote, dropped_packs: set):
                 data = None
             if data is not None:
                 built[step_path(commit)] = data
-        return built, [c for c in stale if step_path(c) not in built]
+        return built, []
 
     return rebuild
