@@ -14,7 +14,7 @@ method) and drops candidates until every chunk live under the new bases holds th
 point: candidates only go, so it ends; with none left the remote stays as it was). The local
 store keeps the same rule for itself (a step payload whose base was rebased is re-encoded
 without a context, and no later commit codes a step over a rebased chunk: chunk_writer.py),
-so in practice only what ``keep`` names (``keep_as_is``) costs a candidate its place.
+so in practice only what must stay as it is (``keep_as_is``) costs a candidate its place.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def plan(needed: set[str], remote_rep: Callable[[str], Rep | None], local_rep: C
     """(chunk id -> the local Rep the remote takes for it, the chunks live after: ``needed``
     closed over the new bases). ``remote_rep`` / ``local_rep``: a chunk's row in the
     remote's packs / the local packs, or None (not there: a base model's chunk is in neither).
-    ``keep_as_is``: chunks whose remote payload must stay (a step record names it)."""
+    ``keep_as_is``: chunks whose remote payload must stay as it is."""
     taken: dict[str, Rep] = {}
     seen: set[str] = set()
     stack = list(needed)
