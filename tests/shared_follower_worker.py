@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import json
+import os
 import sys
 
 import torch
@@ -116,3 +117,10 @@ def main(rank, world, port, args):
 
 if __name__ == "__main__":
     main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4]))
+    # The report is written and the group destroyed: end without the interpreter's teardown.
+    # One rank of a full suite run on 2 loaded cores once aborted with "terminate called
+    # without an active exception" (exit -6; not reproduced in isolation), and the teardown
+    # is not what this worker checks: its report is.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
