@@ -364,7 +364,8 @@ def _remote_prune_once(repo, remote, remote_name: str, branch: str, policy: Keep
                        progress: Progress, protect=frozenset(), min_dead_share: float = 0.0) -> PruneResult:
     import tempfile
 
-    from ..remotes import step_record_writer
+    from ..remotes import segment, step_record_writer
+    from ..remotes.catalog import Catalog
     from .remote_gc import Cut
 
     tip = remote.refs.get(HEADS + branch)
@@ -389,7 +390,7 @@ def _remote_prune_once(repo, remote, remote_name: str, branch: str, policy: Keep
     taken, live_objects = _rebased_here(repo, remote, needed)
     cut = Cut.of(contents.live_segments, live_commits, live_trees, live_objects, min_dead_share=min_dead_share,
                  replaced=set(taken))
-    rows = [repo.store.row(oid) for oid in sorted(taken)]
+    rows = [taken[oid] for oid in sorted(taken)]
     result = PruneResult(branch, dry_run, len(run), sum(1 for c in run if c not in pruned), len(to_prune),
                          len(already.intersection(run)), chunks_freed=cut.objects_removed - len(taken),
                          chunks_reencoded=len(taken), bytes_freed=cut.bytes_freed - sum(r.length for r in rows),
@@ -400,54 +401,43 @@ def _remote_prune_once(repo, remote, remote_name: str, branch: str, policy: Keep
     if dry_run or not (to_prune or cut.dead or cut.partial):
         return result
     with tempfile.TemporaryDirectory(prefix="wvc-remote-prune-", dir=repo.wvc_dir) as tmp:
-        new = _rebased_pack(repo, rows, Path(tmp)) if rows else None
+        new = None
+        if rows:
+            path, name, entries = segment.pack_of(repo.store, rows, Path(tmp))
+            new = path, Catalog(name, entries)
         remote.rewrite(cut.dead + cut.partial, cut.kept(live_objects - set(taken), live_commits, live_trees),
                        f"wvc prune {branch}: {len(to_prune)} versions, {cut.objects_removed} objects removed"
                        + (f", {len(taken)} re-encoded" if taken else ""),
                        Path(tmp), progress, pruned=pruned, new=new,
-                       rebuilt_records=step_record_writer.after_rewrite(
-                           repo, remote, {seg.pack for seg in cut.dead + cut.partial}))
+                       rebuilt_records=step_record_writer.after_rewrite(repo, remote))
     return result
 
 
 def _rebased_here(repo, remote, needed: set[str]) -> tuple[dict, set[str]]:
     """Of the chunks the remote's kept versions need, those it takes as this repository's
     packs hold them (remotes/rebase_plan.py: re-encoded here by a local prune onto kept bases,
-    where the remote's chains still run through pruned versions), and every chunk live then.
+    where the remote's chains still run through pruned versions), by id with their local
+    rows, and every chunk live then.
     (The step records that name a payload in a pack the rewrite drops are built again:
     remotes/step_record_writer.after_rewrite.)"""
     from ..remotes import rebase_plan
 
-    index, local = remote.index, {}
+    index, rows = remote.index, {}
 
     def remote_rep(oid):
         found = index.get(oid)
         return rebase_plan.Rep(found[1].base, found[1].method, found[1].length) if found is not None else None
 
     def local_rep(oid):
-        if oid not in local:
+        if oid not in rows:
             row = repo.store.row(oid)
-            local[oid] = None if row is None or row.external else rebase_plan.Rep(row.base, row.method, row.length)
-        return local[oid]
+            rows[oid] = None if row is None or row.external else row
+        row = rows[oid]
+        return None if row is None else rebase_plan.Rep(row.base, row.method, row.length)
 
     taken, live = rebase_plan.plan(needed, remote_rep, local_rep)
     as_is = remote.closure(needed)
     # (a local re-encoding without its step context can cost more than the steps it replaces)
     if not taken or rebase_plan.stored_bytes(live, taken, remote_rep) >= rebase_plan.stored_bytes(as_is, {}, remote_rep):
         return {}, as_is
-    return taken, live
-
-
-def _rebased_pack(repo, rows, tmp: Path):
-    """The re-encoded chunks' local payloads in one pack for the remote, and its catalog."""
-    from ..remotes.catalog import Catalog
-    from ..store.packs import PackWriter, copy_payloads
-
-    writer = PackWriter(tmp)
-    try:
-        entries = copy_payloads(writer, ((r, repo.store.reader.read(r.pack, r.offset, r.length)) for r in rows))
-        name, _ = writer.finish()
-    except BaseException:
-        writer.abort()
-        raise
-    return tmp / pack_filename(name), Catalog(name, entries)
+    return {oid: rows[oid] for oid in taken}, live

@@ -58,21 +58,15 @@ def plan(needed: set[str], remote_rep: Callable[[str], Rep | None], local_rep: C
     remote's packs / the local packs, or None (not there: a base model's chunk is in neither).
     ``keep_as_is``: chunks whose remote payload must stay as it is."""
     taken: dict[str, Rep] = {}
-    seen: set[str] = set()
-    stack = list(needed)
-    while stack:
-        oid = stack.pop()
-        if oid in seen:
-            continue
-        seen.add(oid)
+
+    def candidate_base(oid: str) -> str | None:  # (asked once a chunk: the local row where it differs)
         mine, theirs = local_rep(oid), remote_rep(oid)
         if mine is not None and mine != theirs and oid not in keep_as_is:
             taken[oid] = mine
-            below = mine.base
-        else:
-            below = theirs.base if theirs is not None else None
-        if below is not None:
-            stack.append(below)
+            return mine.base
+        return theirs.base if theirs is not None else None
+
+    close_over_bases(set(needed), candidate_base)
 
     def base_now(oid: str) -> str | None:
         rep = taken.get(oid) or remote_rep(oid)

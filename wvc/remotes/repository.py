@@ -641,9 +641,9 @@ class RemoteRepository:
         one new pruned/ record lists them all and replaces the records read. ``step_records``:
         step records to delete with it (in its commit where the backend deletes atomically, else
         right after it). ``new``: a local pack and its catalog of payloads the segment holds too
-        (a prune's re-encoded chunks: remotes/rebase_plan.py). ``rebuilt_records(locate)``: as
-        push_segment's ``step_records``, for the records that named a payload in a dropped
-        segment's pack (retired with it): (path -> record, commits whose record goes)."""
+        (a prune's re-encoded chunks: remotes/rebase_plan.py). ``rebuilt_records(locate,
+        dropped_packs)``: path -> step record, built again where one names a pack no longer
+        live after this (remotes/step_record_writer.after_rewrite); ``locate`` as push_segment's."""
         from ..model.versions import canonical_json
         from ..progress import NULL
 
@@ -654,6 +654,7 @@ class RemoteRepository:
         if pruned is not None:
             files[pruned_path(new_record_name())] = canonical_json({"commits": sorted(pruned)})
             replaced += [pruned_path(r) for r in self.state.pruned]
+        catalog = Catalog(None)
         if kept or new is not None:
             progress.start(len(kept), "rewriting remote packs", unit="segments")
             new_pack, new_catalog = new if new is not None else (None, Catalog(None))
@@ -667,21 +668,16 @@ class RemoteRepository:
                 files[pack_path(catalog.pack)] = pack_file
             data = catalog.to_bytes()
             files[catalog_path(catalog_name(data))] = data
-        gone = list(step_records)
         if rebuilt_records is not None:
-            gone_live = {seg.pack for seg in dropped}
-            records, old = rebuilt_records(self._locator(catalog if kept or new is not None else Catalog(None),
-                                                         without=gone_live))
+            dropped_packs = {seg.pack for seg in dropped}
+            records = rebuilt_records(self._locator(catalog, without=dropped_packs), dropped_packs)
             again = [p for p in records if p in self.state.files]
             if again and not atomic:  # (a backend keeps an object that exists: the old record goes first)
                 self.backend.delete(layout.handles(again))
             files.update(records)
-            stale = [p for p in map(step_path, old) if p in self.state.files]
-            gone += stale
-            replaced += stale if atomic else []
         self.publish(files, {}, message, replaced=[f for seg in dropped for f in seg.files] + replaced)
-        if gone and not atomic:
-            self.backend.delete(layout.handles(gone))
+        if step_records and not atomic:
+            self.backend.delete(layout.handles(step_records))
 
     def publish(self, files: dict[str, Path | bytes], refs: dict[str, str | None], message: str, *,
                 replaced=(), progress=None) -> None:

@@ -93,10 +93,21 @@ def new_segment(store, graph, live_segments, wanted: list[str], new_commits: lis
         catalog.commits[cid] = graph.read_commit(cid).to_bytes()
     if not wanted:
         return None, catalog
-    writer = PackWriter(tmp)
     rows = [store.row(oid) for oid in wanted]
     progress.start(sum(r.length for r in rows), "packing")
-    entries = copy_payloads(writer, ((r, store.reader.read(r.pack, r.offset, r.length)) for r in rows), progress)
+    path, name, entries = pack_of(store, rows, tmp, progress)
     progress.close()
-    name, _ = writer.finish()
-    return tmp / pack_filename(name), Catalog(name, entries, catalog.commits, catalog.trees)
+    return path, Catalog(name, entries, catalog.commits, catalog.trees)
+
+
+def pack_of(store, rows, tmp: Path, progress: Progress | None = None) -> tuple[Path, str, list]:
+    """The local payloads of ``rows`` (the store's, non-empty), copied verbatim into one new
+    pack in ``tmp``: (its path, its name, its entries)."""
+    writer = PackWriter(tmp)
+    try:
+        entries = copy_payloads(writer, ((r, store.reader.read(r.pack, r.offset, r.length)) for r in rows), progress)
+        name, _ = writer.finish()
+    except BaseException:
+        writer.abort()
+        raise
+    return tmp / pack_filename(name), name, entries

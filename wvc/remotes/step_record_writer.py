@@ -207,28 +207,25 @@ def _raw(repo, oid: str, decoded: _Decoded) -> bytes:
     return kept if kept is not None else repo.store.get_from(oid, decoded)
 
 
-def after_rewrite(repo, remote, dropped_packs: set):
+def after_rewrite(repo, remote):
     """``rewrite``'s ``rebuilt_records``: the step records that name a payload in a pack not
-    live after the rewrite (one of ``dropped_packs``, which it retires, or one an earlier
-    compaction retired: where a backend deletes retired files at once, as the Hub does, a
-    follower reading such a record finds the pack gone and reads the whole version the usual
-    way), built again from this repository (:func:`build_record`) against where the chunks
-    are after it. One it cannot build (a pruned version's: its chunks went; another writer's)
-    stays as it was: on a backend that keeps retired files through the grace period it is
-    still read."""
-    live = {seg.pack for seg in remote.contents.live_segments if seg.pack is not None} - dropped_packs
-    stale = []
-    for commit in sorted(remote.step_records()):
-        try:
-            record = step_records.fetch(remote.backend, commit)
-        except WvcError:  # (unusable already: built again if it can be)
-            record = None
-        if record is None or any(c.pack is not None and c.pack not in live for c in record.chunks):
-            stale.append(commit)
+    live after the rewrite (one it drops, or one an earlier compaction retired: where a backend
+    deletes retired files at once, as the Hub does, a follower reading such a record finds the
+    pack gone and reads the whole version the usual way), built again from this repository
+    (:func:`build_record`) against where the chunks are after it. One it cannot build (a pruned
+    version's: its chunks went; another writer's) stays as it was: on a backend that keeps
+    retired files through the grace period it is still read."""
 
-    def rebuild(locate):
+    def rebuild(locate, dropped_packs: set) -> dict[str, bytes]:
+        live = {seg.pack for seg in remote.contents.live_segments if seg.pack is not None} - dropped_packs
         built = {}
-        for commit in stale:
+        for commit in sorted(remote.step_records()):
+            try:
+                record = step_records.fetch(remote.backend, commit)
+            except WvcError:  # (unusable already: built again if it can be)
+                record = None
+            if record is not None and all(c.pack is None or c.pack in live for c in record.chunks):
+                continue
             try:
                 data = build_record(repo, commit, locate)
             except (WvcError, ValueError, KeyError) as exc:  # (as a push's: e.g. a version whose chunks a prune dropped)
@@ -236,6 +233,6 @@ def after_rewrite(repo, remote, dropped_packs: set):
                 data = None
             if data is not None:
                 built[step_path(commit)] = data
-        return built, []
+        return built
 
     return rebuild
